@@ -1,0 +1,1 @@
+//! Wire types for the LMI, TGI and OpenAI schemas (being written).

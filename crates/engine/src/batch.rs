@@ -1,0 +1,190 @@
+//! The host-side layout of one engine step: a ragged batch of sequences, each contributing
+//! any number of new tokens (a prefill chunk, or one decode token), with paged KV addressing.
+
+use crate::error::{EngineError, Result};
+use crate::kv::BLOCK_SIZE;
+
+/// Which logits rows a sequence needs back from this step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsWanted {
+    /// A prefill chunk that does not finish the prompt: nothing to sample yet.
+    None,
+    /// The last new token only (the next-token distribution).
+    Last,
+    /// Every new token (prompt logprobs), the last one included.
+    All,
+}
+
+/// One sequence's part of a step.
+#[derive(Debug, Clone)]
+pub struct SeqChunk {
+    /// Tokens to run this step (their K/V are written to the cache).
+    pub tokens: Vec<u32>,
+    /// Tokens of this sequence already in the KV cache, before `tokens`.
+    pub start_pos: usize,
+    /// Physical block ids covering positions `0 .. start_pos + tokens.len()`.
+    pub block_table: Vec<u32>,
+    pub logits: LogitsWanted,
+    /// LoRA adapter applied to this sequence's tokens (loaded with `StepEngine::load_adapter`).
+    pub adapter: Option<u64>,
+}
+
+/// Flat per-token and per-sequence metadata, computed once per step and shared by every layer.
+#[derive(Debug, Clone, Default)]
+pub struct BatchLayout {
+    pub token_ids: Vec<u32>,
+    pub positions: Vec<u32>,
+    /// KV slot of each token: `block_table[pos / BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE`.
+    pub slot_mapping: Vec<u32>,
+    /// Sequence index of each token.
+    pub token_seq: Vec<u32>,
+    /// Per sequence: its first token index in the flat batch (length num_seqs + 1).
+    pub cu_tokens: Vec<u32>,
+    /// Per sequence: tokens in the cache after this step (`start_pos + new tokens`).
+    pub context_lens: Vec<u32>,
+    /// Block tables, flattened `[num_seqs, max_blocks]`, padded with 0.
+    pub block_tables: Vec<u32>,
+    pub max_blocks: usize,
+    /// Token indices whose logits are returned, in order.
+    pub logits_rows: Vec<u32>,
+    /// Per sequence: how many rows of `logits_rows` belong to it.
+    pub logits_per_seq: Vec<u32>,
+    /// Token indices of each LoRA adapter used in this step.
+    pub adapter_rows: Vec<(u64, Vec<u32>)>,
+}
+
+impl BatchLayout {
+    /// Lays out `chunks`; `num_blocks` is the pool size, to reject out-of-range block ids.
+    pub fn new(chunks: &[SeqChunk], num_blocks: usize) -> Result<Self> {
+        let total: usize = chunks.iter().map(|c| c.tokens.len()).sum();
+        let max_blocks = chunks
+            .iter()
+            .map(|c| c.block_table.len())
+            .max()
+            .unwrap_or(0);
+        let mut l = BatchLayout {
+            token_ids: Vec::with_capacity(total),
+            positions: Vec::with_capacity(total),
+            slot_mapping: Vec::with_capacity(total),
+            token_seq: Vec::with_capacity(total),
+            cu_tokens: Vec::with_capacity(chunks.len() + 1),
+            context_lens: Vec::with_capacity(chunks.len()),
+            block_tables: vec![0; chunks.len() * max_blocks],
+            max_blocks,
+            logits_rows: Vec::new(),
+            logits_per_seq: Vec::with_capacity(chunks.len()),
+            adapter_rows: Vec::new(),
+        };
+        l.cu_tokens.push(0);
+        for (s, c) in chunks.iter().enumerate() {
+            if c.tokens.is_empty() {
+                return Err(EngineError::Batch(format!(
+                    "sequence {s} has no new tokens"
+                )));
+            }
+            let end = c.start_pos + c.tokens.len();
+            let needed = end.div_ceil(BLOCK_SIZE);
+            if c.block_table.len() < needed {
+                return Err(EngineError::Batch(format!(
+                    "sequence {s}: {end} tokens need {needed} blocks, block table has {}",
+                    c.block_table.len()
+                )));
+            }
+            if let Some(&b) = c.block_table.iter().find(|&&b| b as usize >= num_blocks) {
+                return Err(EngineError::Batch(format!(
+                    "sequence {s}: block id {b} is outside the pool of {num_blocks} blocks"
+                )));
+            }
+            l.block_tables[s * max_blocks..s * max_blocks + c.block_table.len()]
+                .copy_from_slice(&c.block_table);
+            let first = l.token_ids.len() as u32;
+            for (i, &t) in c.tokens.iter().enumerate() {
+                let pos = c.start_pos + i;
+                l.token_ids.push(t);
+                l.positions.push(pos as u32);
+                let block = c.block_table[pos / BLOCK_SIZE];
+                l.slot_mapping
+                    .push(block * BLOCK_SIZE as u32 + (pos % BLOCK_SIZE) as u32);
+                l.token_seq.push(s as u32);
+            }
+            let last = l.token_ids.len() as u32;
+            if let Some(a) = c.adapter {
+                match l.adapter_rows.iter_mut().find(|(id, _)| *id == a) {
+                    Some((_, rows)) => rows.extend(first..last),
+                    None => l.adapter_rows.push((a, (first..last).collect())),
+                }
+            }
+            l.cu_tokens.push(last);
+            l.context_lens.push(end as u32);
+            let rows: Vec<u32> = match c.logits {
+                LogitsWanted::None => vec![],
+                LogitsWanted::Last => vec![last - 1],
+                LogitsWanted::All => (first..last).collect(),
+            };
+            l.logits_per_seq.push(rows.len() as u32);
+            l.logits_rows.extend(rows);
+        }
+        Ok(l)
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    pub fn num_seqs(&self) -> usize {
+        self.context_lens.len()
+    }
+
+    pub fn block_table(&self, seq: usize) -> &[u32] {
+        &self.block_tables[seq * self.max_blocks..(seq + 1) * self.max_blocks]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lays_out_mixed_prefill_and_decode() {
+        let chunks = vec![
+            SeqChunk {
+                tokens: vec![5; 18],
+                start_pos: 0,
+                block_table: vec![3, 7],
+                logits: LogitsWanted::Last,
+                adapter: None,
+            },
+            SeqChunk {
+                tokens: vec![9],
+                start_pos: 16,
+                block_table: vec![1, 2],
+                logits: LogitsWanted::All,
+                adapter: None,
+            },
+        ];
+        let l = BatchLayout::new(&chunks, 8).unwrap();
+        assert_eq!(l.num_tokens(), 19);
+        assert_eq!(l.slot_mapping[0], 3 * 16);
+        assert_eq!(l.slot_mapping[17], 7 * 16 + 1);
+        assert_eq!(l.slot_mapping[18], 2 * 16);
+        assert_eq!(l.positions[18], 16);
+        assert_eq!(l.context_lens, vec![18, 17]);
+        assert_eq!(l.logits_rows, vec![17, 18]);
+        assert_eq!(l.cu_tokens, vec![0, 18, 19]);
+    }
+
+    #[test]
+    fn rejects_short_block_table_and_bad_ids() {
+        let mut c = SeqChunk {
+            tokens: vec![1; 17],
+            start_pos: 0,
+            block_table: vec![0],
+            logits: LogitsWanted::Last,
+            adapter: None,
+        };
+        assert!(BatchLayout::new(std::slice::from_ref(&c), 4).is_err());
+        c.block_table = vec![0, 4];
+        let e = BatchLayout::new(&[c], 4).unwrap_err().to_string();
+        assert!(e.contains("block id 4"), "{e}");
+    }
+}

@@ -1,0 +1,289 @@
+//! `config.json` of an HF checkpoint, reduced to what the Llama-family forward pass needs.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::error::{EngineError, Result};
+
+/// Which member of the Llama family a checkpoint is; decides biases, norms and tensor names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    /// Llama 2/3, SmolLM2, TinyLlama and other `LlamaForCausalLM` checkpoints.
+    Llama,
+    Mistral,
+    /// q/k/v projections carry biases.
+    Qwen2,
+    /// RMSNorm over each q and k head before RoPE; explicit head_dim.
+    Qwen3,
+}
+
+impl Architecture {
+    pub fn from_hf_name(name: &str) -> Result<Self> {
+        match name {
+            "LlamaForCausalLM" => Ok(Architecture::Llama),
+            "MistralForCausalLM" => Ok(Architecture::Mistral),
+            "Qwen2ForCausalLM" => Ok(Architecture::Qwen2),
+            "Qwen3ForCausalLM" => Ok(Architecture::Qwen3),
+            other => Err(EngineError::UnknownArchitecture(other.to_string())),
+        }
+    }
+
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "LlamaForCausalLM",
+            Architecture::Mistral => "MistralForCausalLM",
+            Architecture::Qwen2 => "Qwen2ForCausalLM",
+            Architecture::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+
+    pub fn has_qkv_bias(self) -> bool {
+        self == Architecture::Qwen2
+    }
+
+    pub fn has_qk_norm(self) -> bool {
+        self == Architecture::Qwen3
+    }
+}
+
+/// Llama 3's `rope_scaling` (`rope_type: "llama3"`); other types are rejected at load.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama3RopeScaling {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: Option<Llama3RopeScaling>,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// `torch_dtype` of the checkpoint, when given.
+    pub torch_dtype: Option<String>,
+    pub bos_token_id: Option<u32>,
+    /// Every id listed as `eos_token_id` (an int or a list in HF configs).
+    pub eos_token_ids: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<u32> {
+        match self {
+            OneOrMany::One(x) => vec![x],
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct RawRopeScaling {
+    #[serde(alias = "type")]
+    rope_type: Option<String>,
+    factor: Option<f64>,
+    low_freq_factor: Option<f64>,
+    high_freq_factor: Option<f64>,
+    original_max_position_embeddings: Option<f64>,
+}
+
+#[derive(Deserialize)]
+struct RawConfig {
+    architectures: Option<Vec<String>>,
+    vocab_size: Option<usize>,
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rms_norm_eps: Option<f64>,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<RawRopeScaling>,
+    max_position_embeddings: Option<usize>,
+    tie_word_embeddings: Option<bool>,
+    torch_dtype: Option<String>,
+    bos_token_id: Option<OneOrMany>,
+    eos_token_id: Option<OneOrMany>,
+}
+
+impl ModelConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| EngineError::io(path, e))?;
+        Self::from_json(&text).map_err(|msg| EngineError::Config {
+            path: path.to_path_buf(),
+            msg,
+        })
+    }
+
+    /// Parses config.json text; the error names the missing or invalid field.
+    pub fn from_json(text: &str) -> std::result::Result<Self, String> {
+        let raw: RawConfig = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let arch_name = raw
+            .architectures
+            .as_ref()
+            .and_then(|a| a.first())
+            .ok_or("field \"architectures\" is missing or empty")?;
+        let architecture = Architecture::from_hf_name(arch_name).map_err(|e| e.to_string())?;
+        fn req(v: Option<usize>, name: &str) -> std::result::Result<usize, String> {
+            match v {
+                Some(0) => Err(format!("field {name:?} must be > 0")),
+                Some(x) => Ok(x),
+                None => Err(format!("field {name:?} is missing")),
+            }
+        }
+        let hidden_size = req(raw.hidden_size, "hidden_size")?;
+        let num_heads = req(raw.num_attention_heads, "num_attention_heads")?;
+        let num_kv_heads = raw.num_key_value_heads.unwrap_or(num_heads);
+        if num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(format!(
+                "num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads ({num_kv_heads})"
+            ));
+        }
+        let head_dim = match raw.head_dim {
+            Some(d) => d,
+            None => {
+                if hidden_size % num_heads != 0 {
+                    return Err(format!(
+                        "hidden_size ({hidden_size}) is not a multiple of num_attention_heads ({num_heads}) and head_dim is not given"
+                    ));
+                }
+                hidden_size / num_heads
+            }
+        };
+        if head_dim % 2 != 0 {
+            return Err(format!("head_dim ({head_dim}) must be even for RoPE"));
+        }
+        let rope_scaling = match raw.rope_scaling {
+            None => None,
+            Some(rs) => match rs.rope_type.as_deref() {
+                Some("llama3") => Some(Llama3RopeScaling {
+                    factor: rs.factor.ok_or("rope_scaling.factor is missing")?,
+                    low_freq_factor: rs.low_freq_factor.unwrap_or(1.0),
+                    high_freq_factor: rs.high_freq_factor.unwrap_or(4.0),
+                    original_max_position_embeddings: rs
+                        .original_max_position_embeddings
+                        .unwrap_or(8192.0),
+                }),
+                Some("default") | None => None,
+                Some(other) => {
+                    return Err(format!(
+                        "rope_scaling type {other:?} is not supported (supported: llama3)"
+                    ));
+                }
+            },
+        };
+        Ok(ModelConfig {
+            architecture,
+            vocab_size: req(raw.vocab_size, "vocab_size")?,
+            hidden_size,
+            intermediate_size: req(raw.intermediate_size, "intermediate_size")?,
+            num_layers: req(raw.num_hidden_layers, "num_hidden_layers")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
+            rope_theta: raw.rope_theta.unwrap_or(10000.0),
+            rope_scaling,
+            max_position_embeddings: raw.max_position_embeddings.unwrap_or(4096),
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            torch_dtype: raw.torch_dtype,
+            bos_token_id: raw.bos_token_id.and_then(|b| b.into_vec().first().copied()),
+            eos_token_ids: raw
+                .eos_token_id
+                .map(OneOrMany::into_vec)
+                .unwrap_or_default(),
+        })
+    }
+
+    pub fn q_size(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    pub fn kv_size(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Inverse RoPE frequencies (length head_dim/2), Llama 3 scaling applied; computed in f64.
+    pub fn rope_inv_freq(&self) -> Vec<f64> {
+        let d = self.head_dim as f64;
+        let base: Vec<f64> = (0..self.head_dim / 2)
+            .map(|i| 1.0 / self.rope_theta.powf(2.0 * i as f64 / d))
+            .collect();
+        let Some(s) = self.rope_scaling else {
+            return base;
+        };
+        let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+        let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+        base.into_iter()
+            .map(|f| {
+                let wavelen = 2.0 * std::f64::consts::PI / f;
+                if wavelen < high_wavelen {
+                    f
+                } else if wavelen > low_wavelen {
+                    f / s.factor
+                } else {
+                    let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor)
+                        / (s.high_freq_factor - s.low_freq_factor);
+                    (1.0 - smooth) * f / s.factor + smooth * f
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_llama3_rope_scaling_and_eos_list() {
+        let c = ModelConfig::from_json(
+            r#"{"architectures":["LlamaForCausalLM"],"vocab_size":128256,"hidden_size":4096,
+            "intermediate_size":14336,"num_hidden_layers":32,"num_attention_heads":32,
+            "num_key_value_heads":8,"rope_theta":500000.0,"eos_token_id":[128001,128008,128009],
+            "rope_scaling":{"factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,
+            "original_max_position_embeddings":8192,"rope_type":"llama3"}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.head_dim, 128);
+        assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
+        let f = c.rope_inv_freq();
+        // Highest frequency is untouched, lowest is divided by the factor.
+        assert_eq!(f[0], 1.0);
+        let unscaled_last = 1.0 / 500000f64.powf(126.0 / 128.0);
+        assert!((f[63] - unscaled_last / 8.0).abs() < 1e-15);
+    }
+
+    #[test]
+    fn unknown_architecture_is_named() {
+        let e = ModelConfig::from_json(r#"{"architectures":["GPT2LMHeadModel"]}"#).unwrap_err();
+        assert!(e.contains("GPT2LMHeadModel"), "{e}");
+    }
+
+    #[test]
+    fn missing_field_is_named() {
+        let e = ModelConfig::from_json(
+            r#"{"architectures":["LlamaForCausalLM"],"vocab_size":10,"hidden_size":8}"#,
+        )
+        .unwrap_err();
+        assert!(e.contains("intermediate_size"), "{e}");
+    }
+}

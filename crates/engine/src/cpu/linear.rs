@@ -1,0 +1,428 @@
+//! `out[m, n] = x[m, k] · w[n, k]ᵀ` for f32 or bf16 weights, register-tiled and parallel over
+//! output columns. See `simd.rs` for why every element uses one canonical FMA order.
+
+use rayon::prelude::*;
+
+use super::simd::{Isa, WElem, isa};
+
+/// Tiles of up to MR_MAX input rows × NR_MAX weight rows share each load.
+const MR_MAX: usize = 4;
+
+#[derive(Clone, Copy)]
+struct SendPtr<T>(*mut T);
+// SAFETY: tasks write disjoint column ranges of the output.
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+
+pub fn linear<W: WElem>(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[W],
+    n: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
+    if let Some(b) = bias {
+        assert!(b.len() >= n);
+    }
+    let isa = isa();
+    let nr = nr_max(isa);
+    let threads = rayon::current_num_threads().max(1);
+    // Column chunks: a few per thread for balance, a multiple of the tile width, not so small
+    // that scheduling costs more than the work.
+    let work = m * n * k;
+    let chunk = if work < 1 << 16 || threads == 1 {
+        n
+    } else {
+        let per = n.div_ceil(threads * 4);
+        (per.div_ceil(nr) * nr).clamp(16, n.max(16))
+    };
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let run = |c: usize| {
+        let n0 = c * chunk;
+        let n1 = (n0 + chunk).min(n);
+        let o = out_ptr;
+        // SAFETY: bounds asserted above; chunk c writes only columns n0..n1.
+        unsafe { run_chunk(isa, x, m, k, w, n0, n1, o.0, n, bias) };
+    };
+    let chunks = n.div_ceil(chunk);
+    if chunks == 1 {
+        run(0);
+    } else {
+        (0..chunks).into_par_iter().for_each(run);
+    }
+}
+
+fn nr_max(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512 => 4,
+        Isa::Avx2 => 2,
+        Isa::Scalar => 1,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_chunk<W: WElem>(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[W],
+    n0: usize,
+    n1: usize,
+    out: *mut f32,
+    ldo: usize,
+    bias: Option<&[f32]>,
+) {
+    let nrm = nr_max(isa);
+    let mut i = 0;
+    while i < m {
+        let mr = if m - i >= MR_MAX { MR_MAX } else { 1 };
+        let mut j = n0;
+        while j < n1 {
+            let nr = if n1 - j >= nrm { nrm } else { 1 };
+            // SAFETY: rows i..i+mr of x and j..j+nr of w exist; out has m×ldo elements.
+            unsafe {
+                tile_dispatch(
+                    isa,
+                    mr,
+                    nr,
+                    x.as_ptr().add(i * k),
+                    k,
+                    w.as_ptr().add(j * k),
+                    k,
+                    k,
+                    out.add(i * ldo + j),
+                    ldo,
+                )
+            };
+            j += nr;
+        }
+        if let Some(b) = bias {
+            for r in i..i + mr {
+                for (c, &bv) in b.iter().enumerate().take(n1).skip(n0) {
+                    // SAFETY: r < m, c < n.
+                    unsafe { *out.add(r * ldo + c) += bv };
+                }
+            }
+        }
+        i += mr;
+    }
+}
+
+/// One `mr × nr` tile: `out[i·ldo + j] = Σ_t x[i·ldx + t] · w[j·ldw + t]`.
+///
+/// # Safety
+/// The pointers must cover `mr` rows of `k` (strides ldx/ldw) and the output tile.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn tile_dispatch<W: WElem>(
+    isa: Isa,
+    mr: usize,
+    nr: usize,
+    x: *const f32,
+    ldx: usize,
+    w: *const W,
+    ldw: usize,
+    k: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => match (mr, nr) {
+                (4, 4) => x86::tile512::<W, 4, 4>(x, ldx, w, ldw, k, out, ldo),
+                (1, 4) => x86::tile512::<W, 1, 4>(x, ldx, w, ldw, k, out, ldo),
+                (4, 1) => x86::tile512::<W, 4, 1>(x, ldx, w, ldw, k, out, ldo),
+                _ => x86::tile512::<W, 1, 1>(x, ldx, w, ldw, k, out, ldo),
+            },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => match (mr, nr) {
+                (4, 2) => x86::tile256::<W, 4, 2>(x, ldx, w, ldw, k, out, ldo),
+                (1, 2) => x86::tile256::<W, 1, 2>(x, ldx, w, ldw, k, out, ldo),
+                (4, 1) => x86::tile256::<W, 4, 1>(x, ldx, w, ldw, k, out, ldo),
+                _ => x86::tile256::<W, 1, 1>(x, ldx, w, ldw, k, out, ldo),
+            },
+            _ => scalar_tile(mr, nr, x, ldx, w, ldw, k, out, ldo),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn scalar_tile<W: WElem>(
+    mr: usize,
+    nr: usize,
+    x: *const f32,
+    ldx: usize,
+    w: *const W,
+    ldw: usize,
+    k: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    for i in 0..mr {
+        for j in 0..nr {
+            let mut s = 0.0f32;
+            for t in 0..k {
+                // SAFETY: caller guarantees the extents.
+                unsafe { s += *x.add(i * ldx + t) * (*w.add(j * ldw + t)).to_f32() };
+            }
+            unsafe { *out.add(i * ldo + j) = s };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::WElem;
+
+    /// Loads 16 (AVX-512) or 8 (AVX2) weight elements as f32.
+    pub trait Load: WElem {
+        unsafe fn load16(p: *const Self) -> __m512;
+        unsafe fn load8(p: *const Self) -> __m256;
+    }
+
+    impl Load for f32 {
+        #[inline(always)]
+        unsafe fn load16(p: *const f32) -> __m512 {
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn load8(p: *const f32) -> __m256 {
+            unsafe { _mm256_loadu_ps(p) }
+        }
+    }
+
+    impl Load for u16 {
+        #[inline(always)]
+        unsafe fn load16(p: *const u16) -> __m512 {
+            unsafe {
+                let h = _mm256_loadu_si256(p as *const __m256i);
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            }
+        }
+        #[inline(always)]
+        unsafe fn load8(p: *const u16) -> __m256 {
+            unsafe {
+                let h = _mm_loadu_si128(p as *const __m128i);
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            }
+        }
+    }
+
+    /// Dispatches on the concrete element type (the generic entry points take any WElem).
+    #[inline(always)]
+    unsafe fn as_load<W: WElem, R>(
+        w: *const W,
+        f32_case: impl FnOnce(*const f32) -> R,
+        u16_case: impl FnOnce(*const u16) -> R,
+    ) -> R {
+        if std::any::TypeId::of::<W>() == std::any::TypeId::of::<f32>() {
+            f32_case(w as *const f32)
+        } else {
+            u16_case(w as *const u16)
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn tile512<W: WElem, const MR: usize, const NR: usize>(
+        x: *const f32,
+        ldx: usize,
+        w: *const W,
+        ldw: usize,
+        k: usize,
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        unsafe {
+            as_load(
+                w,
+                |w| t512::<f32, MR, NR>(x, ldx, w, ldw, k, out, ldo),
+                |w| t512::<u16, MR, NR>(x, ldx, w, ldw, k, out, ldo),
+            )
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn tile256<W: WElem, const MR: usize, const NR: usize>(
+        x: *const f32,
+        ldx: usize,
+        w: *const W,
+        ldw: usize,
+        k: usize,
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        unsafe {
+            as_load(
+                w,
+                |w| t256::<f32, MR, NR>(x, ldx, w, ldw, k, out, ldo),
+                |w| t256::<u16, MR, NR>(x, ldx, w, ldw, k, out, ldo),
+            )
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn t512<W: Load, const MR: usize, const NR: usize>(
+        x: *const f32,
+        ldx: usize,
+        w: *const W,
+        ldw: usize,
+        k: usize,
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); NR]; MR];
+            let kv = k / 16 * 16;
+            let mut t = 0;
+            while t < kv {
+                let mut wv = [_mm512_setzero_ps(); NR];
+                for (j, wv) in wv.iter_mut().enumerate() {
+                    *wv = W::load16(w.add(j * ldw + t));
+                }
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let xv = _mm512_loadu_ps(x.add(i * ldx + t));
+                    for j in 0..NR {
+                        acc[j] = _mm512_fmadd_ps(xv, wv[j], acc[j]);
+                    }
+                }
+                t += 16;
+            }
+            for (i, acc) in acc.iter().enumerate() {
+                for (j, a) in acc.iter().enumerate() {
+                    let mut s = _mm512_reduce_add_ps(*a);
+                    for t in kv..k {
+                        s += *x.add(i * ldx + t) * (*w.add(j * ldw + t)).to_f32();
+                    }
+                    *out.add(i * ldo + j) = s;
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn t256<W: Load, const MR: usize, const NR: usize>(
+        x: *const f32,
+        ldx: usize,
+        w: *const W,
+        ldw: usize,
+        k: usize,
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); NR]; MR];
+            let kv = k / 8 * 8;
+            let mut t = 0;
+            while t < kv {
+                let mut wv = [_mm256_setzero_ps(); NR];
+                for (j, wv) in wv.iter_mut().enumerate() {
+                    *wv = W::load8(w.add(j * ldw + t));
+                }
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let xv = _mm256_loadu_ps(x.add(i * ldx + t));
+                    for j in 0..NR {
+                        acc[j] = _mm256_fmadd_ps(xv, wv[j], acc[j]);
+                    }
+                }
+                t += 8;
+            }
+            for (i, acc) in acc.iter().enumerate() {
+                for (j, a) in acc.iter().enumerate() {
+                    let hi = _mm256_extractf128_ps::<1>(*a);
+                    let lo = _mm256_castps256_ps128(*a);
+                    let q = _mm_add_ps(lo, hi);
+                    let d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+                    let mut s = _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps::<1>(d, d)));
+                    for t in kv..k {
+                        s += *x.add(i * ldx + t) * (*w.add(j * ldw + t)).to_f32();
+                    }
+                    *out.add(i * ldo + j) = s;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    }
+
+    fn reference(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f64> {
+        let mut o = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                o[i * n + j] = (0..k)
+                    .map(|t| x[i * k + t] as f64 * w[j * k + t] as f64)
+                    .sum();
+            }
+        }
+        o
+    }
+
+    #[test]
+    fn matches_f64_reference_for_odd_shapes() {
+        let mut s = 7;
+        for &(m, k, n) in &[
+            (1, 576, 49),
+            (5, 37, 3),
+            (9, 64, 130),
+            (4, 1536, 8),
+            (3, 16, 1),
+        ] {
+            let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s)).collect();
+            let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut s)).collect();
+            let mut out = vec![0.0; m * n];
+            linear(&x, m, k, &w, n, None, &mut out);
+            let r = reference(&x, m, k, &w, n);
+            for (a, b) in out.iter().zip(&r) {
+                assert!((*a as f64 - b).abs() < 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_weights_widen_exactly() {
+        let mut s = 3;
+        let (m, k, n) = (3, 80, 7);
+        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut s)).collect();
+        let wb: Vec<u16> = (0..n * k)
+            .map(|_| half::bf16::from_f32(lcg(&mut s)).to_bits())
+            .collect();
+        let wf: Vec<f32> = wb.iter().map(|&b| b.to_f32()).collect();
+        let (mut a, mut b) = (vec![0.0; m * n], vec![0.0; m * n]);
+        linear(&x, m, k, &wb, n, None, &mut a);
+        linear(&x, m, k, &wf, n, None, &mut b);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn rows_are_bit_identical_whatever_the_batch() {
+        let mut s = 11;
+        let (k, n) = (200, 300);
+        let x: Vec<f32> = (0..13 * k).map(|_| lcg(&mut s)).collect();
+        let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut s)).collect();
+        let bias: Vec<f32> = (0..n).map(|_| lcg(&mut s)).collect();
+        let mut full = vec![0.0; 13 * n];
+        linear(&x, 13, k, &w, n, Some(&bias), &mut full);
+        for r in 0..13 {
+            let mut one = vec![0.0; n];
+            linear(&x[r * k..(r + 1) * k], 1, k, &w, n, Some(&bias), &mut one);
+            assert_eq!(&full[r * n..(r + 1) * n], &one[..], "row {r}");
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! The CPU backend: f32 activations and accumulation, f32 or bf16 weights, SIMD kernels with a
+//! fixed reduction order (batch invariant, see `simd.rs`), threads through rayon.
+
+mod attention;
+mod linear;
+mod ops;
+pub mod simd;
+
+use crate::backend::{Backend, QkvLayout};
+use crate::batch::BatchLayout;
+use crate::error::{EngineError, Result};
+use crate::kv::{BLOCK_SIZE, KvCacheConfig};
+use crate::weights::{HostData, HostTensor};
+
+pub use linear::linear;
+
+/// A weight in CPU memory.
+pub enum CpuWeight {
+    F32 { data: Vec<f32>, shape: Vec<usize> },
+    BF16 { data: Vec<u16>, shape: Vec<usize> },
+}
+
+impl CpuWeight {
+    fn shape(&self) -> &[usize] {
+        match self {
+            CpuWeight::F32 { shape, .. } | CpuWeight::BF16 { shape, .. } => shape,
+        }
+    }
+
+    /// Bytes this weight occupies (what a matrix product streams from memory).
+    pub fn bytes(&self) -> usize {
+        match self {
+            CpuWeight::F32 { data, .. } => data.len() * 4,
+            CpuWeight::BF16 { data, .. } => data.len() * 2,
+        }
+    }
+
+    /// Norm vectors and biases are always kept in f32.
+    fn as_f32(&self) -> &[f32] {
+        match self {
+            CpuWeight::F32 { data, .. } => data,
+            CpuWeight::BF16 { .. } => panic!("vector weights are uploaded as f32"),
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        CpuBackend
+    }
+}
+
+impl Backend for CpuBackend {
+    type Buf = Vec<f32>;
+    type Weight = CpuWeight;
+    type Kv = Vec<f32>;
+    type Step = BatchLayout;
+    type Rope = Vec<f64>;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn upload_weight(&self, t: HostTensor) -> Result<CpuWeight> {
+        let shape = t.shape;
+        Ok(match t.data {
+            HostData::F32(data) => CpuWeight::F32 { data, shape },
+            HostData::BF16(data) if shape.len() > 1 => CpuWeight::BF16 { data, shape },
+            HostData::BF16(_) => {
+                return Err(EngineError::Backend(
+                    "vector weights must be uploaded as f32".into(),
+                ));
+            }
+        })
+    }
+
+    fn weight_bytes(&self, w: &CpuWeight) -> usize {
+        w.bytes()
+    }
+
+    fn rope_table(&self, inv_freq: &[f64]) -> Result<Vec<f64>> {
+        Ok(inv_freq.to_vec())
+    }
+
+    fn alloc_kv(&self, cfg: &KvCacheConfig) -> Result<Vec<f32>> {
+        let n = cfg.layer_elems();
+        let mut v = Vec::new();
+        v.try_reserve_exact(n).map_err(|_| {
+            EngineError::Backend(format!(
+                "cannot allocate {} MiB for a KV layer ({} blocks)",
+                (n * 4) >> 20,
+                cfg.num_blocks
+            ))
+        })?;
+        v.resize(n, 0.0);
+        Ok(v)
+    }
+
+    fn upload_step(&self, layout: &BatchLayout) -> Result<BatchLayout> {
+        Ok(layout.clone())
+    }
+
+    fn alloc(&self, len: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; len])
+    }
+
+    fn embedding(&self, table: &CpuWeight, step: &BatchLayout, out: &mut Vec<f32>) {
+        let width = table.shape()[1];
+        match table {
+            CpuWeight::F32 { data, .. } => ops::embedding(data, width, &step.token_ids, out),
+            CpuWeight::BF16 { data, .. } => ops::embedding(data, width, &step.token_ids, out),
+        }
+    }
+
+    fn linear(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        w: &CpuWeight,
+        bias: Option<&CpuWeight>,
+        out: &mut Vec<f32>,
+    ) {
+        let (n, k) = (w.shape()[0], w.shape()[1]);
+        let bias = bias.map(|b| b.as_f32());
+        match w {
+            CpuWeight::F32 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
+            CpuWeight::BF16 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
+        }
+    }
+
+    fn rms_norm(&self, x: &Vec<f32>, rows: usize, w: &CpuWeight, eps: f32, out: &mut Vec<f32>) {
+        let h = w.shape()[0];
+        ops::rms_norm(&x[..rows * h], w.as_f32(), eps, &mut out[..rows * h]);
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut Vec<f32>,
+        delta: &Vec<f32>,
+        rows: usize,
+        w: &CpuWeight,
+        eps: f32,
+        out: &mut Vec<f32>,
+    ) {
+        let h = w.shape()[0];
+        ops::add_rms_norm(residual, delta, w.as_f32(), eps, &mut out[..rows * h]);
+    }
+
+    fn add(&self, residual: &mut Vec<f32>, delta: &Vec<f32>, len: usize) {
+        for (r, d) in residual[..len].iter_mut().zip(&delta[..len]) {
+            *r += d;
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn head_rms_norm(
+        &self,
+        qkv: &mut Vec<f32>,
+        rows: usize,
+        layout: QkvLayout,
+        first_head: usize,
+        n_heads: usize,
+        w: &CpuWeight,
+        eps: f32,
+    ) {
+        let len = rows * layout.row_width();
+        ops::head_rms_norm(
+            &mut qkv[..len],
+            layout,
+            first_head,
+            n_heads,
+            w.as_f32(),
+            eps,
+        );
+    }
+
+    fn rope(&self, qkv: &mut Vec<f32>, step: &BatchLayout, layout: QkvLayout, rope: &Vec<f64>) {
+        let len = step.num_tokens() * layout.row_width();
+        ops::rope(&mut qkv[..len], &step.positions, layout, rope);
+    }
+
+    fn write_kv(
+        &self,
+        qkv: &Vec<f32>,
+        step: &BatchLayout,
+        layout: QkvLayout,
+        k_cache: &mut Vec<f32>,
+        v_cache: &mut Vec<f32>,
+    ) {
+        attention::write_kv(qkv, &step.slot_mapping, layout, k_cache, v_cache);
+    }
+
+    fn attention(
+        &self,
+        qkv: &Vec<f32>,
+        step: &BatchLayout,
+        layout: QkvLayout,
+        k_cache: &Vec<f32>,
+        v_cache: &Vec<f32>,
+        scale: f32,
+        out: &mut Vec<f32>,
+    ) {
+        attention::paged_attention(qkv, step, layout, k_cache, v_cache, scale, out);
+    }
+
+    fn silu_mul(&self, gate_up: &Vec<f32>, rows: usize, width: usize, out: &mut Vec<f32>) {
+        ops::silu_mul(gate_up, width, &mut out[..rows * width]);
+    }
+
+    fn lora(
+        &self,
+        x: &Vec<f32>,
+        x_width: usize,
+        rows: &[u32],
+        a: &CpuWeight,
+        b: &CpuWeight,
+        out: &mut Vec<f32>,
+        out_width: usize,
+        out_offset: usize,
+    ) {
+        let (rank, n) = (a.shape()[0], b.shape()[0]);
+        let m = rows.len();
+        let mut xs = Vec::with_capacity(m * x_width);
+        for &r in rows {
+            let r = r as usize;
+            xs.extend_from_slice(&x[r * x_width..(r + 1) * x_width]);
+        }
+        let mut t = vec![0.0; m * rank];
+        self.linear(&xs, m, a, None, &mut t);
+        let mut d = vec![0.0; m * n];
+        self.linear(&t, m, b, None, &mut d);
+        for (i, &r) in rows.iter().enumerate() {
+            let o = &mut out[r as usize * out_width + out_offset..][..n];
+            for (o, v) in o.iter_mut().zip(&d[i * n..(i + 1) * n]) {
+                *o += v;
+            }
+        }
+    }
+
+    fn gather_logit_rows(
+        &self,
+        x: &Vec<f32>,
+        step: &BatchLayout,
+        width: usize,
+        out: &mut Vec<f32>,
+    ) {
+        for (o, &r) in out.chunks_mut(width).zip(&step.logits_rows) {
+            let r = r as usize;
+            o.copy_from_slice(&x[r * width..(r + 1) * width]);
+        }
+    }
+
+    fn to_host(&self, buf: &Vec<f32>, len: usize) -> Result<Vec<f32>> {
+        let mut v = buf.clone();
+        v.truncate(len);
+        Ok(v)
+    }
+
+    fn copy_blocks(&self, cache: &mut Vec<f32>, cfg: &KvCacheConfig, pairs: &[(u32, u32)]) {
+        let block = cfg.num_kv_heads * BLOCK_SIZE * cfg.head_dim;
+        for &(src, dst) in pairs {
+            let (s, d) = (src as usize * block, dst as usize * block);
+            cache.copy_within(s..s + block, d);
+        }
+    }
+}

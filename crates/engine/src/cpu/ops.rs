@@ -1,0 +1,102 @@
+//! Row-wise CPU ops: RMSNorm, RoPE, SiLU·mul, embedding gather. Each row is computed the same
+//! way whatever the batch, and rows run in parallel when there are enough of them.
+
+use rayon::prelude::*;
+
+use super::simd::WElem;
+use crate::backend::QkvLayout;
+
+/// Rows per parallel task; small batches (decode) stay on one thread.
+const PAR_ROWS: usize = 8;
+
+fn for_rows(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if out.len() / width.max(1) <= PAR_ROWS {
+        out.chunks_mut(width).enumerate().for_each(|(r, o)| f(r, o));
+    } else {
+        out.par_chunks_mut(width)
+            .enumerate()
+            .for_each(|(r, o)| f(r, o));
+    }
+}
+
+/// `1 / sqrt(mean(x²) + eps)`, accumulated in f64 so long rows lose nothing.
+fn inv_rms(x: &[f32], eps: f32) -> f32 {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32
+}
+
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let h = w.len();
+    for_rows(out, h, |r, o| {
+        let xr = &x[r * h..(r + 1) * h];
+        let inv = inv_rms(xr, eps);
+        for ((o, &v), &g) in o.iter_mut().zip(xr).zip(w) {
+            *o = v * inv * g;
+        }
+    });
+}
+
+pub fn add_rms_norm(residual: &mut [f32], delta: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let h = w.len();
+    let rows = out.len() / h;
+    for (r, d) in residual[..rows * h].iter_mut().zip(&delta[..rows * h]) {
+        *r += d;
+    }
+    rms_norm(residual, w, eps, out);
+}
+
+/// In-place RMSNorm of heads `first .. first + n` of every QKV row (Qwen3 q/k norm).
+pub fn head_rms_norm(qkv: &mut [f32], l: QkvLayout, first: usize, n: usize, w: &[f32], eps: f32) {
+    let d = l.head_dim;
+    for_rows(qkv, l.row_width(), |_, row| {
+        for h in first..first + n {
+            let head = &mut row[h * d..(h + 1) * d];
+            let inv = inv_rms(head, eps);
+            for (v, &g) in head.iter_mut().zip(w) {
+                *v = *v * inv * g;
+            }
+        }
+    });
+}
+
+/// Rotate-half RoPE (HF layout) on q and k heads; angles computed in f64 per position.
+pub fn rope(qkv: &mut [f32], positions: &[u32], l: QkvLayout, inv_freq: &[f64]) {
+    let d = l.head_dim;
+    let half = d / 2;
+    for_rows(qkv, l.row_width(), |r, row| {
+        let pos = positions[r] as f64;
+        let (mut cos, mut sin) = (vec![0.0f32; half], vec![0.0f32; half]);
+        for i in 0..half {
+            let (s, c) = (pos * inv_freq[i]).sin_cos();
+            cos[i] = c as f32;
+            sin[i] = s as f32;
+        }
+        for h in 0..l.q_heads + l.kv_heads {
+            let head = &mut row[h * d..(h + 1) * d];
+            for i in 0..half {
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * cos[i] - b * sin[i];
+                head[i + half] = b * cos[i] + a * sin[i];
+            }
+        }
+    });
+}
+
+pub fn silu_mul(gate_up: &[f32], width: usize, out: &mut [f32]) {
+    for_rows(out, width, |r, o| {
+        let g = &gate_up[r * 2 * width..r * 2 * width + width];
+        let u = &gate_up[r * 2 * width + width..(r + 1) * 2 * width];
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
+    });
+}
+
+pub fn embedding<W: WElem>(table: &[W], width: usize, ids: &[u32], out: &mut [f32]) {
+    for (o, &id) in out.chunks_mut(width).zip(ids) {
+        let row = &table[id as usize * width..(id as usize + 1) * width];
+        for (o, &v) in o.iter_mut().zip(row) {
+            *o = v.to_f32();
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! An engine = a backend + a loaded model + its paged KV pools. The scheduler drives it through
+//! the object-safe [`StepEngine`] trait, so it never sees which backend runs underneath.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::backend::Backend;
+use crate::batch::{BatchLayout, SeqChunk};
+use crate::config::ModelConfig;
+use crate::cpu::CpuBackend;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::kv::KvCacheConfig;
+use crate::lora::LoraAdapter;
+use crate::model::{KvCache, LoadOptions, Model};
+
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// dtype of weight matrices in memory; None keeps the checkpoint's.
+    pub dtype: Option<DType>,
+    /// Bytes for the KV pools of all layers (ignored when `kv_blocks` is set).
+    pub kv_cache_bytes: usize,
+    /// Exact number of KV blocks (tests use tiny pools).
+    pub kv_blocks: Option<usize>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            dtype: None,
+            kv_cache_bytes: 1 << 30,
+            kv_blocks: None,
+        }
+    }
+}
+
+/// The logits of one step: `rows` rows of `vocab` values, in the order of the step's
+/// `logits_rows` (sequence by sequence).
+#[derive(Debug, Clone)]
+pub struct Logits {
+    pub data: Vec<f32>,
+    pub vocab: usize,
+    /// How many rows each sequence of the step got (0, 1, or its chunk length).
+    pub rows_per_seq: Vec<u32>,
+}
+
+impl Logits {
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
+    pub fn num_rows(&self) -> usize {
+        self.data.len() / self.vocab.max(1)
+    }
+}
+
+/// What the scheduler needs from an engine, whatever its backend.
+pub trait StepEngine: Send {
+    fn model_config(&self) -> &ModelConfig;
+    fn backend_name(&self) -> &'static str;
+    fn num_blocks(&self) -> usize;
+    /// Runs one ragged step: writes the chunks' K/V and returns the requested logits.
+    fn step(&mut self, chunks: &[SeqChunk]) -> Result<Logits>;
+    /// Copies whole KV blocks (copy-on-write of shared blocks).
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()>;
+    /// Bytes of weights a decode step streams (the roofline's numerator).
+    fn weight_bytes(&self) -> usize;
+    /// Tokens run through the model since load (prefix-cache tests count skipped work).
+    fn tokens_computed(&self) -> u64;
+    /// Loads a LoRA adapter (PEFT directory or .safetensors file) under `id`; sequences name
+    /// it in `SeqChunk::adapter`. Replaces an adapter already loaded under that id.
+    fn load_adapter(&mut self, id: u64, path: &Path) -> Result<()>;
+    fn unload_adapter(&mut self, id: u64) -> bool;
+    fn has_adapter(&self, id: u64) -> bool;
+}
+
+pub struct Engine<B: Backend> {
+    backend: B,
+    model: Model<B>,
+    kv: KvCache<B>,
+    weight_bytes: usize,
+    tokens_computed: u64,
+    adapters: HashMap<u64, LoraAdapter<B>>,
+}
+
+impl Engine<CpuBackend> {
+    /// Loads an HF model directory on the CPU backend.
+    pub fn load_cpu(dir: &Path, opts: &EngineOptions) -> Result<Self> {
+        Self::load(CpuBackend::new(), dir, opts)
+    }
+}
+
+impl<B: Backend> Engine<B> {
+    pub fn load(backend: B, dir: &Path, opts: &EngineOptions) -> Result<Self> {
+        let model = Model::load(&backend, dir, LoadOptions { dtype: opts.dtype })?;
+        let c = &model.config;
+        let num_blocks = match opts.kv_blocks {
+            Some(n) => n,
+            None => KvCacheConfig::blocks_for_budget(c, 4, opts.kv_cache_bytes).max(1),
+        };
+        let kv = KvCache::new(&backend, KvCacheConfig::new(c, num_blocks))?;
+        let weight_bytes = model.weight_bytes(&backend);
+        Ok(Engine {
+            backend,
+            model,
+            kv,
+            weight_bytes,
+            tokens_computed: 0,
+            adapters: HashMap::new(),
+        })
+    }
+
+    pub fn model(&self) -> &Model<B> {
+        &self.model
+    }
+}
+
+impl<B: Backend> StepEngine for Engine<B> {
+    fn model_config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.kv.cfg.num_blocks
+    }
+
+    fn step(&mut self, chunks: &[SeqChunk]) -> Result<Logits> {
+        let layout = BatchLayout::new(chunks, self.kv.cfg.num_blocks)?;
+        let data = self
+            .model
+            .forward(&self.backend, &layout, &mut self.kv, &self.adapters)?;
+        self.tokens_computed += layout.num_tokens() as u64;
+        Ok(Logits {
+            data,
+            vocab: self.model.config.vocab_size,
+            rows_per_seq: layout.logits_per_seq,
+        })
+    }
+
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
+        self.kv.copy_blocks(&self.backend, pairs);
+        Ok(())
+    }
+
+    fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    fn tokens_computed(&self) -> u64 {
+        self.tokens_computed
+    }
+
+    fn load_adapter(&mut self, id: u64, path: &Path) -> Result<()> {
+        let a = LoraAdapter::load(&self.backend, &self.model.config, path)?;
+        self.adapters.insert(id, a);
+        Ok(())
+    }
+
+    fn unload_adapter(&mut self, id: u64) -> bool {
+        self.adapters.remove(&id).is_some()
+    }
+
+    fn has_adapter(&self, id: u64) -> bool {
+        self.adapters.contains_key(&id)
+    }
+}

@@ -1,0 +1,49 @@
+use std::path::PathBuf;
+
+/// Every failure the engine reports. Messages name the file, tensor or field at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid model config {path}: {msg}")]
+    Config { path: PathBuf, msg: String },
+    #[error(
+        "unsupported architecture {0:?}: supported are LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
+    )]
+    UnknownArchitecture(String),
+    #[error("missing tensor {name:?} in {dir}")]
+    MissingTensor { name: String, dir: PathBuf },
+    #[error("tensor {name:?} has shape {got:?}, expected {expected:?}")]
+    ShapeMismatch {
+        name: String,
+        got: Vec<usize>,
+        expected: Vec<usize>,
+    },
+    #[error("tensor {name:?} has unsupported dtype {dtype}: supported are F32, F16, BF16")]
+    UnsupportedDtype { name: String, dtype: String },
+    #[error("safetensors error in {path}: {msg}")]
+    Safetensors { path: PathBuf, msg: String },
+    #[error("GGUF error: {0}")]
+    Gguf(String),
+    #[error("model provisioning failed: {0}")]
+    Provision(String),
+    #[error("invalid batch: {0}")]
+    Batch(String),
+    #[error("backend error: {0}")]
+    Backend(String),
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+impl EngineError {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        EngineError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

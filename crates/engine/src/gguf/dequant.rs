@@ -1,0 +1,157 @@
+//! Dequantization of ggml blocks to f32 (src: ggml `dequantize_row_*` in ggml-quants.c).
+
+use half::{bf16, f16};
+
+use crate::error::{EngineError, Result};
+use crate::gguf::ggml_type::GgmlType;
+
+/// Dequantizes `n` elements of type `ty` from `data`; `name` is only for error messages.
+pub fn dequantize(name: &str, ty: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>> {
+    let mut out = vec![0f32; n];
+    dequantize_into(name, ty, data, &mut out)?;
+    Ok(out)
+}
+
+/// Like [`dequantize`], into a caller-provided buffer whose length is the element count.
+pub fn dequantize_into(name: &str, ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
+    let n = out.len();
+    let Some((block, bytes)) = ty.block_layout().filter(|_| ty.can_dequantize()) else {
+        return Err(EngineError::Gguf(format!(
+            "tensor {name:?} has type {ty}, which cannot be dequantized; supported types are F32, F16, BF16, Q8_0, Q4_0, Q4_1 (re-quantize the model with one of these)"
+        )));
+    };
+    let (block, bytes) = (block as usize, bytes as usize);
+    if !n.is_multiple_of(block) || data.len() != n / block * bytes {
+        return Err(EngineError::Gguf(format!(
+            "tensor {name:?} of type {ty}: {} bytes do not hold {n} elements",
+            data.len()
+        )));
+    }
+    let blocks = data.chunks_exact(bytes).zip(out.chunks_exact_mut(block));
+    match ty {
+        GgmlType::F32 => {
+            blocks.for_each(|(b, o)| o[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        }
+        GgmlType::F16 => blocks.for_each(|(b, o)| o[0] = f16::from_le_bytes([b[0], b[1]]).to_f32()),
+        GgmlType::BF16 => {
+            blocks.for_each(|(b, o)| o[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32())
+        }
+        GgmlType::Q8_0 => blocks.for_each(|(b, o)| q8_0(b, o)),
+        GgmlType::Q4_0 => blocks.for_each(|(b, o)| q4_0(b, o)),
+        GgmlType::Q4_1 => blocks.for_each(|(b, o)| q4_1(b, o)),
+        _ => unreachable!("can_dequantize covers exactly the types above"),
+    }
+    Ok(())
+}
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// 34 bytes: f16 scale d, then 32 signed bytes; x = q·d.
+fn q8_0(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    for (o, &q) in out.iter_mut().zip(&b[2..34]) {
+        *o = f32::from(q as i8) * d;
+    }
+}
+
+/// 18 bytes: f16 d, 16 bytes of nibbles; element j is the low nibble of qs[j], element j+16
+/// the high nibble; x = (q − 8)·d.
+fn q4_0(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    for (j, &q) in b[2..18].iter().enumerate() {
+        out[j] = (f32::from(q & 0x0f) - 8.0) * d;
+        out[j + 16] = (f32::from(q >> 4) - 8.0) * d;
+    }
+}
+
+/// 20 bytes: f16 d, f16 m, 16 bytes of nibbles laid out as in Q4_0; x = q·d + m.
+fn q4_1(b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let m = f16_at(b, 2);
+    for (j, &q) in b[4..20].iter().enumerate() {
+        out[j] = f32::from(q & 0x0f) * d + m;
+        out[j + 16] = f32::from(q >> 4) * d + m;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(x: f32) -> [u8; 2] {
+        f16::from_f32(x).to_le_bytes()
+    }
+
+    #[test]
+    fn q8_0_block() {
+        // d = 0.5 (exact in f16); q_i = i - 16.
+        let mut b = h(0.5).to_vec();
+        b.extend((0..32).map(|i| (i as i8 - 16) as u8));
+        let x = dequantize("t", GgmlType::Q8_0, &b, 32).unwrap();
+        assert_eq!(x[0], -8.0);
+        assert_eq!(x[16], 0.0);
+        assert_eq!(x[31], 7.5);
+    }
+
+    #[test]
+    fn q4_0_block() {
+        // d = 2; qs[j] = low j, high 15 - j.
+        let mut b = h(2.0).to_vec();
+        b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let x = dequantize("t", GgmlType::Q4_0, &b, 32).unwrap();
+        assert_eq!(x[0], -16.0); // (0 - 8) * 2
+        assert_eq!(x[15], 14.0); // (15 - 8) * 2
+        assert_eq!(x[16], 14.0); // high nibble of qs[0] = 15
+        assert_eq!(x[31], -16.0); // high nibble of qs[15] = 0
+    }
+
+    #[test]
+    fn q4_1_block() {
+        // d = 0.25, m = -1; qs[j] = low j, high 3.
+        let mut b = h(0.25).to_vec();
+        b.extend(h(-1.0));
+        b.extend((0..16u8).map(|j| j | (3 << 4)));
+        let x = dequantize("t", GgmlType::Q4_1, &b, 32).unwrap();
+        assert_eq!(x[0], -1.0);
+        assert_eq!(x[4], 0.0); // 4 * 0.25 - 1
+        assert_eq!(x[15], 2.75); // 15 * 0.25 - 1
+        assert_eq!(x[16], -0.25); // 3 * 0.25 - 1
+        assert_eq!(x[31], -0.25);
+    }
+
+    #[test]
+    fn float_types() {
+        let b: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(
+            dequantize("t", GgmlType::F32, &b, 2).unwrap(),
+            vec![1.5, -2.0]
+        );
+        let b: Vec<u8> = [h(0.1), h(-3.0)].concat();
+        let x = dequantize("t", GgmlType::F16, &b, 2).unwrap();
+        assert_eq!(x, vec![f16::from_f32(0.1).to_f32(), -3.0]);
+        // bf16 0x3fc0 = 1.5
+        let x = dequantize("t", GgmlType::BF16, &[0xc0, 0x3f], 1).unwrap();
+        assert_eq!(x, vec![1.5]);
+    }
+
+    #[test]
+    fn unsupported_type_names_tensor_and_type() {
+        let e = dequantize("blk.0.attn_q.weight", GgmlType(12), &[0; 144], 256)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("blk.0.attn_q.weight") && e.contains("Q4_K"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn wrong_length_is_an_error() {
+        assert!(dequantize("t", GgmlType::Q8_0, &[0; 33], 32).is_err());
+    }
+}

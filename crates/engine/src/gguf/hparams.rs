@@ -1,0 +1,269 @@
+//! Model hyper-parameters from `<arch>.*` metadata, and the HF `config.json` /
+//! `generation_config.json` they become.
+
+use serde_json::{Value, json};
+
+use crate::dtype::DType;
+use crate::error::{EngineError, Result};
+use crate::gguf::dequant::dequantize;
+use crate::gguf::reader::GgufFile;
+
+/// The GGUF architectures we convert; they differ in Q/K permutation, biases and norms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GgufArch {
+    /// llama.cpp's `LlamaModel` converter: Llama, SmolLM2, Mistral. Q/K rows are permuted.
+    Llama,
+    Qwen2,
+    Qwen3,
+}
+
+impl GgufArch {
+    pub fn from_gguf(name: &str) -> Result<Self> {
+        match name {
+            "llama" => Ok(GgufArch::Llama),
+            "qwen2" => Ok(GgufArch::Qwen2),
+            "qwen3" => Ok(GgufArch::Qwen3),
+            other => Err(EngineError::Gguf(format!(
+                "general.architecture {other:?} is not supported (supported: llama, qwen2, qwen3)"
+            ))),
+        }
+    }
+
+    fn hf(self) -> (&'static str, &'static str) {
+        match self {
+            GgufArch::Llama => ("LlamaForCausalLM", "llama"),
+            GgufArch::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
+            GgufArch::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Hparams {
+    pub arch: GgufArch,
+    pub vocab_size: u64,
+    pub hidden_size: u64,
+    pub intermediate_size: u64,
+    pub num_layers: u64,
+    pub num_heads: u64,
+    pub num_kv_heads: u64,
+    pub head_dim: u64,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub context_length: u64,
+    pub tie_word_embeddings: bool,
+    pub bos_token_id: Option<u64>,
+    /// EOS first, then any distinct end-of-turn / end-of-message ids (Llama 3 instruct stops
+    /// on `<|eot_id|>` as well as `<|end_of_text|>`).
+    pub eos_token_ids: Vec<u64>,
+    pub rope_scaling: Option<Value>,
+}
+
+pub fn read(g: &GgufFile) -> Result<Hparams> {
+    let arch_name = g.require_str("general.architecture")?;
+    let arch = GgufArch::from_gguf(arch_name)?;
+    let key = |k: &str| format!("{arch_name}.{k}");
+    let hidden_size = g.require_u64(&key("embedding_length"))?;
+    let num_heads = g.require_u64(&key("attention.head_count"))?;
+    let num_kv_heads = g
+        .get_u64(&key("attention.head_count_kv"))?
+        .unwrap_or(num_heads);
+    if num_heads == 0 || num_kv_heads == 0 {
+        return Err(EngineError::Gguf(format!(
+            "{arch_name}: head counts must be > 0"
+        )));
+    }
+    let head_dim = match g.get_u64(&key("attention.key_length"))? {
+        Some(d) => d,
+        None => hidden_size / num_heads,
+    };
+    let embd = g.tensor("token_embd.weight").ok_or_else(|| {
+        EngineError::Gguf("missing tensor \"token_embd.weight\" (the token embeddings)".into())
+    })?;
+    let output = g.tensor("output.weight");
+    // The weights decide the vocabulary size the model computes over; the token list may be
+    // shorter (padded embeddings) and then only decides the tokenizer.
+    let rows = |t: &crate::gguf::reader::TensorInfo| t.dims.get(1).copied();
+    let vocab_size = output
+        .and_then(rows)
+        .or_else(|| rows(embd))
+        .or_else(|| {
+            g.get_array("tokenizer.ggml.tokens")
+                .ok()
+                .flatten()
+                .map(|a| a.len() as u64)
+        })
+        .ok_or_else(|| EngineError::Gguf("cannot tell the vocabulary size".into()))?;
+    let context_length = g.get_u64(&key("context_length"))?.unwrap_or(4096);
+    let rope_theta = g.get_f64(&key("rope.freq_base"))?.unwrap_or(10000.0);
+    Ok(Hparams {
+        arch,
+        vocab_size,
+        hidden_size,
+        intermediate_size: g.require_u64(&key("feed_forward_length"))?,
+        num_layers: g.require_u64(&key("block_count"))?,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        rms_norm_eps: g
+            .get_f64(&key("attention.layer_norm_rms_epsilon"))?
+            .unwrap_or(1e-5),
+        rope_theta,
+        context_length,
+        tie_word_embeddings: output.is_none(),
+        bos_token_id: g.get_u64("tokenizer.ggml.bos_token_id")?,
+        eos_token_ids: end_of_generation_ids(g)?,
+        rope_scaling: rope_scaling(g, arch_name, head_dim, rope_theta)?,
+    })
+}
+
+fn end_of_generation_ids(g: &GgufFile) -> Result<Vec<u64>> {
+    let mut ids = Vec::new();
+    for key in [
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.eom_token_id",
+    ] {
+        if let Some(id) = g.get_u64(key)?
+            && !ids.contains(&id)
+        {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
+}
+
+/// `eos_token_id` as HF writes it: absent, one id, or a list.
+fn eos_json(ids: &[u64]) -> Value {
+    match ids {
+        [] => Value::Null,
+        [one] => json!(one),
+        many => json!(many),
+    }
+}
+
+/// Llama 3.1-style scaling: llama.cpp stores it only as the `rope_freqs` tensor (per-frequency
+/// divisors). We recover HF's `rope_scaling` by checking the divisors against the llama3 formula
+/// with the factor from the tensor and the published Llama 3.1 defaults (or `rope.scaling.*`).
+fn rope_scaling(g: &GgufFile, arch: &str, head_dim: u64, theta: f64) -> Result<Option<Value>> {
+    let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+    let ty = g.get_str(&key("type"))?;
+    let factor_key = g.get_f64(&key("factor"))?;
+    match ty {
+        None | Some("none") => {}
+        Some(_) if factor_key.is_none_or(|f| f == 1.0) => {}
+        Some(other) => {
+            return Err(EngineError::Gguf(format!(
+                "{} = {other:?} (factor {factor_key:?}) is not supported: only Llama 3 rope scaling can be converted",
+                key("type")
+            )));
+        }
+    }
+    let Some(info) = g.tensor("rope_freqs.weight") else {
+        return Ok(None);
+    };
+    let data = g.tensor_data(info)?;
+    let divisors = dequantize(&info.name, info.ggml_type, data, info.n_elements() as usize)?;
+    let dim = g
+        .get_u64(&format!("{arch}.rope.dimension_count"))?
+        .unwrap_or(head_dim) as f64;
+    let factor =
+        factor_key.unwrap_or_else(|| divisors.iter().copied().fold(1.0f32, f32::max) as f64);
+    let low = g.get_f64(&key("low_freq_factor"))?.unwrap_or(1.0);
+    let high = g.get_f64(&key("high_freq_factor"))?.unwrap_or(4.0);
+    let orig = g
+        .get_f64(&key("original_context_length"))?
+        .unwrap_or(8192.0);
+    let expected = llama3_divisors(dim, theta, factor, low, high, orig);
+    let matches = expected.len() == divisors.len()
+        && expected
+            .iter()
+            .zip(&divisors)
+            .all(|(&e, &d)| ((e - d as f64) / e).abs() < 1e-3);
+    if !matches {
+        tracing::warn!(
+            "rope_freqs.weight does not match Llama 3 rope scaling with factor {factor}, low_freq_factor {low}, high_freq_factor {high}, original context {orig}; ignoring it (long-context outputs may differ from llama.cpp)"
+        );
+        return Ok(None);
+    }
+    Ok(Some(json!({
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": low,
+        "high_freq_factor": high,
+        "original_max_position_embeddings": orig,
+    })))
+}
+
+/// llama.cpp's `LlamaModel.generate_extra_tensors`: the divisor applied to each RoPE frequency.
+fn llama3_divisors(dim: f64, theta: f64, factor: f64, low: f64, high: f64, orig: f64) -> Vec<f64> {
+    let low_wavelen = orig / low;
+    let high_wavelen = orig / high;
+    (0..(dim as usize) / 2)
+        .map(|i| {
+            let freq = 1.0 / theta.powf(2.0 * i as f64 / dim);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let smooth = (orig / wavelen - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            }
+        })
+        .collect()
+}
+
+pub fn config_json(h: &Hparams, dtype: DType) -> Value {
+    let (class, model_type) = h.arch.hf();
+    let mut c = json!({
+        "architectures": [class],
+        "model_type": model_type,
+        "vocab_size": h.vocab_size,
+        "hidden_size": h.hidden_size,
+        "intermediate_size": h.intermediate_size,
+        "num_hidden_layers": h.num_layers,
+        "num_attention_heads": h.num_heads,
+        "num_key_value_heads": h.num_kv_heads,
+        "head_dim": h.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": h.rms_norm_eps,
+        "rope_theta": h.rope_theta,
+        "max_position_embeddings": h.context_length,
+        "tie_word_embeddings": h.tie_word_embeddings,
+        "torch_dtype": dtype.name(),
+        "bos_token_id": h.bos_token_id,
+        "eos_token_id": eos_json(&h.eos_token_ids),
+        "rope_scaling": h.rope_scaling,
+    });
+    if h.arch == GgufArch::Llama {
+        c["attention_bias"] = json!(false);
+        c["mlp_bias"] = json!(false);
+    }
+    c
+}
+
+pub fn generation_config_json(h: &Hparams) -> Value {
+    json!({
+        "bos_token_id": h.bos_token_id,
+        "eos_token_id": eos_json(&h.eos_token_ids),
+        "_from_model_config": true,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_divisors_match_llama31_shape() {
+        // Llama 3.1 8B: theta 5e5, head_dim 128, factor 8. Highest frequency untouched,
+        // lowest divided by the factor, values in between monotone.
+        let d = llama3_divisors(128.0, 500000.0, 8.0, 1.0, 4.0, 8192.0);
+        assert_eq!(d.len(), 64);
+        assert_eq!(d[0], 1.0);
+        assert_eq!(d[63], 8.0);
+        assert!(d.windows(2).all(|w| w[0] <= w[1]));
+    }
+}

@@ -1,0 +1,112 @@
+//! GGUF tensor names → HF names, and which tensors llama.cpp permuted.
+
+/// What a GGUF tensor becomes in the HF checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mapped {
+    /// Written under this HF name.
+    Hf { name: String, qk: Option<QkKind> },
+    /// Consumed elsewhere (e.g. `rope_freqs.weight` becomes config.json's `rope_scaling`).
+    Skip,
+}
+
+/// Q and K projections are the tensors whose rows llama.cpp reorders for its RoPE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkKind {
+    Q,
+    K,
+}
+
+/// Maps a GGUF tensor name; None when the name is not one we know.
+pub fn map(gguf: &str) -> Option<Mapped> {
+    let hf = |name: String| Some(Mapped::Hf { name, qk: None });
+    match gguf {
+        "token_embd.weight" => return hf("model.embed_tokens.weight".into()),
+        "output_norm.weight" => return hf("model.norm.weight".into()),
+        "output.weight" => return hf("lm_head.weight".into()),
+        "rope_freqs.weight" => return Some(Mapped::Skip),
+        _ => {}
+    }
+    let rest = gguf.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: u32 = layer.parse().ok()?;
+    let (part, suffix) = rest.rsplit_once('.')?;
+    if suffix != "weight" && suffix != "bias" {
+        return None;
+    }
+    let (hf_part, qk) = match part {
+        "attn_norm" => ("input_layernorm", None),
+        "ffn_norm" => ("post_attention_layernorm", None),
+        "attn_q" => ("self_attn.q_proj", Some(QkKind::Q)),
+        "attn_k" => ("self_attn.k_proj", Some(QkKind::K)),
+        "attn_v" => ("self_attn.v_proj", None),
+        "attn_output" => ("self_attn.o_proj", None),
+        "attn_q_norm" => ("self_attn.q_norm", None),
+        "attn_k_norm" => ("self_attn.k_norm", None),
+        "ffn_gate" => ("mlp.gate_proj", None),
+        "ffn_up" => ("mlp.up_proj", None),
+        "ffn_down" => ("mlp.down_proj", None),
+        _ => return None,
+    };
+    Some(Mapped::Hf {
+        name: format!("model.layers.{layer}.{hf_part}.{suffix}"),
+        qk,
+    })
+}
+
+/// Undoes llama.cpp's `LlamaModel.permute` on a row-major [rows, row_len] tensor (or a bias,
+/// row_len 1): per head h with head_dim D, `gguf[h·D + 2j + a] = hf[h·D + a·D/2 + j]`.
+pub fn unpermute_rows(data: &[f32], n_heads: usize, row_len: usize) -> Vec<f32> {
+    let rows = data.len() / row_len;
+    let d = rows / n_heads;
+    let mut out = vec![0f32; data.len()];
+    for h in 0..n_heads {
+        for j in 0..d / 2 {
+            for a in 0..2 {
+                let src = (h * d + 2 * j + a) * row_len;
+                let dst = (h * d + a * d / 2 + j) * row_len;
+                out[dst..dst + row_len].copy_from_slice(&data[src..src + row_len]);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_layer_tensors() {
+        assert_eq!(
+            map("blk.12.attn_k.bias"),
+            Some(Mapped::Hf {
+                name: "model.layers.12.self_attn.k_proj.bias".into(),
+                qk: Some(QkKind::K)
+            })
+        );
+        assert_eq!(
+            map("blk.0.ffn_norm.weight"),
+            Some(Mapped::Hf {
+                name: "model.layers.0.post_attention_layernorm.weight".into(),
+                qk: None
+            })
+        );
+        assert_eq!(map("blk.0.attn_rot_embd"), None);
+        assert_eq!(map("blk.x.attn_q.weight"), None);
+    }
+
+    #[test]
+    fn unpermute_one_head_of_four_rows() {
+        // HF rows [r0 r1 r2 r3] (rotate-half: pairs (r0,r2), (r1,r3)) are stored by llama.cpp
+        // interleaved as [r0 r2 r1 r3].
+        let gguf = [0.0, 2.0, 1.0, 3.0];
+        assert_eq!(unpermute_rows(&gguf, 1, 1), vec![0.0, 1.0, 2.0, 3.0]);
+        // Two heads, rows of length 2.
+        let gguf: Vec<f32> = [0, 2, 1, 3, 4, 6, 5, 7]
+            .iter()
+            .flat_map(|&r| [r as f32, r as f32 + 0.5])
+            .collect();
+        let hf: Vec<f32> = (0..8).flat_map(|r| [r as f32, r as f32 + 0.5]).collect();
+        assert_eq!(unpermute_rows(&gguf, 2, 2), hf);
+    }
+}

@@ -1,0 +1,41 @@
+//! Geometry of the paged KV cache. The block pool itself (allocation, prefix cache) belongs to
+//! the scheduler; the engine only stores K/V at the slots a step's layout names.
+
+use crate::config::ModelConfig;
+
+/// Tokens per KV block.
+pub const BLOCK_SIZE: usize = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCacheConfig {
+    pub num_blocks: usize,
+    pub num_layers: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvCacheConfig {
+    pub fn new(model: &ModelConfig, num_blocks: usize) -> Self {
+        KvCacheConfig {
+            num_blocks,
+            num_layers: model.num_layers,
+            num_kv_heads: model.num_kv_heads,
+            head_dim: model.head_dim,
+        }
+    }
+
+    /// Bytes of one block across all layers, K and V, for `elem_bytes`-sized elements.
+    pub fn block_bytes(model: &ModelConfig, elem_bytes: usize) -> usize {
+        2 * model.num_layers * model.num_kv_heads * model.head_dim * BLOCK_SIZE * elem_bytes
+    }
+
+    /// How many blocks fit in `budget_bytes`.
+    pub fn blocks_for_budget(model: &ModelConfig, elem_bytes: usize, budget_bytes: usize) -> usize {
+        budget_bytes / Self::block_bytes(model, elem_bytes).max(1)
+    }
+
+    /// Elements of one layer's K (or V) pool: `[num_blocks, kv_heads, BLOCK_SIZE, head_dim]`.
+    pub fn layer_elems(&self) -> usize {
+        self.num_blocks * self.num_kv_heads * BLOCK_SIZE * self.head_dim
+    }
+}

@@ -1,0 +1,30 @@
+//! The inference engine: Llama-family model written once against the [`Backend`] trait,
+//! the CPU backend, weights loading, GGUF import, the default model, and sampling.
+//!
+//! Nothing here knows about HTTP or request scheduling: the scheduler crate drives
+//! [`Engine::step`] over ragged batches that it lays out with [`BatchLayout`].
+
+pub mod backend;
+pub mod batch;
+pub mod config;
+pub mod cpu;
+pub mod dtype;
+pub mod engine;
+pub mod error;
+pub mod gguf;
+pub mod kv;
+pub mod lora;
+pub mod model;
+pub mod model_store;
+pub mod sampling;
+#[doc(hidden)]
+pub mod testing;
+pub mod weights;
+
+pub use backend::Backend;
+pub use batch::{BatchLayout, LogitsWanted, SeqChunk};
+pub use config::{Architecture, ModelConfig};
+pub use dtype::DType;
+pub use engine::Engine;
+pub use error::{EngineError, Result};
+pub use kv::{BLOCK_SIZE, KvCacheConfig};

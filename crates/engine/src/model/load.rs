@@ -1,0 +1,109 @@
+use std::path::Path;
+
+use super::{Layer, Model};
+use crate::backend::Backend;
+use crate::config::ModelConfig;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::weights::{HostTensor, SafetensorsDir};
+
+#[derive(Debug, Clone, Copy)]
+pub struct LoadOptions {
+    /// dtype of matrices in memory; None keeps the checkpoint's (`torch_dtype`, f16 → f32).
+    pub dtype: Option<DType>,
+}
+
+impl<B: Backend> Model<B> {
+    /// Loads an HF model directory (config.json + safetensors).
+    pub fn load(backend: &B, dir: &Path, opts: LoadOptions) -> Result<Self> {
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let st = SafetensorsDir::open(dir)?;
+        let dtype = match opts.dtype {
+            Some(DType::BF16) => DType::BF16,
+            // f16 checkpoints are computed in f32 on the CPU.
+            Some(DType::F32 | DType::F16) => DType::F32,
+            None if config.torch_dtype.as_deref() == Some("bfloat16") => DType::BF16,
+            None => DType::F32,
+        };
+        Self::from_tensors(backend, config, &st, dtype)
+    }
+
+    fn from_tensors(
+        backend: &B,
+        config: ModelConfig,
+        st: &SafetensorsDir,
+        dtype: DType,
+    ) -> Result<Self> {
+        let c = &config;
+        let h = c.hidden_size;
+        let mat = |name: &str, shape: &[usize]| st.load(name, shape, dtype);
+        let vec = |name: &str, len: usize| -> Result<B::Weight> {
+            backend.upload_weight(st.load(name, &[len], DType::F32)?)
+        };
+        let embed_t = mat("model.embed_tokens.weight", &[c.vocab_size, h])?;
+        let lm_head = if st.contains("lm_head.weight") && !c.tie_word_embeddings {
+            Some(backend.upload_weight(mat("lm_head.weight", &[c.vocab_size, h])?)?)
+        } else {
+            None
+        };
+        let embed = backend.upload_weight(embed_t)?;
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for i in 0..c.num_layers {
+            let p = format!("model.layers.{i}");
+            let a = format!("{p}.self_attn");
+            let qkv = HostTensor::concat_rows(vec![
+                mat(&format!("{a}.q_proj.weight"), &[c.q_size(), h])?,
+                mat(&format!("{a}.k_proj.weight"), &[c.kv_size(), h])?,
+                mat(&format!("{a}.v_proj.weight"), &[c.kv_size(), h])?,
+            ]);
+            let qkv_bias = if c.architecture.has_qkv_bias() {
+                let b = |n: &str, len| st.load(&format!("{a}.{n}.bias"), &[len], DType::F32);
+                Some(backend.upload_weight(HostTensor::concat_rows(vec![
+                    b("q_proj", c.q_size())?,
+                    b("k_proj", c.kv_size())?,
+                    b("v_proj", c.kv_size())?,
+                ]))?)
+            } else {
+                None
+            };
+            let (q_norm, k_norm) = if c.architecture.has_qk_norm() {
+                (
+                    Some(vec(&format!("{a}.q_norm.weight"), c.head_dim)?),
+                    Some(vec(&format!("{a}.k_norm.weight"), c.head_dim)?),
+                )
+            } else {
+                (None, None)
+            };
+            let m = format!("{p}.mlp");
+            let gate_up = HostTensor::concat_rows(vec![
+                mat(&format!("{m}.gate_proj.weight"), &[c.intermediate_size, h])?,
+                mat(&format!("{m}.up_proj.weight"), &[c.intermediate_size, h])?,
+            ]);
+            layers.push(Layer {
+                input_norm: vec(&format!("{p}.input_layernorm.weight"), h)?,
+                qkv: backend.upload_weight(qkv)?,
+                qkv_bias,
+                q_norm,
+                k_norm,
+                o_proj: backend
+                    .upload_weight(mat(&format!("{a}.o_proj.weight"), &[h, c.q_size()])?)?,
+                post_norm: vec(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                gate_up: backend.upload_weight(gate_up)?,
+                down: backend.upload_weight(mat(
+                    &format!("{m}.down_proj.weight"),
+                    &[h, c.intermediate_size],
+                )?)?,
+            });
+        }
+        let final_norm = vec("model.norm.weight", h)?;
+        let rope = backend.rope_table(&c.rope_inv_freq())?;
+        Ok(Model {
+            config,
+            embed,
+            lm_head,
+            final_norm,
+            layers,
+            rope,
+        })
+    }
+}

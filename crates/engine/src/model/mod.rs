@@ -1,0 +1,193 @@
+//! The Llama-family transformer (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2), written once
+//! against [`Backend`].
+
+mod load;
+
+use crate::backend::{Backend, QkvLayout};
+use crate::batch::BatchLayout;
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::kv::KvCacheConfig;
+use crate::lora::{LoraAdapter, Target};
+use std::collections::HashMap;
+
+pub use load::LoadOptions;
+
+pub(crate) struct Layer<B: Backend> {
+    input_norm: B::Weight,
+    /// q, k and v projections fused into one `[q + 2 kv, hidden]` matrix.
+    qkv: B::Weight,
+    qkv_bias: Option<B::Weight>,
+    q_norm: Option<B::Weight>,
+    k_norm: Option<B::Weight>,
+    o_proj: B::Weight,
+    post_norm: B::Weight,
+    /// gate and up projections fused into one `[2 · intermediate, hidden]` matrix.
+    gate_up: B::Weight,
+    down: B::Weight,
+}
+
+pub struct Model<B: Backend> {
+    pub config: ModelConfig,
+    embed: B::Weight,
+    /// None when the embeddings are tied (the LM head reads `embed`).
+    lm_head: Option<B::Weight>,
+    final_norm: B::Weight,
+    layers: Vec<Layer<B>>,
+    rope: B::Rope,
+}
+
+/// The paged K/V pools of every layer.
+pub struct KvCache<B: Backend> {
+    pub cfg: KvCacheConfig,
+    layers: Vec<(B::Kv, B::Kv)>,
+}
+
+impl<B: Backend> KvCache<B> {
+    pub fn new(backend: &B, cfg: KvCacheConfig) -> Result<Self> {
+        let layers = (0..cfg.num_layers)
+            .map(|_| Ok((backend.alloc_kv(&cfg)?, backend.alloc_kv(&cfg)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvCache { cfg, layers })
+    }
+
+    pub fn copy_blocks(&mut self, backend: &B, pairs: &[(u32, u32)]) {
+        if pairs.is_empty() {
+            return;
+        }
+        for (k, v) in &mut self.layers {
+            backend.copy_blocks(k, &self.cfg, pairs);
+            backend.copy_blocks(v, &self.cfg, pairs);
+        }
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// Bytes a decode step streams: every layer's matrices and the LM head (the embedding
+    /// table itself when tied; an untied input table is only gathered from).
+    pub fn weight_bytes(&self, backend: &B) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [
+                    &l.qkv,
+                    &l.o_proj,
+                    &l.gate_up,
+                    &l.down,
+                    &l.input_norm,
+                    &l.post_norm,
+                ]
+                .iter()
+                .map(|w| backend.weight_bytes(w))
+                .sum::<usize>()
+            })
+            .sum();
+        layers + backend.weight_bytes(self.lm_head.as_ref().unwrap_or(&self.embed))
+    }
+
+    fn qkv_layout(&self) -> QkvLayout {
+        QkvLayout {
+            q_heads: self.config.num_heads,
+            kv_heads: self.config.num_kv_heads,
+            head_dim: self.config.head_dim,
+        }
+    }
+
+    /// Runs one step over `layout` and returns the logits of its `logits_rows`,
+    /// row-major `[logits_rows.len(), vocab]`.
+    pub fn forward(
+        &self,
+        backend: &B,
+        layout: &BatchLayout,
+        kv: &mut KvCache<B>,
+        adapters: &HashMap<u64, LoraAdapter<B>>,
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let n = layout.num_tokens();
+        let hidden = c.hidden_size;
+        let ql = self.qkv_layout();
+        let eps = c.rms_norm_eps as f32;
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let step = backend.upload_step(layout)?;
+
+        let mut residual = backend.alloc(n * hidden)?;
+        let mut normed = backend.alloc(n * hidden)?;
+        let mut qkv = backend.alloc(n * ql.row_width())?;
+        let mut attn = backend.alloc(n * ql.q_heads * ql.head_dim)?;
+        let mut proj = backend.alloc(n * hidden)?;
+        let mut gate_up = backend.alloc(n * 2 * c.intermediate_size)?;
+        let mut act = backend.alloc(n * c.intermediate_size)?;
+
+        // Adapters used this step, with the token rows of each.
+        let mut active: Vec<(&LoraAdapter<B>, &[u32])> = Vec::new();
+        for (id, rows) in &layout.adapter_rows {
+            let a = adapters.get(id).ok_or_else(|| {
+                crate::error::EngineError::Batch(format!("LoRA adapter {id} is not loaded"))
+            })?;
+            active.push((a, rows));
+        }
+        let h = hidden;
+        let (qs, kvs, inter) = (c.q_size(), c.kv_size(), c.intermediate_size);
+        let lora = |i: usize,
+                    t: Target,
+                    x: &B::Buf,
+                    xw: usize,
+                    out: &mut B::Buf,
+                    ow: usize,
+                    off: usize| {
+            for (a, rows) in &active {
+                if let Some(p) = a.get(i, t) {
+                    backend.lora(x, xw, rows, &p.a, &p.b, out, ow, off);
+                }
+            }
+        };
+
+        backend.embedding(&self.embed, &step, &mut residual);
+        for (i, layer) in self.layers.iter().enumerate() {
+            if i == 0 {
+                backend.rms_norm(&residual, n, &layer.input_norm, eps, &mut normed);
+            } else {
+                // The previous layer's MLP output is still in `proj`.
+                backend.add_rms_norm(&mut residual, &proj, n, &layer.input_norm, eps, &mut normed);
+            }
+            backend.linear(&normed, n, &layer.qkv, layer.qkv_bias.as_ref(), &mut qkv);
+            let w = ql.row_width();
+            lora(i, Target::Q, &normed, h, &mut qkv, w, 0);
+            lora(i, Target::K, &normed, h, &mut qkv, w, qs);
+            lora(i, Target::V, &normed, h, &mut qkv, w, qs + kvs);
+            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                backend.head_rms_norm(&mut qkv, n, ql, 0, ql.q_heads, qn, eps);
+                backend.head_rms_norm(&mut qkv, n, ql, ql.q_heads, ql.kv_heads, kn, eps);
+            }
+            backend.rope(&mut qkv, &step, ql, &self.rope);
+            let (k_cache, v_cache) = &mut kv.layers[i];
+            backend.write_kv(&qkv, &step, ql, k_cache, v_cache);
+            backend.attention(&qkv, &step, ql, k_cache, v_cache, scale, &mut attn);
+            backend.linear(&attn, n, &layer.o_proj, None, &mut proj);
+            lora(i, Target::O, &attn, qs, &mut proj, h, 0);
+            backend.add_rms_norm(&mut residual, &proj, n, &layer.post_norm, eps, &mut normed);
+            backend.linear(&normed, n, &layer.gate_up, None, &mut gate_up);
+            lora(i, Target::Gate, &normed, h, &mut gate_up, 2 * inter, 0);
+            lora(i, Target::Up, &normed, h, &mut gate_up, 2 * inter, inter);
+            backend.silu_mul(&gate_up, n, c.intermediate_size, &mut act);
+            backend.linear(&act, n, &layer.down, None, &mut proj);
+            lora(i, Target::Down, &act, inter, &mut proj, h, 0);
+        }
+        backend.add(&mut residual, &proj, n * hidden);
+
+        let rows = layout.logits_rows.len();
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        // Norm and LM head only for the rows whose logits are wanted.
+        let mut picked = backend.alloc(rows * hidden)?;
+        backend.gather_logit_rows(&residual, &step, hidden, &mut picked);
+        let mut picked_normed = backend.alloc(rows * hidden)?;
+        backend.rms_norm(&picked, rows, &self.final_norm, eps, &mut picked_normed);
+        let mut logits = backend.alloc(rows * c.vocab_size)?;
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        backend.linear(&picked_normed, rows, head, None, &mut logits);
+        backend.to_host(&logits, rows * c.vocab_size)
+    }
+}

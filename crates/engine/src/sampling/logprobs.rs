@@ -1,0 +1,146 @@
+//! Log-softmax statistics of a logits row: argmax, log-normalizer, top-n alternatives.
+
+use std::cmp::Ordering;
+
+/// NaN counts as `-inf` (never sampled, never panics); `+inf` becomes `f32::MAX` so the
+/// log-normalizer stays finite.
+#[inline]
+pub(crate) fn clean(x: f32) -> f32 {
+    if x.is_nan() {
+        f32::NEG_INFINITY
+    } else if x == f32::INFINITY {
+        f32::MAX
+    } else {
+        x
+    }
+}
+
+/// Logit descending, then id ascending: the order used for argmax and top-n.
+#[inline]
+fn by_logit_then_id(a: (u32, f32), b: (u32, f32)) -> Ordering {
+    if a.1 > b.1 {
+        Ordering::Less
+    } else if a.1 < b.1 {
+        Ordering::Greater
+    } else {
+        a.0.cmp(&b.0)
+    }
+}
+
+/// What one pass over a (cleaned) row tells us.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowStats {
+    /// Index of the largest logit, lowest id on ties (0 when every logit is `-inf`).
+    pub argmax: u32,
+    /// Largest logit (`-inf` when every logit is `-inf`).
+    pub max: f32,
+    /// `ln(sum(exp(x)))`, computed as `max + ln(sum(exp(x - max)))` in f64.
+    log_norm: f64,
+    len: usize,
+}
+
+impl RowStats {
+    /// Cleans the row in place and scans it once (online log-sum-exp).
+    pub(crate) fn scan_in_place(row: &mut [f32]) -> Self {
+        let len = row.len();
+        Self::scan(
+            row.iter_mut().map(|x| {
+                *x = clean(*x);
+                *x
+            }),
+            len,
+        )
+    }
+
+    /// Scans a row that may hold NaN / inf without modifying it.
+    pub(crate) fn scan_raw(row: &[f32]) -> Self {
+        Self::scan(row.iter().map(|&x| clean(x)), row.len())
+    }
+
+    fn scan(values: impl Iterator<Item = f32>, len: usize) -> Self {
+        let (mut argmax, mut max, mut sum) = (0u32, f32::NEG_INFINITY, 0.0f64);
+        for (i, x) in values.enumerate() {
+            if x > max {
+                // Rescale the running sum to the new maximum (exp(-inf) = 0 on the first hit).
+                sum = sum * (f64::from(max) - f64::from(x)).exp() + 1.0;
+                max = x;
+                argmax = i as u32;
+            } else if x > f32::NEG_INFINITY {
+                sum += (f64::from(x) - f64::from(max)).exp();
+            }
+        }
+        Self {
+            argmax,
+            max,
+            log_norm: f64::from(max) + sum.ln(),
+            len,
+        }
+    }
+
+    /// Log-probability of a token whose (cleaned) logit is `x`. A row with no finite logit
+    /// is treated as all-equal logits (the limit of a uniform row): `-ln(vocab)`.
+    pub(crate) fn logprob(&self, x: f32) -> f32 {
+        if self.max == f32::NEG_INFINITY {
+            -(self.len as f64).ln() as f32
+        } else {
+            (f64::from(x) - self.log_norm) as f32
+        }
+    }
+}
+
+/// The `n` most probable tokens as `(id, logprob)`, logprob descending, ties id ascending.
+/// Tokens of probability zero (`-inf` logits: masked) are never listed, so fewer than `n`
+/// entries come back when fewer tokens are possible.
+pub(crate) fn top_n(row: &[f32], n: u32, stats: &RowStats) -> Vec<(u32, f32)> {
+    let n = n as usize;
+    if n == 0 {
+        return Vec::new();
+    }
+    let finite = row
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| (i as u32, clean(x)))
+        .filter(|&(_, x)| x > f32::NEG_INFINITY);
+    let mut best: Vec<(u32, f32)> = if n <= 32 {
+        // Insertion into a short sorted buffer: one pass, rare inserts, no O(vocab) memory.
+        let mut best: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+        for cand in finite {
+            let full = best.len() == n;
+            if full
+                && best
+                    .last()
+                    .is_some_and(|&w| by_logit_then_id(cand, w).is_ge())
+            {
+                continue;
+            }
+            let at = best.partition_point(|&b| by_logit_then_id(b, cand).is_lt());
+            best.insert(at, cand);
+            best.truncate(n);
+        }
+        best
+    } else {
+        let mut all: Vec<(u32, f32)> = finite.collect();
+        if n < all.len() {
+            all.select_nth_unstable_by(n - 1, |&a, &b| by_logit_then_id(a, b));
+            all.truncate(n);
+        }
+        all.sort_unstable_by(|&a, &b| by_logit_then_id(a, b));
+        all
+    };
+    for entry in &mut best {
+        entry.1 = stats.logprob(entry.1);
+    }
+    best
+}
+
+/// Log-probability of `token` under `log_softmax` of the raw row, plus the top-`top_n`
+/// alternatives: what prompt logprobs report. NaN logits count as `-inf`; a token outside
+/// the row gets `-inf`.
+pub fn token_logprob(logits: &[f32], token: u32, top_n: u32) -> (f32, Vec<(u32, f32)>) {
+    let stats = RowStats::scan_raw(logits);
+    let logprob = match logits.get(token as usize) {
+        Some(&x) => stats.logprob(clean(x)),
+        None => f32::NEG_INFINITY,
+    };
+    (logprob, self::top_n(logits, top_n, &stats))
+}

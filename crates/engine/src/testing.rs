@@ -1,0 +1,328 @@
+//! Tiny random models for tests (here and in the scheduler and server crates).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, TensorView};
+
+use crate::config::Architecture;
+use crate::error::{EngineError, Result};
+
+/// Byte-level vocabulary of the tiny tokenizer: 256 byte symbols, then the specials.
+pub const TINY_VOCAB: usize = 260;
+pub const TINY_BOS: u32 = 256;
+pub const TINY_EOS: u32 = 258;
+const TINY_SPECIALS: [&str; 4] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"];
+
+/// Shape of a generated model.
+#[derive(Debug, Clone)]
+pub struct TinySpec {
+    pub architecture: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    /// Qwen3 uses an explicit head_dim different from hidden/heads.
+    pub head_dim: Option<usize>,
+    pub tie_word_embeddings: bool,
+    pub rope_scaling_llama3: bool,
+    pub seed: u64,
+}
+
+impl TinySpec {
+    pub fn llama() -> Self {
+        TinySpec {
+            architecture: Architecture::Llama,
+            vocab_size: TINY_VOCAB,
+            hidden_size: 64,
+            intermediate_size: 96,
+            num_layers: 2,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: None,
+            tie_word_embeddings: false,
+            rope_scaling_llama3: true,
+            seed: 1,
+        }
+    }
+
+    pub fn qwen2() -> Self {
+        TinySpec {
+            architecture: Architecture::Qwen2,
+            tie_word_embeddings: true,
+            rope_scaling_llama3: false,
+            seed: 2,
+            ..Self::llama()
+        }
+    }
+
+    pub fn qwen3() -> Self {
+        TinySpec {
+            architecture: Architecture::Qwen3,
+            head_dim: Some(24),
+            num_heads: 4,
+            num_kv_heads: 1,
+            rope_scaling_llama3: false,
+            seed: 3,
+            ..Self::llama()
+        }
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or(self.hidden_size / self.num_heads)
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f32 {
+        // SplitMix64: deterministic across platforms.
+        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^= z >> 31;
+        (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn tensor(&mut self, n: usize, scale: f32, offset: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next() * scale + offset).collect()
+    }
+}
+
+/// Writes a complete random model directory: config.json, model.safetensors (f32) and the
+/// tiny byte-level tokenizer.
+pub fn write_tiny_model(dir: &Path, spec: &TinySpec) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
+    let h = spec.hidden_size;
+    let d = spec.head_dim();
+    let (q, kv) = (spec.num_heads * d, spec.num_kv_heads * d);
+    let mut rng = Rng(spec.seed);
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    let mut add = |name: String, shape: Vec<usize>, scale: f32, offset: f32, rng: &mut Rng| {
+        let n = shape.iter().product();
+        tensors.push((name, shape, rng.tensor(n, scale, offset)));
+    };
+    add(
+        "model.embed_tokens.weight".into(),
+        vec![spec.vocab_size, h],
+        1.0,
+        0.0,
+        &mut rng,
+    );
+    if !spec.tie_word_embeddings {
+        add(
+            "lm_head.weight".into(),
+            vec![spec.vocab_size, h],
+            0.2,
+            0.0,
+            &mut rng,
+        );
+    }
+    add("model.norm.weight".into(), vec![h], 0.1, 1.0, &mut rng);
+    let ws = 1.0 / (h as f32).sqrt();
+    for i in 0..spec.num_layers {
+        let p = format!("model.layers.{i}");
+        add(
+            format!("{p}.input_layernorm.weight"),
+            vec![h],
+            0.1,
+            1.0,
+            &mut rng,
+        );
+        add(
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![h],
+            0.1,
+            1.0,
+            &mut rng,
+        );
+        for (n, rows) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
+            add(
+                format!("{p}.self_attn.{n}.weight"),
+                vec![rows, h],
+                ws,
+                0.0,
+                &mut rng,
+            );
+            if spec.architecture.has_qkv_bias() {
+                add(
+                    format!("{p}.self_attn.{n}.bias"),
+                    vec![rows],
+                    0.1,
+                    0.0,
+                    &mut rng,
+                );
+            }
+        }
+        if spec.architecture.has_qk_norm() {
+            add(
+                format!("{p}.self_attn.q_norm.weight"),
+                vec![d],
+                0.1,
+                1.0,
+                &mut rng,
+            );
+            add(
+                format!("{p}.self_attn.k_norm.weight"),
+                vec![d],
+                0.1,
+                1.0,
+                &mut rng,
+            );
+        }
+        add(
+            format!("{p}.self_attn.o_proj.weight"),
+            vec![h, q],
+            ws,
+            0.0,
+            &mut rng,
+        );
+        let wi = 1.0 / (spec.intermediate_size as f32).sqrt();
+        add(
+            format!("{p}.mlp.gate_proj.weight"),
+            vec![spec.intermediate_size, h],
+            ws,
+            0.0,
+            &mut rng,
+        );
+        add(
+            format!("{p}.mlp.up_proj.weight"),
+            vec![spec.intermediate_size, h],
+            ws,
+            0.0,
+            &mut rng,
+        );
+        add(
+            format!("{p}.mlp.down_proj.weight"),
+            vec![h, spec.intermediate_size],
+            wi,
+            0.0,
+            &mut rng,
+        );
+    }
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .into_iter()
+        .map(|(n, s, v)| (n, s, v.iter().flat_map(|x| x.to_le_bytes()).collect()))
+        .collect();
+    let views: HashMap<String, TensorView<'_>> = bytes
+        .iter()
+        .map(|(n, s, b)| {
+            let v = TensorView::new(Dtype::F32, s.clone(), b)
+                .map_err(|e| EngineError::Backend(e.to_string()))?;
+            Ok((n.clone(), v))
+        })
+        .collect::<Result<_>>()?;
+    let path = dir.join("model.safetensors");
+    safetensors::serialize_to_file(views, None, &path).map_err(|e| EngineError::Safetensors {
+        path: path.clone(),
+        msg: e.to_string(),
+    })?;
+    let mut config = serde_json::json!({
+        "architectures": [spec.architecture.hf_name()],
+        "vocab_size": spec.vocab_size,
+        "hidden_size": h,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": d,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "torch_dtype": "float32",
+        "bos_token_id": TINY_BOS,
+        "eos_token_id": TINY_EOS,
+    });
+    if spec.rope_scaling_llama3 {
+        config["rope_scaling"] = serde_json::json!({
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64
+        });
+    }
+    let cpath = dir.join("config.json");
+    std::fs::write(
+        &cpath,
+        serde_json::to_string_pretty(&config).unwrap_or_default(),
+    )
+    .map_err(|e| EngineError::io(&cpath, e))?;
+    write_tiny_tokenizer(dir)
+}
+
+/// GPT-2's byte → printable-char map used by byte-level BPE vocabularies.
+fn byte_level_chars() -> Vec<char> {
+    let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32)
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
+    let mut chars: Vec<u32> = printable.clone();
+    let mut extra = 0;
+    for b in 0..256u32 {
+        if !printable.contains(&b) {
+            printable.push(b);
+            chars.push(256 + extra);
+            extra += 1;
+        }
+    }
+    let mut by_byte = vec!['\0'; 256];
+    for (b, c) in printable.iter().zip(chars) {
+        by_byte[*b as usize] = char::from_u32(c).unwrap_or('?');
+    }
+    by_byte
+}
+
+/// Writes a byte-level tokenizer for the tiny models (id = byte value, no merges; specials
+/// `<|endoftext|>` 256, `<|im_start|>` 257, `<|im_end|>` 258 = EOS, `<|pad|>` 259), plus
+/// tokenizer_config.json with a ChatML template and generation_config.json.
+pub fn write_tiny_tokenizer(dir: &Path) -> Result<()> {
+    let chars = byte_level_chars();
+    let mut vocab = serde_json::Map::new();
+    for (b, c) in chars.iter().enumerate() {
+        vocab.insert(c.to_string(), serde_json::json!(b));
+    }
+    let added: Vec<serde_json::Value> = TINY_SPECIALS
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            serde_json::json!({"id": 256 + i, "content": t, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    for (i, t) in TINY_SPECIALS.iter().enumerate() {
+        vocab.insert(t.to_string(), serde_json::json!(256 + i));
+    }
+    let tok = serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": vocab, "merges": []}
+    });
+    let template = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+    let files = [
+        ("tokenizer.json", tok),
+        (
+            "tokenizer_config.json",
+            serde_json::json!({"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>",
+                "add_bos_token": false, "chat_template": template}),
+        ),
+        (
+            "generation_config.json",
+            serde_json::json!({"bos_token_id": TINY_BOS, "eos_token_id": TINY_EOS}),
+        ),
+    ];
+    for (name, v) in files {
+        let p = dir.join(name);
+        std::fs::write(&p, serde_json::to_string(&v).unwrap_or_default())
+            .map_err(|e| EngineError::io(&p, e))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,105 @@
+//! SmolLM2-135M-Instruct (the default model, converted to f32) against the independent
+//! float32 reference in shared/fixtures/smollm2_greedy.json: 32 greedy ids with EOS ignored,
+//! and prompt logprobs within 2e-3.
+
+use lmi_engine::engine::{EngineOptions, StepEngine};
+use lmi_engine::{BLOCK_SIZE, DType, Engine, LogitsWanted, SeqChunk, model_store};
+
+fn fixture() -> serde_json::Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/fixtures/smollm2_greedy.json"
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).expect("read fixture")).unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn log_softmax_at(row: &[f32], token: u32) -> f64 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let z: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+    row[token as usize] as f64 - max - z.ln()
+}
+
+#[test]
+fn greedy_ids_and_prompt_logprobs_match_the_reference() {
+    let dir = model_store::default_model_dir(false).expect("provision the default model");
+    let opts = EngineOptions {
+        dtype: Some(DType::F32),
+        kv_blocks: Some(64),
+        ..Default::default()
+    };
+    let mut engine = Engine::load_cpu(&dir, &opts).unwrap();
+    let fx = fixture();
+    let cases = fx["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 6);
+    let table: Vec<u32> = (0..64).collect();
+    let mut worst_lp = 0.0f64;
+    for (ci, case) in cases.iter().enumerate() {
+        let prompt = ids(&case["prompt_ids"]);
+        let expected = ids(&case["greedy_ids"]);
+        let out = engine
+            .step(&[SeqChunk {
+                tokens: prompt.clone(),
+                start_pos: 0,
+                block_table: table.clone(),
+                logits: LogitsWanted::All,
+                adapter: None,
+            }])
+            .unwrap();
+        for (t, lp) in case["prompt_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .skip(1)
+        {
+            let got = log_softmax_at(out.row(t - 1), prompt[t]);
+            let want = lp.as_f64().unwrap();
+            worst_lp = worst_lp.max((got - want).abs());
+            assert!(
+                (got - want).abs() < 2e-3,
+                "case {ci} prompt token {t}: logprob {got} vs {want}"
+            );
+        }
+        let argmax = |row: &[f32]| {
+            row.iter()
+                .enumerate()
+                .fold(
+                    (0, f32::NEG_INFINITY),
+                    |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+                )
+                .0 as u32
+        };
+        let mut next = argmax(out.row(prompt.len() - 1));
+        let mut got = vec![next];
+        let mut pos = prompt.len();
+        while got.len() < expected.len() {
+            assert!(pos < 64 * BLOCK_SIZE);
+            let o = engine
+                .step(&[SeqChunk {
+                    tokens: vec![next],
+                    start_pos: pos,
+                    block_table: table.clone(),
+                    logits: LogitsWanted::Last,
+                    adapter: None,
+                }])
+                .unwrap();
+            next = argmax(o.row(0));
+            got.push(next);
+            pos += 1;
+        }
+        assert_eq!(
+            got, expected,
+            "case {ci}: greedy ids differ ({:?})",
+            case["prompt"]
+        );
+    }
+    eprintln!("largest prompt-logprob difference: {worst_lp:.2e}");
+}

@@ -1,0 +1,164 @@
+//! The scheduler thread and the handle callers submit through. A request's events arrive on
+//! its own bounded channel, sized to hold its whole output so the scheduler never blocks on a
+//! slow reader; dropping the [`RequestStream`] cancels the request before the next step.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use lmi_engine::engine::StepEngine;
+use lmi_text::Tokenizer;
+use tokio::sync::mpsc as tmpsc;
+
+use crate::error::SubmitError;
+use crate::event::Event;
+use crate::metrics::SchedulerMetrics;
+use crate::request::GenerateRequest;
+use crate::scheduler::{Scheduler, SchedulerConfig, check_request};
+use crate::sequence::RequestId;
+
+enum Command {
+    Submit {
+        id: RequestId,
+        req: GenerateRequest,
+        tx: tmpsc::Sender<Event>,
+        reply: mpsc::SyncSender<Result<(), SubmitError>>,
+    },
+}
+
+/// Static facts about the running scheduler that callers validate against.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub config: SchedulerConfig,
+    pub num_blocks: usize,
+    pub eos_token_ids: Vec<u32>,
+    pub vocab_size: usize,
+}
+
+/// A cheap, cloneable way to submit requests to the scheduler thread.
+#[derive(Clone)]
+pub struct Handle {
+    tx: mpsc::Sender<Command>,
+    next_id: Arc<AtomicU64>,
+    limits: Arc<Limits>,
+    metrics: Arc<SchedulerMetrics>,
+    thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+/// The events of one request. Dropping it cancels the request.
+pub struct RequestStream {
+    pub id: RequestId,
+    rx: tmpsc::Receiver<Event>,
+}
+
+impl RequestStream {
+    pub async fn recv(&mut self) -> Option<Event> {
+        self.rx.recv().await
+    }
+
+    /// For callers outside an async runtime (batch tools, tests).
+    pub fn blocking_recv(&mut self) -> Option<Event> {
+        self.rx.blocking_recv()
+    }
+}
+
+impl Handle {
+    /// Starts the scheduler thread, which owns `engine` from now on.
+    pub fn spawn(
+        engine: Box<dyn StepEngine>,
+        tokenizer: Tokenizer,
+        config: SchedulerConfig,
+    ) -> Handle {
+        let scheduler = Scheduler::new(engine, tokenizer, config);
+        let limits = Arc::new(Limits {
+            config: scheduler.config().clone(),
+            num_blocks: scheduler.pool().num_blocks(),
+            eos_token_ids: scheduler.eos_token_ids().to_vec(),
+            vocab_size: scheduler.engine().model_config().vocab_size,
+        });
+        let metrics = scheduler.metrics();
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("lmi-scheduler".into())
+            .spawn(move || run(scheduler, rx))
+            .expect("spawning the scheduler thread");
+        Handle {
+            tx,
+            next_id: Arc::new(AtomicU64::new(1)),
+            limits,
+            metrics,
+            thread: Arc::new(Mutex::new(Some(thread))),
+        }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn metrics(&self) -> &SchedulerMetrics {
+        &self.metrics
+    }
+
+    /// Queues a request. Requests that can never run are refused here, with the reason.
+    pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream, SubmitError> {
+        check_request(&req, &self.limits.config, self.limits.num_blocks)?;
+        let capacity = req.num_seqs() * (req.stopping.max_new_tokens + 2) + 2;
+        let (tx, rx) = tmpsc::channel(capacity);
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let (reply_tx, reply_rx) = mpsc::sync_channel(1);
+        self.tx
+            .send(Command::Submit {
+                id,
+                req,
+                tx,
+                reply: reply_tx,
+            })
+            .map_err(|_| SubmitError::Stopped)?;
+        reply_rx.recv().map_err(|_| SubmitError::Stopped)??;
+        Ok(RequestStream { id, rx })
+    }
+
+    /// Stops taking requests and waits until every queued one has finished.
+    pub fn shutdown(self) {
+        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
+        drop(self.tx);
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(mut s: Scheduler, rx: mpsc::Receiver<Command>) {
+    let mut open = true;
+    loop {
+        if !s.has_work() {
+            if !open {
+                return;
+            }
+            match rx.recv() {
+                Ok(cmd) => handle(&mut s, cmd),
+                Err(_) => return,
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(cmd) => handle(&mut s, cmd),
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        s.step();
+    }
+}
+
+fn handle(s: &mut Scheduler, cmd: Command) {
+    match cmd {
+        Command::Submit { id, req, tx, reply } => {
+            let _ = reply.send(s.add(id, req, tx));
+        }
+    }
+}

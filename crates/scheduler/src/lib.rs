@@ -1,0 +1,23 @@
+//! The rolling-batch scheduler: one thread owns the engine and the KV block pool and runs
+//! continuous batching over a paged KV cache with a prefix cache (see `scheduler.rs`).
+//! Callers submit through a [`Handle`] and read [`Event`]s from a [`RequestStream`].
+
+pub mod block_pool;
+mod error;
+mod event;
+mod handle;
+mod metrics;
+mod prefix_hash;
+mod request;
+mod scheduler;
+mod sequence;
+mod stop;
+
+pub use error::SubmitError;
+pub use event::{Event, FinishReason, Finished, PromptToken, Timings, TokenEvent};
+pub use handle::{Handle, Limits, RequestStream};
+pub use metrics::{MetricsSnapshot, SchedulerMetrics};
+pub use request::{AdapterId, GenerateRequest, StoppingParams};
+pub use scheduler::{Scheduler, SchedulerConfig};
+pub use sequence::RequestId;
+pub use stop::StopMatcher;

@@ -1,0 +1,76 @@
+//! Gauges and counters the scheduler thread updates and the server's /metrics reads.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+#[derive(Debug, Default)]
+pub struct SchedulerMetrics {
+    pub running: AtomicU64,
+    pub waiting: AtomicU64,
+    pub kv_blocks_used: AtomicU64,
+    pub kv_blocks_total: AtomicU64,
+    /// Prompt tokens admitted, and how many of them came from the prefix cache.
+    pub prompt_tokens: AtomicU64,
+    pub prefix_cached_tokens: AtomicU64,
+    pub preemptions: AtomicU64,
+    pub steps: AtomicU64,
+    /// Tokens in the last step's batch, and its number of sequences.
+    pub last_batch_tokens: AtomicU64,
+    pub last_batch_seqs: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    /// Tokens run through the model (prefix-cache hits are not).
+    pub computed_tokens: AtomicU64,
+    /// Wall time of steps, and of the engine's forward pass inside them (the difference is the
+    /// scheduler's own overhead: batching, sampling, detokenizing, stop rules, events).
+    pub step_nanos: AtomicU64,
+    pub forward_nanos: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct MetricsSnapshot {
+    pub running: u64,
+    pub waiting: u64,
+    pub kv_blocks_used: u64,
+    pub kv_blocks_total: u64,
+    pub prompt_tokens: u64,
+    pub prefix_cached_tokens: u64,
+    pub preemptions: u64,
+    pub steps: u64,
+    pub last_batch_tokens: u64,
+    pub last_batch_seqs: u64,
+    pub generated_tokens: u64,
+    pub computed_tokens: u64,
+    pub step_nanos: u64,
+    pub forward_nanos: u64,
+}
+
+impl MetricsSnapshot {
+    /// Share of admitted prompt tokens served from the prefix cache.
+    pub fn prefix_hit_rate(&self) -> f64 {
+        if self.prompt_tokens == 0 {
+            0.0
+        } else {
+            self.prefix_cached_tokens as f64 / self.prompt_tokens as f64
+        }
+    }
+}
+
+impl SchedulerMetrics {
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        MetricsSnapshot {
+            running: self.running.load(Relaxed),
+            waiting: self.waiting.load(Relaxed),
+            kv_blocks_used: self.kv_blocks_used.load(Relaxed),
+            kv_blocks_total: self.kv_blocks_total.load(Relaxed),
+            prompt_tokens: self.prompt_tokens.load(Relaxed),
+            prefix_cached_tokens: self.prefix_cached_tokens.load(Relaxed),
+            preemptions: self.preemptions.load(Relaxed),
+            steps: self.steps.load(Relaxed),
+            last_batch_tokens: self.last_batch_tokens.load(Relaxed),
+            last_batch_seqs: self.last_batch_seqs.load(Relaxed),
+            generated_tokens: self.generated_tokens.load(Relaxed),
+            computed_tokens: self.computed_tokens.load(Relaxed),
+            step_nanos: self.step_nanos.load(Relaxed),
+            forward_nanos: self.forward_nanos.load(Relaxed),
+        }
+    }
+}

@@ -1,0 +1,785 @@
+//! The rolling-batch loop body: admission, chunked prefill, preemption, one engine step,
+//! sampling, detokenization, stop rules and events. Owned by one thread (see `handle.rs`);
+//! everything here is synchronous and deterministic for a given order of submissions.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use lmi_engine::engine::StepEngine;
+use lmi_engine::sampling::{SequenceContext, derive_seed, sample_batch, token_logprob};
+use lmi_engine::{BLOCK_SIZE, LogitsWanted, SeqChunk};
+use lmi_text::{IncrementalDetokenizer, Tokenizer};
+use tokio::sync::mpsc::Sender;
+
+use crate::block_pool::BlockPool;
+use crate::error::SubmitError;
+use crate::event::{Event, FinishReason, Finished, PromptToken, Timings, TokenEvent};
+use crate::metrics::SchedulerMetrics;
+use crate::prefix_hash::block_hash;
+use crate::request::GenerateRequest;
+use crate::sequence::{RequestId, RequestState, Sequence};
+use crate::stop::StopMatcher;
+
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Sequences running at once (LMI's max_rolling_batch_size).
+    pub max_batch_size: usize,
+    /// Tokens per step, prefill chunks and decode tokens together
+    /// (LMI's max_rolling_batch_prefill_tokens).
+    pub max_batch_tokens: usize,
+    /// Longest prompt + output (the model's length unless lowered).
+    pub max_model_len: usize,
+    /// Requests allowed to wait (LMI's job_queue_size); more are refused.
+    pub max_waiting: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            max_batch_size: 64,
+            max_batch_tokens: 4096,
+            max_model_len: 4096,
+            max_waiting: 1000,
+        }
+    }
+}
+
+pub struct Scheduler {
+    engine: Box<dyn StepEngine>,
+    tokenizer: Tokenizer,
+    eos: Vec<u32>,
+    cfg: SchedulerConfig,
+    pool: BlockPool,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    requests: HashMap<RequestId, RequestState>,
+    metrics: Arc<SchedulerMetrics>,
+    next_arrival: u64,
+}
+
+fn blocks_for(tokens: usize) -> usize {
+    tokens.div_ceil(BLOCK_SIZE)
+}
+
+impl Scheduler {
+    pub fn new(
+        engine: Box<dyn StepEngine>,
+        tokenizer: Tokenizer,
+        mut cfg: SchedulerConfig,
+    ) -> Self {
+        let mut eos = engine.model_config().eos_token_ids.clone();
+        for id in tokenizer.eos_token_ids() {
+            if !eos.contains(&id) {
+                eos.push(id);
+            }
+        }
+        cfg.max_model_len = cfg
+            .max_model_len
+            .min(engine.model_config().max_position_embeddings);
+        cfg.max_batch_size = cfg.max_batch_size.max(1);
+        cfg.max_batch_tokens = cfg.max_batch_tokens.max(1);
+        let pool = BlockPool::new(engine.num_blocks());
+        let metrics = Arc::new(SchedulerMetrics::default());
+        metrics
+            .kv_blocks_total
+            .store(pool.num_blocks() as u64, Relaxed);
+        Scheduler {
+            engine,
+            tokenizer,
+            eos,
+            cfg,
+            pool,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            requests: HashMap::new(),
+            metrics,
+            next_arrival: 0,
+        }
+    }
+
+    pub fn metrics(&self) -> Arc<SchedulerMetrics> {
+        self.metrics.clone()
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos
+    }
+
+    pub fn engine(&self) -> &dyn StepEngine {
+        self.engine.as_ref()
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    pub fn num_waiting_requests(&self) -> usize {
+        self.waiting.iter().filter(|s| s.num_computed == 0).count()
+    }
+
+    /// Checks that a request can ever run; the error says what to change.
+    pub fn check(&self, req: &GenerateRequest) -> Result<(), SubmitError> {
+        check_request(
+            req,
+            &self.cfg,
+            self.pool.num_blocks() - self.pool.num_pinned(),
+        )
+    }
+
+    /// Queues a request whose events go to `tx`.
+    pub fn add(
+        &mut self,
+        id: RequestId,
+        req: GenerateRequest,
+        tx: Sender<Event>,
+    ) -> Result<(), SubmitError> {
+        self.check(&req)?;
+        if self.num_waiting_requests() >= self.cfg.max_waiting {
+            return Err(SubmitError::QueueFull(self.cfg.max_waiting));
+        }
+        let mut stop_ids = req.stopping.stop_token_ids.clone();
+        if !req.stopping.ignore_eos {
+            stop_ids.extend(self.eos.iter().copied());
+        }
+        let seq = Sequence {
+            req: id,
+            index: 0,
+            seed: req.sampling.seed,
+            arrival: self.next_arrival,
+            tokens: req.prompt.clone(),
+            prompt_len: req.prompt.len(),
+            num_computed: 0,
+            block_table: Vec::new(),
+            hashes: Vec::new(),
+            detok: IncrementalDetokenizer::with_prompt_tail(
+                &req.prompt,
+                &self.tokenizer,
+                req.skip_special_tokens,
+            ),
+            stop: StopMatcher::new(
+                &req.stopping.stop_strings,
+                req.stopping.include_stop_str_in_output,
+            ),
+            cum_logprob: 0.0,
+            first_token_at: None,
+            last_token_at: None,
+            inter_token: Vec::new(),
+        };
+        self.next_arrival += 1;
+        self.requests.insert(
+            id,
+            RequestState {
+                params: Arc::new(req),
+                tx,
+                submitted: Instant::now(),
+                first_scheduled: None,
+                prompt_logprobs: Vec::new(),
+                prompt_logprobs_sent: false,
+                alive: 1,
+                forked: false,
+                cached_prompt_tokens: 0,
+                stop_ids,
+            },
+        );
+        self.waiting.push_back(seq);
+        self.update_gauges();
+        Ok(())
+    }
+
+    /// Drops every request whose client went away, freeing its blocks.
+    pub fn reap_cancelled(&mut self) {
+        let gone: Vec<RequestId> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| r.tx.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            self.drop_request(id);
+        }
+    }
+
+    fn drop_request(&mut self, id: RequestId) {
+        let pool = &mut self.pool;
+        let mut release = |s: &Sequence| {
+            for &b in s.block_table.iter().rev() {
+                pool.free(b);
+            }
+        };
+        self.running.retain(|s| {
+            let keep = s.req != id;
+            if !keep {
+                release(s);
+            }
+            keep
+        });
+        self.waiting.retain(|s| {
+            let keep = s.req != id;
+            if !keep {
+                release(s);
+            }
+            keep
+        });
+        self.requests.remove(&id);
+        self.update_gauges();
+    }
+
+    fn fail_request(&mut self, id: RequestId, msg: String) {
+        if let Some(r) = self.requests.get(&id) {
+            r.send(Event::Error(msg));
+        }
+        self.drop_request(id);
+    }
+
+    /// One scheduling round and engine step. Returns false when there was nothing to run.
+    pub fn step(&mut self) -> bool {
+        let t0 = Instant::now();
+        self.reap_cancelled();
+        let mut copies: Vec<(u32, u32)> = Vec::new();
+        let scheduled = self.schedule(&mut copies);
+        if scheduled.is_empty() {
+            self.update_gauges();
+            return self.has_work();
+        }
+        let chunks: Vec<SeqChunk> = scheduled
+            .iter()
+            .map(|&(i, n)| {
+                let s = &self.running[i];
+                let end = s.num_computed + n;
+                let wants_prompt_lp =
+                    self.wants_prompt_logprobs(s) && s.num_computed < s.prompt_len;
+                let logits = if wants_prompt_lp {
+                    LogitsWanted::All
+                } else if end == s.tokens.len() {
+                    LogitsWanted::Last
+                } else {
+                    LogitsWanted::None
+                };
+                SeqChunk {
+                    tokens: s.tokens[s.num_computed..end].to_vec(),
+                    start_pos: s.num_computed,
+                    block_table: s.block_table.clone(),
+                    logits,
+                    adapter: self.requests.get(&s.req).and_then(|r| r.params.adapter),
+                }
+            })
+            .collect();
+        let batch_tokens: usize = chunks.iter().map(|c| c.tokens.len()).sum();
+        let tf = Instant::now();
+        let result = self
+            .engine
+            .copy_blocks(&copies)
+            .and_then(|_| self.engine.step(&chunks));
+        let forward = tf.elapsed();
+        match result {
+            Ok(logits) => self.process(&scheduled, &chunks, logits),
+            Err(e) => {
+                tracing::error!("engine step failed: {e}");
+                let ids: Vec<RequestId> = scheduled
+                    .iter()
+                    .map(|&(i, _)| self.running[i].req)
+                    .collect();
+                for id in ids {
+                    self.fail_request(id, format!("generation failed: {e}"));
+                }
+            }
+        }
+        let m = &self.metrics;
+        m.steps.fetch_add(1, Relaxed);
+        m.last_batch_tokens.store(batch_tokens as u64, Relaxed);
+        m.computed_tokens.fetch_add(batch_tokens as u64, Relaxed);
+        m.last_batch_seqs.store(chunks.len() as u64, Relaxed);
+        m.forward_nanos
+            .fetch_add(forward.as_nanos() as u64, Relaxed);
+        m.step_nanos
+            .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+        self.update_gauges();
+        true
+    }
+
+    fn wants_prompt_logprobs(&self, s: &Sequence) -> bool {
+        s.index == 0
+            && self
+                .requests
+                .get(&s.req)
+                .is_some_and(|r| r.params.prompt_logprobs.is_some() && !r.prompt_logprobs_sent)
+    }
+
+    /// Picks this step's (running index, new tokens) pairs: running sequences first (oldest
+    /// first), preempting the newest when blocks run out, then waiting ones while blocks, the
+    /// token budget and the batch size allow. Records copy-on-write block copies in `copies`.
+    fn schedule(&mut self, copies: &mut Vec<(u32, u32)>) -> Vec<(usize, usize)> {
+        let mut budget = self.cfg.max_batch_tokens;
+        let mut out = Vec::new();
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let n = self.running[i].remaining().min(budget);
+            loop {
+                if self.grow(i, n, copies) {
+                    out.push((i, n));
+                    budget -= n;
+                    i += 1;
+                    break;
+                }
+                let victim = self.running.len() - 1;
+                if victim == 0 {
+                    // Alone and still no room: only pinned blocks can hold the rest.
+                    let id = self.running[0].req;
+                    self.fail_request(id, "the KV cache is exhausted by pinned prefixes; this request cannot continue".into());
+                    return out;
+                }
+                self.preempt(victim);
+                preempted = true;
+                if victim == i {
+                    break;
+                }
+            }
+        }
+        if preempted {
+            return out;
+        }
+        while budget > 0 && self.running.len() < self.cfg.max_batch_size {
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
+            if seq.num_computed == 0 && seq.block_table.is_empty() {
+                self.reuse_prefix(&mut seq);
+            }
+            let n = seq.remaining().min(budget);
+            let need = blocks_for(seq.num_computed + n).saturating_sub(seq.block_table.len());
+            if need > self.pool.num_free() {
+                // Not now: give back the cached prefix (it stays cached) and keep FCFS order.
+                self.release(&mut seq);
+                self.waiting.push_front(seq);
+                break;
+            }
+            for _ in 0..need {
+                if let Some(b) = self.pool.allocate() {
+                    seq.block_table.push(b);
+                }
+            }
+            if let Some(r) = self.requests.get_mut(&seq.req)
+                && r.first_scheduled.is_none()
+            {
+                r.first_scheduled = Some(Instant::now());
+                let cached = seq.num_computed.min(seq.prompt_len);
+                r.cached_prompt_tokens = cached;
+                self.metrics
+                    .prompt_tokens
+                    .fetch_add(seq.prompt_len as u64, Relaxed);
+                self.metrics
+                    .prefix_cached_tokens
+                    .fetch_add(cached as u64, Relaxed);
+            }
+            self.running.push(seq);
+            out.push((self.running.len() - 1, n));
+            budget -= n;
+        }
+        out
+    }
+
+    /// Makes room for `n` more tokens of running sequence `i`: copy-on-write of a shared
+    /// partial block, then new blocks. False when the pool is out of blocks.
+    fn grow(&mut self, i: usize, n: usize, copies: &mut Vec<(u32, u32)>) -> bool {
+        let s = &mut self.running[i];
+        let first = s.num_computed / BLOCK_SIZE;
+        if let Some(&b) = s.block_table.get(first)
+            && self.pool.ref_count(b) > 1
+        {
+            let Some(nb) = self.pool.allocate() else {
+                return false;
+            };
+            copies.push((b, nb));
+            self.pool.free(b);
+            s.block_table[first] = nb;
+        }
+        let need = blocks_for(s.num_computed + n).saturating_sub(s.block_table.len());
+        if need > self.pool.num_free() {
+            return false;
+        }
+        for _ in 0..need {
+            if let Some(b) = self.pool.allocate() {
+                s.block_table.push(b);
+            }
+        }
+        true
+    }
+
+    /// Preemption by recompute: blocks freed (full ones stay in the prefix cache), output kept,
+    /// back to the front of the queue.
+    fn preempt(&mut self, i: usize) {
+        let mut s = self.running.remove(i);
+        self.release(&mut s);
+        self.metrics.preemptions.fetch_add(1, Relaxed);
+        tracing::debug!(request = s.req, index = s.index, "preempted");
+        self.waiting.push_front(s);
+    }
+
+    fn release(&mut self, s: &mut Sequence) {
+        for &b in s.block_table.iter().rev() {
+            self.pool.free(b);
+        }
+        s.block_table.clear();
+        s.hashes.clear();
+        s.num_computed = 0;
+    }
+
+    /// Takes the longest cached prefix of full blocks, leaving at least one token to compute.
+    fn reuse_prefix(&mut self, s: &mut Sequence) {
+        let Some(r) = self.requests.get(&s.req) else {
+            return;
+        };
+        if r.params.prompt_logprobs.is_some() && !r.prompt_logprobs_sent {
+            return; // prompt logprobs need every prompt position's logits
+        }
+        let adapter = r.params.adapter;
+        let max_blocks = (s.tokens.len() - 1) / BLOCK_SIZE;
+        let mut parent = None;
+        for b in 0..max_blocks {
+            let h = block_hash(
+                parent,
+                &s.tokens[b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE],
+                adapter,
+            );
+            match self.pool.lookup(h) {
+                Some(block) => {
+                    s.block_table.push(block);
+                    s.hashes.push(h);
+                    parent = Some(h);
+                }
+                None => break,
+            }
+        }
+        s.num_computed = s.block_table.len() * BLOCK_SIZE;
+    }
+
+    fn process(
+        &mut self,
+        scheduled: &[(usize, usize)],
+        chunks: &[SeqChunk],
+        logits: lmi_engine::engine::Logits,
+    ) {
+        let vocab = logits.vocab;
+        let mut row = 0usize;
+        // (running index, logits row) of every sequence that samples now.
+        let mut to_sample: Vec<(usize, usize)> = Vec::new();
+        for (k, &(i, n)) in scheduled.iter().enumerate() {
+            let rows = logits.rows_per_seq[k] as usize;
+            let start = self.running[i].num_computed;
+            self.running[i].num_computed += n;
+            self.register_full_blocks(i);
+            if rows == n && rows > 0 && chunks[k].logits == LogitsWanted::All {
+                self.collect_prompt_logprobs(i, start, n, &logits, row);
+            }
+            let s = &self.running[i];
+            if s.num_computed == s.tokens.len() && rows > 0 {
+                to_sample.push((i, row + rows - 1));
+            }
+            row += rows;
+        }
+        // Fork parallel sequences (n > 1 / best_of) off the first sequence's prefill.
+        let mut extra: Vec<(usize, usize)> = Vec::new();
+        for &(i, r) in &to_sample {
+            let id = self.running[i].req;
+            let Some(req) = self.requests.get_mut(&id) else {
+                continue;
+            };
+            if req.forked || self.running[i].index != 0 {
+                continue;
+            }
+            req.forked = true;
+            let num = req.params.num_seqs();
+            req.alive = num;
+            let seed = req.params.sampling.seed;
+            for idx in 1..num {
+                let base = &self.running[i];
+                for &b in &base.block_table {
+                    self.pool.share(b);
+                }
+                let sib = Sequence {
+                    req: id,
+                    index: idx as u32,
+                    seed: derive_seed(seed, idx as u64),
+                    arrival: base.arrival,
+                    tokens: base.tokens.clone(),
+                    prompt_len: base.prompt_len,
+                    num_computed: base.num_computed,
+                    block_table: base.block_table.clone(),
+                    hashes: base.hashes.clone(),
+                    detok: base.detok.clone(),
+                    stop: base.stop.clone(),
+                    cum_logprob: 0.0,
+                    first_token_at: None,
+                    last_token_at: None,
+                    inter_token: Vec::new(),
+                };
+                self.running.push(sib);
+                extra.push((self.running.len() - 1, r));
+            }
+        }
+        to_sample.extend(extra);
+        if to_sample.is_empty() {
+            return;
+        }
+        let mut rows_buf = Vec::with_capacity(to_sample.len() * vocab);
+        for &(_, r) in &to_sample {
+            rows_buf.extend_from_slice(logits.row(r));
+        }
+        let params: Vec<Arc<GenerateRequest>> = to_sample
+            .iter()
+            .map(|&(i, _)| self.requests[&self.running[i].req].params.clone())
+            .collect();
+        let seeded: Vec<lmi_engine::sampling::SamplingParams> = to_sample
+            .iter()
+            .zip(&params)
+            .map(|(&(i, _), p)| {
+                let mut sp = p.sampling.clone();
+                sp.seed = self.running[i].seed;
+                sp
+            })
+            .collect();
+        let sampled = {
+            let rows: Vec<_> = to_sample
+                .iter()
+                .zip(&seeded)
+                .map(|(&(i, _), sp)| {
+                    let s = &self.running[i];
+                    let ctx = SequenceContext {
+                        prompt: &s.tokens[..s.prompt_len],
+                        output: s.output(),
+                        stop_ids: &self.requests[&s.req].stop_ids,
+                    };
+                    (sp, ctx)
+                })
+                .collect();
+            sample_batch(&mut rows_buf, vocab, &rows)
+        };
+        let now = Instant::now();
+        let mut finished: Vec<usize> = Vec::new();
+        for (&(i, _), smp) in to_sample.iter().zip(sampled) {
+            if self.append_token(i, smp.token, smp.logprob, smp.top, now) {
+                finished.push(i);
+            }
+        }
+        finished.sort_unstable();
+        for &i in finished.iter().rev() {
+            let mut s = self.running.remove(i);
+            self.release(&mut s);
+            if let Some(r) = self.requests.get_mut(&s.req) {
+                r.alive = r.alive.saturating_sub(1);
+                if r.alive == 0 {
+                    self.requests.remove(&s.req);
+                }
+            }
+        }
+    }
+
+    /// Registers newly full blocks of running sequence `i` in the prefix cache, pinning those
+    /// inside the request's pinned prefix.
+    fn register_full_blocks(&mut self, i: usize) {
+        let s = &mut self.running[i];
+        let Some(r) = self.requests.get(&s.req) else {
+            return;
+        };
+        let adapter = r.params.adapter;
+        let pin_upto = r.params.pin_prefix_tokens;
+        while (s.hashes.len() + 1) * BLOCK_SIZE <= s.num_computed {
+            let b = s.hashes.len();
+            let h = block_hash(
+                s.hashes.last().copied(),
+                &s.tokens[b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE],
+                adapter,
+            );
+            self.pool.register(s.block_table[b], h);
+            if (b + 1) * BLOCK_SIZE <= pin_upto {
+                self.pool.pin(h);
+            }
+            s.hashes.push(h);
+        }
+    }
+
+    fn collect_prompt_logprobs(
+        &mut self,
+        i: usize,
+        start: usize,
+        n: usize,
+        logits: &lmi_engine::engine::Logits,
+        row: usize,
+    ) {
+        let s = &self.running[i];
+        let Some(r) = self.requests.get_mut(&s.req) else {
+            return;
+        };
+        let top_n = r.params.prompt_logprobs.unwrap_or(0);
+        if start == 0 {
+            r.prompt_logprobs.push(PromptToken {
+                id: s.tokens[0],
+                logprob: None,
+                top: vec![],
+            });
+        }
+        for j in 0..n {
+            let pos = start + j + 1;
+            if pos >= s.prompt_len {
+                break;
+            }
+            let (lp, top) = token_logprob(logits.row(row + j), s.tokens[pos], top_n);
+            r.prompt_logprobs.push(PromptToken {
+                id: s.tokens[pos],
+                logprob: Some(lp),
+                top,
+            });
+        }
+        if start + n >= s.prompt_len {
+            r.prompt_logprobs_sent = true;
+            let lp = std::mem::take(&mut r.prompt_logprobs);
+            r.send(Event::Prefill(lp));
+        }
+    }
+
+    /// Appends a sampled token to running sequence `i`, sends its event, applies the stop
+    /// rules. Returns true when the sequence is finished.
+    fn append_token(
+        &mut self,
+        i: usize,
+        token: u32,
+        logprob: f32,
+        top: Vec<(u32, f32)>,
+        now: Instant,
+    ) -> bool {
+        let s = &mut self.running[i];
+        let Some(r) = self.requests.get(&s.req) else {
+            return true;
+        };
+        let p = &r.params;
+        s.tokens.push(token);
+        s.cum_logprob += logprob as f64;
+        match s.last_token_at {
+            Some(t) => s.inter_token.push(now - t),
+            None => s.first_token_at = Some(now),
+        }
+        s.last_token_at = Some(now);
+        self.metrics.generated_tokens.fetch_add(1, Relaxed);
+        let generated = s.tokens.len() - s.prompt_len;
+
+        let delta = match s.detok.push(&self.tokenizer, token) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!("detokenizing token {token}: {e}");
+                String::new()
+            }
+        };
+        let is_stop_id = p.stopping.stop_token_ids.contains(&token)
+            || (!p.stopping.ignore_eos && self.eos.contains(&token));
+        let mut reason = None;
+        let mut text = String::new();
+        if is_stop_id {
+            reason = Some(FinishReason::EosToken);
+        } else {
+            let (emit, hit) = s.stop.push(&delta);
+            text = emit;
+            if hit {
+                reason = Some(FinishReason::StopSequence);
+            }
+        }
+        if reason.is_none()
+            && (generated >= p.stopping.max_new_tokens || s.tokens.len() >= self.cfg.max_model_len)
+        {
+            reason = Some(FinishReason::Length);
+        }
+        if matches!(reason, Some(FinishReason::Length | FinishReason::EosToken)) {
+            // Release held-back text and any incomplete character at the end.
+            if let Ok(rest) = s.detok.flush(&self.tokenizer) {
+                let (emit, _) = s.stop.push(&rest);
+                text.push_str(&emit);
+            }
+            text.push_str(&s.stop.finish());
+        }
+        let alive = r.send(Event::Token(TokenEvent {
+            index: s.index,
+            id: token,
+            text,
+            logprob,
+            top,
+            special: self.tokenizer.is_special(token),
+        }));
+        let Some(reason) = reason else { return !alive };
+        let submitted = r.submitted;
+        let timings = Timings {
+            queue: r.first_scheduled.map(|t| t - submitted).unwrap_or_default(),
+            time_to_first_token: s.first_token_at.map(|t| t - submitted).unwrap_or_default(),
+            total: now - submitted,
+            inter_token: std::mem::take(&mut s.inter_token),
+        };
+        r.send(Event::Finished(Finished {
+            index: s.index,
+            reason,
+            text: s.stop.text().to_string(),
+            generated_tokens: generated,
+            prompt_tokens: s.prompt_len,
+            cached_prompt_tokens: r.cached_prompt_tokens,
+            cumulative_logprob: s.cum_logprob,
+            timings,
+        }));
+        true
+    }
+
+    fn update_gauges(&self) {
+        let m = &self.metrics;
+        m.running.store(self.running.len() as u64, Relaxed);
+        m.waiting.store(self.waiting.len() as u64, Relaxed);
+        m.kv_blocks_used.store(self.pool.num_used() as u64, Relaxed);
+    }
+}
+
+/// The submit-time checks, shared by the scheduler and its handle.
+pub(crate) fn check_request(
+    req: &GenerateRequest,
+    cfg: &SchedulerConfig,
+    usable_blocks: usize,
+) -> Result<(), SubmitError> {
+    if req.prompt.is_empty() {
+        return Err(SubmitError::EmptyPrompt);
+    }
+    req.sampling
+        .validate()
+        .map_err(SubmitError::InvalidParams)?;
+    if req.n == 0 {
+        return Err(SubmitError::InvalidParams("n must be at least 1".into()));
+    }
+    if req.best_of > 1 && req.best_of < req.n {
+        return Err(SubmitError::InvalidParams(format!(
+            "best_of ({}) must be greater than or equal to n ({})",
+            req.best_of, req.n
+        )));
+    }
+    let total = req.prompt.len() + req.stopping.max_new_tokens;
+    if total > cfg.max_model_len {
+        return Err(SubmitError::TooLong {
+            prompt: req.prompt.len(),
+            max_new: req.stopping.max_new_tokens,
+            total,
+            max_len: cfg.max_model_len,
+        });
+    }
+    let needed = blocks_for(total);
+    if needed > usable_blocks {
+        return Err(SubmitError::NeverFits {
+            needed,
+            tokens: total,
+            available: usable_blocks,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,69 @@
+//! One generated sequence and the request it belongs to.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lmi_text::IncrementalDetokenizer;
+use tokio::sync::mpsc::Sender;
+
+use crate::block_pool::BlockHash;
+use crate::event::{Event, PromptToken};
+use crate::request::GenerateRequest;
+use crate::stop::StopMatcher;
+
+pub type RequestId = u64;
+
+/// State shared by a request's parallel sequences.
+pub(crate) struct RequestState {
+    pub params: Arc<GenerateRequest>,
+    pub tx: Sender<Event>,
+    pub submitted: Instant,
+    pub first_scheduled: Option<Instant>,
+    pub prompt_logprobs: Vec<PromptToken>,
+    pub prompt_logprobs_sent: bool,
+    /// Sequences not finished yet (before the fork: 1).
+    pub alive: usize,
+    pub forked: bool,
+    pub cached_prompt_tokens: usize,
+    /// Stop ids handed to the sampler (masked before min_new_tokens).
+    pub stop_ids: Vec<u32>,
+}
+
+impl RequestState {
+    /// Sends an event; false when the client has gone away.
+    pub fn send(&self, e: Event) -> bool {
+        self.tx.try_send(e).is_ok()
+    }
+}
+
+pub(crate) struct Sequence {
+    pub req: RequestId,
+    pub index: u32,
+    pub seed: u64,
+    /// Admission order, newest preempted first.
+    pub arrival: u64,
+    /// Prompt followed by the output so far.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Tokens whose K/V are in the cache.
+    pub num_computed: usize,
+    pub block_table: Vec<u32>,
+    /// Hashes of the full blocks registered in the prefix cache, in order.
+    pub hashes: Vec<BlockHash>,
+    pub detok: IncrementalDetokenizer,
+    pub stop: StopMatcher,
+    pub cum_logprob: f64,
+    pub first_token_at: Option<Instant>,
+    pub last_token_at: Option<Instant>,
+    pub inter_token: Vec<Duration>,
+}
+
+impl Sequence {
+    pub fn output(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    pub fn remaining(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+}

@@ -1,0 +1,129 @@
+//! Shared helpers: a tiny random model with its byte-level tokenizer, and stream collection.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use lmi_engine::DType;
+use lmi_engine::engine::{Engine, EngineOptions};
+use lmi_engine::testing::{TinySpec, write_tiny_model};
+use lmi_scheduler::{
+    Event, FinishReason, Finished, GenerateRequest, Handle, RequestStream, SchedulerConfig,
+};
+use lmi_text::Tokenizer;
+
+pub fn tiny_model() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), &TinySpec::llama()).unwrap();
+    dir
+}
+
+pub fn spawn(dir: &Path, blocks: usize, cfg: SchedulerConfig) -> Handle {
+    let opts = EngineOptions {
+        dtype: Some(DType::F32),
+        kv_blocks: Some(blocks),
+        ..Default::default()
+    };
+    let engine = Engine::load_cpu(dir, &opts).unwrap();
+    let tok = Tokenizer::from_dir(dir).unwrap();
+    Handle::spawn(Box::new(engine), tok, cfg)
+}
+
+pub fn cfg(max_batch: usize, budget: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        max_batch_size: max_batch,
+        max_batch_tokens: budget,
+        max_model_len: 512,
+        max_waiting: 1000,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqOut {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub finished: Option<Finished>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Output {
+    pub seqs: Vec<SeqOut>,
+    pub prefill: Option<Vec<lmi_scheduler::PromptToken>>,
+    pub error: Option<String>,
+}
+
+impl Output {
+    pub fn tokens(&self) -> Vec<Vec<u32>> {
+        self.seqs.iter().map(|s| s.tokens.clone()).collect()
+    }
+    pub fn reason(&self, i: usize) -> FinishReason {
+        self.seqs[i].finished.as_ref().unwrap().reason
+    }
+}
+
+pub fn collect(mut s: RequestStream) -> Output {
+    let mut out = Output {
+        seqs: vec![],
+        prefill: None,
+        error: None,
+    };
+    while let Some(e) = s.blocking_recv() {
+        match e {
+            Event::Prefill(p) => out.prefill = Some(p),
+            Event::Token(t) => {
+                let i = t.index as usize;
+                while out.seqs.len() <= i {
+                    out.seqs.push(SeqOut {
+                        tokens: vec![],
+                        text: String::new(),
+                        finished: None,
+                    });
+                }
+                out.seqs[i].tokens.push(t.id);
+                out.seqs[i].text.push_str(&t.text);
+            }
+            Event::Finished(f) => {
+                let i = f.index as usize;
+                out.seqs[i].finished = Some(f);
+            }
+            Event::Error(e) => out.error = Some(e),
+        }
+    }
+    out
+}
+
+/// Waits until the pool holds only `pinned` blocks (requests release blocks asynchronously).
+pub fn wait_pool_whole(h: &Handle, pinned: u64) {
+    let t = Instant::now();
+    loop {
+        let used = h.metrics().snapshot().kv_blocks_used;
+        if used == pinned {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "pool not whole: {used} blocks used, {pinned} pinned"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+pub fn prompt(len: usize, seed: u32) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 7919) >> 7) % 256)
+        .collect()
+}
+
+pub fn request(prompt: Vec<u32>, max_new: usize, seed: Option<u64>) -> GenerateRequest {
+    let mut r = GenerateRequest::new(prompt);
+    r.stopping.max_new_tokens = max_new;
+    r.stopping.ignore_eos = true;
+    if let Some(s) = seed {
+        r.sampling.temperature = 0.9;
+        r.sampling.top_p = 0.95;
+        r.sampling.top_k = 40;
+        r.sampling.seed = s;
+    }
+    r
+}

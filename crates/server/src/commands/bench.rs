@@ -1,0 +1,141 @@
+//! `lmi bench engine`: prefill and decode throughput of the engine alone at several batch
+//! sizes, and batch-1 decode against the memory roofline (weight bytes per step over a
+//! bandwidth measured here).
+
+use std::time::Instant;
+
+use lmi_engine::engine::{EngineOptions, StepEngine};
+use lmi_engine::{BLOCK_SIZE, DType, Engine, LogitsWanted, SeqChunk, model_store};
+use rayon::prelude::*;
+
+#[derive(clap::Subcommand)]
+pub enum BenchCommand {
+    /// Engine throughput on the CPU backend: prefill and decode at each batch size.
+    Engine(EngineArgs),
+}
+
+#[derive(clap::Args)]
+pub struct EngineArgs {
+    /// HF model directory or GGUF file; the default model when absent.
+    #[arg(long)]
+    model: Option<String>,
+    /// Weight dtype in memory.
+    #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
+    dtype: DType,
+    /// Batch sizes to measure.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    batch: Vec<usize>,
+    /// Prompt tokens per sequence.
+    #[arg(long, default_value_t = 128)]
+    prompt_len: usize,
+    /// Decode steps measured per batch size (after one warm-up step).
+    #[arg(long, default_value_t = 16)]
+    decode_steps: usize,
+}
+
+fn parse_dtype(s: &str) -> Result<DType, String> {
+    s.parse()
+}
+
+pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
+    match cmd {
+        BenchCommand::Engine(a) => engine(a),
+    }
+}
+
+/// Read bandwidth of main memory: the best of a few parallel passes over a 1 GiB buffer.
+pub fn measure_read_bandwidth() -> f64 {
+    let words = (1usize << 30) / 8;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let threads = rayon::current_num_threads();
+    let mut best = 0.0f64;
+    for _ in 0..4 {
+        let t = Instant::now();
+        let sum: u64 = buf
+            .par_chunks(words.div_ceil(threads))
+            .map(|c| {
+                let mut acc = [0u64; 8];
+                for w in c.chunks_exact(8) {
+                    for i in 0..8 {
+                        acc[i] = acc[i].wrapping_add(w[i]);
+                    }
+                }
+                acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
+            })
+            .reduce(|| 0, u64::wrapping_add);
+        std::hint::black_box(sum);
+        best = best.max((words * 8) as f64 / t.elapsed().as_secs_f64());
+    }
+    best
+}
+
+fn engine(a: EngineArgs) -> anyhow::Result<()> {
+    let dir = model_store::resolve_model(a.model.as_deref(), true)?;
+    let max_batch = a.batch.iter().copied().max().unwrap_or(1);
+    let per_seq = (a.prompt_len + a.decode_steps + 1).div_ceil(BLOCK_SIZE);
+    let opts = EngineOptions {
+        dtype: Some(a.dtype),
+        kv_blocks: Some(per_seq * max_batch),
+        ..Default::default()
+    };
+    let mut engine = Engine::load_cpu(&dir, &opts)?;
+    let vocab = engine.model_config().vocab_size as u32;
+    let bw = measure_read_bandwidth();
+    let weight_bytes = engine.weight_bytes();
+    let floor = weight_bytes as f64 / bw;
+    println!(
+        "model {} ({} weights, {:.1} MB read per decode step), {} threads, memory read bandwidth {:.2} GB/s",
+        dir.display(),
+        a.dtype,
+        weight_bytes as f64 / 1e6,
+        rayon::current_num_threads(),
+        bw / 1e9
+    );
+    println!("batch-1 decode roofline: {:.1} ms/token ({:.1} tok/s)\n", floor * 1e3, 1.0 / floor);
+    println!("| batch | prefill tok/s | decode step ms | decode tok/s | vs batch 1 |");
+    println!("|---:|---:|---:|---:|---:|");
+    let mut base = None;
+    for &b in &a.batch {
+        let mut chunks: Vec<SeqChunk> = (0..b)
+            .map(|s| SeqChunk {
+                tokens: (0..a.prompt_len)
+                    .map(|i| ((s * 7919 + i * 104729) as u32) % vocab)
+                    .collect(),
+                start_pos: 0,
+                block_table: ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect(),
+                logits: LogitsWanted::Last, adapter: None,
+            })
+            .collect();
+        let t = Instant::now();
+        engine.step(&chunks)?;
+        let prefill = (b * a.prompt_len) as f64 / t.elapsed().as_secs_f64();
+        let mut step = |chunks: &mut Vec<SeqChunk>| -> anyhow::Result<()> {
+            for c in chunks.iter_mut() {
+                c.start_pos += c.tokens.len();
+                c.tokens = vec![(c.start_pos as u32 * 31) % vocab];
+            }
+            engine.step(chunks)?;
+            Ok(())
+        };
+        step(&mut chunks)?; // warm-up
+        let t = Instant::now();
+        for _ in 0..a.decode_steps {
+            step(&mut chunks)?;
+        }
+        let per_step = t.elapsed().as_secs_f64() / a.decode_steps as f64;
+        let tps = b as f64 / per_step;
+        let base_tps = *base.get_or_insert(tps);
+        println!(
+            "| {b} | {prefill:.0} | {:.1} | {tps:.1} | {:.2}x |",
+            per_step * 1e3,
+            tps / base_tps
+        );
+        if b == 1 {
+            println!(
+                "|  | batch-1 decode at {:.0}% of the roofline |  |  |  |",
+                floor / per_step * 100.0
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,3 @@
+pub mod bench;
+pub mod convert;
+pub mod generate;

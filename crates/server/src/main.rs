@@ -1,0 +1,38 @@
+//! `lmi`: one binary for serving, batch inference, model conversion and benchmarks.
+
+mod commands;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "lmi", version, about = "LLM inference server with LMI, TGI and OpenAI wire formats")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt (the default model when --model is not given).
+    Generate(commands::generate::Args),
+    /// Import a GGUF file into an HF model directory (safetensors, config, tokenizer).
+    Convert(commands::convert::Args),
+    /// Benchmarks: `lmi bench engine` measures the engine alone.
+    #[command(subcommand)]
+    Bench(commands::bench::BenchCommand),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Generate(a) => commands::generate::run(a),
+        Command::Convert(a) => commands::convert::run(a),
+        Command::Bench(b) => commands::bench::run(b),
+    }
+}

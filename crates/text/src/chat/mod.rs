@@ -1,0 +1,109 @@
+//! Chat templates: the JSON format of seed 003 and HuggingFace Jinja templates.
+
+mod derive;
+mod jinja;
+mod json_template;
+mod message;
+mod strftime;
+
+use std::path::Path;
+
+pub use derive::derive_json_template;
+pub use jinja::JinjaChatTemplate;
+pub use json_template::{
+    ContentTypeFormat, JsonChatTemplate, RoleFormat, render_raw as render_raw_text,
+};
+pub use message::{Content, ContentPart, Message};
+pub use strftime::strftime;
+
+use crate::error::{Result, TextError};
+
+/// File name TensorRT Edge-LLM's export writes (next to the LLM, i.e. in `<out>/llm/`).
+pub const JSON_TEMPLATE_FILE: &str = "processed_chat_template.json";
+
+/// The chat template of a model, whichever format it came in.
+#[derive(Debug, Clone)]
+pub enum ChatTemplate {
+    Json(JsonChatTemplate),
+    Jinja(JinjaChatTemplate),
+}
+
+impl ChatTemplate {
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        enable_thinking: bool,
+    ) -> Result<String> {
+        match self {
+            ChatTemplate::Json(t) => t.render(messages, add_generation_prompt, enable_thinking),
+            ChatTemplate::Jinja(t) => t.render(messages, add_generation_prompt, enable_thinking),
+        }
+    }
+
+    /// `apply_chat_template = false`. A JSON template still supplies media placeholders;
+    /// a Jinja template has none, so media parts are an error there.
+    pub fn render_raw(&self, messages: &[Message]) -> Result<String> {
+        match self {
+            ChatTemplate::Json(t) => t.render_raw(messages),
+            ChatTemplate::Jinja(_) => render_raw_text(messages),
+        }
+    }
+
+    /// Looks in a model directory for, in order: `processed_chat_template.json` (also under
+    /// `llm/`), tokenizer_config.json's `chat_template`, `chat_template.jinja`, and
+    /// `chat_template.json` (where HF processors keep it). `Ok(None)` when there is none.
+    pub fn from_model_dir(dir: impl AsRef<Path>) -> Result<Option<Self>> {
+        let dir = dir.as_ref();
+        for path in [
+            dir.join(JSON_TEMPLATE_FILE),
+            dir.join("llm").join(JSON_TEMPLATE_FILE),
+        ] {
+            if path.is_file() {
+                return JsonChatTemplate::from_file(&path).map(|t| Some(ChatTemplate::Json(t)));
+            }
+        }
+        let config = crate::tokenizer::read_optional_json(&dir.join("tokenizer_config.json"))?;
+        let token = |key: &str| {
+            config
+                .as_ref()
+                .and_then(|c| c.get(key))
+                .and_then(crate::tokenizer::token_string)
+        };
+        let (bos, eos) = (token("bos_token"), token("eos_token"));
+        let mut source = config
+            .as_ref()
+            .and_then(|c| c.get("chat_template"))
+            .and_then(crate::tokenizer::pick_chat_template);
+        if source.is_none() {
+            let path = dir.join("chat_template.jinja");
+            if path.is_file() {
+                source = Some(
+                    std::fs::read_to_string(&path).map_err(|source| TextError::Io {
+                        path: path.clone(),
+                        source,
+                    })?,
+                );
+            }
+        }
+        if source.is_none() {
+            source = crate::tokenizer::read_optional_json(&dir.join("chat_template.json"))?
+                .as_ref()
+                .and_then(|c| c.get("chat_template"))
+                .and_then(crate::tokenizer::pick_chat_template);
+        }
+        source
+            .map(|s| JinjaChatTemplate::new(s, bos.as_deref(), eos.as_deref()))
+            .transpose()
+            .map(|t| t.map(ChatTemplate::Jinja))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn templates_are_shareable_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<super::ChatTemplate>();
+    }
+}

@@ -1,0 +1,154 @@
+#[path = "common/templates.rs"]
+mod templates;
+
+use lmi_text::{JinjaChatTemplate, Message, TextError};
+use templates::{LLAMA3_LIKE, QWEN2_VL_LIKE, QWEN3_LIKE, QWEN25, SMOLLM2};
+
+fn jinja(src: &str) -> JinjaChatTemplate {
+    JinjaChatTemplate::new(src, Some("<s>"), Some("</s>")).unwrap()
+}
+
+fn render(src: &str, m: &[Message], add_gen: bool) -> String {
+    jinja(src).render(m, add_gen, false).unwrap()
+}
+
+#[test]
+fn smollm2_injects_its_system_prompt() {
+    let m = [Message::new("user", "What is 2+2?")];
+    assert_eq!(
+        render(SMOLLM2, &m, true),
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    );
+}
+
+#[test]
+fn smollm2_with_system_and_multi_turn() {
+    let m = [
+        Message::new("system", "Be terse."),
+        Message::new("user", "Hi"),
+        Message::new("assistant", "Hello."),
+        Message::new("user", "Bye"),
+    ];
+    assert_eq!(
+        render(SMOLLM2, &m, false),
+        "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+         <|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+    );
+}
+
+#[test]
+fn qwen25_default_and_explicit_system() {
+    let m = [Message::new("user", "Hi")];
+    assert_eq!(
+        render(QWEN25, &m, true),
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
+         <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let m = [Message::new("system", "S"), Message::new("user", "Hi")];
+    assert_eq!(
+        render(QWEN25, &m, false),
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+    );
+}
+
+#[test]
+fn enable_thinking_reaches_the_template() {
+    let m = [Message::new("user", "Q")];
+    let t = jinja(QWEN3_LIKE);
+    assert_eq!(
+        t.render(&m, true, false).unwrap(),
+        "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    );
+    assert_eq!(
+        t.render(&m, true, true).unwrap(),
+        "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
+    );
+}
+
+#[test]
+fn llama3_style_with_bos_and_date() {
+    let m = [
+        Message::new("system", "  Be kind.  "),
+        Message::new("user", " Hi "),
+    ];
+    let out = jinja(LLAMA3_LIKE).render(&m, true, false).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let today = lmi_text::chat::strftime(now, "%d %b %Y");
+    assert_eq!(
+        out,
+        format!(
+            "<s><|start_header_id|>system<|end_header_id|>\n\n\
+             Cutting Knowledge Date: December 2023\nToday Date: {today}\n\n\
+             Be kind.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n\
+             Hi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        )
+    );
+}
+
+#[test]
+fn content_parts_are_hf_style_dicts() {
+    let m: Vec<Message> = serde_json::from_str(
+        r#"[{"role":"user","content":[{"type":"image","image":"a.png"},{"type":"text","text":"What?"}]}]"#,
+    )
+    .unwrap();
+    assert_eq!(
+        render(QWEN2_VL_LIKE, &m, true),
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n\
+         <|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What?<|im_end|>\n\
+         <|im_start|>assistant\n"
+    );
+}
+
+#[test]
+fn python_string_methods_and_tojson() {
+    let src = "{% for m in messages %}{{ m.content.strip().upper() }}|{{ m.content.startswith(' a') }}|\
+               {{ m.content.split(',') | length }}|{{ m | tojson }}{% endfor %}";
+    let out = render(src, &[Message::new("user", " a,b ")], false);
+    assert_eq!(out, r#"A,B|True|2|{"content": " a,b ", "role": "user"}"#);
+}
+
+#[test]
+fn loop_controls_work() {
+    let src = "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.content }}{% endfor %}";
+    let out = render(
+        src,
+        &[Message::new("user", "a"), Message::new("user", "b")],
+        false,
+    );
+    assert_eq!(out, "a");
+}
+
+#[test]
+fn raise_exception_becomes_template_raised() {
+    let src = "{% if messages[0].role != 'user' %}{{ raise_exception('Conversation must start with user') }}{% endif %}ok";
+    let err = jinja(src)
+        .render(&[Message::new("assistant", "x")], false, false)
+        .unwrap_err();
+    assert!(
+        matches!(&err, TextError::TemplateRaised(m) if m == "Conversation must start with user"),
+        "{err:?}"
+    );
+    assert_eq!(render(src, &[Message::new("user", "x")], false), "ok");
+}
+
+#[test]
+fn syntax_errors_fail_at_load_and_name_the_problem() {
+    let err =
+        JinjaChatTemplate::new("{% for m in messages %}{{ m.content }}", None, None).unwrap_err();
+    assert!(matches!(err, TextError::Template(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("syntax error") && text.contains("chat_template:1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn missing_special_tokens_render_empty() {
+    let t = JinjaChatTemplate::new("[{{ bos_token }}{{ eos_token }}]", None, None).unwrap();
+    assert_eq!(t.render(&[], false, false).unwrap(), "[]");
+}
