@@ -281,7 +281,7 @@ mod tests {
     #[test]
     fn missing_field_is_named() {
         let e = ModelConfig::from_json(
-            r#"{"architectures":["LlamaForCausalLM"],"vocab_size":10,"hidden_size":8}"#,
+            r#"{"architectures":["LlamaForCausalLM"],"vocab_size":10,"hidden_size":8,"num_attention_heads":2}"#,
         )
         .unwrap_err();
         assert!(e.contains("intermediate_size"), "{e}");

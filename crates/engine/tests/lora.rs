@@ -13,10 +13,22 @@ use safetensors::tensor::{Dtype, TensorView};
 fn write_f32(path: &Path, tensors: &HashMap<String, (Vec<usize>, Vec<f32>)>) {
     let bytes: HashMap<String, (Vec<usize>, Vec<u8>)> = tensors
         .iter()
-        .map(|(n, (s, v))| (n.clone(), (s.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect())))
+        .map(|(n, (s, v))| {
+            (
+                n.clone(),
+                (s.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+            )
+        })
         .collect();
-    let views: HashMap<String, TensorView<'_>> =
-        bytes.iter().map(|(n, (s, b))| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).unwrap())).collect();
+    let views: HashMap<String, TensorView<'_>> = bytes
+        .iter()
+        .map(|(n, (s, b))| {
+            (
+                n.clone(),
+                TensorView::new(Dtype::F32, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
     safetensors::serialize_to_file(views, None, path).unwrap();
 }
 
@@ -30,7 +42,11 @@ fn adapter_equals_merged_weights_and_leaves_other_rows_alone() {
     write_tiny_model(base.path(), &TinySpec::llama()).unwrap();
     let c = ModelConfig::from_file(&base.path().join("config.json")).unwrap();
     let (r, alpha) = (2usize, 4.0f32);
-    let targets = [("self_attn.q_proj", c.q_size(), c.hidden_size), ("self_attn.v_proj", c.kv_size(), c.hidden_size), ("mlp.down_proj", c.hidden_size, c.intermediate_size)];
+    let targets = [
+        ("self_attn.q_proj", c.q_size(), c.hidden_size),
+        ("self_attn.v_proj", c.kv_size(), c.hidden_size),
+        ("mlp.down_proj", c.hidden_size, c.intermediate_size),
+    ];
 
     // The adapter, PEFT-named, and the merged checkpoint.
     let adapter_dir = tempfile::tempdir().unwrap();
@@ -38,7 +54,13 @@ fn adapter_equals_merged_weights_and_leaves_other_rows_alone() {
     let mut merged: HashMap<String, (Vec<usize>, Vec<f32>)> = HashMap::new();
     for name in st.names().map(str::to_string).collect::<Vec<_>>() {
         let shape = st.shape(&name).unwrap();
-        merged.insert(name.clone(), (shape.clone(), st.load(&name, &shape, DType::F32).unwrap().to_f32_vec()));
+        merged.insert(
+            name.clone(),
+            (
+                shape.clone(),
+                st.load(&name, &shape, DType::F32).unwrap().to_f32_vec(),
+            ),
+        );
     }
     let mut lora: HashMap<String, (Vec<usize>, Vec<f32>)> = HashMap::new();
     for l in 0..c.num_layers {
@@ -48,7 +70,10 @@ fn adapter_equals_merged_weights_and_leaves_other_rows_alone() {
             let p = format!("base_model.model.model.layers.{l}.{m}");
             lora.insert(format!("{p}.lora_A.weight"), (vec![r, *inp], a.clone()));
             lora.insert(format!("{p}.lora_B.weight"), (vec![*out, r], b.clone()));
-            let w = &mut merged.get_mut(&format!("model.layers.{l}.{m}.weight")).unwrap().1;
+            let w = &mut merged
+                .get_mut(&format!("model.layers.{l}.{m}.weight"))
+                .unwrap()
+                .1;
             for o in 0..*out {
                 for k in 0..*inp {
                     let d: f32 = (0..r).map(|j| b[o * r + j] * a[j * inp + k]).sum();
@@ -58,14 +83,27 @@ fn adapter_equals_merged_weights_and_leaves_other_rows_alone() {
         }
     }
     write_f32(&adapter_dir.path().join("adapter_model.safetensors"), &lora);
-    std::fs::write(adapter_dir.path().join("adapter_config.json"), format!("{{\"r\": {r}, \"lora_alpha\": {alpha}}}")).unwrap();
+    std::fs::write(
+        adapter_dir.path().join("adapter_config.json"),
+        format!("{{\"r\": {r}, \"lora_alpha\": {alpha}}}"),
+    )
+    .unwrap();
     let merged_dir = tempfile::tempdir().unwrap();
-    for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
         std::fs::copy(base.path().join(f), merged_dir.path().join(f)).unwrap();
     }
     write_f32(&merged_dir.path().join("model.safetensors"), &merged);
 
-    let opts = EngineOptions { dtype: Some(DType::F32), kv_blocks: Some(16), ..Default::default() };
+    let opts = EngineOptions {
+        dtype: Some(DType::F32),
+        kv_blocks: Some(16),
+        ..Default::default()
+    };
     let tokens: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 256).collect();
     let chunk = |adapter, first_block| SeqChunk {
         tokens: tokens.clone(),
@@ -88,9 +126,20 @@ fn adapter_equals_merged_weights_and_leaves_other_rows_alone() {
         for (x, y) in mixed.row(t).iter().zip(merged_out.row(t)) {
             max_diff = max_diff.max((x - y).abs());
         }
-        assert_eq!(mixed.row(n + t), base_out.row(t), "the row without adapter changed");
+        assert_eq!(
+            mixed.row(n + t),
+            base_out.row(t),
+            "the row without adapter changed"
+        );
     }
     assert!(max_diff < 1e-4, "adapter vs merged weights: {max_diff}");
-    assert_ne!(mixed.row(0), base_out.row(0), "the adapter must change something");
-    assert!(e.step(&[chunk(Some(8), 0)]).is_err(), "an unknown adapter id is an error");
+    assert_ne!(
+        mixed.row(0),
+        base_out.row(0),
+        "the adapter must change something"
+    );
+    assert!(
+        e.step(&[chunk(Some(8), 0)]).is_err(),
+        "an unknown adapter id is an error"
+    );
 }

@@ -7,6 +7,8 @@ use super::simd::{Isa, WElem, isa};
 
 /// Tiles of up to MR_MAX input rows × NR_MAX weight rows share each load.
 const MR_MAX: usize = 4;
+/// Up to this many rows, loop weight tiles outermost (see `run_chunk`).
+const SMALL_M: usize = 64;
 
 #[derive(Clone, Copy)]
 struct SendPtr<T>(*mut T);
@@ -77,38 +79,68 @@ unsafe fn run_chunk<W: WElem>(
     bias: Option<&[f32]>,
 ) {
     let nrm = nr_max(isa);
-    let mut i = 0;
-    while i < m {
-        let mr = if m - i >= MR_MAX { MR_MAX } else { 1 };
+    let tile = |i: usize, mr: usize, j: usize, nr: usize| {
+        // SAFETY: rows i..i+mr of x and j..j+nr of w exist; out has m×ldo elements.
+        unsafe {
+            tile_dispatch(
+                isa,
+                mr,
+                nr,
+                x.as_ptr().add(i * k),
+                k,
+                w.as_ptr().add(j * k),
+                k,
+                k,
+                out.add(i * ldo + j),
+                ldo,
+            )
+        };
+    };
+    let m_tiles = || {
+        let mut v = Vec::with_capacity(m / MR_MAX + MR_MAX);
+        let mut i = 0;
+        while i < m {
+            let mr = if m - i >= MR_MAX { MR_MAX } else { 1 };
+            v.push((i, mr));
+            i += mr;
+        }
+        v
+    };
+    let n_tiles = || {
+        let mut v = Vec::with_capacity((n1 - n0) / nrm + nrm);
         let mut j = n0;
         while j < n1 {
             let nr = if n1 - j >= nrm { nrm } else { 1 };
-            // SAFETY: rows i..i+mr of x and j..j+nr of w exist; out has m×ldo elements.
-            unsafe {
-                tile_dispatch(
-                    isa,
-                    mr,
-                    nr,
-                    x.as_ptr().add(i * k),
-                    k,
-                    w.as_ptr().add(j * k),
-                    k,
-                    k,
-                    out.add(i * ldo + j),
-                    ldo,
-                )
-            };
+            v.push((j, nr));
             j += nr;
         }
-        if let Some(b) = bias {
-            for r in i..i + mr {
-                for (c, &bv) in b.iter().enumerate().take(n1).skip(n0) {
-                    // SAFETY: r < m, c < n.
-                    unsafe { *out.add(r * ldo + c) += bv };
-                }
+        v
+    };
+    if m <= SMALL_M {
+        // Decode-sized batches: each weight tile is loaded once and used for every row while it
+        // is in L1, so streaming the weights overlaps with the FMAs.
+        let rows = m_tiles();
+        for (j, nr) in n_tiles() {
+            for &(i, mr) in &rows {
+                tile(i, mr, j, nr);
             }
         }
-        i += mr;
+    } else {
+        // Prefill-sized batches: the chunk's weights stay in L2 while row tiles sweep them.
+        let cols = n_tiles();
+        for (i, mr) in m_tiles() {
+            for &(j, nr) in &cols {
+                tile(i, mr, j, nr);
+            }
+        }
+    }
+    if let Some(b) = bias {
+        for r in 0..m {
+            for (c, &bv) in b.iter().enumerate().take(n1).skip(n0) {
+                // SAFETY: r < m, c < n.
+                unsafe { *out.add(r * ldo + c) += bv };
+            }
+        }
     }
 }
 
