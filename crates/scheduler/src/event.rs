@@ -33,6 +33,8 @@ pub struct TokenEvent {
     pub logprob: f32,
     pub top: Vec<(u32, f32)>,
     pub special: bool,
+    /// Set on the sequence's last token (a `Finished` event follows at once).
+    pub finish: Option<FinishReason>,
 }
 
 /// One prompt token with its logprob given the tokens before it (None for the first).

@@ -23,7 +23,6 @@ enum Command {
         id: RequestId,
         req: GenerateRequest,
         tx: tmpsc::Sender<Event>,
-        reply: mpsc::SyncSender<Result<(), SubmitError>>,
     },
 }
 
@@ -100,22 +99,21 @@ impl Handle {
         &self.metrics
     }
 
-    /// Queues a request. Requests that can never run are refused here, with the reason.
+    /// Queues a request without waiting for the scheduler thread (callers may be async).
+    /// Requests that can never run, or that find the queue full, are refused here with the
+    /// reason; a refusal the scheduler finds later arrives as `Event::Error` on the stream.
     pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream, SubmitError> {
         check_request(&req, &self.limits.config, self.limits.num_blocks)?;
+        let max_waiting = self.limits.config.max_waiting;
+        if self.metrics.waiting.load(Relaxed) as usize >= max_waiting {
+            return Err(SubmitError::QueueFull(max_waiting));
+        }
         let capacity = req.num_seqs() * (req.stopping.max_new_tokens + 2) + 2;
         let (tx, rx) = tmpsc::channel(capacity);
         let id = self.next_id.fetch_add(1, Relaxed);
-        let (reply_tx, reply_rx) = mpsc::sync_channel(1);
         self.tx
-            .send(Command::Submit {
-                id,
-                req,
-                tx,
-                reply: reply_tx,
-            })
+            .send(Command::Submit { id, req, tx })
             .map_err(|_| SubmitError::Stopped)?;
-        reply_rx.recv().map_err(|_| SubmitError::Stopped)??;
         Ok(RequestStream { id, rx })
     }
 
@@ -157,8 +155,10 @@ fn run(mut s: Scheduler, rx: mpsc::Receiver<Command>) {
 
 fn handle(s: &mut Scheduler, cmd: Command) {
     match cmd {
-        Command::Submit { id, req, tx, reply } => {
-            let _ = reply.send(s.add(id, req, tx));
+        Command::Submit { id, req, tx } => {
+            if let Err(e) = s.add(id, req, tx.clone()) {
+                let _ = tx.try_send(Event::Error(e.to_string()));
+            }
         }
     }
 }

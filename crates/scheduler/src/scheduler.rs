@@ -713,6 +713,7 @@ impl Scheduler {
             logprob,
             top,
             special: self.tokenizer.is_special(token),
+            finish: reason,
         }));
         let Some(reason) = reason else { return !alive };
         let submitted = r.submitted;
