@@ -1,1 +1,30 @@
-//! Wire types for the LMI, TGI and OpenAI schemas (being written).
+//! Wire types, validation and output formatters for the LMI, TGI and OpenAI schemas.
+//!
+//! Pure: no I/O, no async, no engine knowledge. Requests parse into a neutral
+//! [`GenerationSpec`]; the server runs it and hands back neutral [`GenerationOut`] /
+//! [`TokenOut`] values that the formatters turn into each schema's exact bytes.
+//!
+//! Map:
+//! - requests: [`parse_invocation`] (LMI routes, dispatch on `prompt`/`inputs`/`messages`),
+//!   [`lmi::parse_lmi_request`], [`tgi::parse_tgi_request`] (+ [`tgi::validate_input_length`]
+//!   after tokenizing), [`openai::parse_chat_request`], [`openai::parse_completion_request`].
+//! - responses: [`lmi::format`], [`tgi::format`], [`tgi::info`], [`openai::format`], [`sse`].
+//! - errors: [`ApiError`] with `status(Schema)` and `body(Schema)` / per-schema stream variants.
+//! - [`openapi::openapi`] for `/api-doc/openapi.json`.
+
+pub mod error;
+mod fields;
+pub mod invocation;
+pub mod lmi;
+pub mod openai;
+pub mod openapi;
+pub mod output;
+mod pyjson;
+pub mod spec;
+pub mod sse;
+pub mod tgi;
+
+pub use error::{ApiError, ErrorKind, Schema, lmi_server_error_body};
+pub use invocation::{Invocation, parse_invocation, parse_invocation_bytes, parse_json};
+pub use output::{FinishReason, GenerationOut, SequenceOut, TokenOut, TopTokens};
+pub use spec::GenerationSpec;

@@ -1,11 +1,22 @@
 //! `lmi`: one binary for serving, batch inference, model conversion and benchmarks.
 
+mod app;
 mod commands;
+mod config;
+mod dynamic_batch;
+mod generation;
+mod metrics;
+mod null_engine;
+mod routes;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "lmi", version, about = "LLM inference server with LMI, TGI and OpenAI wire formats")]
+#[command(
+    name = "lmi",
+    version,
+    about = "LLM inference server with LMI, TGI and OpenAI wire formats"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -13,6 +24,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve a model over HTTP (LMI, TGI and OpenAI routes) on port 8080.
+    Serve(commands::serve::Args),
+    /// Run a batch input file (TensorRT Edge-LLM format) and write the responses.
+    Infer(commands::infer::Args),
     /// Generate text from a prompt (the default model when --model is not given).
     Generate(commands::generate::Args),
     /// Import a GGUF file into an HF model directory (safetensors, config, tokenizer).
@@ -31,6 +46,8 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
+        Command::Serve(a) => commands::serve::run(a),
+        Command::Infer(a) => commands::infer::run(a),
         Command::Generate(a) => commands::generate::run(a),
         Command::Convert(a) => commands::convert::run(a),
         Command::Bench(b) => commands::bench::run(b),

@@ -6,12 +6,35 @@ use std::time::Instant;
 
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::{BLOCK_SIZE, DType, Engine, LogitsWanted, SeqChunk, model_store};
+use lmi_scheduler::{Event, GenerateRequest, Handle, SchedulerConfig};
 use rayon::prelude::*;
 
 #[derive(clap::Subcommand)]
 pub enum BenchCommand {
     /// Engine throughput on the CPU backend: prefill and decode at each batch size.
     Engine(EngineArgs),
+    /// Decode throughput through the rolling-batch scheduler at several concurrencies, and the
+    /// scheduler's own share of each step.
+    Scheduler(SchedulerArgs),
+}
+
+#[derive(clap::Args)]
+pub struct SchedulerArgs {
+    /// HF model directory or GGUF file; the default model when absent.
+    #[arg(long)]
+    model: Option<String>,
+    /// Weight dtype in memory.
+    #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
+    dtype: DType,
+    /// Concurrent requests to measure.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    concurrency: Vec<usize>,
+    /// Prompt tokens per request.
+    #[arg(long, default_value_t = 64)]
+    prompt_len: usize,
+    /// Tokens generated per request.
+    #[arg(long, default_value_t = 32)]
+    max_new_tokens: usize,
 }
 
 #[derive(clap::Args)]
@@ -40,6 +63,7 @@ fn parse_dtype(s: &str) -> Result<DType, String> {
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Engine(a) => engine(a),
+        BenchCommand::Scheduler(a) => scheduler(a),
     }
 }
 
@@ -91,7 +115,11 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
         rayon::current_num_threads(),
         bw / 1e9
     );
-    println!("batch-1 decode roofline: {:.1} ms/token ({:.1} tok/s)\n", floor * 1e3, 1.0 / floor);
+    println!(
+        "batch-1 decode roofline: {:.1} ms/token ({:.1} tok/s)\n",
+        floor * 1e3,
+        1.0 / floor
+    );
     println!("| batch | prefill tok/s | decode step ms | decode tok/s | vs batch 1 |");
     println!("|---:|---:|---:|---:|---:|");
     let mut base = None;
@@ -103,7 +131,8 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
                     .collect(),
                 start_pos: 0,
                 block_table: ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect(),
-                logits: LogitsWanted::Last, adapter: None,
+                logits: LogitsWanted::Last,
+                adapter: None,
             })
             .collect();
         let t = Instant::now();
@@ -136,6 +165,89 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
                 floor / per_step * 100.0
             );
         }
+    }
+    Ok(())
+}
+
+fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
+    let dir = model_store::resolve_model(a.model.as_deref(), true)?;
+    let tokenizer = lmi_text::Tokenizer::from_dir(&dir)?;
+    println!(
+        "model {} ({} weights), prompt {} tokens, {} new tokens per request, {} threads\n",
+        dir.display(),
+        a.dtype,
+        a.prompt_len,
+        a.max_new_tokens,
+        rayon::current_num_threads()
+    );
+    println!(
+        "| concurrent requests | decode tok/s (aggregate) | mean step ms | scheduler share of step |"
+    );
+    println!("|---:|---:|---:|---:|");
+    for &c in &a.concurrency {
+        let per_seq = (a.prompt_len + a.max_new_tokens).div_ceil(BLOCK_SIZE);
+        let opts = EngineOptions {
+            dtype: Some(a.dtype),
+            kv_blocks: Some(per_seq * c + 8),
+            ..Default::default()
+        };
+        let engine = Engine::load_cpu(&dir, &opts)?;
+        let vocab = engine.model_config().vocab_size as u32;
+        let cfg = SchedulerConfig {
+            max_batch_size: c,
+            max_batch_tokens: (a.prompt_len * c).max(512),
+            max_model_len: a.prompt_len + a.max_new_tokens + 1,
+            max_waiting: c,
+        };
+        let handle = Handle::spawn(Box::new(engine), tokenizer.clone(), cfg);
+        let streams = (0..c)
+            .map(|s| {
+                let prompt = (0..a.prompt_len)
+                    .map(|i| ((s * 7919 + i * 104729) as u32) % vocab)
+                    .collect();
+                let mut r = GenerateRequest::new(prompt);
+                r.stopping.max_new_tokens = a.max_new_tokens;
+                r.stopping.ignore_eos = true;
+                handle.submit(r)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // Decode throughput: from the moment every request has its first token to the end.
+        let mut threads = Vec::new();
+        let (first_tx, first_rx) = std::sync::mpsc::channel();
+        for mut s in streams {
+            let tx = first_tx.clone();
+            threads.push(std::thread::spawn(move || {
+                let mut n = 0usize;
+                while let Some(e) = s.blocking_recv() {
+                    if let Event::Token(_) = e {
+                        n += 1;
+                        if n == 1 {
+                            let _ = tx.send(());
+                        }
+                    }
+                }
+                n
+            }));
+        }
+        for _ in 0..c {
+            first_rx.recv()?;
+        }
+        let before = handle.metrics().snapshot();
+        let t = Instant::now();
+        let total: usize = threads.into_iter().map(|t| t.join().unwrap_or(0)).sum();
+        let elapsed = t.elapsed().as_secs_f64();
+        let after = handle.metrics().snapshot();
+        let decode_tokens = total - c;
+        let steps = (after.steps - before.steps).max(1);
+        let step_ns = after.step_nanos - before.step_nanos;
+        let fwd_ns = after.forward_nanos - before.forward_nanos;
+        println!(
+            "| {c} | {:.1} | {:.1} | {:.2}% |",
+            decode_tokens as f64 / elapsed,
+            step_ns as f64 / steps as f64 / 1e6,
+            (step_ns - fwd_ns) as f64 / step_ns.max(1) as f64 * 100.0
+        );
+        handle.shutdown();
     }
     Ok(())
 }

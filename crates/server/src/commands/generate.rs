@@ -86,7 +86,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         tokens: prompt.clone(),
         start_pos: 0,
         block_table: table,
-        logits: LogitsWanted::Last, adapter: None,
+        logits: LogitsWanted::Last,
+        adapter: None,
     };
     while output.len() < a.max_new_tokens {
         let logits = engine.step(std::slice::from_ref(&chunk))?;

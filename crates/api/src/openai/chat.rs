@@ -1,0 +1,101 @@
+//! `POST /v1/chat/completions` request.
+
+use crate::error::ApiError;
+use crate::fields::{Fields, Res, type_name};
+use crate::openai::message::ChatMessage;
+use crate::openai::sampling::{COMMON_FIELDS, check_response_format, read_common, read_max_tokens};
+use crate::spec::GenerationSpec;
+use serde_json::Value;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatRequest {
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessage>,
+    /// `max_new_tokens` defaults to "the rest of the context" (usize::MAX, not explicit): the
+    /// server clamps it with [`GenerationSpec::fit_context`].
+    pub spec: GenerationSpec,
+    /// `logprobs: true`: return per-token logprobs (with `top_logprobs` alternatives).
+    pub logprobs: bool,
+    pub top_logprobs: u32,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// Passed through to the chat template untouched.
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    /// Unknown top-level fields (sorted), ignored.
+    pub unknown_fields: Vec<String>,
+}
+
+const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "parallel_tool_calls",
+    "tool_prompt",
+];
+
+pub fn parse_chat_request(body: &Value) -> Res<ChatRequest> {
+    let map = body.as_object().ok_or_else(|| {
+        ApiError::invalid_body(format!(
+            "request body must be a JSON object, got {}",
+            type_name(body)
+        ))
+    })?;
+    let f = Fields::new(map, "");
+    let messages = match f.get("messages") {
+        Some(Value::Array(items)) if items.is_empty() => {
+            return Err(ApiError::validation("messages must not be empty").with_param("messages"));
+        }
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                serde_json::from_value::<ChatMessage>(m.clone()).map_err(|e| {
+                    ApiError::invalid_body(format!("messages[{i}] is not a valid message: {e}"))
+                        .with_param(format!("messages[{i}]"))
+                })
+            })
+            .collect::<Res<Vec<_>>>()?,
+        Some(v) => return Err(f.type_err("messages", "an array of messages", v)),
+        None => return Err(ApiError::invalid_body("messages is required").with_param("messages")),
+    };
+    let mut spec = GenerationSpec::default();
+    let include_usage = read_common(&f, &mut spec)?;
+    read_max_tokens(&f, &mut spec, usize::MAX)?;
+    check_response_format(&f)?;
+    let logprobs = f.bool("logprobs")?.unwrap_or(false);
+    let top_logprobs = f
+        .int_in("top_logprobs", 0, 20, "an integer in [0, 20]")?
+        .unwrap_or(0) as u32;
+    if top_logprobs > 0 && !logprobs {
+        return Err(
+            ApiError::validation("top_logprobs requires logprobs to be true")
+                .with_param("top_logprobs"),
+        );
+    }
+    if logprobs {
+        spec.logprobs = Some(top_logprobs);
+        spec.top_n_tokens = top_logprobs;
+        spec.details = true;
+    }
+    let tools = match f.get("tools") {
+        Some(Value::Array(t)) => Some(t.clone()),
+        Some(v) => return Err(f.type_err("tools", "an array", v)),
+        None => None,
+    };
+    let known: Vec<&str> = COMMON_FIELDS.iter().chain(CHAT_FIELDS).copied().collect();
+    Ok(ChatRequest {
+        model: f.str("model")?.map(str::to_string),
+        messages,
+        spec,
+        logprobs,
+        top_logprobs,
+        include_usage,
+        tools,
+        tool_choice: f.get("tool_choice").cloned(),
+        unknown_fields: f.unknown(&known),
+    })
+}

@@ -1,0 +1,439 @@
+//! OpenAI response bodies and stream chunks (chat.completion, chat.completion.chunk,
+//! text_completion, /v1/models). Streams end with `data: [DONE]` ([`crate::sse::DONE`]).
+
+use crate::error::compact;
+use crate::output::{FinishReason, GenerationOut, SequenceOut, TokenOut, finite};
+use crate::spec::GenerationSpec;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// Per-response identity the server chooses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenAiMeta {
+    /// e.g. "chatcmpl-<uuid>" / "cmpl-<uuid>".
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
+    }
+    /// Usage of finished results (all prompts, all sequences).
+    pub fn of(outs: &[&GenerationOut]) -> Self {
+        Self::new(
+            outs.iter().map(|o| o.prompt_tokens).sum(),
+            outs.iter().map(|o| o.completion_tokens()).sum(),
+        )
+    }
+}
+
+#[derive(Serialize)]
+struct TopLogprob<'a> {
+    token: &'a str,
+    logprob: f32,
+    bytes: Vec<u8>,
+}
+
+#[derive(Serialize)]
+struct TokenLogprob<'a> {
+    token: &'a str,
+    logprob: f32,
+    bytes: Vec<u8>,
+    top_logprobs: Vec<TopLogprob<'a>>,
+}
+
+#[derive(Serialize)]
+struct ChatLogprobs<'a> {
+    content: Vec<TokenLogprob<'a>>,
+}
+
+fn lp(t: &TokenOut) -> f32 {
+    // OpenAI's logprob is not nullable; an unknown one reads as certain.
+    finite(t.logprob).unwrap_or(0.0)
+}
+
+fn token_logprob<'a>(
+    t: &'a TokenOut,
+    top: Option<&'a Vec<TokenOut>>,
+    k: usize,
+) -> TokenLogprob<'a> {
+    TokenLogprob {
+        token: &t.text,
+        logprob: lp(t),
+        bytes: t.text.as_bytes().to_vec(),
+        top_logprobs: top
+            .map(|alts| {
+                alts.iter()
+                    .take(k)
+                    .map(|a| TopLogprob {
+                        token: &a.text,
+                        logprob: lp(a),
+                        bytes: a.text.as_bytes().to_vec(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+fn chat_logprobs<'a>(seq: &'a SequenceOut, spec: &GenerationSpec) -> Option<ChatLogprobs<'a>> {
+    let k = spec.logprobs? as usize;
+    Some(ChatLogprobs {
+        content: seq
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| token_logprob(t, seq.top_tokens.get(i), k))
+            .collect(),
+    })
+}
+
+#[derive(Serialize)]
+struct AssistantMessage<'a> {
+    role: &'static str,
+    content: &'a str,
+}
+
+#[derive(Serialize)]
+struct ChatChoice<'a> {
+    index: usize,
+    message: AssistantMessage<'a>,
+    logprobs: Option<ChatLogprobs<'a>>,
+    finish_reason: &'static str,
+}
+
+#[derive(Serialize)]
+struct Envelope<'a, C> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system_fingerprint: Option<&'a str>,
+    choices: Vec<C>,
+    /// Omitted on chunks unless include_usage asked for it (then null until the usage chunk).
+    #[serde(skip_serializing_if = "UsageField::is_omitted")]
+    usage: UsageField,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum UsageField {
+    Omitted,
+    Null(Option<()>),
+    Some(Usage),
+}
+
+impl UsageField {
+    fn is_omitted(&self) -> bool {
+        matches!(self, Self::Omitted)
+    }
+}
+
+fn envelope<'a, C>(
+    meta: &'a OpenAiMeta,
+    object: &'static str,
+    choices: Vec<C>,
+    usage: UsageField,
+) -> Envelope<'a, C> {
+    Envelope {
+        id: &meta.id,
+        object,
+        created: meta.created,
+        model: &meta.model,
+        system_fingerprint: meta.system_fingerprint.as_deref(),
+        choices,
+        usage,
+    }
+}
+
+/// Non-streaming `chat.completion`: one choice per sequence (best first), finish_reason
+/// "stop" for EOS and stop sequences, "length" for length.
+pub fn chat_completion(meta: &OpenAiMeta, out: &GenerationOut, spec: &GenerationSpec) -> String {
+    let choices = out
+        .sequences()
+        .enumerate()
+        .map(|(index, s)| ChatChoice {
+            index,
+            message: AssistantMessage {
+                role: "assistant",
+                content: &s.text,
+            },
+            logprobs: chat_logprobs(s, spec),
+            finish_reason: s.finish_reason.as_openai(),
+        })
+        .collect();
+    compact(&envelope(
+        meta,
+        "chat.completion",
+        choices,
+        UsageField::Some(Usage::of(&[out])),
+    ))
+}
+
+#[derive(Serialize)]
+struct Delta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ChunkChoice<'a> {
+    index: usize,
+    delta: Delta<'a>,
+    logprobs: Option<ChatLogprobs<'a>>,
+    finish_reason: Option<&'static str>,
+}
+
+fn chunk_usage(include_usage: bool) -> UsageField {
+    if include_usage {
+        UsageField::Null(None)
+    } else {
+        UsageField::Omitted
+    }
+}
+
+/// First chunk of choice `index`: `delta: {"role":"assistant","content":""}`.
+pub fn chat_chunk_role(meta: &OpenAiMeta, index: usize, include_usage: bool) -> String {
+    let choice = ChunkChoice {
+        index,
+        delta: Delta {
+            role: Some("assistant"),
+            content: Some(""),
+        },
+        logprobs: None,
+        finish_reason: None,
+    };
+    compact(&envelope(
+        meta,
+        "chat.completion.chunk",
+        vec![choice],
+        chunk_usage(include_usage),
+    ))
+}
+
+/// A token chunk of choice `index`; `finish` is set on the last token of that choice. Special
+/// tokens contribute `""` when `skip_special_tokens` (TGI does the same for EOS).
+pub fn chat_chunk_token(
+    meta: &OpenAiMeta,
+    index: usize,
+    token: &TokenOut,
+    top: &[TokenOut],
+    finish: Option<FinishReason>,
+    spec: &GenerationSpec,
+    include_usage: bool,
+) -> String {
+    let text = if token.special && spec.skip_special_tokens {
+        ""
+    } else {
+        token.text.as_str()
+    };
+    let top = top.to_vec();
+    let logprobs = spec.logprobs.map(|k| ChatLogprobs {
+        content: vec![token_logprob(token, Some(&top), k as usize)],
+    });
+    let choice = ChunkChoice {
+        index,
+        delta: Delta {
+            role: None,
+            content: Some(text),
+        },
+        logprobs,
+        finish_reason: finish.map(FinishReason::as_openai),
+    };
+    compact(&envelope(
+        meta,
+        "chat.completion.chunk",
+        vec![choice],
+        chunk_usage(include_usage),
+    ))
+}
+
+/// A chunk with an empty delta that only carries the finish reason (when the last step
+/// produced no text, e.g. a stop string cut from the output).
+pub fn chat_chunk_finish(
+    meta: &OpenAiMeta,
+    index: usize,
+    finish: FinishReason,
+    include_usage: bool,
+) -> String {
+    let choice = ChunkChoice {
+        index,
+        delta: Delta {
+            role: None,
+            content: None,
+        },
+        logprobs: None,
+        finish_reason: Some(finish.as_openai()),
+    };
+    compact(&envelope(
+        meta,
+        "chat.completion.chunk",
+        vec![choice],
+        chunk_usage(include_usage),
+    ))
+}
+
+/// The extra usage chunk sent after the last choice chunk when include_usage: `choices: []`.
+pub fn chat_chunk_usage(meta: &OpenAiMeta, usage: Usage) -> String {
+    compact(&envelope::<ChunkChoice>(
+        meta,
+        "chat.completion.chunk",
+        Vec::new(),
+        UsageField::Some(usage),
+    ))
+}
+
+#[derive(Serialize)]
+struct CompletionLogprobs<'a> {
+    tokens: Vec<&'a str>,
+    token_logprobs: Vec<f32>,
+    top_logprobs: Vec<Map<String, Value>>,
+    text_offset: Vec<usize>,
+}
+
+fn completion_logprobs<'a>(
+    seq: &'a SequenceOut,
+    k: usize,
+    offset0: usize,
+) -> CompletionLogprobs<'a> {
+    let mut offset = offset0;
+    let mut text_offset = Vec::with_capacity(seq.tokens.len());
+    for t in &seq.tokens {
+        text_offset.push(offset);
+        offset += t.text.len();
+    }
+    CompletionLogprobs {
+        tokens: seq.tokens.iter().map(|t| t.text.as_str()).collect(),
+        token_logprobs: seq.tokens.iter().map(lp).collect(),
+        top_logprobs: (0..seq.tokens.len())
+            .map(|i| {
+                seq.top_tokens
+                    .get(i)
+                    .map(|alts| {
+                        alts.iter()
+                            .take(k)
+                            .map(|a| (a.text.clone(), Value::from(f64::from(lp(a)))))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+            .collect(),
+        text_offset,
+    }
+}
+
+#[derive(Serialize)]
+struct CompletionChoice<'a> {
+    index: usize,
+    text: String,
+    logprobs: Option<CompletionLogprobs<'a>>,
+    finish_reason: Option<&'static str>,
+}
+
+/// Non-streaming `text_completion` for all prompts: choice index = prompt index * n + sequence.
+pub fn text_completion(meta: &OpenAiMeta, outs: &[GenerationOut], spec: &GenerationSpec) -> String {
+    let n = spec.n.max(1) as usize;
+    let mut choices = Vec::new();
+    for (p, out) in outs.iter().enumerate() {
+        for (i, s) in out.sequences().enumerate() {
+            let (text, offset0) = if spec.return_full_text {
+                (format!("{}{}", out.inputs, s.text), out.inputs.len())
+            } else {
+                (s.text.clone(), 0)
+            };
+            choices.push(CompletionChoice {
+                index: p * n + i,
+                text,
+                logprobs: spec
+                    .logprobs
+                    .map(|k| completion_logprobs(s, k as usize, offset0)),
+                finish_reason: Some(s.finish_reason.as_openai()),
+            });
+        }
+    }
+    let refs: Vec<&GenerationOut> = outs.iter().collect();
+    compact(&envelope(
+        meta,
+        "text_completion",
+        choices,
+        UsageField::Some(Usage::of(&refs)),
+    ))
+}
+
+/// One streamed completion chunk for choice `index` (text may be "" on a finish-only chunk).
+pub fn completion_chunk(
+    meta: &OpenAiMeta,
+    index: usize,
+    text: &str,
+    finish: Option<FinishReason>,
+    include_usage: bool,
+) -> String {
+    let choice = CompletionChoice {
+        index,
+        text: text.to_string(),
+        logprobs: None,
+        finish_reason: finish.map(FinishReason::as_openai),
+    };
+    compact(&envelope(
+        meta,
+        "text_completion",
+        vec![choice],
+        chunk_usage(include_usage),
+    ))
+}
+
+/// The usage chunk of a completions stream (`choices: []`).
+pub fn completion_chunk_usage(meta: &OpenAiMeta, usage: Usage) -> String {
+    compact(&envelope::<CompletionChoice>(
+        meta,
+        "text_completion",
+        Vec::new(),
+        UsageField::Some(usage),
+    ))
+}
+
+/// `GET /v1/models`: `{"object":"list","data":[{"id","object":"model","created","owned_by"}]}`.
+pub fn models_list<S: AsRef<str>>(ids: &[S], owned_by: &str, created: u64) -> String {
+    #[derive(Serialize)]
+    struct Model<'a> {
+        id: &'a str,
+        object: &'static str,
+        created: u64,
+        owned_by: &'a str,
+    }
+    #[derive(Serialize)]
+    struct List<'a> {
+        object: &'static str,
+        data: Vec<Model<'a>>,
+    }
+    compact(&List {
+        object: "list",
+        data: ids
+            .iter()
+            .map(|id| Model {
+                id: id.as_ref(),
+                object: "model",
+                created,
+                owned_by,
+            })
+            .collect(),
+    })
+}

@@ -1,0 +1,16 @@
+//! OpenAI chat/completions schema.
+
+pub mod chat;
+pub mod completion;
+pub mod format;
+pub mod message;
+mod sampling;
+
+pub use chat::{ChatRequest, parse_chat_request};
+pub use completion::{
+    CompletionRequest, DEFAULT_COMPLETION_MAX_TOKENS, OpenAiConfig, parse_completion_request,
+};
+pub use format::{OpenAiMeta, Usage};
+pub use message::{
+    ChatMessage, ContentPart, FunctionCall, ImageUrl, MessageContent, Role, ToolCall,
+};

@@ -1,0 +1,148 @@
+//! Fields shared by chat and completions requests (OpenAI ranges plus vLLM's extensions).
+
+use crate::error::ApiError;
+use crate::fields::{Fields, Res};
+use crate::lmi::params::logit_bias;
+use crate::spec::{GenerationSpec, push_unique};
+
+pub(crate) const COMMON_FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "user",
+    "ignore_eos",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "min_tokens",
+    "stop_token_ids",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "best_of",
+    "logprobs",
+    "adapter_id",
+];
+
+/// Common fields into `spec`; `max_tokens` handled by the caller. Returns `include_usage`.
+pub(crate) fn read_common(f: &Fields, spec: &mut GenerationSpec) -> Res<bool> {
+    // OpenAI: temperature in [0, 2], default 1 (sampling); 0 is greedy.
+    spec.temperature = 1.0;
+    if let Some(t) = f.f32("temperature")? {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(f.range_err("temperature", format!("must be in [0, 2], got {t}")));
+        }
+        spec.temperature = t;
+    }
+    if let Some(p) = f.f32("top_p")? {
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(f.range_err("top_p", format!("must be in (0, 1], got {p}")));
+        }
+        spec.top_p = p;
+    }
+    if let Some(k) = f.i64("top_k")? {
+        if k < -1 {
+            return Err(f.range_err("top_k", format!("must be >= 0 (or -1 for off), got {k}")));
+        }
+        spec.top_k = u32::try_from(k.max(0)).unwrap_or(u32::MAX);
+    }
+    if let Some(p) = f.f32("min_p")? {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(f.range_err("min_p", format!("must be in [0, 1], got {p}")));
+        }
+        spec.min_p = p;
+    }
+    if let Some(p) = f.f32("repetition_penalty")? {
+        if p <= 0.0 {
+            return Err(f.range_err("repetition_penalty", format!("must be > 0, got {p}")));
+        }
+        spec.repetition_penalty = p;
+    }
+    for key in ["presence_penalty", "frequency_penalty"] {
+        if let Some(p) = f.f32(key)? {
+            if !(-2.0..=2.0).contains(&p) {
+                return Err(f.range_err(key, format!("must be in [-2, 2], got {p}")));
+            }
+            if key == "presence_penalty" {
+                spec.presence_penalty = p
+            } else {
+                spec.frequency_penalty = p
+            }
+        }
+    }
+    if let Some(n) = f.int_in("n", 1, 128, "an integer in [1, 128]")? {
+        spec.n = n as u32;
+        spec.best_of = n as u32;
+    }
+    spec.seed = f.u64("seed")?;
+    if let Some(s) = f.strings("stop")? {
+        push_unique(&mut spec.stop_strings, s);
+    }
+    if let Some(ids) = f.ids("stop_token_ids")? {
+        spec.stop_token_ids = ids;
+    }
+    if let Some(v) = f.get("logit_bias") {
+        spec.logit_bias = logit_bias(f, "logit_bias", v, Some(100.0))?;
+    }
+    if let Some(m) = f.int_in(
+        "min_tokens",
+        0,
+        i64::from(u32::MAX),
+        "a non-negative integer",
+    )? {
+        spec.min_new_tokens = m as usize;
+    }
+    spec.ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
+    spec.include_stop_str_in_output = f.bool("include_stop_str_in_output")?.unwrap_or(false);
+    spec.skip_special_tokens = f.bool("skip_special_tokens")?.unwrap_or(true);
+    spec.spaces_between_special_tokens = f.bool("spaces_between_special_tokens")?.unwrap_or(true);
+    spec.adapter = f
+        .str("adapter_id")?
+        .filter(|s| !s.is_empty())
+        .map(str::to_string);
+    f.str("user")?;
+    f.str("model")?;
+    spec.stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage = match f.object("stream_options")? {
+        Some(o) => Fields::new(o, "stream_options")
+            .bool("include_usage")?
+            .unwrap_or(false),
+        None => false,
+    };
+    Ok(include_usage)
+}
+
+/// `max_tokens` (and its newer alias `max_completion_tokens`, which wins) into `spec`.
+pub(crate) fn read_max_tokens(f: &Fields, spec: &mut GenerationSpec, default: usize) -> Res<()> {
+    spec.max_new_tokens = default;
+    if let Some(key) = f.first_key(&["max_completion_tokens", "max_tokens"])
+        && let Some(m) = f.int_in(key, 1, i64::from(u32::MAX), "a positive integer")?
+    {
+        spec.max_new_tokens = m as usize;
+        spec.max_new_tokens_explicit = true;
+    }
+    Ok(())
+}
+
+/// `response_format`: plain text is fine; structured output is not implemented.
+pub(crate) fn check_response_format(f: &Fields) -> Res<()> {
+    if let Some(o) = f.object("response_format")? {
+        let kind = Fields::new(o, "response_format").str("type")?;
+        if kind != Some("text") {
+            return Err(ApiError::not_supported(
+                "response_format other than {\"type\": \"text\"} is not supported",
+            )
+            .with_param("response_format"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,150 @@
+//! The neutral, fully resolved generation request every schema parses into.
+
+use crate::error::ApiError;
+use serde::Serialize;
+
+/// Every control resolved to a concrete value (defaults applied by the schema's parser).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GenerationSpec {
+    /// 0 means greedy (argmax); other sampling fields are then irrelevant.
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: u32,
+    /// 1.0 = off.
+    pub top_p: f32,
+    /// 0.0 = off.
+    pub min_p: f32,
+    /// 1.0 = off.
+    pub typical_p: f32,
+    /// 1.0 = off (multiplicative, HF/TGI style).
+    pub repetition_penalty: f32,
+    /// 0.0 = off (additive, OpenAI style).
+    pub presence_penalty: f32,
+    /// 0.0 = off (additive, OpenAI style).
+    pub frequency_penalty: f32,
+    /// None: the server picks a random seed (and may report it, as TGI does).
+    pub seed: Option<u64>,
+    pub max_new_tokens: usize,
+    /// False when `max_new_tokens` is a default: the server may then clamp it to the context
+    /// left (see [`GenerationSpec::fit_context`]) instead of failing the request.
+    pub max_new_tokens_explicit: bool,
+    /// EOS and stop rules are suppressed until this many tokens are generated.
+    pub min_new_tokens: usize,
+    pub stop_strings: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub include_stop_str_in_output: bool,
+    pub ignore_eos: bool,
+    /// 0 = off.
+    pub no_repeat_ngram_size: u32,
+    /// (token id, additive logit bias).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Words never to generate, as text: the server tokenizes them.
+    pub bad_words: Vec<String>,
+    /// Words never to generate, already as token id sequences.
+    pub bad_word_ids: Vec<Vec<u32>>,
+    /// Sequences returned.
+    pub n: u32,
+    /// Sequences generated (>= n); the best `n` by mean logprob are returned.
+    pub best_of: u32,
+    pub details: bool,
+    pub decoder_input_details: bool,
+    /// Prepend the prompt text to the generated text.
+    pub return_full_text: bool,
+    /// Alternatives reported per generated position (0 = none).
+    pub top_n_tokens: u32,
+    /// vLLM/OpenAI style: number of top logprobs per generated token, None = not requested.
+    pub logprobs: Option<u32>,
+    /// vLLM style: number of top logprobs per prompt token, None = not requested.
+    pub prompt_logprobs: Option<u32>,
+    pub skip_special_tokens: bool,
+    pub spaces_between_special_tokens: bool,
+    /// Keep only the last `truncate` prompt tokens.
+    pub truncate: Option<usize>,
+    pub adapter: Option<String>,
+    pub stream: bool,
+}
+
+impl Default for GenerationSpec {
+    /// Neutral defaults: greedy, everything off, 30 new tokens (LMI's default).
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            typical_p: 1.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+            max_new_tokens: 30,
+            max_new_tokens_explicit: false,
+            min_new_tokens: 0,
+            stop_strings: Vec::new(),
+            stop_token_ids: Vec::new(),
+            include_stop_str_in_output: false,
+            ignore_eos: false,
+            no_repeat_ngram_size: 0,
+            logit_bias: Vec::new(),
+            bad_words: Vec::new(),
+            bad_word_ids: Vec::new(),
+            n: 1,
+            best_of: 1,
+            details: false,
+            decoder_input_details: false,
+            return_full_text: false,
+            top_n_tokens: 0,
+            logprobs: None,
+            prompt_logprobs: None,
+            skip_special_tokens: true,
+            spaces_between_special_tokens: true,
+            truncate: None,
+            adapter: None,
+            stream: false,
+        }
+    }
+}
+
+impl GenerationSpec {
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
+    /// Prompt length after `truncate` (left truncation keeps the last tokens).
+    pub fn input_length(&self, prompt_tokens: usize) -> usize {
+        match self.truncate {
+            Some(t) => prompt_tokens.min(t),
+            None => prompt_tokens,
+        }
+    }
+
+    /// Make `max_new_tokens` fit the context: a default is clamped to what is left (at least 1),
+    /// an explicit value that does not fit is TGI's validation error.
+    pub fn fit_context(
+        &mut self,
+        input_length: usize,
+        max_total_tokens: usize,
+    ) -> Result<(), ApiError> {
+        if input_length + self.max_new_tokens <= max_total_tokens {
+            return Ok(());
+        }
+        if !self.max_new_tokens_explicit && input_length < max_total_tokens {
+            self.max_new_tokens = max_total_tokens - input_length;
+            return Ok(());
+        }
+        Err(ApiError::validation(format!(
+            "`inputs` tokens + `max_new_tokens` must be <= {max_total_tokens}. Given: {input_length} `inputs` tokens and {} `max_new_tokens`",
+            self.max_new_tokens
+        ))
+        .with_param("max_new_tokens"))
+    }
+}
+
+/// Merge stop strings keeping first-seen order and dropping duplicates and empty strings.
+pub(crate) fn push_unique(into: &mut Vec<String>, items: impl IntoIterator<Item = String>) {
+    for s in items {
+        if !s.is_empty() && !into.contains(&s) {
+            into.push(s);
+        }
+    }
+}

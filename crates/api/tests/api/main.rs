@@ -1,0 +1,11 @@
+//! Golden tests for every wire format, error body and validation message of `lmi-api`.
+
+mod common;
+mod errors;
+mod invocation;
+mod lmi_format;
+mod lmi_request;
+mod openai_format;
+mod openai_request;
+mod tgi_format;
+mod tgi_request;

@@ -1,0 +1,184 @@
+use crate::common::json;
+use lmi_api::openai::{
+    ChatMessage, ContentPart, MessageContent, OpenAiConfig, Role, parse_chat_request,
+    parse_completion_request,
+};
+use lmi_api::{ErrorKind, Schema};
+
+#[test]
+fn chat_request_fields() {
+    let r = parse_chat_request(&json(
+        r#"{"model":"anything","messages":[{"role":"system","content":"Be brief."},
+        {"role":"user","content":[{"type":"text","text":"Hi"},{"type":"image_url","image_url":{"url":"http://x/y.png"}}]},
+        {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},
+        {"role":"tool","content":"42","tool_call_id":"c1"}],
+        "max_completion_tokens":50,"max_tokens":10,"temperature":0,"top_p":0.5,"n":2,"stream":true,
+        "stream_options":{"include_usage":true},"stop":"END","seed":7,"logprobs":true,"top_logprobs":3,
+        "presence_penalty":1,"frequency_penalty":-1,"logit_bias":{"50256":-100},"ignore_eos":true,
+        "tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"auto","user":"u","weird":1}"#,
+    ))
+    .unwrap();
+    assert_eq!(r.model.as_deref(), Some("anything"));
+    assert_eq!(r.messages.len(), 4);
+    assert_eq!(r.messages[1].text(), "Hi");
+    assert!(r.messages[1].has_image());
+    assert_eq!(r.messages[3].role, Role::Tool);
+    let s = &r.spec;
+    assert_eq!((s.max_new_tokens, s.max_new_tokens_explicit), (50, true));
+    assert!(s.is_greedy() && s.stream && s.ignore_eos && s.details);
+    assert_eq!(
+        (s.top_p, s.n, s.seed, s.logprobs, s.top_n_tokens),
+        (0.5, 2, Some(7), Some(3), 3)
+    );
+    assert_eq!((s.presence_penalty, s.frequency_penalty), (1.0, -1.0));
+    assert_eq!(s.stop_strings, vec!["END"]);
+    assert_eq!(s.logit_bias, vec![(50256, -100.0)]);
+    assert!(r.include_usage && r.logprobs);
+    assert_eq!(r.top_logprobs, 3);
+    assert_eq!(r.tools.as_ref().map(Vec::len), Some(1));
+    assert_eq!(r.tool_choice, Some(json(r#""auto""#)));
+    assert_eq!(r.unknown_fields, vec!["weird"]);
+}
+
+#[test]
+fn chat_defaults() {
+    let r = parse_chat_request(&json(
+        r#"{"messages":[{"role":"user","content":"hi"}],"seed":null,"stop":null}"#,
+    ))
+    .unwrap();
+    assert_eq!(r.spec.temperature, 1.0);
+    assert!(!r.spec.max_new_tokens_explicit);
+    assert_eq!(r.spec.max_new_tokens, usize::MAX);
+    assert_eq!(r.spec.logprobs, None);
+    assert!(r.model.is_none());
+}
+
+#[test]
+fn messages_serialize_back_to_openai_json() {
+    let m: ChatMessage = serde_json::from_value(json(
+        r#"{"role":"user","content":[{"type":"text","text":"Hi"},{"type":"image_url","image_url":{"url":"u"}}]}"#,
+    ))
+    .unwrap();
+    assert_eq!(
+        serde_json::to_string(&m).unwrap(),
+        r#"{"role":"user","content":[{"type":"text","text":"Hi"},{"type":"image_url","image_url":{"url":"u"}}]}"#
+    );
+    let m = ChatMessage::new(Role::Assistant, "ok");
+    assert_eq!(
+        serde_json::to_string(&m).unwrap(),
+        r#"{"role":"assistant","content":"ok"}"#
+    );
+    assert_eq!(m.content, Some(MessageContent::Text("ok".into())));
+    let _ = ContentPart::Text {
+        text: String::new(),
+    };
+}
+
+#[test]
+fn chat_validation_messages() {
+    let cases = [
+        (
+            r#""temperature":2.5"#,
+            "temperature must be in [0, 2], got 2.5",
+        ),
+        (r#""top_p":0"#, "top_p must be in (0, 1], got 0"),
+        (r#""n":0"#, "n must be an integer in [1, 128], got 0"),
+        (
+            r#""presence_penalty":-3"#,
+            "presence_penalty must be in [-2, 2], got -3",
+        ),
+        (
+            r#""frequency_penalty":2.1"#,
+            "frequency_penalty must be in [-2, 2], got 2.1",
+        ),
+        (
+            r#""logit_bias":{"5":101}"#,
+            "logit_bias values must be in [-100, 100], got 101 for token 5",
+        ),
+        (
+            r#""top_logprobs":21,"logprobs":true"#,
+            "top_logprobs must be an integer in [0, 20], got 21",
+        ),
+        (
+            r#""top_logprobs":2"#,
+            "top_logprobs requires logprobs to be true",
+        ),
+        (
+            r#""max_tokens":0"#,
+            "max_tokens must be a positive integer, got 0",
+        ),
+        (
+            r#""stop":5"#,
+            "stop must be a string or an array of strings, got number",
+        ),
+        (
+            r#""response_format":{"type":"json_object"}"#,
+            "response_format other than {\"type\": \"text\"} is not supported",
+        ),
+    ];
+    for (field, want) in cases {
+        let body = format!(r#"{{"messages":[{{"role":"user","content":"hi"}}],{field}}}"#);
+        let e = parse_chat_request(&json(&body)).expect_err(field);
+        assert_eq!(e.message, want, "for {field}");
+    }
+    let e = parse_chat_request(&json(r#"{"messages":[]}"#)).unwrap_err();
+    assert_eq!(e.message, "messages must not be empty");
+    let e =
+        parse_chat_request(&json(r#"{"messages":[{"role":"robot","content":"hi"}]}"#)).unwrap_err();
+    assert!(
+        e.message
+            .starts_with("messages[0] is not a valid message: unknown variant `robot`"),
+        "{}",
+        e.message
+    );
+    assert_eq!(e.status(Schema::OpenAi), 422);
+}
+
+#[test]
+fn completion_request_fields() {
+    let cfg = OpenAiConfig::default();
+    let r = parse_completion_request(
+        &json(r#"{"model":"m","prompt":"Say","echo":true,"logprobs":2,"n":2,"best_of":3}"#),
+        &cfg,
+    )
+    .unwrap();
+    assert_eq!(r.prompts, vec!["Say"]);
+    assert_eq!(
+        (r.spec.max_new_tokens, r.spec.max_new_tokens_explicit),
+        (16, false)
+    );
+    assert!(r.echo && r.spec.return_full_text);
+    assert_eq!(
+        (r.logprobs, r.spec.logprobs, r.spec.n, r.spec.best_of),
+        (Some(2), Some(2), 2, 3)
+    );
+    let r =
+        parse_completion_request(&json(r#"{"prompt":["a","b"],"max_tokens":5}"#), &cfg).unwrap();
+    assert_eq!(r.prompts, vec!["a", "b"]);
+    assert_eq!(r.spec.max_new_tokens, 5);
+}
+
+#[test]
+fn completion_errors() {
+    let cfg = OpenAiConfig::default();
+    let e = parse_completion_request(&json(r#"{"prompt":"a","suffix":"z"}"#), &cfg).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::SuffixNotSupported);
+    assert_eq!(
+        e.openai_body(),
+        r#"{"error":"Suffix is not supported and can be achieved by preprocessing the prompt.","error_type":"suffix not supported"}"#
+    );
+    assert_eq!(e.status(Schema::OpenAi), 422);
+    let e =
+        parse_completion_request(&json(r#"{"prompt":["1","2","3","4","5"]}"#), &cfg).unwrap_err();
+    assert_eq!(
+        e.openai_body(),
+        r#"{"error":"Number of prompts exceeds the maximum allowed batch size of 4","error_type":"batch size exceeded"}"#
+    );
+    let e = parse_completion_request(&json(r#"{"prompt":[]}"#), &cfg).unwrap_err();
+    assert_eq!(e.message, "prompt must not be an empty list");
+    let e = parse_completion_request(&json(r#"{"prompt":"a","logprobs":6}"#), &cfg).unwrap_err();
+    assert_eq!(e.message, "logprobs must be an integer in [0, 5], got 6");
+    let e =
+        parse_completion_request(&json(r#"{"prompt":"a","n":3,"best_of":2}"#), &cfg).unwrap_err();
+    assert_eq!(e.message, "best_of must be >= n (3), got 2");
+}

@@ -1,0 +1,337 @@
+//! `lmi serve`: the HTTP server. The port is bound at once and the model loads in the
+//! background, so `/ping` answers 503 ("PENDING") until it is ready rather than refusing
+//! connections (LMI's `wait_model_loading=true` would bind only after loading; SageMaker and
+//! Kubernetes probes both handle 503 better than connection refused). SIGTERM / SIGINT stop
+//! accepting, finish in-flight requests, stop the scheduler, and exit 0.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::serve::ListenerExt;
+use lmi_engine::engine::{EngineOptions, StepEngine};
+use lmi_engine::{Engine, model_store};
+use lmi_scheduler::{Handle, SchedulerConfig};
+use lmi_text::{ChatTemplate, Tokenizer};
+
+use crate::app::{AdapterRegistry, AppState, LoadedModel, router};
+use crate::config::{EngineMode, ServeArgs, ServingConfig};
+use crate::metrics::ServerMetrics;
+use crate::null_engine::NullEngine;
+
+/// How long to wait for the scheduler thread to drain after the HTTP server has stopped.
+const SCHEDULER_DRAIN: Duration = Duration::from_secs(30);
+
+/// `lmi serve` flags (boxed: they are many, and `Command` holds one of each subcommand's).
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub serve: Box<ServeArgs>,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let config = ServingConfig::from_process(&a.serve)?;
+    eprintln!("{}", config.summary());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("lmi-http")
+        .build()
+        .context("starting the async runtime")?;
+    let result = rt.block_on(serve(config));
+    // A model load still running (signal during loading) must not hold the exit.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+/// The name the model answers to, and its id for TGI's /info.
+pub fn model_names(config: &ServingConfig) -> (String, String) {
+    let id = config
+        .model_id
+        .clone()
+        .unwrap_or_else(|| model_store::DEFAULT_MODEL_NAME.to_string());
+    let name = config
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| match &config.model_id {
+            None => model_store::DEFAULT_MODEL_NAME.to_string(),
+            Some(m) => {
+                let p = Path::new(m.trim_end_matches('/'));
+                let stem = if p
+                    .extension()
+                    .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+                {
+                    p.file_stem()
+                } else {
+                    p.file_name()
+                };
+                stem.map(|s| s.to_string_lossy().into_owned())
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or_else(|| m.clone())
+            }
+        });
+    (name, id)
+}
+
+async fn serve(config: ServingConfig) -> anyhow::Result<()> {
+    let config = Arc::new(config);
+    let (model_name, model_id) = model_names(&config);
+    let state = Arc::new(AppState::new(
+        config.clone(),
+        Arc::new(ServerMetrics::new()),
+        model_name,
+        model_id,
+    ));
+    let addr = format!("{}:{}", config.host, config.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("listening on {addr}"))?;
+    tracing::info!(
+        "listening on {} (model {:?} loading)",
+        listener.local_addr()?,
+        state.model_name
+    );
+
+    let load_error: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
+    let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<()>();
+    {
+        let state = state.clone();
+        let load_error = load_error.clone();
+        tokio::task::spawn_blocking(move || match load_model(&state.config) {
+            Ok(model) => {
+                let what = format!(
+                    "{} ({} backend, {}, max_model_len {}, {} KV blocks, {} adapters)",
+                    model.model_dir.display(),
+                    model.backend,
+                    model.dtype,
+                    model.max_model_len,
+                    model.handle.limits().num_blocks,
+                    model.adapters.len()
+                );
+                if state.set_loaded(model).is_ok() {
+                    tracing::info!("model ready: {what}");
+                }
+            }
+            Err(e) => {
+                tracing::error!("loading the model failed: {e:#}");
+                if let Ok(mut slot) = load_error.lock() {
+                    *slot = Some(e);
+                }
+                let _ = failed_tx.send(());
+            }
+        });
+    }
+
+    let app = router(state.clone());
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!("TCP_NODELAY: {e}");
+        }
+    });
+    let shutdown = async move {
+        tokio::select! {
+            _ = shutdown_signal() => {
+                tracing::info!("shutting down: no new connections, finishing in-flight requests");
+            }
+            Ok(()) = failed_rx => {}
+        }
+    };
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("HTTP server")?;
+
+    if let Some(e) = load_error.lock().ok().and_then(|mut e| e.take()) {
+        return Err(e.context("loading the model"));
+    }
+    stop_scheduler(state);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Stops the scheduler once no route holds its handle (every handle clone must be gone for
+/// its thread to see the end); waits at most [`SCHEDULER_DRAIN`].
+fn stop_scheduler(state: Arc<AppState>) {
+    let Ok(state) = Arc::try_unwrap(state) else {
+        tracing::warn!("requests still hold the server state; not waiting for the scheduler");
+        return;
+    };
+    let Some(model) = state.into_model() else {
+        return;
+    };
+    let handle = model.handle;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        handle.shutdown();
+        let _ = tx.send(());
+    });
+    if rx.recv_timeout(SCHEDULER_DRAIN).is_err() {
+        tracing::warn!("the scheduler did not stop within {SCHEDULER_DRAIN:?}");
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+/// Resolves, loads and starts everything the routes need (blocking: run off the runtime).
+pub fn load_model(config: &ServingConfig) -> anyhow::Result<LoadedModel> {
+    let dir = model_store::resolve_model(config.model_id.as_deref(), true)?;
+    let tokenizer = Tokenizer::from_dir(&dir)
+        .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
+    let chat_template = ChatTemplate::from_model_dir(&dir)
+        .with_context(|| format!("loading the chat template of {}", dir.display()))?;
+    let (mut engine, dtype): (Box<dyn StepEngine>, String) = match config.engine_mode {
+        EngineMode::Model => {
+            let dtype = config.engine_dtype();
+            tracing::info!(
+                "loading {} on the CPU backend, weights in {dtype}",
+                dir.display()
+            );
+            let opts = EngineOptions {
+                dtype: Some(dtype),
+                kv_cache_bytes: config.kv_cache_bytes,
+                kv_blocks: None,
+            };
+            let engine = Engine::load_cpu(&dir, &opts)
+                .with_context(|| format!("loading the model {}", dir.display()))?;
+            (Box::new(engine), dtype.to_string())
+        }
+        EngineMode::Null => {
+            tracing::info!(
+                "null engine: emitting tokens without computing ({} config and tokenizer)",
+                dir.display()
+            );
+            let engine = NullEngine::load(&dir, &tokenizer, config.kv_cache_bytes)?;
+            (Box::new(engine), "none".to_string())
+        }
+    };
+    let mut adapters = AdapterRegistry::default();
+    for (i, (name, path)) in adapter_paths(&dir, config)?.into_iter().enumerate() {
+        let id = i as u64 + 1;
+        engine
+            .load_adapter(id, &path)
+            .with_context(|| format!("loading LoRA adapter {name:?} from {}", path.display()))?;
+        tracing::info!("LoRA adapter {name:?} loaded from {}", path.display());
+        adapters.insert(name, id);
+    }
+    let model_config = engine.model_config().clone();
+    let max_model_len = config
+        .max_model_len
+        .unwrap_or(model_config.max_position_embeddings);
+    if max_model_len > model_config.max_position_embeddings {
+        tracing::warn!(
+            "option.max_model_len {max_model_len} exceeds the model's max_position_embeddings {}",
+            model_config.max_position_embeddings
+        );
+    }
+    let backend = engine.backend_name();
+    let handle = Handle::spawn(
+        engine,
+        tokenizer.clone(),
+        SchedulerConfig {
+            max_batch_size: config.max_rolling_batch_size,
+            max_batch_tokens: config.max_rolling_batch_prefill_tokens,
+            max_model_len,
+            max_waiting: config.job_queue_size,
+        },
+    );
+    Ok(LoadedModel {
+        handle,
+        tokenizer,
+        chat_template,
+        adapters,
+        model_config,
+        max_model_len,
+        model_dir: dir,
+        backend,
+        dtype,
+    })
+}
+
+/// `<model dir>/adapters/<name>/` (directories or .safetensors files), then option.adapters
+/// (which wins for a name given twice).
+fn adapter_paths(dir: &Path, config: &ServingConfig) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    let mut found: Vec<(String, PathBuf)> = Vec::new();
+    let adapters_dir = dir.join("adapters");
+    if adapters_dir.is_dir() {
+        let entries = std::fs::read_dir(&adapters_dir)
+            .with_context(|| format!("reading {}", adapters_dir.display()))?;
+        let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        paths.sort();
+        for p in paths {
+            let is_st = p.extension().is_some_and(|e| e == "safetensors");
+            let name = if p.is_dir() {
+                p.file_name()
+            } else if is_st {
+                p.file_stem()
+            } else {
+                None
+            };
+            if let Some(name) = name {
+                found.push((name.to_string_lossy().into_owned(), p.clone()));
+            }
+        }
+    }
+    for (name, path) in &config.adapters {
+        found.retain(|(n, _)| n != name);
+        found.push((name.clone(), path.clone()));
+    }
+    if !found.is_empty() && !config.enable_lora {
+        tracing::info!(
+            "found {} LoRA adapter(s) under {}: enabling LoRA",
+            found.len(),
+            adapters_dir.display()
+        );
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::EnvVars;
+
+    fn config(model: Option<&str>, served: Option<&str>) -> ServingConfig {
+        let cli = ServeArgs {
+            model: model.map(str::to_string),
+            served_model_name: served.map(str::to_string),
+            ..Default::default()
+        };
+        ServingConfig::load(&cli, &EnvVars::new(), None).unwrap()
+    }
+
+    #[test]
+    fn model_names_follow_the_model_path() {
+        let (name, id) = model_names(&config(None, None));
+        assert_eq!(
+            (name.as_str(), id.as_str()),
+            ("SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct")
+        );
+        let (name, id) = model_names(&config(Some("/opt/ml/model/"), None));
+        assert_eq!((name.as_str(), id.as_str()), ("model", "/opt/ml/model/"));
+        let (name, _) = model_names(&config(Some("/x/tiny-q8.gguf"), None));
+        assert_eq!(name, "tiny-q8");
+        let (name, _) = model_names(&config(Some("/x/y"), Some("served")));
+        assert_eq!(name, "served");
+    }
+}

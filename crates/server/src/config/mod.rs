@@ -1,0 +1,630 @@
+//! The effective configuration of `lmi serve`, from (lowest to highest precedence): defaults,
+//! TGI/SageMaker alias variables (only where the LMI variable is unset), `OPTION_*` /
+//! `SERVING_*` / `HF_MODEL_ID` variables, serving.properties (LMI: the file beats the
+//! environment), and CLI flags. Every raw key is kept with the place it came from.
+//!
+//! serving.properties is `--properties FILE`, else `<model dir>/serving.properties` (the
+//! `--model` / `option.model_id` directory), else `<sagemaker dir>/serving.properties`
+//! (`/opt/ml/model`), else none.
+
+pub mod env;
+pub mod properties;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use lmi_engine::DType;
+
+pub use env::EnvVars;
+
+/// Where SageMaker puts the model artifacts.
+pub const SAGEMAKER_MODEL_DIR: &str = "/opt/ml/model";
+
+/// `lmi serve` flags. Each one sets a configuration key (shown in `--help`); `-o KEY=VALUE`
+/// sets any other key.
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct ServeArgs {
+    /// HF model directory or GGUF file (option.model_id); the default model when absent.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Port to listen on (default 8080; SAGEMAKER_BIND_TO_PORT also sets it).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Address to listen on (default 0.0.0.0).
+    #[arg(long)]
+    pub host: Option<String>,
+    /// serving.properties file (default: <model dir>/serving.properties, then /opt/ml/model/serving.properties).
+    #[arg(long)]
+    pub properties: Option<PathBuf>,
+    /// Device (option.device): only `cpu` in this build.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// `model` runs the model; `null` emits tokens without computing, to benchmark the front end (option.engine_mode).
+    #[arg(long)]
+    pub engine: Option<String>,
+    /// Weight dtype (option.dtype): auto, fp32, bf16, fp16. auto = bf16 on the CPU backend.
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// KV cache size in bytes; K/M/G suffixes are binary (option.kv_cache_bytes, default 1G).
+    #[arg(long)]
+    pub kv_cache_bytes: Option<String>,
+    /// Sequences in the rolling batch (option.max_rolling_batch_size, default 32).
+    #[arg(long, alias = "max-rolling-batch-size")]
+    pub max_batch_size: Option<usize>,
+    /// Tokens per step (option.max_rolling_batch_prefill_tokens, default 4096).
+    #[arg(long, alias = "max-rolling-batch-prefill-tokens")]
+    pub max_batch_prefill_tokens: Option<usize>,
+    /// Longest prompt + output (option.max_model_len; default the model's).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Requests allowed to wait (job_queue_size, default 1000).
+    #[arg(long)]
+    pub job_queue_size: Option<usize>,
+    /// In-flight requests before TGI routes answer 429 (option.max_concurrent_requests).
+    #[arg(long)]
+    pub max_concurrent_requests: Option<usize>,
+    /// Largest request body in bytes; larger ones get 413 (max_request_size, default 2000000).
+    #[arg(long)]
+    pub payload_limit: Option<usize>,
+    /// option.output_formatter: json, jsonlines, sse, ...
+    #[arg(long)]
+    pub output_formatter: Option<String>,
+    /// TGI-shaped LMI output (option.tgi_compat=true).
+    #[arg(long)]
+    pub tgi_compat: bool,
+    /// Enable LoRA adapters (option.enable_lora=true).
+    #[arg(long)]
+    pub enable_lora: bool,
+    /// LoRA adapters to load at start: name=path,name2=path2 (option.adapters).
+    #[arg(long)]
+    pub adapters: Option<String>,
+    /// Name the model is served under (option.served_model_name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Any other key: `-o option.max_loras=8`, `-o max_loras=8`, `-o batch_size=4`.
+    #[arg(short = 'o', long = "option", value_name = "KEY=VALUE")]
+    pub options: Vec<String>,
+}
+
+impl ServeArgs {
+    /// The configuration keys the flags set.
+    fn settings(&self) -> anyhow::Result<Vec<(String, String)>> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for o in &self.options {
+            let (k, v) = o
+                .split_once('=')
+                .with_context(|| format!("--option {o:?}: expected KEY=VALUE"))?;
+            out.push((normalize_key(k.trim()), v.trim().to_string()));
+        }
+        let mut set = |k: &str, v: Option<String>| {
+            if let Some(v) = v {
+                out.push((k.to_string(), v));
+            }
+        };
+        set("option.model_id", self.model.clone());
+        set("port", self.port.map(|p| p.to_string()));
+        set("host", self.host.clone());
+        set("option.device", self.device.clone());
+        set("option.engine_mode", self.engine.clone());
+        set("option.dtype", self.dtype.clone());
+        set("option.kv_cache_bytes", self.kv_cache_bytes.clone());
+        set(
+            "option.max_rolling_batch_size",
+            self.max_batch_size.map(|v| v.to_string()),
+        );
+        set(
+            "option.max_rolling_batch_prefill_tokens",
+            self.max_batch_prefill_tokens.map(|v| v.to_string()),
+        );
+        set(
+            "option.max_model_len",
+            self.max_model_len.map(|v| v.to_string()),
+        );
+        set("job_queue_size", self.job_queue_size.map(|v| v.to_string()));
+        set(
+            "option.max_concurrent_requests",
+            self.max_concurrent_requests.map(|v| v.to_string()),
+        );
+        set(
+            "max_request_size",
+            self.payload_limit.map(|v| v.to_string()),
+        );
+        set("option.output_formatter", self.output_formatter.clone());
+        set("option.tgi_compat", self.tgi_compat.then(|| "true".into()));
+        set(
+            "option.enable_lora",
+            self.enable_lora.then(|| "true".into()),
+        );
+        set("option.adapters", self.adapters.clone());
+        set("option.served_model_name", self.served_model_name.clone());
+        Ok(out)
+    }
+}
+
+/// `max_loras` → `option.max_loras`; global keys and `option.*` stay as they are.
+fn normalize_key(k: &str) -> String {
+    if k.starts_with("option.") || env::GLOBAL_KEYS.contains(&k) || k == "port" || k == "host" {
+        k.to_string()
+    } else {
+        format!("option.{k}")
+    }
+}
+
+/// Where a configuration value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Env(String),
+    Properties(PathBuf),
+    Cli,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Env(var) => write!(f, "env {var}"),
+            Source::Properties(p) => write!(f, "{}", p.display()),
+            Source::Cli => f.write_str("command line"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setting {
+    pub value: String,
+    pub source: Source,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineMode {
+    /// Run the model.
+    Model,
+    /// Emit tokens without computing ([`crate::null_engine::NullEngine`]).
+    Null,
+}
+
+/// option.dtype as asked; [`ServingConfig::engine_dtype`] resolves `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DTypeChoice {
+    Auto,
+    Fixed(DType),
+}
+
+/// The typed configuration of `lmi serve`, plus every raw key with its source.
+#[derive(Debug, Clone)]
+pub struct ServingConfig {
+    /// option.model_id: a directory, GGUF file, or None for the default model.
+    pub model_id: Option<String>,
+    /// option.served_model_name, if set (else the model's directory name).
+    pub served_model_name: Option<String>,
+    pub properties_file: Option<PathBuf>,
+    pub host: String,
+    pub port: u16,
+    pub device: Device,
+    pub engine_mode: EngineMode,
+    pub dtype: DTypeChoice,
+    pub kv_cache_bytes: usize,
+    /// option.rolling_batch (recorded; every value runs the built-in rolling batch scheduler).
+    pub rolling_batch: String,
+    pub max_rolling_batch_size: usize,
+    pub max_rolling_batch_prefill_tokens: usize,
+    /// None: the model's max_position_embeddings.
+    pub max_model_len: Option<usize>,
+    pub output_formatter: Option<String>,
+    pub tgi_compat: bool,
+    pub enable_lora: bool,
+    pub max_loras: usize,
+    pub max_cpu_loras: usize,
+    /// option.adapters: (name, path) loaded at start, besides `<model dir>/adapters/<name>/`.
+    pub adapters: Vec<(String, PathBuf)>,
+    /// Dynamic batching (LMI `batch_size`, alias `max_dynamic_batch_size`) and its delay.
+    pub batch_size: usize,
+    pub max_batch_delay_ms: u64,
+    /// Requests allowed to wait in the scheduler queue; more get 503 (LMI) / 429 (TGI).
+    pub job_queue_size: usize,
+    /// In-flight requests before TGI routes answer 429: option.max_concurrent_requests, else
+    /// MAX_CONCURRENT_REQUESTS, else job_queue_size + max_rolling_batch_size.
+    pub max_concurrent_requests: usize,
+    /// Request body limit in bytes (413 beyond).
+    pub max_request_size: usize,
+    /// TGI validation limits (tgi.md §1.5 defaults), reported by /info.
+    pub max_best_of: usize,
+    pub max_stop_sequences: usize,
+    pub max_top_n_tokens: usize,
+    pub max_client_batch_size: usize,
+    /// Every key, `option.*` and global, with its winning value and source.
+    pub raw: BTreeMap<String, Setting>,
+}
+
+impl ServingConfig {
+    /// Loads from the process environment, looking in /opt/ml/model last.
+    pub fn from_process(cli: &ServeArgs) -> anyhow::Result<Self> {
+        let env: EnvVars = std::env::vars().collect();
+        Self::load(cli, &env, Some(Path::new(SAGEMAKER_MODEL_DIR)))
+    }
+
+    /// Merges CLI > serving.properties > env > aliases > defaults. `sagemaker_dir` is where
+    /// serving.properties and the model are looked for last (`/opt/ml/model` in production).
+    pub fn load(
+        cli: &ServeArgs,
+        env: &EnvVars,
+        sagemaker_dir: Option<&Path>,
+    ) -> anyhow::Result<Self> {
+        let mut raw: BTreeMap<String, Setting> = BTreeMap::new();
+        for e in env::settings(env) {
+            raw.insert(
+                e.key,
+                Setting {
+                    value: e.value,
+                    source: Source::Env(e.var),
+                },
+            );
+        }
+        if let Some(port) = env.get("SAGEMAKER_BIND_TO_PORT") {
+            raw.insert(
+                "port".into(),
+                Setting {
+                    value: port.clone(),
+                    source: Source::Env("SAGEMAKER_BIND_TO_PORT".into()),
+                },
+            );
+        }
+        let cli_settings = cli.settings()?;
+
+        // Find serving.properties: --properties, the model directory, the SageMaker directory.
+        let model_hint = cli
+            .model
+            .clone()
+            .or_else(|| raw.get("option.model_id").map(|s| s.value.clone()));
+        let properties_file = if let Some(p) = &cli.properties {
+            if !p.is_file() {
+                bail!("--properties {}: no such file", p.display());
+            }
+            Some(p.clone())
+        } else {
+            let in_model_dir = model_hint
+                .as_deref()
+                .map(|m| Path::new(m).join("serving.properties"))
+                .filter(|p| p.is_file());
+            in_model_dir.or_else(|| {
+                sagemaker_dir
+                    .map(|d| d.join("serving.properties"))
+                    .filter(|p| p.is_file())
+            })
+        };
+        if let Some(path) = &properties_file {
+            for (k, v) in properties::read(path)? {
+                raw.insert(
+                    k,
+                    Setting {
+                        value: v,
+                        source: Source::Properties(path.clone()),
+                    },
+                );
+            }
+        }
+        for (k, v) in cli_settings {
+            raw.insert(
+                k,
+                Setting {
+                    value: v,
+                    source: Source::Cli,
+                },
+            );
+        }
+
+        // option.model_id falls back to the directory holding serving.properties, then to the
+        // SageMaker directory, when that holds a model.
+        let model_id = raw
+            .get("option.model_id")
+            .map(|s| s.value.clone())
+            .or_else(|| {
+                let props_dir = properties_file
+                    .as_deref()
+                    .and_then(Path::parent)
+                    .filter(|d| d.join("config.json").is_file());
+                let sm = sagemaker_dir.filter(|d| d.join("config.json").is_file());
+                props_dir.or(sm).map(|d| d.to_string_lossy().into_owned())
+            });
+
+        let get = |k: &str| raw.get(k);
+        let str_of = |k: &str| get(k).map(|s| s.value.clone()).filter(|v| !v.is_empty());
+
+        let device = match str_of("option.device") {
+            None => Device::Cpu,
+            Some(d) => match d.to_ascii_lowercase().as_str() {
+                "cpu" => Device::Cpu,
+                lower if lower.starts_with("cuda") || lower == "gpu" => bail!(
+                    "option.device={d} ({}): the CUDA backend is not available in this build (the CUDA engine is not built yet); use --device cpu",
+                    source_of(&raw, "option.device")
+                ),
+                _ => bail!(
+                    "option.device={d} ({}): unknown device; this build supports only `cpu`",
+                    source_of(&raw, "option.device")
+                ),
+            },
+        };
+        let engine_mode = match str_of("option.engine_mode").as_deref() {
+            None | Some("model") | Some("real") => EngineMode::Model,
+            Some("null") | Some("none") | Some("noop") => EngineMode::Null,
+            Some(other) => bail!(
+                "option.engine_mode={other} ({}): expected `model` or `null`",
+                source_of(&raw, "option.engine_mode")
+            ),
+        };
+        let dtype = match str_of("option.dtype").as_deref() {
+            None | Some("auto") => DTypeChoice::Auto,
+            Some(d) => DTypeChoice::Fixed(d.parse::<DType>().map_err(|e| {
+                anyhow::anyhow!(
+                    "option.dtype ({}): {e}; or auto",
+                    source_of(&raw, "option.dtype")
+                )
+            })?),
+        };
+        let kv_cache_bytes = match get("option.kv_cache_bytes") {
+            None => 1 << 30,
+            Some(s) => parse_bytes(&s.value)
+                .with_context(|| format!("option.kv_cache_bytes={:?} ({})", s.value, s.source))?,
+        };
+        // vLLM's names (LMI passes option.<EngineArgs name> through) count when LMI's are unset.
+        let either = |lmi: &'static str, vllm: &'static str| {
+            if raw.contains_key(lmi) || !raw.contains_key(vllm) {
+                lmi
+            } else {
+                vllm
+            }
+        };
+        let max_rolling_batch_size = positive(
+            &raw,
+            either("option.max_rolling_batch_size", "option.max_num_seqs"),
+            32,
+        )?;
+        let max_rolling_batch_prefill_tokens = positive(
+            &raw,
+            either(
+                "option.max_rolling_batch_prefill_tokens",
+                "option.max_num_batched_tokens",
+            ),
+            4096,
+        )?;
+        let max_model_len = match get("option.max_model_len") {
+            None => None,
+            Some(_) => Some(positive(&raw, "option.max_model_len", 0)?),
+        };
+        let max_loras = positive(&raw, "option.max_loras", 4)?;
+        let max_cpu_loras = positive(&raw, "option.max_cpu_loras", max_loras)?.max(max_loras);
+        let batch_size = if raw.contains_key("batch_size") {
+            positive(&raw, "batch_size", 1)?
+        } else {
+            positive(&raw, "max_dynamic_batch_size", 1)?
+        };
+        let job_queue_size = positive(&raw, "job_queue_size", 1000)?;
+        let max_concurrent_requests = positive(
+            &raw,
+            "option.max_concurrent_requests",
+            job_queue_size + max_rolling_batch_size,
+        )?;
+        let adapters = match str_of("option.adapters") {
+            None => Vec::new(),
+            Some(list) => parse_adapters(&list)?,
+        };
+        let enable_lora = boolean(&raw, "option.enable_lora")? || !adapters.is_empty();
+        let port = match get("port") {
+            None => 8080,
+            Some(s) => s.value.trim().parse::<u16>().map_err(|_| {
+                anyhow::anyhow!("port={:?} ({}): expected 0..65535", s.value, s.source)
+            })?,
+        };
+        Ok(ServingConfig {
+            model_id,
+            served_model_name: str_of("option.served_model_name"),
+            properties_file,
+            host: str_of("host").unwrap_or_else(|| "0.0.0.0".into()),
+            port,
+            device,
+            engine_mode,
+            dtype,
+            kv_cache_bytes,
+            rolling_batch: str_of("option.rolling_batch").unwrap_or_else(|| "auto".into()),
+            max_rolling_batch_size,
+            max_rolling_batch_prefill_tokens,
+            max_model_len,
+            output_formatter: str_of("option.output_formatter"),
+            tgi_compat: boolean(&raw, "option.tgi_compat")?,
+            enable_lora,
+            max_loras,
+            max_cpu_loras,
+            adapters,
+            batch_size,
+            max_batch_delay_ms: nonneg(&raw, "max_batch_delay", 100)? as u64,
+            job_queue_size,
+            max_concurrent_requests,
+            max_request_size: positive(&raw, "max_request_size", 2_000_000)?,
+            max_best_of: positive(&raw, "option.max_best_of", 2)?,
+            max_stop_sequences: nonneg(&raw, "option.max_stop_sequences", 4)?,
+            max_top_n_tokens: nonneg(&raw, "option.max_top_n_tokens", 5)?,
+            max_client_batch_size: positive(&raw, "option.max_client_batch_size", 4)?,
+            raw,
+        })
+    }
+
+    /// The weight dtype the engine loads: `auto` is bf16 on the CPU backend (2x faster decode).
+    pub fn engine_dtype(&self) -> DType {
+        match self.dtype {
+            DTypeChoice::Auto => DType::BF16,
+            DTypeChoice::Fixed(d) => d,
+        }
+    }
+
+    #[allow(dead_code)] // API for the generation routes
+    /// The raw value of any key (`option.foo` or a global key).
+    pub fn option(&self, key: &str) -> Option<&str> {
+        self.raw.get(key).map(|s| s.value.as_str())
+    }
+
+    /// The effective configuration, printed at start.
+    pub fn summary(&self) -> String {
+        let mut s = String::from("effective configuration:\n");
+        let model = self.model_id.as_deref().unwrap_or("(default model)");
+        let props = self
+            .properties_file
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "(none)".into());
+        let dtype = match self.dtype {
+            DTypeChoice::Auto => format!("{} (auto)", self.engine_dtype()),
+            DTypeChoice::Fixed(d) => d.to_string(),
+        };
+        let max_len = self
+            .max_model_len
+            .map(|v| v.to_string())
+            .unwrap_or_else(|| "(model's)".into());
+        let lines = [
+            ("model_id", model.to_string()),
+            ("serving.properties", props),
+            ("listen", format!("{}:{}", self.host, self.port)),
+            ("device", format!("{:?}", self.device).to_lowercase()),
+            (
+                "engine_mode",
+                format!("{:?}", self.engine_mode).to_lowercase(),
+            ),
+            ("dtype", dtype),
+            ("kv_cache_bytes", self.kv_cache_bytes.to_string()),
+            ("rolling_batch", self.rolling_batch.clone()),
+            (
+                "max_rolling_batch_size",
+                self.max_rolling_batch_size.to_string(),
+            ),
+            (
+                "max_rolling_batch_prefill_tokens",
+                self.max_rolling_batch_prefill_tokens.to_string(),
+            ),
+            ("max_model_len", max_len),
+            (
+                "output_formatter",
+                self.output_formatter
+                    .clone()
+                    .unwrap_or_else(|| "(per request)".into()),
+            ),
+            ("tgi_compat", self.tgi_compat.to_string()),
+            ("enable_lora", self.enable_lora.to_string()),
+            (
+                "max_loras / max_cpu_loras",
+                format!("{} / {}", self.max_loras, self.max_cpu_loras),
+            ),
+            ("batch_size", self.batch_size.to_string()),
+            ("max_batch_delay_ms", self.max_batch_delay_ms.to_string()),
+            ("job_queue_size", self.job_queue_size.to_string()),
+            (
+                "max_concurrent_requests",
+                self.max_concurrent_requests.to_string(),
+            ),
+            ("max_request_size", self.max_request_size.to_string()),
+        ];
+        for (k, v) in lines {
+            let _ = writeln!(s, "  {k:<34} {v}");
+        }
+        if !self.raw.is_empty() {
+            s.push_str("  set keys (value <- source):\n");
+            for (k, set) in &self.raw {
+                let _ = writeln!(s, "    {k} = {} <- {}", set.value, set.source);
+            }
+        }
+        s
+    }
+}
+
+fn source_of(raw: &BTreeMap<String, Setting>, key: &str) -> String {
+    raw.get(key)
+        .map(|s| s.source.to_string())
+        .unwrap_or_else(|| "default".into())
+}
+
+fn nonneg(raw: &BTreeMap<String, Setting>, key: &str, default: usize) -> anyhow::Result<usize> {
+    match raw.get(key) {
+        None => Ok(default),
+        Some(s) => s.value.trim().parse::<usize>().map_err(|_| {
+            anyhow::anyhow!(
+                "{key}={:?} ({}): expected a non-negative integer",
+                s.value,
+                s.source
+            )
+        }),
+    }
+}
+
+fn positive(raw: &BTreeMap<String, Setting>, key: &str, default: usize) -> anyhow::Result<usize> {
+    let v = nonneg(raw, key, default)?;
+    if v == 0 && raw.contains_key(key) {
+        bail!(
+            "{key}=0 ({}): expected a positive integer",
+            source_of(raw, key)
+        );
+    }
+    Ok(v)
+}
+
+fn boolean(raw: &BTreeMap<String, Setting>, key: &str) -> anyhow::Result<bool> {
+    match raw.get(key) {
+        None => Ok(false),
+        Some(s) => match s.value.trim().to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => Ok(true),
+            "false" | "0" | "no" | "off" | "" => Ok(false),
+            _ => bail!("{key}={:?} ({}): expected true or false", s.value, s.source),
+        },
+    }
+}
+
+/// `1073741824`, `1G`, `1GiB`, `512M`, `64k` (binary multiples).
+pub fn parse_bytes(s: &str) -> anyhow::Result<usize> {
+    let t = s.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits_end);
+    let n: usize = num
+        .parse()
+        .map_err(|_| anyhow::anyhow!("expected a byte count such as 1073741824 or 1G"))?;
+    let mult: usize = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => bail!("unknown size unit {other:?}: use K, M or G"),
+    };
+    let bytes = n.checked_mul(mult).context("size overflows")?;
+    if bytes == 0 {
+        bail!("must be positive");
+    }
+    Ok(bytes)
+}
+
+/// `a=/p/a,b=/p/b` or plain paths (named after their last component).
+pub fn parse_adapters(list: &str) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    let mut out = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (name, path) = match item.split_once('=') {
+            Some((n, p)) => (n.trim().to_string(), PathBuf::from(p.trim())),
+            None => {
+                let p = PathBuf::from(item);
+                let name = p
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .with_context(|| format!("option.adapters: cannot name adapter {item:?}"))?;
+                (name, p)
+            }
+        };
+        if name.is_empty() {
+            bail!("option.adapters: empty adapter name in {item:?}");
+        }
+        out.push((name, path));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,249 @@
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> EnvVars {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn defaults_without_any_input() {
+    let c = ServingConfig::load(&ServeArgs::default(), &env(&[]), None).unwrap();
+    assert_eq!(c.model_id, None);
+    assert_eq!((c.host.as_str(), c.port), ("0.0.0.0", 8080));
+    assert_eq!(c.max_rolling_batch_size, 32);
+    assert_eq!(c.max_rolling_batch_prefill_tokens, 4096);
+    assert_eq!(c.job_queue_size, 1000);
+    assert_eq!(c.max_concurrent_requests, 1032);
+    assert_eq!(c.max_request_size, 2_000_000);
+    assert_eq!((c.batch_size, c.max_batch_delay_ms), (1, 100));
+    assert_eq!((c.max_loras, c.max_cpu_loras), (4, 4));
+    assert_eq!(c.engine_dtype(), DType::BF16);
+    assert_eq!(c.engine_mode, EngineMode::Model);
+    assert_eq!(c.kv_cache_bytes, 1 << 30);
+    assert!(c.properties_file.is_none() && c.raw.is_empty());
+}
+
+#[test]
+fn precedence_cli_then_properties_then_env_then_alias() {
+    let tmp = tempfile::tempdir().unwrap();
+    let props = write(
+        tmp.path(),
+        "serving.properties",
+        "option.max_rolling_batch_size=16\noption.max_rolling_batch_prefill_tokens=2048\n",
+    );
+    let e = env(&[
+        ("MAX_BATCH_SIZE", "4"),
+        ("OPTION_MAX_ROLLING_BATCH_SIZE", "8"),
+        ("OPTION_MAX_ROLLING_BATCH_PREFILL_TOKENS", "1024"),
+        ("OPTION_MAX_MODEL_LEN", "300"),
+        ("MAX_BATCH_PREFILL_TOKENS", "999"),
+        ("MAX_CONCURRENT_REQUESTS", "77"),
+    ]);
+    let cli = ServeArgs {
+        properties: Some(props.clone()),
+        max_batch_size: Some(3),
+        ..Default::default()
+    };
+    let c = ServingConfig::load(&cli, &e, None).unwrap();
+    // CLI beats the file, which beats OPTION_*, which beats the alias.
+    assert_eq!(c.max_rolling_batch_size, 3);
+    assert_eq!(c.raw["option.max_rolling_batch_size"].source, Source::Cli);
+    // serving.properties beats OPTION_* (LMI rule).
+    assert_eq!(c.max_rolling_batch_prefill_tokens, 2048);
+    assert_eq!(
+        c.raw["option.max_rolling_batch_prefill_tokens"].source,
+        Source::Properties(props.clone())
+    );
+    // OPTION_* alone.
+    assert_eq!(c.max_model_len, Some(300));
+    // The alias fills job_queue_size when SERVING_JOB_QUEUE_SIZE is unset.
+    assert_eq!(c.job_queue_size, 77);
+    assert!(
+        matches!(&c.raw["job_queue_size"].source, Source::Env(v) if v.starts_with("MAX_CONCURRENT_REQUESTS"))
+    );
+
+    // Without the file and the flag, OPTION_* beats the alias.
+    let c = ServingConfig::load(&ServeArgs::default(), &e, None).unwrap();
+    assert_eq!(c.max_rolling_batch_size, 8);
+    assert_eq!(c.max_rolling_batch_prefill_tokens, 1024);
+    // And the alias alone counts.
+    let c = ServingConfig::load(
+        &ServeArgs::default(),
+        &env(&[("MAX_BATCH_SIZE", "4")]),
+        None,
+    )
+    .unwrap();
+    assert_eq!(c.max_rolling_batch_size, 4);
+}
+
+#[test]
+fn properties_found_in_model_dir_then_sagemaker_dir() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    write(&model, "config.json", "{}");
+    write(&model, "serving.properties", "option.tgi_compat=true\n");
+    let sm = tmp.path().join("sm");
+    write(&sm, "config.json", "{}");
+    write(
+        &sm,
+        "serving.properties",
+        "option.dtype=fp32\nbatch_size=4\n",
+    );
+
+    let cli = ServeArgs {
+        model: Some(model.to_string_lossy().into()),
+        ..Default::default()
+    };
+    let c = ServingConfig::load(&cli, &env(&[]), Some(&sm)).unwrap();
+    assert_eq!(
+        c.properties_file.as_deref(),
+        Some(model.join("serving.properties").as_path())
+    );
+    assert!(c.tgi_compat);
+    assert_eq!(c.engine_dtype(), DType::BF16);
+
+    // The model named by HF_MODEL_ID is looked in as well.
+    let e = env(&[("HF_MODEL_ID", model.to_str().unwrap())]);
+    let c = ServingConfig::load(&ServeArgs::default(), &e, Some(&sm)).unwrap();
+    assert!(c.tgi_compat);
+    assert_eq!(c.model_id.as_deref(), model.to_str());
+
+    // No model given: the SageMaker directory's file, and its model.
+    let c = ServingConfig::load(&ServeArgs::default(), &env(&[]), Some(&sm)).unwrap();
+    assert_eq!(
+        c.properties_file.as_deref(),
+        Some(sm.join("serving.properties").as_path())
+    );
+    assert_eq!(c.engine_dtype(), DType::F32);
+    assert_eq!(c.batch_size, 4);
+    assert_eq!(c.model_id.as_deref(), sm.to_str());
+
+    // A missing --properties file is an error.
+    let cli = ServeArgs {
+        properties: Some(tmp.path().join("nope.properties")),
+        ..Default::default()
+    };
+    let err = ServingConfig::load(&cli, &env(&[]), None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no such file"), "{err}");
+}
+
+#[test]
+fn cuda_device_is_refused_with_a_clear_message() {
+    let cli = ServeArgs {
+        device: Some("cuda".into()),
+        ..Default::default()
+    };
+    let err = ServingConfig::load(&cli, &env(&[]), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("CUDA backend is not available in this build"),
+        "{err}"
+    );
+    let e = env(&[("OPTION_DEVICE", "cpu")]);
+    assert_eq!(
+        ServingConfig::load(&ServeArgs::default(), &e, None)
+            .unwrap()
+            .device,
+        Device::Cpu
+    );
+    let e = env(&[("OPTION_DEVICE", "tpu")]);
+    assert!(ServingConfig::load(&ServeArgs::default(), &e, None).is_err());
+}
+
+#[test]
+fn bad_values_name_the_key_and_source() {
+    let e = env(&[("OPTION_MAX_ROLLING_BATCH_SIZE", "lots")]);
+    let err = ServingConfig::load(&ServeArgs::default(), &e, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("option.max_rolling_batch_size"), "{err}");
+    assert!(err.contains("OPTION_MAX_ROLLING_BATCH_SIZE"), "{err}");
+    let e = env(&[("OPTION_TGI_COMPAT", "maybe")]);
+    assert!(ServingConfig::load(&ServeArgs::default(), &e, None).is_err());
+    let e = env(&[("OPTION_DTYPE", "int3")]);
+    assert!(ServingConfig::load(&ServeArgs::default(), &e, None).is_err());
+}
+
+#[test]
+fn payload_limit_kv_bytes_engine_mode_and_generic_options() {
+    let e = env(&[
+        ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "6"),
+        ("SAGEMAKER_BIND_TO_PORT", "9090"),
+    ]);
+    let c = ServingConfig::load(&ServeArgs::default(), &e, None).unwrap();
+    assert_eq!(c.max_request_size, 6 * 1024 * 1024);
+    assert_eq!(c.port, 9090);
+    let cli = ServeArgs {
+        payload_limit: Some(1000),
+        port: Some(1234),
+        kv_cache_bytes: Some("256M".into()),
+        engine: Some("null".into()),
+        options: vec![
+            "max_loras=8".into(),
+            "batch_size=2".into(),
+            "option.foo=bar".into(),
+        ],
+        adapters: Some("a=/x/a,/y/b".into()),
+        ..Default::default()
+    };
+    let c = ServingConfig::load(&cli, &e, None).unwrap();
+    assert_eq!((c.max_request_size, c.port), (1000, 1234));
+    assert_eq!(c.kv_cache_bytes, 256 << 20);
+    assert_eq!(c.engine_mode, EngineMode::Null);
+    assert_eq!((c.max_loras, c.max_cpu_loras, c.batch_size), (8, 8, 2));
+    assert_eq!(c.option("option.foo"), Some("bar"));
+    assert!(c.enable_lora);
+    assert_eq!(
+        c.adapters,
+        vec![
+            ("a".into(), PathBuf::from("/x/a")),
+            ("b".into(), PathBuf::from("/y/b"))
+        ]
+    );
+    let summary = c.summary();
+    assert!(
+        summary.contains("option.foo = bar <- command line"),
+        "{summary}"
+    );
+}
+
+#[test]
+fn byte_sizes() {
+    assert_eq!(parse_bytes("1073741824").unwrap(), 1 << 30);
+    assert_eq!(parse_bytes("1GiB").unwrap(), 1 << 30);
+    assert_eq!(parse_bytes("64k").unwrap(), 64 << 10);
+    assert!(parse_bytes("0").is_err());
+    assert!(parse_bytes("12T").is_err());
+    assert!(parse_bytes("lots").is_err());
+}
+
+#[test]
+fn vllm_names_count_when_lmi_names_are_unset() {
+    let e = env(&[
+        ("OPTION_MAX_NUM_SEQS", "12"),
+        ("OPTION_MAX_NUM_BATCHED_TOKENS", "512"),
+    ]);
+    let c = ServingConfig::load(&ServeArgs::default(), &e, None).unwrap();
+    assert_eq!(
+        (c.max_rolling_batch_size, c.max_rolling_batch_prefill_tokens),
+        (12, 512)
+    );
+    let e = env(&[
+        ("OPTION_MAX_NUM_SEQS", "12"),
+        ("OPTION_MAX_ROLLING_BATCH_SIZE", "6"),
+    ]);
+    let c = ServingConfig::load(&ServeArgs::default(), &e, None).unwrap();
+    assert_eq!(c.max_rolling_batch_size, 6);
+}

@@ -1,0 +1,396 @@
+//! The bridge between the wire schemas and the scheduler: a resolved [`GenerationSpec`] and a
+//! prompt (text, or chat messages rendered with the model's template) become a scheduler
+//! request; its events become the neutral [`GenerationOut`] / [`StreamItem`]s the formatters
+//! of `lmi_api` turn into bytes.
+
+use std::sync::Arc;
+
+use lmi_api::{ApiError, FinishReason, GenerationOut, GenerationSpec, SequenceOut, TokenOut};
+use lmi_engine::sampling::SamplingParams;
+use lmi_scheduler::{Event, Finished, GenerateRequest, RequestStream, StoppingParams, SubmitError};
+
+use crate::app::{AppState, LoadedModel};
+
+/// What the model is asked to continue.
+pub enum Prompt {
+    Text(String),
+    /// OpenAI-shaped messages, rendered with the model's chat template.
+    Chat(Vec<lmi_text::Message>),
+}
+
+/// A request ready for the scheduler.
+pub struct Job {
+    pub prompt_text: String,
+    pub prompt_ids: Vec<u32>,
+    pub spec: GenerationSpec,
+    pub seed: u64,
+    pub request: GenerateRequest,
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    h.finish()
+}
+
+/// Converts OpenAI-shaped messages (any serde form of them) to the chat-template messages.
+pub fn chat_messages<T: serde::Serialize>(msgs: &[T]) -> Result<Vec<lmi_text::Message>, ApiError> {
+    let v = serde_json::to_value(msgs).map_err(|e| ApiError::internal(e.to_string()))?;
+    serde_json::from_value(v)
+        .map_err(|e| ApiError::validation(format!("messages: {e}")).with_param("messages"))
+}
+
+/// Renders and tokenizes the prompt, checks it against the model's limits, and builds the
+/// scheduler request. Errors are validation errors that say what to change.
+pub fn prepare(
+    model: &LoadedModel,
+    prompt: Prompt,
+    mut spec: GenerationSpec,
+) -> Result<Job, ApiError> {
+    let tok = &model.tokenizer;
+    let (prompt_text, add_special) = match prompt {
+        Prompt::Text(t) => (t, true),
+        Prompt::Chat(msgs) => {
+            let template = model.chat_template.as_ref().ok_or_else(|| {
+                ApiError::validation(
+                    "this model has no chat template: send `inputs` text instead of `messages`",
+                )
+            })?;
+            let text = template.render(&msgs, true, false).map_err(|e| {
+                ApiError::validation(format!("chat template: {e}")).with_param("messages")
+            })?;
+            // Templates write their own BOS; HF tokenizes chat text without special tokens.
+            (text, false)
+        }
+    };
+    let mut ids = tok
+        .encode(&prompt_text, add_special)
+        .map_err(|e| ApiError::validation(format!("tokenizing the input: {e}")))?;
+    if ids.is_empty() {
+        return Err(ApiError::validation("`inputs` cannot be empty").with_param("inputs"));
+    }
+    if let Some(t) = spec.truncate
+        && t > 0
+        && ids.len() > t
+    {
+        ids.drain(..ids.len() - t);
+    }
+    let max_len = model.max_model_len;
+    spec.fit_context(ids.len(), max_len)?;
+    let adapter = model
+        .adapters
+        .resolve(spec.adapter.as_deref())
+        .map_err(|e| ApiError::validation(e.to_string()).with_param("adapters"))?;
+    let mut bad_words = spec.bad_word_ids.clone();
+    for w in &spec.bad_words {
+        let seq = tok
+            .encode(w, false)
+            .map_err(|e| ApiError::validation(format!("bad word {w:?}: {e}")))?;
+        if !seq.is_empty() {
+            bad_words.push(seq);
+        }
+    }
+    let seed = spec.seed.unwrap_or_else(random_seed);
+    let top_n = spec.top_n_tokens.max(spec.logprobs.unwrap_or(0));
+    let sampling = SamplingParams {
+        temperature: spec.temperature,
+        top_k: spec.top_k,
+        top_p: spec.top_p,
+        min_p: spec.min_p,
+        typical_p: spec.typical_p,
+        repetition_penalty: spec.repetition_penalty,
+        presence_penalty: spec.presence_penalty,
+        frequency_penalty: spec.frequency_penalty,
+        no_repeat_ngram_size: spec.no_repeat_ngram_size,
+        logit_bias: spec.logit_bias.clone(),
+        bad_words,
+        min_new_tokens: spec.min_new_tokens as u32,
+        seed,
+        top_logprobs: top_n,
+    };
+    sampling.validate().map_err(|m| {
+        ApiError::validation(m.clone()).with_param(m.split(' ').next().unwrap_or(""))
+    })?;
+    let prompt_logprobs = if spec.decoder_input_details || spec.prompt_logprobs.is_some() {
+        Some(spec.prompt_logprobs.unwrap_or(0).max(top_n))
+    } else {
+        None
+    };
+    let request = GenerateRequest {
+        prompt: ids.clone(),
+        sampling,
+        stopping: StoppingParams {
+            max_new_tokens: spec.max_new_tokens,
+            stop_token_ids: spec.stop_token_ids.clone(),
+            stop_strings: spec.stop_strings.clone(),
+            include_stop_str_in_output: spec.include_stop_str_in_output,
+            ignore_eos: spec.ignore_eos,
+        },
+        n: spec.n.max(1) as usize,
+        best_of: spec.best_of.max(spec.n).max(1) as usize,
+        prompt_logprobs,
+        skip_special_tokens: spec.skip_special_tokens,
+        adapter,
+        pin_prefix_tokens: 0,
+    };
+    Ok(Job {
+        prompt_text,
+        prompt_ids: ids,
+        spec,
+        seed,
+        request,
+    })
+}
+
+/// Hands a job to the scheduler.
+pub fn submit(model: &LoadedModel, job: &Job) -> Result<RequestStream, ApiError> {
+    model
+        .handle
+        .submit(job.request.clone())
+        .map_err(submit_error)
+}
+
+pub fn submit_error(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::QueueFull(_) => ApiError::overloaded(),
+        SubmitError::Stopped => ApiError::unhealthy(),
+        other => ApiError::validation(other.to_string()),
+    }
+}
+
+/// One streamed token, with its alternatives and, on a sequence's last token, the result.
+pub struct StreamToken {
+    pub index: u32,
+    pub token: TokenOut,
+    pub top: Vec<TokenOut>,
+    pub finish: Option<FinishReason>,
+}
+
+pub enum StreamItem {
+    Token(StreamToken),
+    Error(ApiError),
+}
+
+#[derive(Default)]
+struct SeqAcc {
+    tokens: Vec<TokenOut>,
+    top: Vec<Vec<TokenOut>>,
+    finished: Option<Finished>,
+}
+
+/// Folds scheduler events into the neutral result.
+pub struct Accumulator {
+    tokenizer: lmi_text::Tokenizer,
+    prompt_text: String,
+    prompt_tokens: usize,
+    seed: u64,
+    keep: usize,
+    want_top: bool,
+    prefill: Vec<TokenOut>,
+    seqs: Vec<SeqAcc>,
+}
+
+fn to_finish(r: lmi_scheduler::FinishReason) -> FinishReason {
+    match r {
+        lmi_scheduler::FinishReason::Length => FinishReason::Length,
+        lmi_scheduler::FinishReason::EosToken => FinishReason::EosToken,
+        lmi_scheduler::FinishReason::StopSequence => FinishReason::StopSequence,
+    }
+}
+
+impl Accumulator {
+    pub fn new(model: &LoadedModel, job: &Job) -> Self {
+        Accumulator {
+            tokenizer: model.tokenizer.clone(),
+            prompt_text: job.prompt_text.clone(),
+            prompt_tokens: job.prompt_ids.len(),
+            seed: job.seed,
+            keep: job.request.n,
+            want_top: job.request.sampling.top_logprobs > 0,
+            prefill: Vec::new(),
+            seqs: Vec::new(),
+        }
+    }
+
+    fn piece(&self, id: u32, logprob: f32) -> TokenOut {
+        let text = self.tokenizer.decode(&[id], false).unwrap_or_default();
+        TokenOut::new(id, text, Some(logprob), self.tokenizer.is_special(id))
+    }
+
+    /// Applies one event; returns what a streaming response should send for it.
+    pub fn apply(&mut self, e: Event) -> Option<StreamItem> {
+        match e {
+            Event::Prefill(p) => {
+                self.prefill = p
+                    .into_iter()
+                    .map(|t| {
+                        let mut o = self.piece(t.id, t.logprob.unwrap_or(0.0));
+                        o.logprob = t.logprob;
+                        o
+                    })
+                    .collect();
+                None
+            }
+            Event::Token(t) => {
+                let i = t.index as usize;
+                while self.seqs.len() <= i {
+                    self.seqs.push(SeqAcc::default());
+                }
+                let top: Vec<TokenOut> = t.top.iter().map(|&(id, lp)| self.piece(id, lp)).collect();
+                let token = TokenOut::new(t.id, t.text, Some(t.logprob), t.special);
+                let s = &mut self.seqs[i];
+                s.tokens.push(token.clone());
+                if self.want_top {
+                    s.top.push(top.clone());
+                }
+                Some(StreamItem::Token(StreamToken {
+                    index: t.index,
+                    token,
+                    top,
+                    finish: t.finish.map(to_finish),
+                }))
+            }
+            Event::Finished(f) => {
+                let i = f.index as usize;
+                while self.seqs.len() <= i {
+                    self.seqs.push(SeqAcc::default());
+                }
+                self.seqs[i].finished = Some(f);
+                None
+            }
+            Event::Error(m) => Some(StreamItem::Error(ApiError::generation(m))),
+        }
+    }
+
+    /// Timings of sequence 0, once finished (for metrics).
+    pub fn timings(&self) -> Option<&lmi_scheduler::Timings> {
+        self.seqs.first()?.finished.as_ref().map(|f| &f.timings)
+    }
+
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_tokens
+    }
+
+    pub fn generated_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.tokens.len()).sum()
+    }
+
+    /// The result so far for sequence 0 (streams finish one sequence: n = 1).
+    pub fn snapshot(&self, finish: FinishReason) -> GenerationOut {
+        let s = self.seqs.first();
+        let tokens = s.map(|s| s.tokens.clone()).unwrap_or_default();
+        GenerationOut {
+            inputs: self.prompt_text.clone(),
+            prompt_tokens: self.prompt_tokens,
+            prefill: self.prefill.clone(),
+            best: SequenceOut {
+                text: tokens.iter().map(|t| t.text.as_str()).collect(),
+                finish_reason: finish,
+                generated_tokens: tokens.len(),
+                tokens,
+                top_tokens: s.map(|s| s.top.clone()).unwrap_or_default(),
+                seed: Some(self.seed),
+            },
+            others: Vec::new(),
+        }
+    }
+
+    /// The final result: sequences ranked by cumulative logprob (best_of), the best `n` kept.
+    pub fn finish(self) -> Result<GenerationOut, ApiError> {
+        let mut seqs: Vec<(f64, usize, SequenceOut)> = Vec::new();
+        for (i, s) in self.seqs.into_iter().enumerate() {
+            let f = s.finished.ok_or_else(ApiError::incomplete)?;
+            seqs.push((
+                f.cumulative_logprob,
+                i,
+                SequenceOut {
+                    text: f.text,
+                    finish_reason: to_finish(f.reason),
+                    generated_tokens: f.generated_tokens,
+                    tokens: s.tokens,
+                    top_tokens: s.top,
+                    seed: Some(self.seed),
+                },
+            ));
+        }
+        if seqs.is_empty() {
+            return Err(ApiError::incomplete());
+        }
+        if seqs.len() > self.keep {
+            seqs.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        }
+        let mut it = seqs.into_iter().map(|(_, _, s)| s);
+        let best = it.next().ok_or_else(ApiError::incomplete)?;
+        let others: Vec<SequenceOut> = it.collect();
+        Ok(GenerationOut {
+            inputs: self.prompt_text,
+            prompt_tokens: self.prompt_tokens,
+            prefill: self.prefill,
+            best,
+            others,
+        })
+    }
+}
+
+/// Runs a job to the end; reports it to the request's metrics tracker.
+pub async fn run(
+    model: &LoadedModel,
+    job: &Job,
+    tracker: crate::metrics::RequestTracker,
+) -> Result<GenerationOut, ApiError> {
+    let mut stream = match submit(model, job) {
+        Ok(s) => s,
+        Err(e) => {
+            fail(tracker, &e);
+            return Err(e);
+        }
+    };
+    let mut acc = Accumulator::new(model, job);
+    while let Some(e) = stream.recv().await {
+        if let Some(StreamItem::Error(err)) = acc.apply(e) {
+            report(tracker, &acc, Some(err.error_type()), None);
+            return Err(err);
+        }
+    }
+    report(tracker, &acc, None, Some(job.spec.max_new_tokens));
+    acc.finish()
+}
+
+/// Reports a request that failed before generating.
+pub fn fail(tracker: crate::metrics::RequestTracker, e: &ApiError) {
+    tracker.finish(crate::metrics::RequestOutcome {
+        error: Some(e.error_type()),
+        ..Default::default()
+    });
+}
+
+/// Reports a finished (or failed) request to the metrics.
+pub fn report(
+    tracker: crate::metrics::RequestTracker,
+    acc: &Accumulator,
+    error: Option<&str>,
+    max_new_tokens: Option<usize>,
+) {
+    let t = acc.timings();
+    tracker.finish(crate::metrics::RequestOutcome {
+        error,
+        duration: std::time::Duration::ZERO,
+        queue: t.map(|t| t.queue),
+        time_to_first_token: t.map(|t| t.time_to_first_token),
+        inter_token: t.map(|t| t.inter_token.as_slice()).unwrap_or(&[]),
+        prompt_tokens: acc.prompt_tokens(),
+        generated_tokens: acc.generated_tokens(),
+        max_new_tokens,
+    });
+}
+
+/// The loaded model, or 503 while loading.
+pub fn loaded(state: &Arc<AppState>) -> Result<&LoadedModel, ApiError> {
+    state.model().ok_or_else(ApiError::unhealthy)
+}

@@ -1,0 +1,499 @@
+//! Prometheus metrics of the server (`GET /metrics`). TGI's names where TGI has the metric
+//! (tgi.md §3), `lmi_*` for the rest. Request handlers report through
+//! [`ServerMetrics::on_request_start`] / [`ServerMetrics::on_request_done`] (or the
+//! [`RequestTracker`] guard, which reports a dropped request as `err="dropped"`); scheduler
+//! gauges are refreshed from a [`MetricsSnapshot`] on each scrape.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lmi_scheduler::MetricsSnapshot;
+use prometheus::{
+    Counter, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
+
+/// What a finished request reports. `error: None` is a success.
+#[allow(dead_code)] // API for the generation routes (routes/{lmi,tgi,openai}.rs)
+#[derive(Debug, Clone, Default)]
+pub struct RequestOutcome<'a> {
+    /// TGI's `err` label: validation, overloaded, generation, incomplete, dropped, template...
+    pub error: Option<&'a str>,
+    /// End to end.
+    pub duration: Duration,
+    /// Submit → first scheduled (scheduler `Timings::queue`).
+    pub queue: Option<Duration>,
+    /// Submit → first token.
+    pub time_to_first_token: Option<Duration>,
+    /// Gaps between consecutive tokens.
+    pub inter_token: &'a [Duration],
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// max_new_tokens asked (or defaulted), when known.
+    pub max_new_tokens: Option<usize>,
+}
+
+pub struct ServerMetrics {
+    registry: Registry,
+    request_count: IntCounter,
+    request_success: IntCounter,
+    request_failure: IntCounterVec,
+    route_requests: IntCounterVec,
+    route_failures: IntCounterVec,
+    in_flight: IntGauge,
+    request_duration: Histogram,
+    queue_duration: Histogram,
+    inference_duration: Histogram,
+    mean_time_per_token: Histogram,
+    time_to_first_token: Histogram,
+    inter_token_latency: Histogram,
+    input_length: Histogram,
+    generated_tokens: Histogram,
+    max_new_tokens: Histogram,
+    queue_size: IntGauge,
+    batch_current_size: IntGauge,
+    batch_current_tokens: IntGauge,
+    kv_blocks_used: IntGauge,
+    kv_blocks_total: IntGauge,
+    prefix_hit_rate: prometheus::Gauge,
+    model_ready: IntGauge,
+    prompt_tokens_total: IntCounter,
+    prefix_cached_tokens_total: IntCounter,
+    generated_tokens_total: IntCounter,
+    computed_tokens_total: IntCounter,
+    preemptions_total: IntCounter,
+    steps_total: IntCounter,
+    step_seconds_total: Counter,
+    forward_seconds_total: Counter,
+}
+
+/// TGI's buckets for every `*duration`: 1e-4 · 1.5^k, k = 1..=35 (0.00015 s … ≈146 s).
+fn duration_buckets() -> Vec<f64> {
+    (1..=35).map(|k| 1e-4 * 1.5f64.powi(k)).collect()
+}
+
+/// Token-count buckets: 1, 2, 4 … 32768 plus a linear run for short outputs.
+fn token_buckets() -> Vec<f64> {
+    let mut b: Vec<f64> = (0..=15).map(|k| f64::from(1u32 << k)).collect();
+    b.extend([
+        3.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0,
+    ]);
+    b.sort_by(f64::total_cmp);
+    b.dedup();
+    b
+}
+
+impl ServerMetrics {
+    pub fn new() -> Self {
+        Self::try_new().expect("metric definitions are valid and registered once")
+    }
+
+    fn try_new() -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        macro_rules! reg {
+            ($m:expr) => {{
+                let m = $m;
+                registry.register(Box::new(m.clone()))?;
+                m
+            }};
+        }
+        let hist = |name: &str, help: &str, buckets: Vec<f64>| {
+            Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
+        };
+        let d = duration_buckets;
+        let t = token_buckets;
+        Ok(ServerMetrics {
+            request_count: reg!(IntCounter::new("tgi_request_count", "Requests received")?),
+            request_success: reg!(IntCounter::new(
+                "tgi_request_success",
+                "Requests that succeeded"
+            )?),
+            request_failure: reg!(IntCounterVec::new(
+                Opts::new("tgi_request_failure", "Requests that failed, by error kind"),
+                &["err"]
+            )?),
+            route_requests: reg!(IntCounterVec::new(
+                Opts::new("lmi_requests_total", "Requests received, by route"),
+                &["route"]
+            )?),
+            route_failures: reg!(IntCounterVec::new(
+                Opts::new(
+                    "lmi_request_failures_total",
+                    "Requests that failed, by route and error kind"
+                ),
+                &["route", "err"]
+            )?),
+            in_flight: reg!(IntGauge::new(
+                "lmi_requests_in_flight",
+                "Requests being served now"
+            )?),
+            request_duration: reg!(hist(
+                "tgi_request_duration",
+                "End-to-end request duration (s)",
+                d()
+            )?),
+            queue_duration: reg!(hist(
+                "tgi_request_queue_duration",
+                "Time waiting before the first step (s)",
+                d()
+            )?),
+            inference_duration: reg!(hist(
+                "tgi_request_inference_duration",
+                "Time from first step to the end (s)",
+                d()
+            )?),
+            mean_time_per_token: reg!(hist(
+                "tgi_request_mean_time_per_token_duration",
+                "Mean inter-token latency of a request (s)",
+                d()
+            )?),
+            time_to_first_token: reg!(hist(
+                "lmi_time_to_first_token_seconds",
+                "Time to first token (s)",
+                d()
+            )?),
+            inter_token_latency: reg!(hist(
+                "lmi_inter_token_latency_seconds",
+                "Time between consecutive tokens (s)",
+                d()
+            )?),
+            input_length: reg!(hist(
+                "tgi_request_input_length",
+                "Prompt tokens per request",
+                t()
+            )?),
+            generated_tokens: reg!(hist(
+                "tgi_request_generated_tokens",
+                "Generated tokens per request",
+                t()
+            )?),
+            max_new_tokens: reg!(hist(
+                "tgi_request_max_new_tokens",
+                "max_new_tokens per request",
+                t()
+            )?),
+            queue_size: reg!(IntGauge::new("tgi_queue_size", "Sequences waiting")?),
+            batch_current_size: reg!(IntGauge::new(
+                "tgi_batch_current_size",
+                "Sequences running"
+            )?),
+            batch_current_tokens: reg!(IntGauge::new(
+                "lmi_batch_last_tokens",
+                "Tokens in the last engine step"
+            )?),
+            kv_blocks_used: reg!(IntGauge::new(
+                "lmi_kv_cache_blocks_used",
+                "KV cache blocks in use"
+            )?),
+            kv_blocks_total: reg!(IntGauge::new(
+                "lmi_kv_cache_blocks_total",
+                "KV cache blocks in the pool"
+            )?),
+            prefix_hit_rate: reg!(prometheus::Gauge::new(
+                "lmi_prefix_cache_hit_rate",
+                "Share of admitted prompt tokens served from the prefix cache"
+            )?),
+            model_ready: reg!(IntGauge::new(
+                "lmi_model_ready",
+                "1 once the model is loaded"
+            )?),
+            prompt_tokens_total: reg!(IntCounter::new(
+                "lmi_prompt_tokens_total",
+                "Prompt tokens admitted"
+            )?),
+            prefix_cached_tokens_total: reg!(IntCounter::new(
+                "lmi_prefix_cache_hit_tokens_total",
+                "Prompt tokens served from the prefix cache"
+            )?),
+            generated_tokens_total: reg!(IntCounter::new(
+                "lmi_generated_tokens_total",
+                "Tokens generated"
+            )?),
+            computed_tokens_total: reg!(IntCounter::new(
+                "lmi_computed_tokens_total",
+                "Tokens run through the model"
+            )?),
+            preemptions_total: reg!(IntCounter::new(
+                "lmi_preemptions_total",
+                "Sequences preempted"
+            )?),
+            steps_total: reg!(IntCounter::new(
+                "lmi_scheduler_steps_total",
+                "Engine steps"
+            )?),
+            step_seconds_total: reg!(Counter::new(
+                "lmi_scheduler_step_seconds_total",
+                "Wall time of steps (s)"
+            )?),
+            forward_seconds_total: reg!(Counter::new(
+                "lmi_engine_forward_seconds_total",
+                "Wall time of the engine's forward passes (s)"
+            )?),
+            registry,
+        })
+    }
+
+    #[allow(dead_code)] // API for the generation routes
+    /// A request arrived on `route` (e.g. "/generate").
+    pub fn on_request_start(&self, route: &str) {
+        self.request_count.inc();
+        self.route_requests.with_label_values(&[route]).inc();
+        self.in_flight.inc();
+    }
+
+    #[allow(dead_code)] // API for the generation routes
+    /// The request started with [`Self::on_request_start`] has finished.
+    pub fn on_request_done(&self, route: &str, o: &RequestOutcome<'_>) {
+        self.in_flight.dec();
+        match o.error {
+            None => self.request_success.inc(),
+            Some(err) => {
+                self.request_failure.with_label_values(&[err]).inc();
+                self.route_failures.with_label_values(&[route, err]).inc();
+            }
+        }
+        self.request_duration.observe(o.duration.as_secs_f64());
+        if let Some(q) = o.queue {
+            self.queue_duration.observe(q.as_secs_f64());
+            self.inference_duration
+                .observe(o.duration.saturating_sub(q).as_secs_f64());
+        }
+        if let Some(t) = o.time_to_first_token {
+            self.time_to_first_token.observe(t.as_secs_f64());
+        }
+        if !o.inter_token.is_empty() {
+            let mut sum = 0.0;
+            for gap in o.inter_token {
+                let s = gap.as_secs_f64();
+                sum += s;
+                self.inter_token_latency.observe(s);
+            }
+            self.mean_time_per_token
+                .observe(sum / o.inter_token.len() as f64);
+        }
+        if o.prompt_tokens > 0 {
+            self.input_length.observe(o.prompt_tokens as f64);
+        }
+        if o.error.is_none() || o.generated_tokens > 0 {
+            self.generated_tokens.observe(o.generated_tokens as f64);
+        }
+        if let Some(m) = o.max_new_tokens {
+            self.max_new_tokens.observe(m as f64);
+        }
+    }
+
+    #[allow(dead_code)] // API for the generation routes
+    /// Starts a request and returns a guard that reports it: call
+    /// [`RequestTracker::finish`]; dropped unfinished (client went away), it counts as
+    /// `err="dropped"`.
+    pub fn track(self: &Arc<Self>, route: &'static str) -> RequestTracker {
+        self.on_request_start(route);
+        RequestTracker {
+            metrics: Arc::clone(self),
+            route,
+            started: std::time::Instant::now(),
+            done: false,
+        }
+    }
+
+    pub fn set_model_ready(&self, ready: bool) {
+        self.model_ready.set(i64::from(ready));
+    }
+
+    /// Copies the scheduler's live values into the gauges and counters.
+    pub fn update_from_scheduler(&self, s: &MetricsSnapshot) {
+        let g = |gauge: &IntGauge, v: u64| gauge.set(i64::try_from(v).unwrap_or(i64::MAX));
+        g(&self.queue_size, s.waiting);
+        g(&self.batch_current_size, s.running);
+        g(&self.batch_current_tokens, s.last_batch_tokens);
+        g(&self.kv_blocks_used, s.kv_blocks_used);
+        g(&self.kv_blocks_total, s.kv_blocks_total);
+        self.prefix_hit_rate.set(s.prefix_hit_rate());
+        // Monotonic totals: advance the counters to the scheduler's values.
+        let c = |counter: &IntCounter, v: u64| {
+            let cur = counter.get();
+            if v > cur {
+                counter.inc_by(v - cur);
+            }
+        };
+        c(&self.prompt_tokens_total, s.prompt_tokens);
+        c(&self.prefix_cached_tokens_total, s.prefix_cached_tokens);
+        c(&self.generated_tokens_total, s.generated_tokens);
+        c(&self.computed_tokens_total, s.computed_tokens);
+        c(&self.preemptions_total, s.preemptions);
+        c(&self.steps_total, s.steps);
+        let f = |counter: &Counter, nanos: u64| {
+            let v = nanos as f64 * 1e-9;
+            let cur = counter.get();
+            if v > cur {
+                counter.inc_by(v - cur);
+            }
+        };
+        f(&self.step_seconds_total, s.step_nanos);
+        f(&self.forward_seconds_total, s.forward_nanos);
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let encoder = TextEncoder::new();
+        if let Err(e) = encoder.encode(&self.registry.gather(), &mut buf) {
+            tracing::warn!("encoding metrics: {e}");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for ServerMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Reports one request to [`ServerMetrics`] exactly once.
+#[allow(dead_code)] // API for the generation routes (routes/{lmi,tgi,openai}.rs)
+pub struct RequestTracker {
+    metrics: Arc<ServerMetrics>,
+    route: &'static str,
+    started: std::time::Instant,
+    done: bool,
+}
+
+#[allow(dead_code)] // API for the generation routes (routes/{lmi,tgi,openai}.rs)
+impl RequestTracker {
+    /// Time since the request started.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Reports the outcome; `outcome.duration` zero means "measure it here".
+    pub fn finish(mut self, mut outcome: RequestOutcome<'_>) {
+        if outcome.duration.is_zero() {
+            outcome.duration = self.started.elapsed();
+        }
+        self.metrics.on_request_done(self.route, &outcome);
+        self.done = true;
+    }
+}
+
+impl Drop for RequestTracker {
+    fn drop(&mut self) {
+        if !self.done {
+            self.metrics.on_request_done(
+                self.route,
+                &RequestOutcome {
+                    error: Some("dropped"),
+                    duration: self.started.elapsed(),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(text: &str, line_start: &str) -> Option<f64> {
+        text.lines()
+            .find(|l| l.starts_with(line_start))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+
+    #[test]
+    fn request_outcomes_and_scheduler_gauges_render() {
+        let m = Arc::new(ServerMetrics::new());
+        m.on_request_start("/generate");
+        let gaps = [Duration::from_millis(10), Duration::from_millis(30)];
+        m.on_request_done(
+            "/generate",
+            &RequestOutcome {
+                duration: Duration::from_millis(100),
+                queue: Some(Duration::from_millis(5)),
+                time_to_first_token: Some(Duration::from_millis(40)),
+                inter_token: &gaps,
+                prompt_tokens: 7,
+                generated_tokens: 3,
+                ..Default::default()
+            },
+        );
+        let t = m.track("/v1/completions");
+        drop(t);
+        let t = m.track("/invocations");
+        t.finish(RequestOutcome {
+            error: Some("validation"),
+            ..Default::default()
+        });
+        m.update_from_scheduler(&MetricsSnapshot {
+            running: 2,
+            waiting: 5,
+            kv_blocks_used: 10,
+            kv_blocks_total: 64,
+            prompt_tokens: 100,
+            prefix_cached_tokens: 25,
+            generated_tokens: 9,
+            step_nanos: 2_000_000_000,
+            ..Default::default()
+        });
+        let text = m.render();
+        assert_eq!(sample(&text, "tgi_request_count "), Some(3.0));
+        assert_eq!(sample(&text, "tgi_request_success "), Some(1.0));
+        assert_eq!(
+            sample(&text, "tgi_request_failure{err=\"dropped\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, "tgi_request_failure{err=\"validation\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, "lmi_requests_total{route=\"/generate\"}"),
+            Some(1.0)
+        );
+        assert_eq!(sample(&text, "lmi_requests_in_flight "), Some(0.0));
+        assert_eq!(sample(&text, "tgi_request_duration_count "), Some(3.0));
+        assert_eq!(sample(&text, "tgi_request_input_length_sum "), Some(7.0));
+        assert_eq!(
+            sample(&text, "tgi_request_generated_tokens_sum "),
+            Some(3.0)
+        );
+        assert_eq!(
+            sample(&text, "lmi_inter_token_latency_seconds_count "),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, "tgi_request_mean_time_per_token_duration_sum "),
+            Some(0.02)
+        );
+        assert_eq!(
+            sample(&text, "lmi_time_to_first_token_seconds_count "),
+            Some(1.0)
+        );
+        assert_eq!(sample(&text, "tgi_queue_size "), Some(5.0));
+        assert_eq!(sample(&text, "tgi_batch_current_size "), Some(2.0));
+        assert_eq!(sample(&text, "lmi_kv_cache_blocks_used "), Some(10.0));
+        assert_eq!(sample(&text, "lmi_kv_cache_blocks_total "), Some(64.0));
+        assert_eq!(sample(&text, "lmi_prefix_cache_hit_rate "), Some(0.25));
+        assert_eq!(
+            sample(&text, "lmi_scheduler_step_seconds_total "),
+            Some(2.0)
+        );
+        assert!(text.contains("# TYPE tgi_request_duration histogram"));
+        // Counters only move forward, to the scheduler's totals.
+        m.update_from_scheduler(&MetricsSnapshot {
+            prompt_tokens: 150,
+            ..Default::default()
+        });
+        assert_eq!(sample(&m.render(), "lmi_prompt_tokens_total "), Some(150.0));
+    }
+
+    #[test]
+    fn tgi_duration_buckets() {
+        let b = duration_buckets();
+        assert_eq!(b.len(), 35);
+        assert!((b[0] - 0.00015).abs() < 1e-12);
+        assert!((b[34] - 145.6).abs() < 0.1, "{}", b[34]);
+    }
+}

@@ -1,0 +1,23 @@
+//! HTTP routes. `ops` holds health, info, models, metrics and the OpenAPI document; the
+//! generation routes (LMI, TGI, OpenAI) are merged in by [`generation_routes`].
+
+use std::sync::Arc;
+
+use axum::Router;
+
+use crate::app::AppState;
+
+mod lmi;
+mod openai;
+pub mod ops;
+mod respond;
+mod tgi;
+
+/// LMI /invocations, /predictions/{model}; TGI POST /, /generate, /generate_stream, /tokenize;
+/// OpenAI /v1/chat/completions, /v1/completions. (GET / is TGI's health check, in `ops`.)
+pub fn generation_routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .merge(lmi::routes())
+        .merge(tgi::routes())
+        .merge(openai::routes())
+}

@@ -1,0 +1,329 @@
+//! Operational routes: LMI `/ping`, TGI `/health` (and `GET /`), TGI `/info`, OpenAI
+//! `/v1/models`, Prometheus `/metrics`, and the OpenAPI document.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+
+use crate::app::AppState;
+
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/ping", get(ping))
+        .route("/health", get(health))
+        .route("/", get(health))
+        .route("/info", get(info))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route("/api-doc/openapi.json", get(openapi))
+}
+
+/// TGI's body for "not ready".
+fn unhealthy() -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({"error": "unhealthy", "error_type": "healthcheck"})),
+    )
+        .into_response()
+}
+
+/// LMI: `{"<model>": {"status": "Healthy"}}` (200) once loaded; `"PENDING"` with 503 while
+/// the model loads.
+async fn ping(State(s): State<Arc<AppState>>) -> Response {
+    if s.is_ready() {
+        Json(json!({ s.model_name.clone(): {"status": "Healthy"} })).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ s.model_name.clone(): {"status": "PENDING"} })),
+        )
+            .into_response()
+    }
+}
+
+/// TGI: 200 with an empty body, 503 `{"error":"unhealthy","error_type":"healthcheck"}`.
+async fn health(State(s): State<Arc<AppState>>) -> Response {
+    if s.is_ready() {
+        StatusCode::OK.into_response()
+    } else {
+        unhealthy()
+    }
+}
+
+/// TGI's Info object (v2.1+ fields, plus the v2.0 dtype/device/batch fields).
+async fn info(State(s): State<Arc<AppState>>) -> Response {
+    let Some(m) = s.model() else {
+        return unhealthy();
+    };
+    let c = &s.config;
+    Json(json!({
+        "model_id": s.model_id,
+        "model_sha": null,
+        "model_pipeline_tag": "text-generation",
+        "model_dtype": m.dtype,
+        "model_device_type": m.backend,
+        "max_concurrent_requests": c.max_concurrent_requests,
+        "max_best_of": c.max_best_of,
+        "max_stop_sequences": c.max_stop_sequences,
+        "max_input_tokens": m.max_model_len.saturating_sub(1),
+        "max_total_tokens": m.max_model_len,
+        "max_batch_size": c.max_rolling_batch_size,
+        "max_batch_prefill_tokens": c.max_rolling_batch_prefill_tokens,
+        "validation_workers": 1,
+        "max_client_batch_size": c.max_client_batch_size,
+        "max_top_n_tokens": c.max_top_n_tokens,
+        "router": "text-generation-router",
+        "version": env!("CARGO_PKG_VERSION"),
+        "sha": null,
+        "docker_label": null,
+    }))
+    .into_response()
+}
+
+/// OpenAI model list: the model, then each LoRA adapter (with `parent`).
+async fn models(State(s): State<Arc<AppState>>) -> Response {
+    let mut data = vec![json!({
+        "id": s.model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": s.model_id,
+    })];
+    if let Some(m) = s.model() {
+        for name in m.adapters.names() {
+            data.push(json!({
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": s.model_id,
+                "parent": s.model_name,
+            }));
+        }
+    }
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn metrics(State(s): State<Arc<AppState>>) -> Response {
+    if let Some(h) = s.handle() {
+        s.metrics.update_from_scheduler(&h.metrics().snapshot());
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        s.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn openapi() -> Json<Value> {
+    Json(openapi_document())
+}
+
+/// The api crate's OpenAPI document (schemas of the generation routes), completed with any
+/// route or method of [`route_document`] it lacks (the ops routes), so every route is listed.
+pub fn openapi_document() -> Value {
+    let mut doc = lmi_api::openapi::openapi(env!("CARGO_PKG_VERSION"));
+    let ours = route_document();
+    if !doc["paths"].is_object() {
+        doc["paths"] = json!({});
+    }
+    if let (Some(paths), Some(extra)) = (doc["paths"].as_object_mut(), ours["paths"].as_object()) {
+        for (path, item) in extra {
+            let entry = paths.entry(path.clone()).or_insert_with(|| json!({}));
+            if let (Some(methods), Some(ours)) = (entry.as_object_mut(), item.as_object()) {
+                for (method, op) in ours {
+                    methods.entry(method.clone()).or_insert_with(|| op.clone());
+                }
+            }
+        }
+    }
+    doc
+}
+
+/// A hand-built OpenAPI 3 document listing every route (no schemas).
+pub fn route_document() -> Value {
+    let json_body = |summary: &str, tag: &str| {
+        json!({"post": {
+            "tags": [tag],
+            "summary": summary,
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object"}}}},
+            "responses": {
+                "200": {"description": "Generated output (JSON, JSON lines or server-sent events)"},
+                "400": {"description": "Malformed request"},
+                "413": {"description": "Request body too large"},
+                "422": {"description": "Input validation error"},
+                "424": {"description": "Generation error"},
+                "429": {"description": "Model is overloaded"},
+                "503": {"description": "Model not loaded yet, or queue full"}
+            }
+        }})
+    };
+    let get_op = |summary: &str, tag: &str, ok: &str| {
+        json!({"get": {"tags": [tag], "summary": summary, "responses": {
+            "200": {"description": ok},
+            "503": {"description": "Model not loaded yet"}
+        }}})
+    };
+    let mut root = get_op("Health check (TGI)", "TGI", "Healthy");
+    root["post"] = json_body(
+        "TGI compat generate: {inputs, parameters, stream}; non-stream answers a one-element array",
+        "TGI",
+    )["post"]
+        .clone();
+    json!({
+        "openapi": "3.0.3",
+        "info": {
+            "title": "lmi",
+            "description": "LLM inference server with AWS LMI, HuggingFace TGI and OpenAI wire formats",
+            "version": env!("CARGO_PKG_VERSION"),
+            "license": {"name": "Apache-2.0"}
+        },
+        "paths": {
+            "/ping": get_op("Health check (LMI / SageMaker): {\"<model>\": {\"status\": \"Healthy\"}}", "LMI", "Healthy"),
+            "/invocations": json_body("SageMaker / LMI inference: {inputs, parameters} or {messages} (chat)", "LMI"),
+            "/predictions/{model_name}": {"post": {
+                "tags": ["LMI"],
+                "summary": "LMI inference on the named model",
+                "parameters": [{"name": "model_name", "in": "path", "required": true, "schema": {"type": "string"}}],
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object"}}}},
+                "responses": {"200": {"description": "Generated output"}, "404": {"description": "Unknown model"}}
+            }},
+            "/": root,
+            "/generate": json_body("TGI generate", "TGI"),
+            "/generate_stream": json_body("TGI generate, streamed as server-sent events", "TGI"),
+            "/tokenize": json_body("TGI tokenize: [{id, text, start, stop}]", "TGI"),
+            "/health": get_op("Health check (TGI): 200 empty, 503 {\"error\":\"unhealthy\",\"error_type\":\"healthcheck\"}", "TGI", "Healthy"),
+            "/info": get_op("Model and router limits (TGI Info)", "TGI", "Info object"),
+            "/v1/chat/completions": json_body("OpenAI chat completions", "OpenAI"),
+            "/v1/completions": json_body("OpenAI completions", "OpenAI"),
+            "/v1/models": get_op("OpenAI model list (the model and its LoRA adapters)", "OpenAI", "Model list"),
+            "/metrics": get_op("Prometheus metrics (text exposition format)", "Operations", "Metrics"),
+            "/api-doc/openapi.json": get_op("This document", "Operations", "OpenAPI document")
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use axum::body::{Body, to_bytes};
+    use axum::http::{Request, StatusCode};
+    use tower::ServiceExt;
+
+    use crate::app::{AppState, router};
+    use crate::config::{EnvVars, ServeArgs, ServingConfig};
+    use crate::metrics::ServerMetrics;
+
+    fn state(limit: usize) -> Arc<AppState> {
+        let cli = ServeArgs {
+            payload_limit: Some(limit),
+            ..Default::default()
+        };
+        let config = ServingConfig::load(&cli, &EnvVars::new(), None).unwrap();
+        Arc::new(AppState::new(
+            Arc::new(config),
+            Arc::new(ServerMetrics::new()),
+            "tiny".into(),
+            "/models/tiny".into(),
+        ))
+    }
+
+    async fn call(
+        s: &Arc<AppState>,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        id: Option<&str>,
+    ) -> (StatusCode, String, Option<String>) {
+        let mut req = Request::builder().method(method).uri(path);
+        if let Some(id) = id {
+            req = req.header("x-request-id", id);
+        }
+        let req = req
+            .header("content-length", body.len())
+            .body(Body::from(body))
+            .unwrap();
+        let res = router(s.clone()).oneshot(req).await.unwrap();
+        let status = res.status();
+        let rid = res
+            .headers()
+            .get("x-request-id")
+            .map(|v| v.to_str().unwrap().to_string());
+        let body = to_bytes(res.into_body(), 1 << 20).await.unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap(), rid)
+    }
+
+    #[tokio::test]
+    async fn not_ready_answers_503_on_health_routes() {
+        let s = state(2_000_000);
+        let (st, body, _) = call(&s, "GET", "/ping", vec![], None).await;
+        assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, r#"{"tiny":{"status":"PENDING"}}"#);
+        let (st, body, _) = call(&s, "GET", "/health", vec![], None).await;
+        assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, r#"{"error":"unhealthy","error_type":"healthcheck"}"#);
+        let (st, _, _) = call(&s, "GET", "/", vec![], None).await;
+        assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
+        let (st, _, _) = call(&s, "GET", "/info", vec![], None).await;
+        assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
+        // Metrics and the model list answer while loading.
+        let (st, body, _) = call(&s, "GET", "/metrics", vec![], None).await;
+        assert_eq!(st, StatusCode::OK);
+        assert!(body.contains("lmi_model_ready 0"), "{body}");
+        let (st, body, _) = call(&s, "GET", "/v1/models", vec![], None).await;
+        assert_eq!(st, StatusCode::OK);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["data"][0]["id"], "tiny");
+    }
+
+    #[tokio::test]
+    async fn request_ids_body_limit_and_unknown_paths() {
+        let s = state(1000);
+        let (_, _, rid) = call(&s, "GET", "/ping", vec![], Some("abc-123")).await;
+        assert_eq!(rid.as_deref(), Some("abc-123"));
+        let (_, _, rid) = call(&s, "GET", "/ping", vec![], None).await;
+        assert_eq!(rid.map(|r| r.len()), Some(36));
+        let (st, _, rid) = call(&s, "POST", "/ping", vec![b'x'; 1001], None).await;
+        assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(rid.is_some());
+        let (st, body, _) = call(&s, "GET", "/nope", vec![], None).await;
+        assert_eq!((st, body.as_str()), (StatusCode::NOT_FOUND, ""));
+        let (st, _, _) = call(&s, "DELETE", "/ping", vec![], None).await;
+        assert_eq!(st, StatusCode::METHOD_NOT_ALLOWED);
+    }
+
+    #[test]
+    fn openapi_lists_every_route() {
+        let doc = super::openapi_document();
+        let paths = doc["paths"].as_object().unwrap();
+        for p in [
+            "/ping",
+            "/invocations",
+            "/predictions/{model_name}",
+            "/",
+            "/generate",
+            "/generate_stream",
+            "/tokenize",
+            "/health",
+            "/info",
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/models",
+            "/metrics",
+            "/api-doc/openapi.json",
+        ] {
+            assert!(paths.contains_key(p), "{p}");
+        }
+        assert!(doc["paths"]["/"]["get"].is_object() && doc["paths"]["/"]["post"].is_object());
+        // The api crate's schemas are kept.
+        assert!(doc["components"]["schemas"].is_object(), "{doc}");
+    }
+}

@@ -1,0 +1,324 @@
+//! End to end: the built `lmi` binary serving a tiny generated model on a free port, checked
+//! over plain HTTP/1.1: readiness, ops routes, request ids, body limit, SIGTERM.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lmi_engine::testing::{TinySpec, write_tiny_model};
+
+struct Resp {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Resp {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {:?}", self.body))
+    }
+}
+
+fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    extra: &[(&str, &str)],
+) -> std::io::Result<Resp> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if !body.is_empty() {
+        head.push_str("Content-Type: application/json\r\n");
+    }
+    for (k, v) in extra {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes())?;
+    // The server may answer (413) before reading the whole body and close.
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other(format!("no header end in {raw:?}")))?;
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let mut rest = raw[split + 4..].to_vec();
+    let mut lines = head.lines();
+    let status: u16 = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad status line in {head:?}")))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let chunked = headers.iter().any(|(k, v)| {
+        k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+    });
+    if chunked {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while let Some(nl) = rest[i..].windows(2).position(|w| w == b"\r\n") {
+            let size_line = String::from_utf8_lossy(&rest[i..i + nl]).to_string();
+            let size = usize::from_str_radix(size_line.trim(), 16).unwrap_or(0);
+            i += nl + 2;
+            if size == 0 {
+                break;
+            }
+            out.extend_from_slice(&rest[i..i + size]);
+            i += size + 2;
+        }
+        rest = out;
+    }
+    Ok(Resp {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&rest).to_string(),
+    })
+}
+
+fn get(port: u16, path: &str) -> Resp {
+    request(port, "GET", path, b"", &[]).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Kills the server if a check fails before the orderly SIGTERM.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(model: &Path, extra: &[&str]) -> Server {
+    let port = free_port();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lmi"));
+    cmd.args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
+        .arg("--model")
+        .arg(model)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    // Keep the caller's LMI/TGI settings out of the test.
+    for (k, _) in std::env::vars() {
+        if k.starts_with("OPTION_")
+            || k.starts_with("SERVING_")
+            || k.starts_with("SAGEMAKER_")
+            || [
+                "HF_MODEL_ID",
+                "MAX_BATCH_SIZE",
+                "MAX_CONCURRENT_REQUESTS",
+                "MAX_BATCH_PREFILL_TOKENS",
+            ]
+            .contains(&k.as_str())
+        {
+            cmd.env_remove(k);
+        }
+    }
+    let child = cmd.spawn().expect("starting lmi serve");
+    Server { child, port }
+}
+
+/// Polls /ping until 200: before that, every answer must be 503 "PENDING" (or no listener yet).
+fn wait_ready(server: &mut Server, name: &str) -> Resp {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            panic!("lmi serve exited early: {status}");
+        }
+        match request(server.port, "GET", "/ping", b"", &[]) {
+            Ok(r) if r.status == 200 => return r,
+            Ok(r) => {
+                assert_eq!(r.status, 503, "{}", r.body);
+                assert_eq!(r.json()[name]["status"], "PENDING", "{}", r.body);
+            }
+            Err(e) => assert!(
+                e.kind() == std::io::ErrorKind::ConnectionRefused,
+                "unexpected error: {e}"
+            ),
+        }
+        assert!(Instant::now() < deadline, "not ready after 120 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn sigterm_and_wait(server: &mut Server) -> std::process::ExitStatus {
+    let ok = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "no exit within 30 s of SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.split([' ', '{']).next() == Some(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn serves_ops_routes_and_exits_cleanly_on_sigterm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("tiny-llama");
+    write_tiny_model(&model, &TinySpec::llama()).unwrap();
+    let mut server = start(
+        &model,
+        &["--payload-limit", "10000", "--kv-cache-bytes", "16M"],
+    );
+    let port = server.port;
+
+    let ping = wait_ready(&mut server, "tiny-llama");
+    assert_eq!(ping.body, r#"{"tiny-llama":{"status":"Healthy"}}"#);
+
+    let health = get(port, "/health");
+    assert_eq!((health.status, health.body.as_str()), (200, ""));
+    assert_eq!(get(port, "/").status, 200);
+
+    let info = get(port, "/info");
+    assert_eq!(info.status, 200);
+    let info = info.json();
+    assert_eq!(info["model_id"], model.to_str().unwrap());
+    assert_eq!(info["max_total_tokens"], 512); // the tiny model's max_position_embeddings
+    assert_eq!(info["max_input_tokens"], 511);
+    assert_eq!(info["router"], "text-generation-router");
+    assert_eq!(info["model_dtype"], "bf16");
+    assert_eq!(info["model_device_type"], "cpu");
+    assert_eq!(info["max_batch_size"], 32);
+
+    let models = get(port, "/v1/models").json();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "tiny-llama");
+
+    let m = get(port, "/metrics");
+    assert_eq!(m.status, 200);
+    assert!(m.header("content-type").unwrap().starts_with("text/plain"));
+    let total = metric(&m.body, "lmi_kv_cache_blocks_total").expect("lmi_kv_cache_blocks_total");
+    assert!(total > 0.0, "{total}");
+    assert_eq!(metric(&m.body, "lmi_kv_cache_blocks_used"), Some(0.0));
+    assert_eq!(metric(&m.body, "lmi_model_ready"), Some(1.0));
+    for name in [
+        "tgi_queue_size",
+        "tgi_batch_current_size",
+        "tgi_request_count",
+    ] {
+        assert!(
+            metric(&m.body, name).is_some(),
+            "{name} missing:\n{}",
+            m.body
+        );
+    }
+
+    let doc = get(port, "/api-doc/openapi.json").json();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    assert!(doc["paths"]["/generate"].is_object());
+
+    let echoed = request(port, "GET", "/ping", b"", &[("x-request-id", "my-id-42")]).unwrap();
+    assert_eq!(echoed.header("x-request-id"), Some("my-id-42"));
+    let fresh = get(port, "/health");
+    let id = fresh
+        .header("x-request-id")
+        .expect("a generated x-request-id");
+    assert_eq!(id.len(), 36, "{id}");
+
+    let big = vec![b' '; 20_000];
+    let r = request(port, "POST", "/generate", &big, &[]).unwrap();
+    assert_eq!(r.status, 413, "{}", r.body);
+
+    let r = get(port, "/no/such/route");
+    assert_eq!((r.status, r.body.as_str()), (404, ""));
+
+    // Generation through the TGI route, with the request id echoed and the metrics counting it.
+    let body = br#"{"inputs":"abc","parameters":{"max_new_tokens":4}}"#;
+    let r = request(
+        port,
+        "POST",
+        "/generate",
+        body,
+        &[("x-request-id", "gen-1")],
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("x-request-id"), Some("gen-1"));
+    assert!(r.json()["generated_text"].is_string(), "{}", r.body);
+    let m = get(port, "/metrics");
+    assert!(
+        metric(&m.body, "tgi_request_success").unwrap_or(0.0) >= 1.0,
+        "{}",
+        m.body
+    );
+
+    let status = sigterm_and_wait(&mut server);
+    assert_eq!(status.code(), Some(0), "{status}");
+}
+
+#[test]
+fn null_engine_serves_and_cuda_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("tiny");
+    write_tiny_model(&model, &TinySpec::qwen2()).unwrap();
+
+    let out = Command::new(env!("CARGO_BIN_EXE_lmi"))
+        .args(["serve", "--device", "cuda", "--port", "1"])
+        .arg("--model")
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("CUDA backend is not available in this build"),
+        "{err}"
+    );
+
+    let mut server = start(
+        &model,
+        &["--engine", "null", "--served-model-name", "bench"],
+    );
+    wait_ready(&mut server, "bench");
+    let info = get(server.port, "/info").json();
+    assert_eq!(info["model_device_type"], "null");
+    assert_eq!(
+        get(server.port, "/v1/models").json()["data"][0]["id"],
+        "bench"
+    );
+    let status = sigterm_and_wait(&mut server);
+    assert_eq!(status.code(), Some(0), "{status}");
+}
