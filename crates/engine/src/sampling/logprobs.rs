@@ -40,40 +40,37 @@ pub(crate) struct RowStats {
 }
 
 impl RowStats {
-    /// Cleans the row in place and scans it once (online log-sum-exp).
+    /// Cleans the row in place, then finds the argmax and the log-normalizer.
     pub(crate) fn scan_in_place(row: &mut [f32]) -> Self {
-        let len = row.len();
-        Self::scan(
-            row.iter_mut().map(|x| {
-                *x = clean(*x);
-                *x
-            }),
-            len,
-        )
+        for x in row.iter_mut() {
+            *x = clean(*x);
+        }
+        Self::scan_raw(row)
     }
 
-    /// Scans a row that may hold NaN / inf without modifying it.
+    /// Scans a row that may hold NaN / inf without modifying it: one pass for the argmax
+    /// (lowest id on ties), one vectorized pass for `Σ exp(x - max)`.
     pub(crate) fn scan_raw(row: &[f32]) -> Self {
-        Self::scan(row.iter().map(|&x| clean(x)), row.len())
-    }
-
-    fn scan(values: impl Iterator<Item = f32>, len: usize) -> Self {
-        let (mut argmax, mut max, mut sum) = (0u32, f32::NEG_INFINITY, 0.0f64);
-        for (i, x) in values.enumerate() {
+        let (mut argmax, mut max) = (0u32, f32::NEG_INFINITY);
+        for (i, &x) in row.iter().enumerate() {
+            let x = clean(x);
             if x > max {
-                // Rescale the running sum to the new maximum (exp(-inf) = 0 on the first hit).
-                sum = sum * (f64::from(max) - f64::from(x)).exp() + 1.0;
                 max = x;
                 argmax = i as u32;
-            } else if x > f32::NEG_INFINITY {
-                sum += (f64::from(x) - f64::from(max)).exp();
             }
         }
+        let log_norm = if max == f32::NEG_INFINITY {
+            f64::NEG_INFINITY
+        } else {
+            // `clean` maps +inf to f32::MAX, which the shifted sum must see as the max too.
+            let m = max;
+            f64::from(m) + super::fast_exp::sum_exp_shifted_clean(row, m).ln()
+        };
         Self {
             argmax,
             max,
-            log_norm: f64::from(max) + sum.ln(),
-            len,
+            log_norm,
+            len: row.len(),
         }
     }
 

@@ -49,6 +49,7 @@
 //! per-thread candidate buffer, selection for top-k and mass-guided selection for top-p and
 //! the draw; only `typical_p` sorts all survivors.
 
+mod fast_exp;
 mod filters;
 mod logprobs;
 mod params;
