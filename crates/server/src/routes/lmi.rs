@@ -73,10 +73,7 @@ async fn dispatch(
     };
     let inv = match lmi_api::parse_invocation_bytes(&body, &cfg, &OpenAiConfig::default()) {
         Ok(i) => i,
-        Err(e) => {
-            generation::fail(state.metrics.track(route), &e);
-            return respond::error(&e, Schema::Lmi);
-        }
+        Err(e) => return respond::reject(state.metrics.track(route), &e, Schema::Lmi),
     };
     match inv {
         Invocation::Chat(req) => super::openai::chat(state, req, route, Schema::Lmi).await,
@@ -127,10 +124,7 @@ async fn rolling(state: Arc<AppState>, req: LmiRequest, route: &'static str) -> 
     let schema = Schema::Lmi;
     let model = match generation::loaded(&state) {
         Ok(m) => m,
-        Err(e) => {
-            generation::fail(tracker, &e);
-            return respond::error(&e, schema);
-        }
+        Err(e) => return respond::reject(tracker, &e, schema),
     };
     let format = formatter(&state, &req);
     let Some((prompt, spec)) = req.items().into_iter().next() else {
@@ -139,10 +133,7 @@ async fn rolling(state: Arc<AppState>, req: LmiRequest, route: &'static str) -> 
     };
     let job = match generation::prepare(model, Prompt::Text(prompt), spec) {
         Ok(j) => j,
-        Err(e) => {
-            generation::fail(tracker, &e);
-            return respond::error(&e, schema);
-        }
+        Err(e) => return respond::reject(tracker, &e, schema),
     };
     let tgi_compat = state.config.tgi_compat;
     let streaming = job.spec.stream || format == "jsonlines" || format == "sse";
@@ -157,10 +148,7 @@ async fn rolling(state: Arc<AppState>, req: LmiRequest, route: &'static str) -> 
     }
     let events = match generation::submit(model, &job) {
         Ok(s) => s,
-        Err(e) => {
-            generation::fail(tracker, &e);
-            return respond::error(&e, schema);
-        }
+        Err(e) => return respond::reject(tracker, &e, schema),
     };
     let acc = Accumulator::new(model, &job);
     let spec = job.spec.clone();

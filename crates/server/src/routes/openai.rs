@@ -61,10 +61,7 @@ pub async fn chat(
     let tracker = state.metrics.track(route);
     let model = match generation::loaded(&state) {
         Ok(m) => m,
-        Err(e) => {
-            generation::fail(tracker, &e);
-            return respond::error(&e, schema);
-        }
+        Err(e) => return respond::reject(tracker, &e, schema),
     };
     if !req.unknown_fields.is_empty() {
         tracing::info!(unknown = ?req.unknown_fields, "ignoring unknown fields");
@@ -73,19 +70,13 @@ pub async fn chat(
         .and_then(|msgs| generation::prepare(model, Prompt::Chat(msgs), req.spec.clone()));
     let job = match job {
         Ok(j) => j,
-        Err(e) => {
-            generation::fail(tracker, &e);
-            return respond::error(&e, schema);
-        }
+        Err(e) => return respond::reject(tracker, &e, schema),
     };
     let meta = meta(&state, "chatcmpl", req.model.as_deref());
     if job.spec.stream {
         let events = match generation::submit(model, &job) {
             Ok(s) => s,
-            Err(e) => {
-                generation::fail(tracker, &e);
-                return respond::error(&e, schema);
-            }
+            Err(e) => return respond::reject(tracker, &e, schema),
         };
         let acc = Accumulator::new(model, &job);
         let spec = job.spec.clone();
@@ -139,10 +130,7 @@ pub async fn completions(
     let tracker = state.metrics.track(route);
     let model = match generation::loaded(&state) {
         Ok(m) => m,
-        Err(e) => {
-            generation::fail(tracker, &e);
-            return respond::error(&e, schema);
-        }
+        Err(e) => return respond::reject(tracker, &e, schema),
     };
     let jobs: Result<Vec<_>, ApiError> = req
         .prompts
@@ -151,28 +139,24 @@ pub async fn completions(
         .collect();
     let jobs = match jobs {
         Ok(j) => j,
-        Err(e) => {
-            generation::fail(tracker, &e);
-            return respond::error(&e, schema);
-        }
+        Err(e) => return respond::reject(tracker, &e, schema),
     };
     let meta = meta(&state, "cmpl", req.model.as_deref());
     if req.spec.stream {
         if jobs.len() != 1 {
-            let e = ApiError::validation(
-                "streaming completions take one prompt: send the prompts as separate requests",
-            )
-            .with_param("prompt");
-            generation::fail(tracker, &e);
-            return respond::error(&e, schema);
+            return respond::reject(
+                tracker,
+                &ApiError::validation(
+                    "streaming completions take one prompt: send the prompts as separate requests",
+                )
+                .with_param("prompt"),
+                schema,
+            );
         }
         let job = &jobs[0];
         let events = match generation::submit(model, job) {
             Ok(s) => s,
-            Err(e) => {
-                generation::fail(tracker, &e);
-                return respond::error(&e, schema);
-            }
+            Err(e) => return respond::reject(tracker, &e, schema),
         };
         let acc = Accumulator::new(model, job);
         let include_usage = req.include_usage;

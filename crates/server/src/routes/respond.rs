@@ -33,6 +33,12 @@ pub fn error(e: &ApiError, schema: Schema) -> Response {
     body(e.status(schema), JSON, e.body(schema))
 }
 
+/// Reports a request that failed before generating and renders the schema's error.
+pub fn reject(tracker: RequestTracker, e: &ApiError, schema: Schema) -> Response {
+    crate::generation::fail(tracker, e);
+    error(e, schema)
+}
+
 /// What a streaming formatter is asked to render.
 pub enum Frame<'a> {
     /// Before the first token (OpenAI's role chunk).

@@ -62,10 +62,7 @@ async fn handle(state: Arc<AppState>, body: Bytes, route: TgiRoute) -> Response 
     let schema = Schema::Tgi;
     let model = match generation::loaded(&state) {
         Ok(m) => m,
-        Err(e) => {
-            generation::fail(tracker, &e);
-            return respond::error(&e, schema);
-        }
+        Err(e) => return respond::reject(tracker, &e, schema),
     };
     let prepared = (|| {
         let v = lmi_api::parse_json(&body)?;
@@ -80,24 +77,16 @@ async fn handle(state: Arc<AppState>, body: Bytes, route: TgiRoute) -> Response 
     })();
     let job = match prepared {
         Ok(j) => j,
-        Err(e) => {
-            generation::fail(tracker, &e);
-            return respond::error(&e, schema);
-        }
+        Err(e) => return respond::reject(tracker, &e, schema),
     };
     let permits = job.request.num_seqs() as u32;
     let Ok(permit) = state.concurrency.clone().try_acquire_many_owned(permits) else {
-        let e = ApiError::overloaded();
-        generation::fail(tracker, &e);
-        return respond::error(&e, schema);
+        return respond::reject(tracker, &ApiError::overloaded(), schema);
     };
     if job.spec.stream {
         let events = match generation::submit(model, &job) {
             Ok(s) => s,
-            Err(e) => {
-                generation::fail(tracker, &e);
-                return respond::error(&e, schema);
-            }
+            Err(e) => return respond::reject(tracker, &e, schema),
         };
         let acc = Accumulator::new(model, &job);
         let spec = job.spec.clone();
