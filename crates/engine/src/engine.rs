@@ -42,14 +42,24 @@ pub struct Logits {
     pub vocab: usize,
     /// How many rows each sequence of the step got (0, 1, or its chunk length).
     pub rows_per_seq: Vec<u32>,
+    /// An engine that picks tokens itself (the null engine of front-end benchmarks) returns
+    /// one token per row here and no `data`; the scheduler then skips sampling.
+    pub tokens: Option<Vec<u32>>,
 }
 
 impl Logits {
+    /// Row `i` (empty for an engine that returns `tokens` instead).
     pub fn row(&self, i: usize) -> &[f32] {
+        if self.data.is_empty() {
+            return &[];
+        }
         &self.data[i * self.vocab..(i + 1) * self.vocab]
     }
     pub fn num_rows(&self) -> usize {
-        self.data.len() / self.vocab.max(1)
+        match &self.tokens {
+            Some(t) => t.len(),
+            None => self.data.len() / self.vocab.max(1),
+        }
     }
 }
 
@@ -137,6 +147,7 @@ impl<B: Backend> StepEngine for Engine<B> {
             data,
             vocab: self.model.config.vocab_size,
             rows_per_seq: layout.logits_per_seq,
+            tokens: None,
         })
     }
 

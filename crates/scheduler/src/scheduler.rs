@@ -7,8 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
+use lmi_engine::engine::Logits;
 use lmi_engine::engine::StepEngine;
-use lmi_engine::sampling::{SequenceContext, derive_seed, sample_batch, token_logprob};
+use lmi_engine::sampling::{
+    Sampled, SamplingParams, SequenceContext, derive_seed, sample_batch, token_logprob,
+};
 use lmi_engine::{BLOCK_SIZE, LogitsWanted, SeqChunk};
 use lmi_text::{IncrementalDetokenizer, Tokenizer};
 use tokio::sync::mpsc::Sender;
@@ -470,7 +473,6 @@ impl Scheduler {
         chunks: &[SeqChunk],
         logits: lmi_engine::engine::Logits,
     ) {
-        let vocab = logits.vocab;
         let mut row = 0usize;
         // (running index, logits row) of every sequence that samples now.
         let mut to_sample: Vec<(usize, usize)> = Vec::new();
@@ -532,38 +534,17 @@ impl Scheduler {
         if to_sample.is_empty() {
             return;
         }
-        let mut rows_buf = Vec::with_capacity(to_sample.len() * vocab);
-        for &(_, r) in &to_sample {
-            rows_buf.extend_from_slice(logits.row(r));
-        }
-        let params: Vec<Arc<GenerateRequest>> = to_sample
-            .iter()
-            .map(|&(i, _)| self.requests[&self.running[i].req].params.clone())
-            .collect();
-        let seeded: Vec<lmi_engine::sampling::SamplingParams> = to_sample
-            .iter()
-            .zip(&params)
-            .map(|(&(i, _), p)| {
-                let mut sp = p.sampling.clone();
-                sp.seed = self.running[i].seed;
-                sp
-            })
-            .collect();
-        let sampled = {
-            let rows: Vec<_> = to_sample
+        let sampled = match &logits.tokens {
+            // The engine chose the tokens (null engine): nothing to sample.
+            Some(forced) => to_sample
                 .iter()
-                .zip(&seeded)
-                .map(|(&(i, _), sp)| {
-                    let s = &self.running[i];
-                    let ctx = SequenceContext {
-                        prompt: &s.tokens[..s.prompt_len],
-                        output: s.output(),
-                        stop_ids: &self.requests[&s.req].stop_ids,
-                    };
-                    (sp, ctx)
+                .map(|&(_, r)| Sampled {
+                    token: forced.get(r).copied().unwrap_or(0),
+                    logprob: 0.0,
+                    top: Vec::new(),
                 })
-                .collect();
-            sample_batch(&mut rows_buf, vocab, &rows)
+                .collect(),
+            None => self.sample_rows(&to_sample, &logits),
         };
         let now = Instant::now();
         let mut finished: Vec<usize> = Vec::new();
@@ -583,6 +564,37 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// Samples the logits row of each (running index, row) pair, in parallel.
+    fn sample_rows(&self, to_sample: &[(usize, usize)], logits: &Logits) -> Vec<Sampled> {
+        let vocab = logits.vocab;
+        let mut rows_buf = Vec::with_capacity(to_sample.len() * vocab);
+        for &(_, r) in to_sample {
+            rows_buf.extend_from_slice(logits.row(r));
+        }
+        let seeded: Vec<SamplingParams> = to_sample
+            .iter()
+            .map(|&(i, _)| {
+                let mut sp = self.requests[&self.running[i].req].params.sampling.clone();
+                sp.seed = self.running[i].seed;
+                sp
+            })
+            .collect();
+        let rows: Vec<_> = to_sample
+            .iter()
+            .zip(&seeded)
+            .map(|(&(i, _), sp)| {
+                let s = &self.running[i];
+                let ctx = SequenceContext {
+                    prompt: &s.tokens[..s.prompt_len],
+                    output: s.output(),
+                    stop_ids: &self.requests[&s.req].stop_ids,
+                };
+                (sp, ctx)
+            })
+            .collect();
+        sample_batch(&mut rows_buf, vocab, &rows)
     }
 
     /// Registers newly full blocks of running sequence `i` in the prefix cache, pinning those

@@ -1,7 +1,8 @@
 //! `--engine null`: an engine that emits tokens without computing, to benchmark the front end
 //! (HTTP, parsing, tokenization, scheduler, detokenization, formatting) alone. It keeps the
-//! real model's config and tokenizer; each step returns one-hot logits rows whose hot token
-//! cycles through the ids of an ordinary English text, so outputs detokenize to real words.
+//! real model's config and tokenizer; each step returns the next tokens themselves (no logits,
+//! so no sampling), cycling through the ids of an ordinary English text, so outputs detokenize
+//! to real words.
 //! The token depends only on the sequence's position, so outputs are the same alone or in any
 //! batch. EOS never comes: requests run to max_new_tokens.
 
@@ -19,9 +20,6 @@ use lmi_text::Tokenizer;
 const TEXT: &str = "The quick brown fox jumps over the lazy dog. A journey of a thousand miles \
 begins with a single step. All that glitters is not gold, and not all those who wander are \
 lost. Knowledge speaks, but wisdom listens. The best way to predict the future is to invent it. ";
-
-/// The logit of the chosen token (others are 0): one-hot after any temperature or penalty.
-const HOT: f32 = 100.0;
 
 pub struct NullEngine {
     config: ModelConfig,
@@ -100,14 +98,12 @@ impl StepEngine for NullEngine {
             rows_per_seq.push(rows as u32);
             self.tokens_computed += c.tokens.len() as u64;
         }
-        let mut data = vec![0.0f32; hot.len() * vocab];
-        for (i, &t) in hot.iter().enumerate() {
-            data[i * vocab + t as usize] = HOT;
-        }
+        // Tokens, not logits: the sampler is not part of the front end being measured.
         Ok(Logits {
-            data,
+            data: Vec::new(),
             vocab,
             rows_per_seq,
+            tokens: Some(hot),
         })
     }
 
@@ -211,16 +207,11 @@ mod tests {
             .unwrap();
         assert_eq!(out.rows_per_seq, vec![0, 1, 3]);
         assert_eq!(out.num_rows(), 4);
-        let argmax = |r: &[f32]| {
-            r.iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1))
-                .map(|(i, _)| i as u32)
-                .unwrap()
-        };
-        assert_eq!(argmax(out.row(0)), e.token_at(8));
-        assert_eq!(argmax(out.row(1)), e.token_at(1));
-        assert_eq!(argmax(out.row(3)), e.token_at(3));
+        let t = out.tokens.as_ref().expect("the null engine returns tokens");
+        assert_eq!(t[0], e.token_at(8));
+        assert_eq!(t[1], e.token_at(1));
+        assert_eq!(t[3], e.token_at(3));
+        assert!(out.data.is_empty(), "no logits are computed");
         assert_eq!(e.tokens_computed(), 8);
     }
 }

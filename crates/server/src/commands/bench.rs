@@ -16,6 +16,9 @@ pub enum BenchCommand {
     /// Decode throughput through the rolling-batch scheduler at several concurrencies, and the
     /// scheduler's own share of each step.
     Scheduler(SchedulerArgs),
+    /// Drives a running server over HTTP (closed loop: concurrency, prompt and output lengths,
+    /// streaming) and reports requests/s, output tok/s, TTFT, inter-token and E2E latency.
+    Http(super::bench_http::HttpArgs),
 }
 
 #[derive(clap::Args)]
@@ -64,6 +67,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Engine(a) => engine(a),
         BenchCommand::Scheduler(a) => scheduler(a),
+        BenchCommand::Http(a) => super::bench_http::run(a),
     }
 }
 

@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod bench_http;
 pub mod convert;
 pub mod generate;
 pub mod infer;
