@@ -22,7 +22,8 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     let r = (xc - n * LN2_HI) - n * LN2_LO;
     let p = 1.0
         + r * (1.0
-            + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
     let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
     if x < -87.0 { 0.0 } else { p * scale }
 }
@@ -73,9 +74,14 @@ mod tests {
 
     #[test]
     fn sums_like_f64_reference() {
-        let row: Vec<f32> = (0..50_001).map(|i| ((i * 7919) % 1000) as f32 / 50.0 - 10.0).collect();
+        let row: Vec<f32> = (0..50_001)
+            .map(|i| ((i * 7919) % 1000) as f32 / 50.0 - 10.0)
+            .collect();
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let want: f64 = row.iter().map(|&x| (f64::from(x) - f64::from(max)).exp()).sum();
+        let want: f64 = row
+            .iter()
+            .map(|&x| (f64::from(x) - f64::from(max)).exp())
+            .sum();
         let got = sum_exp_shifted_clean(&row, max);
         assert!(((got - want) / want).abs() < 1e-6, "{got} vs {want}");
     }
