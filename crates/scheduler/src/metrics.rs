@@ -23,6 +23,9 @@ pub struct SchedulerMetrics {
     /// scheduler's own overhead: batching, sampling, detokenizing, stop rules, events).
     pub step_nanos: AtomicU64,
     pub forward_nanos: AtomicU64,
+    /// Of the scheduler's own time, the part spent sampling (vocabulary-sized passes per row;
+    /// on a GPU backend this moves into the device step).
+    pub sample_nanos: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -41,6 +44,7 @@ pub struct MetricsSnapshot {
     pub computed_tokens: u64,
     pub step_nanos: u64,
     pub forward_nanos: u64,
+    pub sample_nanos: u64,
 }
 
 impl MetricsSnapshot {
@@ -71,6 +75,7 @@ impl SchedulerMetrics {
             computed_tokens: self.computed_tokens.load(Relaxed),
             step_nanos: self.step_nanos.load(Relaxed),
             forward_nanos: self.forward_nanos.load(Relaxed),
+            sample_nanos: self.sample_nanos.load(Relaxed),
         }
     }
 }

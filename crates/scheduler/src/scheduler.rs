@@ -544,7 +544,13 @@ impl Scheduler {
                     top: Vec::new(),
                 })
                 .collect(),
-            None => self.sample_rows(&to_sample, &logits),
+            None => {
+                let t = Instant::now();
+                let s = self.sample_rows(&to_sample, &logits);
+                let ns = t.elapsed().as_nanos() as u64;
+                self.metrics.sample_nanos.fetch_add(ns, Relaxed);
+                s
+            }
         };
         let now = Instant::now();
         let mut finished: Vec<usize> = Vec::new();

@@ -11,6 +11,12 @@ mod routes;
 
 use clap::{Parser, Subcommand};
 
+/// Freed memory stays in the process: the engine allocates step-sized buffers (megabytes of
+/// logits and activations) every step, and the system allocator would hand them back to the
+/// kernel and fault them in zeroed again each time.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "lmi",

@@ -78,7 +78,12 @@ unsafe fn run_chunk<W: WElem>(
     ldo: usize,
     bias: Option<&[f32]>,
 ) {
-    let nrm = nr_max(isa);
+    // A single row streams more weight rows at once: more loads in flight per core.
+    let nrm = if m == 1 && isa == Isa::Avx512 {
+        8
+    } else {
+        nr_max(isa)
+    };
     let tile = |i: usize, mr: usize, j: usize, nr: usize| {
         // SAFETY: rows i..i+mr of x and j..j+nr of w exist; out has m×ldo elements.
         unsafe {
@@ -110,7 +115,13 @@ unsafe fn run_chunk<W: WElem>(
         let mut v = Vec::with_capacity((n1 - n0) / nrm + nrm);
         let mut j = n0;
         while j < n1 {
-            let nr = if n1 - j >= nrm { nrm } else { 1 };
+            let nr = if n1 - j >= nrm {
+                nrm
+            } else if n1 - j >= 4 && nrm > 4 {
+                4
+            } else {
+                1
+            };
             v.push((j, nr));
             j += nr;
         }
@@ -165,6 +176,7 @@ pub(crate) unsafe fn tile_dispatch<W: WElem>(
         match isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => match (mr, nr) {
+                (1, 8) => x86::tile512::<W, 1, 8>(x, ldx, w, ldw, k, out, ldo),
                 (4, 4) => x86::tile512::<W, 4, 4>(x, ldx, w, ldw, k, out, ldo),
                 (1, 4) => x86::tile512::<W, 1, 4>(x, ldx, w, ldw, k, out, ldo),
                 (4, 1) => x86::tile512::<W, 4, 1>(x, ldx, w, ldw, k, out, ldo),
@@ -312,11 +324,18 @@ mod x86 {
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); NR]; MR];
             let kv = k / 16 * 16;
+            // Prefetch each weight row this far ahead: the hardware prefetcher alone leaves
+            // decode (one input row) well short of the memory bandwidth.
+            let ahead = 1024 / std::mem::size_of::<W>();
             let mut t = 0;
             while t < kv {
                 let mut wv = [_mm512_setzero_ps(); NR];
                 for (j, wv) in wv.iter_mut().enumerate() {
-                    *wv = W::load16(w.add(j * ldw + t));
+                    let p = w.add(j * ldw + t);
+                    if t + ahead < k {
+                        _mm_prefetch::<_MM_HINT_T0>(p.add(ahead) as *const i8);
+                    }
+                    *wv = W::load16(p);
                 }
                 for (i, acc) in acc.iter_mut().enumerate() {
                     let xv = _mm512_loadu_ps(x.add(i * ldx + t));

@@ -185,9 +185,9 @@ fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         rayon::current_num_threads()
     );
     println!(
-        "| concurrent requests | decode tok/s (aggregate) | mean step ms | scheduler share of step |"
+        "| concurrent requests | decode tok/s (aggregate) | mean step ms | scheduler share of step | of which sampling | scheduler share without sampling |"
     );
-    println!("|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|");
     for &c in &a.concurrency {
         let per_seq = (a.prompt_len + a.max_new_tokens).div_ceil(BLOCK_SIZE);
         let opts = EngineOptions {
@@ -245,11 +245,15 @@ fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         let steps = (after.steps - before.steps).max(1);
         let step_ns = after.step_nanos - before.step_nanos;
         let fwd_ns = after.forward_nanos - before.forward_nanos;
+        let sample_ns = after.sample_nanos - before.sample_nanos;
+        let pct = |ns: u64| ns as f64 / step_ns.max(1) as f64 * 100.0;
         println!(
-            "| {c} | {:.1} | {:.1} | {:.2}% |",
+            "| {c} | {:.1} | {:.1} | {:.2}% | {:.2}% | {:.2}% |",
             decode_tokens as f64 / elapsed,
             step_ns as f64 / steps as f64 / 1e6,
-            (step_ns - fwd_ns) as f64 / step_ns.max(1) as f64 * 100.0
+            pct(step_ns - fwd_ns),
+            pct(sample_ns),
+            pct(step_ns - fwd_ns - sample_ns)
         );
         handle.shutdown();
     }
