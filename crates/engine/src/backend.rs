@@ -141,8 +141,11 @@ pub trait Backend: Send + Sync + 'static {
         width: usize,
         out: &mut Self::Buf,
     );
-    /// Copies the first `len` values to the host.
-    fn to_host(&self, buf: &Self::Buf, len: usize) -> Result<Vec<f32>>;
+    /// The first `len` values on the host (the buffer is consumed).
+    fn to_host(&self, buf: Self::Buf, len: usize) -> Result<Vec<f32>>;
+    /// Gives a scratch buffer back for reuse by later `alloc`s (a step allocates the same
+    /// sizes every time).
+    fn recycle(&self, _buf: Self::Buf) {}
     /// Copies whole blocks `src → dst` in one layer's pool (copy-on-write of shared blocks).
     fn copy_blocks(&self, cache: &mut Self::Kv, cfg: &KvCacheConfig, pairs: &[(u32, u32)]);
 }

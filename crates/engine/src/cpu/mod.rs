@@ -44,12 +44,19 @@ impl CpuWeight {
     }
 }
 
-#[derive(Debug, Default, Clone, Copy)]
-pub struct CpuBackend;
+/// Step-sized scratch buffers are kept for reuse: allocating megabytes per step would have
+/// the allocator return them to the kernel and fault them back in, zeroed, every step.
+#[derive(Debug, Default)]
+pub struct CpuBackend {
+    pool: std::sync::Mutex<Vec<Vec<f32>>>,
+}
+
+/// Buffers kept for reuse at most.
+const POOL_MAX: usize = 32;
 
 impl CpuBackend {
     pub fn new() -> Self {
-        CpuBackend
+        CpuBackend::default()
     }
 }
 
@@ -104,7 +111,28 @@ impl Backend for CpuBackend {
     }
 
     fn alloc(&self, len: usize) -> Result<Vec<f32>> {
-        Ok(vec![0.0; len])
+        let reused = self.pool.lock().ok().and_then(|mut pool| {
+            // The smallest buffer that fits.
+            let i = pool
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.capacity() >= len)
+                .min_by_key(|(_, b)| b.capacity())
+                .map(|(i, _)| i)?;
+            Some(pool.swap_remove(i))
+        });
+        let mut v = reused.unwrap_or_default();
+        v.clear();
+        v.resize(len, 0.0);
+        Ok(v)
+    }
+
+    fn recycle(&self, buf: Vec<f32>) {
+        if let Ok(mut pool) = self.pool.lock()
+            && pool.len() < POOL_MAX
+        {
+            pool.push(buf);
+        }
     }
 
     fn embedding(&self, table: &CpuWeight, step: &BatchLayout, out: &mut Vec<f32>) {
@@ -253,10 +281,9 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn to_host(&self, buf: &Vec<f32>, len: usize) -> Result<Vec<f32>> {
-        let mut v = buf.clone();
-        v.truncate(len);
-        Ok(v)
+    fn to_host(&self, mut buf: Vec<f32>, len: usize) -> Result<Vec<f32>> {
+        buf.truncate(len);
+        Ok(buf)
     }
 
     fn copy_blocks(&self, cache: &mut Vec<f32>, cfg: &KvCacheConfig, pairs: &[(u32, u32)]) {

@@ -33,6 +33,25 @@ pub fn isa() -> Isa {
     })
 }
 
+/// AVX512-BF16 dot products (`vdpbf16ps`): bf16 weights are then multiplied with inputs
+/// rounded to bf16 (round-to-nearest-even, as GPUs do), two products per lane per
+/// instruction, accumulated in f32. `LMI_CPU_NO_BF16_DOT` turns it off.
+pub fn has_bf16_dot() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            isa() == Isa::Avx512
+                && std::env::var_os("LMI_CPU_NO_BF16_DOT").is_none()
+                && std::arch::is_x86_feature_detected!("avx512bf16")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
 /// A weight element type: f32, or bf16 bit patterns widened to f32 on load.
 pub trait WElem: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;

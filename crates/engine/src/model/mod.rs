@@ -177,7 +177,12 @@ impl<B: Backend> Model<B> {
         backend.add(&mut residual, &proj, n * hidden);
 
         let rows = layout.logits_rows.len();
+        for b in [normed, qkv, attn, gate_up, act] {
+            backend.recycle(b);
+        }
         if rows == 0 {
+            backend.recycle(residual);
+            backend.recycle(proj);
             return Ok(Vec::new());
         }
         // Norm and LM head only for the rows whose logits are wanted.
@@ -188,6 +193,9 @@ impl<B: Backend> Model<B> {
         let mut logits = backend.alloc(rows * c.vocab_size)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         backend.linear(&picked_normed, rows, head, None, &mut logits);
-        backend.to_host(&logits, rows * c.vocab_size)
+        for b in [residual, proj, picked, picked_normed] {
+            backend.recycle(b);
+        }
+        backend.to_host(logits, rows * c.vocab_size)
     }
 }
