@@ -322,3 +322,60 @@ fn null_engine_serves_and_cuda_is_refused() {
     let status = sigterm_and_wait(&mut server);
     assert_eq!(status.code(), Some(0), "{status}");
 }
+
+#[test]
+fn sigterm_lets_an_in_flight_stream_finish() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("tiny");
+    write_tiny_model(&model, &TinySpec::llama()).unwrap();
+    let mut server = start(&model, &[]);
+    wait_ready(&mut server, "tiny");
+    let body = br#"{"inputs":"abc","parameters":{"max_new_tokens":400}}"#;
+    // The same request undisturbed: how many tokens it produces (the tiny model may hit EOS).
+    let baseline = request(server.port, "POST", "/generate_stream", body, &[]).unwrap();
+    let expected = baseline.body.matches("data:").count();
+    assert!(expected > 50, "{}", baseline.body);
+    let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let head = format!(
+        "POST /generate_stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    // Wait for the first token: the request is in flight.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("data:") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "connection closed before the first token");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let before = String::from_utf8_lossy(&got).matches("data:").count();
+    eprintln!("{before} of {expected} events received when SIGTERM was sent");
+    let ok = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    s.read_to_end(&mut got).unwrap();
+    let text = String::from_utf8_lossy(&got);
+    let events = text.matches("data:").count();
+    assert_eq!(
+        events, expected,
+        "every token of the in-flight stream arrives"
+    );
+    assert!(
+        text.contains("\"generated_text\":\""),
+        "the last event closes the stream"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "no exit within 30 s of SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0), "{status}");
+}
