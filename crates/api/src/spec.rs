@@ -148,3 +148,36 @@ pub(crate) fn push_unique(into: &mut Vec<String>, items: impl IntoIterator<Item 
         }
     }
 }
+
+/// `min_p` and the repetition / presence / frequency penalties, read and range-checked the same
+/// way for the LMI and OpenAI schemas.
+pub(crate) fn read_min_p_and_penalties(
+    f: &crate::fields::Fields<'_>,
+    spec: &mut GenerationSpec,
+) -> crate::fields::Res<()> {
+    if let Some(p) = f.f32("min_p")? {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(f.range_err("min_p", format!("must be in [0, 1], got {p}")));
+        }
+        spec.min_p = p;
+    }
+    if let Some(p) = f.f32("repetition_penalty")? {
+        if p <= 0.0 {
+            return Err(f.range_err("repetition_penalty", format!("must be > 0, got {p}")));
+        }
+        spec.repetition_penalty = p;
+    }
+    for key in ["presence_penalty", "frequency_penalty"] {
+        if let Some(p) = f.f32(key)? {
+            if !(-2.0..=2.0).contains(&p) {
+                return Err(f.range_err(key, format!("must be in [-2, 2], got {p}")));
+            }
+            if key == "presence_penalty" {
+                spec.presence_penalty = p
+            } else {
+                spec.frequency_penalty = p
+            }
+        }
+    }
+    Ok(())
+}

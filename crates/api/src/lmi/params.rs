@@ -133,30 +133,7 @@ pub fn parse_parameters(
         }
         spec.typical_p = p;
     }
-    if let Some(p) = f.f32("min_p")? {
-        if !(0.0..=1.0).contains(&p) {
-            return Err(f.range_err("min_p", format!("must be in [0, 1], got {p}")));
-        }
-        spec.min_p = p;
-    }
-    if let Some(p) = f.f32("repetition_penalty")? {
-        if p <= 0.0 {
-            return Err(f.range_err("repetition_penalty", format!("must be > 0, got {p}")));
-        }
-        spec.repetition_penalty = p;
-    }
-    for key in ["presence_penalty", "frequency_penalty"] {
-        if let Some(p) = f.f32(key)? {
-            if !(-2.0..=2.0).contains(&p) {
-                return Err(f.range_err(key, format!("must be in [-2, 2], got {p}")));
-            }
-            if key == "presence_penalty" {
-                spec.presence_penalty = p
-            } else {
-                spec.frequency_penalty = p
-            }
-        }
-    }
+    crate::spec::read_min_p_and_penalties(&f, &mut spec)?;
     spec.seed = match f.first_key(&["seed", "random_seed"]) {
         Some(key) => f.u64(key)?,
         None => None,

@@ -55,30 +55,7 @@ pub(crate) fn read_common(f: &Fields, spec: &mut GenerationSpec) -> Res<bool> {
         }
         spec.top_k = u32::try_from(k.max(0)).unwrap_or(u32::MAX);
     }
-    if let Some(p) = f.f32("min_p")? {
-        if !(0.0..=1.0).contains(&p) {
-            return Err(f.range_err("min_p", format!("must be in [0, 1], got {p}")));
-        }
-        spec.min_p = p;
-    }
-    if let Some(p) = f.f32("repetition_penalty")? {
-        if p <= 0.0 {
-            return Err(f.range_err("repetition_penalty", format!("must be > 0, got {p}")));
-        }
-        spec.repetition_penalty = p;
-    }
-    for key in ["presence_penalty", "frequency_penalty"] {
-        if let Some(p) = f.f32(key)? {
-            if !(-2.0..=2.0).contains(&p) {
-                return Err(f.range_err(key, format!("must be in [-2, 2], got {p}")));
-            }
-            if key == "presence_penalty" {
-                spec.presence_penalty = p
-            } else {
-                spec.frequency_penalty = p
-            }
-        }
-    }
+    crate::spec::read_min_p_and_penalties(f, spec)?;
     if let Some(n) = f.int_in("n", 1, 128, "an integer in [1, 128]")? {
         spec.n = n as u32;
         spec.best_of = n as u32;
