@@ -149,12 +149,24 @@ pub(crate) fn push_unique(into: &mut Vec<String>, items: impl IntoIterator<Item 
     }
 }
 
-/// `min_p` and the repetition / presence / frequency penalties, read and range-checked the same
-/// way for the LMI and OpenAI schemas.
-pub(crate) fn read_min_p_and_penalties(
+/// `top_k`, `top_p`, `min_p` and the repetition / presence / frequency penalties, read and
+/// range-checked the same way for the LMI and OpenAI schemas.
+pub(crate) fn read_filters_and_penalties(
     f: &crate::fields::Fields<'_>,
     spec: &mut GenerationSpec,
 ) -> crate::fields::Res<()> {
+    if let Some(k) = f.i64("top_k")? {
+        if k < -1 {
+            return Err(f.range_err("top_k", format!("must be >= 0 (or -1 for off), got {k}")));
+        }
+        spec.top_k = u32::try_from(k.max(0)).unwrap_or(u32::MAX);
+    }
+    if let Some(p) = f.f32("top_p")? {
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(f.range_err("top_p", format!("must be in (0, 1], got {p}")));
+        }
+        spec.top_p = p;
+    }
     if let Some(p) = f.f32("min_p")? {
         if !(0.0..=1.0).contains(&p) {
             return Err(f.range_err("min_p", format!("must be in [0, 1], got {p}")));

@@ -115,25 +115,13 @@ pub fn parse_parameters(
     } else {
         temperature.unwrap_or(1.0)
     };
-    if let Some(k) = f.i64("top_k")? {
-        if k < -1 {
-            return Err(f.range_err("top_k", format!("must be >= 0 (or -1 for off), got {k}")));
-        }
-        spec.top_k = u32::try_from(k.max(0)).unwrap_or(u32::MAX);
-    }
-    if let Some(p) = f.f32("top_p")? {
-        if !(p > 0.0 && p <= 1.0) {
-            return Err(f.range_err("top_p", format!("must be in (0, 1], got {p}")));
-        }
-        spec.top_p = p;
-    }
     if let Some(p) = f.f32("typical_p")? {
         if !(p > 0.0 && p <= 1.0) {
             return Err(f.range_err("typical_p", format!("must be in (0, 1], got {p}")));
         }
         spec.typical_p = p;
     }
-    crate::spec::read_min_p_and_penalties(&f, &mut spec)?;
+    crate::spec::read_filters_and_penalties(&f, &mut spec)?;
     spec.seed = match f.first_key(&["seed", "random_seed"]) {
         Some(key) => f.u64(key)?,
         None => None,

@@ -43,19 +43,7 @@ pub(crate) fn read_common(f: &Fields, spec: &mut GenerationSpec) -> Res<bool> {
         }
         spec.temperature = t;
     }
-    if let Some(p) = f.f32("top_p")? {
-        if !(p > 0.0 && p <= 1.0) {
-            return Err(f.range_err("top_p", format!("must be in (0, 1], got {p}")));
-        }
-        spec.top_p = p;
-    }
-    if let Some(k) = f.i64("top_k")? {
-        if k < -1 {
-            return Err(f.range_err("top_k", format!("must be >= 0 (or -1 for off), got {k}")));
-        }
-        spec.top_k = u32::try_from(k.max(0)).unwrap_or(u32::MAX);
-    }
-    crate::spec::read_min_p_and_penalties(f, spec)?;
+    crate::spec::read_filters_and_penalties(f, spec)?;
     if let Some(n) = f.int_in("n", 1, 128, "an integer in [1, 128]")? {
         spec.n = n as u32;
         spec.best_of = n as u32;
