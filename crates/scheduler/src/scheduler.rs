@@ -284,6 +284,15 @@ impl Scheduler {
             .copy_blocks(&copies)
             .and_then(|_| self.engine.step(&chunks));
         let forward = tf.elapsed();
+        // Counters first: a client that reads /metrics right after its last event must see
+        // the step that produced it.
+        let m = &self.metrics;
+        m.steps.fetch_add(1, Relaxed);
+        m.last_batch_tokens.store(batch_tokens as u64, Relaxed);
+        m.computed_tokens.fetch_add(batch_tokens as u64, Relaxed);
+        m.last_batch_seqs.store(chunks.len() as u64, Relaxed);
+        m.forward_nanos
+            .fetch_add(forward.as_nanos() as u64, Relaxed);
         match result {
             Ok(logits) => self.process(&scheduled, &chunks, logits),
             Err(e) => {
@@ -297,14 +306,8 @@ impl Scheduler {
                 }
             }
         }
-        let m = &self.metrics;
-        m.steps.fetch_add(1, Relaxed);
-        m.last_batch_tokens.store(batch_tokens as u64, Relaxed);
-        m.computed_tokens.fetch_add(batch_tokens as u64, Relaxed);
-        m.last_batch_seqs.store(chunks.len() as u64, Relaxed);
-        m.forward_nanos
-            .fetch_add(forward.as_nanos() as u64, Relaxed);
-        m.step_nanos
+        self.metrics
+            .step_nanos
             .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
         self.update_gauges();
         true
