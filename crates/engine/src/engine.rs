@@ -103,11 +103,14 @@ impl<B: Backend> Engine<B> {
     pub fn load(backend: B, dir: &Path, opts: &EngineOptions) -> Result<Self> {
         let model = Model::load(&backend, dir, LoadOptions { dtype: opts.dtype })?;
         let c = &model.config;
+        let kv_dtype = KvCacheConfig::dtype_for_weights(model.dtype);
         let num_blocks = match opts.kv_blocks {
             Some(n) => n,
-            None => KvCacheConfig::blocks_for_budget(c, 4, opts.kv_cache_bytes).max(1),
+            None => {
+                KvCacheConfig::blocks_for_budget(c, kv_dtype.size(), opts.kv_cache_bytes).max(1)
+            }
         };
-        let kv = KvCache::new(&backend, KvCacheConfig::new(c, num_blocks))?;
+        let kv = KvCache::new(&backend, KvCacheConfig::new(c, num_blocks, kv_dtype))?;
         let weight_bytes = model.weight_bytes(&backend);
         Ok(Engine {
             backend,

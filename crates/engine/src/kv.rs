@@ -2,6 +2,7 @@
 //! the scheduler; the engine only stores K/V at the slots a step's layout names.
 
 use crate::config::ModelConfig;
+use crate::dtype::DType;
 
 /// Tokens per KV block.
 pub const BLOCK_SIZE: usize = 16;
@@ -12,15 +13,27 @@ pub struct KvCacheConfig {
     pub num_layers: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// Element type of the pools: bf16 for bf16 models (half the bytes attention streams),
+    /// f32 otherwise.
+    pub dtype: DType,
 }
 
 impl KvCacheConfig {
-    pub fn new(model: &ModelConfig, num_blocks: usize) -> Self {
+    pub fn new(model: &ModelConfig, num_blocks: usize, dtype: DType) -> Self {
         KvCacheConfig {
             num_blocks,
             num_layers: model.num_layers,
             num_kv_heads: model.num_kv_heads,
             head_dim: model.head_dim,
+            dtype,
+        }
+    }
+
+    /// The KV element type for a model whose matrices are `weights`.
+    pub fn dtype_for_weights(weights: DType) -> DType {
+        match weights {
+            DType::BF16 => DType::BF16,
+            DType::F32 | DType::F16 => DType::F32,
         }
     }
 

@@ -4,17 +4,18 @@
 
 use rayon::prelude::*;
 
-use super::simd::{axpy, dot};
+use super::simd::{WElem, accumulate_rows, dots};
 use crate::backend::QkvLayout;
 use crate::batch::BatchLayout;
 use crate::kv::BLOCK_SIZE;
+use crate::sampling::fast_exp::exp_nonpositive;
 
-pub fn paged_attention(
+pub fn paged_attention<'a, E: WElem>(
     qkv: &[f32],
     layout: &BatchLayout,
     l: QkvLayout,
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &'a [E],
+    v_cache: &'a [E],
     scale: f32,
     out: &mut [f32],
 ) {
@@ -27,37 +28,41 @@ pub fn paged_attention(
         let table = layout.block_table(seq);
         let row = &qkv[t * l.row_width()..(t + 1) * l.row_width()];
         let mut scores = vec![0.0f32; group * ctx];
+        let blocks = ctx.div_ceil(BLOCK_SIZE);
+        // Rows of kv head `g` in the b-th block of the sequence (all of them, or up to ctx).
+        let rows = |cache: &'a [E], g: usize, b: usize| -> &'a [E] {
+            let start = ((table[b] as usize * l.kv_heads + g) * BLOCK_SIZE) * d;
+            &cache[start..][..(ctx - b * BLOCK_SIZE).min(BLOCK_SIZE) * d]
+        };
         for g in 0..l.kv_heads {
-            let slot = |j: usize| {
-                let block = table[j / BLOCK_SIZE] as usize;
-                ((block * l.kv_heads + g) * BLOCK_SIZE + j % BLOCK_SIZE) * d
-            };
-            for j in 0..ctx {
-                let key = &k_cache[slot(j)..slot(j) + d];
+            // Keys of one block are contiguous: score them in tiles that share each q load.
+            for b in 0..blocks {
+                if b + 1 < blocks {
+                    prefetch(rows(k_cache, g, b + 1));
+                }
+                let keys = rows(k_cache, g, b);
                 for h in 0..group {
                     let q = &row[(g * group + h) * d..(g * group + h + 1) * d];
-                    scores[h * ctx + j] = dot(q, key) * scale;
+                    let s = &mut scores[h * ctx + b * BLOCK_SIZE..][..keys.len() / d];
+                    dots(q, keys, s);
+                    for v in s.iter_mut() {
+                        *v *= scale;
+                    }
                 }
             }
             for h in 0..group {
-                let s = &mut scores[h * ctx..(h + 1) * ctx];
-                let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0f32;
-                for v in s.iter_mut() {
-                    *v = (*v - max).exp();
-                    sum += *v;
-                }
-                let inv = 1.0 / sum;
-                for v in s.iter_mut() {
-                    *v *= inv;
-                }
+                softmax(&mut scores[h * ctx..(h + 1) * ctx]);
             }
             let og = &mut o[g * group * d..(g + 1) * group * d];
             og.fill(0.0);
-            for j in 0..ctx {
-                let val = &v_cache[slot(j)..slot(j) + d];
+            for b in 0..blocks {
+                if b + 1 < blocks {
+                    prefetch(rows(v_cache, g, b + 1));
+                }
+                let vals = rows(v_cache, g, b);
                 for h in 0..group {
-                    axpy(&mut og[h * d..(h + 1) * d], scores[h * ctx + j], val);
+                    let w = &scores[h * ctx + b * BLOCK_SIZE..][..vals.len() / d];
+                    accumulate_rows(&mut og[h * d..(h + 1) * d], w, vals);
                 }
             }
         }
@@ -73,13 +78,49 @@ pub fn paged_attention(
     }
 }
 
+/// In place: `s = exp(s - max) / Σ exp(s - max)`. The exponentials vectorize; the sum runs
+/// in eight lanes in a fixed order (it depends on the length only).
+fn softmax(s: &mut [f32]) {
+    let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for v in s.iter_mut() {
+        *v = exp_nonpositive(*v - max);
+    }
+    let mut lanes = [0.0f32; 8];
+    let mut it = s.chunks_exact(8);
+    for c in &mut it {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l += v;
+        }
+    }
+    let sum = lanes.iter().sum::<f32>() + it.remainder().iter().sum::<f32>();
+    let inv = 1.0 / sum;
+    for v in s.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// Asks for the next block's rows while this one is computed: the blocks of a sequence are
+/// scattered through the pool, out of the hardware prefetcher's sight.
+#[inline(always)]
+fn prefetch<E>(rows: &[E]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let p = rows.as_ptr() as *const i8;
+        for off in (0..std::mem::size_of_val(rows)).step_by(64) {
+            // SAFETY: prefetches never fault; the addresses lie inside `rows` anyway.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off)) };
+        }
+    }
+}
+
 /// Stores each token's k and v heads at its slot of the `[blocks, kv_heads, BLOCK_SIZE, d]` pools.
-pub fn write_kv(
+pub fn write_kv<E: KvElem>(
     qkv: &[f32],
     slots: &[u32],
     l: QkvLayout,
-    k_cache: &mut [f32],
-    v_cache: &mut [f32],
+    k_cache: &mut [E],
+    v_cache: &mut [E],
 ) {
     let d = l.head_dim;
     for (t, &slot) in slots.iter().enumerate() {
@@ -89,8 +130,25 @@ pub fn write_kv(
             let dst = ((block * l.kv_heads + g) * BLOCK_SIZE + off) * d;
             let k = l.k_offset() + g * d;
             let v = l.v_offset() + g * d;
-            k_cache[dst..dst + d].copy_from_slice(&row[k..k + d]);
-            v_cache[dst..dst + d].copy_from_slice(&row[v..v + d]);
+            E::store(&row[k..k + d], &mut k_cache[dst..dst + d]);
+            E::store(&row[v..v + d], &mut v_cache[dst..dst + d]);
         }
+    }
+}
+
+/// How K/V values are stored: f32 as they are, bf16 rounded to nearest even.
+pub trait KvElem: WElem {
+    fn store(src: &[f32], dst: &mut [Self]);
+}
+
+impl KvElem for f32 {
+    fn store(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl KvElem for u16 {
+    fn store(src: &[f32], dst: &mut [u16]) {
+        super::linear::round_bf16_into(src, dst);
     }
 }

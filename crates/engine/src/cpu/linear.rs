@@ -105,14 +105,23 @@ pub fn linear<W: WElem>(
 
 /// Round-to-nearest-even f32 → bf16 bits.
 fn to_bf16(x: &[f32]) -> Vec<u16> {
+    let mut out = vec![0u16; x.len()];
+    round_bf16_into(x, &mut out);
+    out
+}
+
+/// Round-to-nearest-even f32 → bf16 bits into `out` (same length), vectorized when the CPU
+/// has AVX512-BF16 (bit-identical to the scalar rounding).
+pub(crate) fn round_bf16_into(x: &[f32], out: &mut [u16]) {
+    assert_eq!(x.len(), out.len());
     #[cfg(target_arch = "x86_64")]
-    if has_bf16_dot() {
-        // SAFETY: the feature was detected.
-        return unsafe { x86::to_bf16(x) };
+    if super::simd::has_avx512bf16() {
+        // SAFETY: the feature was detected; lengths checked above.
+        return unsafe { x86::to_bf16_into(x, out) };
     }
-    x.iter()
-        .map(|&v| half::bf16::from_f32(v).to_bits())
-        .collect()
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = half::bf16::from_f32(v).to_bits();
+    }
 }
 
 fn nr_max(isa: Isa) -> usize {
@@ -263,40 +272,6 @@ mod x86 {
 
     use super::WElem;
 
-    /// Loads 16 (AVX-512) or 8 (AVX2) weight elements as f32.
-    pub trait Load: WElem {
-        unsafe fn load16(p: *const Self) -> __m512;
-        unsafe fn load8(p: *const Self) -> __m256;
-    }
-
-    impl Load for f32 {
-        #[inline(always)]
-        unsafe fn load16(p: *const f32) -> __m512 {
-            unsafe { _mm512_loadu_ps(p) }
-        }
-        #[inline(always)]
-        unsafe fn load8(p: *const f32) -> __m256 {
-            unsafe { _mm256_loadu_ps(p) }
-        }
-    }
-
-    impl Load for u16 {
-        #[inline(always)]
-        unsafe fn load16(p: *const u16) -> __m512 {
-            unsafe {
-                let h = _mm256_loadu_si256(p as *const __m256i);
-                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
-            }
-        }
-        #[inline(always)]
-        unsafe fn load8(p: *const u16) -> __m256 {
-            unsafe {
-                let h = _mm_loadu_si128(p as *const __m128i);
-                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
-            }
-        }
-    }
-
     /// Dispatches on the concrete element type (the generic entry points take any WElem).
     #[inline(always)]
     unsafe fn as_load<W: WElem, R>(
@@ -351,7 +326,7 @@ mod x86 {
 
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn t512<W: Load, const MR: usize, const NR: usize>(
+    unsafe fn t512<W: WElem, const MR: usize, const NR: usize>(
         x: *const f32,
         ldx: usize,
         w: *const W,
@@ -397,8 +372,7 @@ mod x86 {
 
     /// f32 → bf16 (round to nearest even), 16 at a time.
     #[target_feature(enable = "avx512f,avx512bf16")]
-    pub unsafe fn to_bf16(x: &[f32]) -> Vec<u16> {
-        let mut out = vec![0u16; x.len()];
+    pub unsafe fn to_bf16_into(x: &[f32], out: &mut [u16]) {
         let main = x.len() / 16 * 16;
         let mut i = 0;
         while i < main {
@@ -414,7 +388,6 @@ mod x86 {
         for (o, &v) in out[main..].iter_mut().zip(&x[main..]) {
             *o = half::bf16::from_f32(v).to_bits();
         }
-        out
     }
 
     /// One tile with bf16 inputs and weights: vdpbf16ps over 32-element steps, then a fixed
@@ -490,7 +463,7 @@ mod x86 {
 
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn t256<W: Load, const MR: usize, const NR: usize>(
+    unsafe fn t256<W: WElem, const MR: usize, const NR: usize>(
         x: *const f32,
         ldx: usize,
         w: *const W,

@@ -1,6 +1,7 @@
 //! The CPU backend: f32 activations and accumulation, f32 or bf16 weights, SIMD kernels with a
 //! fixed reduction order (batch invariant, see `simd.rs`), threads through rayon.
 
+mod amx;
 mod attention;
 mod linear;
 mod ops;
@@ -9,21 +10,35 @@ pub mod simd;
 use crate::backend::{Backend, QkvLayout};
 use crate::batch::BatchLayout;
 use crate::error::{EngineError, Result};
+use crate::dtype::DType;
 use crate::kv::{BLOCK_SIZE, KvCacheConfig};
 use crate::weights::{HostData, HostTensor};
 
+pub use amx::available as amx_available;
 pub use linear::linear;
 
-/// A weight in CPU memory.
+/// A weight in CPU memory. bf16 matrices are kept in AMX tile order where the CPU has AMX.
 pub enum CpuWeight {
-    F32 { data: Vec<f32>, shape: Vec<usize> },
-    BF16 { data: Vec<u16>, shape: Vec<usize> },
+    F32 {
+        data: Vec<f32>,
+        shape: Vec<usize>,
+    },
+    BF16 {
+        data: Vec<u16>,
+        shape: Vec<usize>,
+    },
+    Amx {
+        packed: amx::AmxWeight,
+        shape: Vec<usize>,
+    },
 }
 
 impl CpuWeight {
     fn shape(&self) -> &[usize] {
         match self {
-            CpuWeight::F32 { shape, .. } | CpuWeight::BF16 { shape, .. } => shape,
+            CpuWeight::F32 { shape, .. }
+            | CpuWeight::BF16 { shape, .. }
+            | CpuWeight::Amx { shape, .. } => shape,
         }
     }
 
@@ -32,6 +47,7 @@ impl CpuWeight {
         match self {
             CpuWeight::F32 { data, .. } => data.len() * 4,
             CpuWeight::BF16 { data, .. } => data.len() * 2,
+            CpuWeight::Amx { packed, .. } => packed.bytes(),
         }
     }
 
@@ -39,9 +55,18 @@ impl CpuWeight {
     fn as_f32(&self) -> &[f32] {
         match self {
             CpuWeight::F32 { data, .. } => data,
-            CpuWeight::BF16 { .. } => panic!("vector weights are uploaded as f32"),
+            CpuWeight::BF16 { .. } | CpuWeight::Amx { .. } => {
+                panic!("vector weights are uploaded as f32")
+            }
         }
     }
+}
+
+/// One layer's K or V pool, `[blocks, kv_heads, BLOCK_SIZE, head_dim]`.
+pub enum CpuKv {
+    F32(Vec<f32>),
+    /// bf16 bit patterns, rounded to nearest even when written.
+    BF16(Vec<u16>),
 }
 
 /// Step-sized scratch buffers are kept for reuse: allocating megabytes per step would have
@@ -63,7 +88,7 @@ impl CpuBackend {
 impl Backend for CpuBackend {
     type Buf = Vec<f32>;
     type Weight = CpuWeight;
-    type Kv = Vec<f32>;
+    type Kv = CpuKv;
     type Step = BatchLayout;
     type Rope = Vec<f64>;
 
@@ -75,6 +100,10 @@ impl Backend for CpuBackend {
         let shape = t.shape;
         Ok(match t.data {
             HostData::F32(data) => CpuWeight::F32 { data, shape },
+            HostData::BF16(data) if shape.len() == 2 && amx::available() => CpuWeight::Amx {
+                packed: amx::AmxWeight::pack(&data, shape[0], shape[1]),
+                shape,
+            },
             HostData::BF16(data) if shape.len() > 1 => CpuWeight::BF16 { data, shape },
             HostData::BF16(_) => {
                 return Err(EngineError::Backend(
@@ -92,18 +121,24 @@ impl Backend for CpuBackend {
         Ok(inv_freq.to_vec())
     }
 
-    fn alloc_kv(&self, cfg: &KvCacheConfig) -> Result<Vec<f32>> {
-        let n = cfg.layer_elems();
-        let mut v = Vec::new();
-        v.try_reserve_exact(n).map_err(|_| {
-            EngineError::Backend(format!(
-                "cannot allocate {} MiB for a KV layer ({} blocks)",
-                (n * 4) >> 20,
-                cfg.num_blocks
-            ))
-        })?;
-        v.resize(n, 0.0);
-        Ok(v)
+    fn alloc_kv(&self, cfg: &KvCacheConfig) -> Result<CpuKv> {
+        fn zeroed<T: Clone + Default>(cfg: &KvCacheConfig) -> Result<Vec<T>> {
+            let n = cfg.layer_elems();
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| {
+                EngineError::Backend(format!(
+                    "cannot allocate {} MiB for a KV layer ({} blocks)",
+                    (n * std::mem::size_of::<T>()) >> 20,
+                    cfg.num_blocks
+                ))
+            })?;
+            v.resize(n, T::default());
+            Ok(v)
+        }
+        Ok(match cfg.dtype {
+            DType::BF16 => CpuKv::BF16(zeroed(cfg)?),
+            DType::F32 | DType::F16 => CpuKv::F32(zeroed(cfg)?),
+        })
     }
 
     fn upload_step(&self, layout: &BatchLayout) -> Result<BatchLayout> {
@@ -140,6 +175,11 @@ impl Backend for CpuBackend {
         match table {
             CpuWeight::F32 { data, .. } => ops::embedding(data, width, &step.token_ids, out),
             CpuWeight::BF16 { data, .. } => ops::embedding(data, width, &step.token_ids, out),
+            CpuWeight::Amx { packed, .. } => {
+                for (o, &id) in out.chunks_mut(width).zip(&step.token_ids) {
+                    packed.row_into(id as usize, o);
+                }
+            }
         }
     }
 
@@ -156,6 +196,7 @@ impl Backend for CpuBackend {
         match w {
             CpuWeight::F32 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
             CpuWeight::BF16 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
+            CpuWeight::Amx { packed, .. } => amx::linear(x, rows, packed, bias, out),
         }
     }
 
@@ -215,10 +256,15 @@ impl Backend for CpuBackend {
         qkv: &Vec<f32>,
         step: &BatchLayout,
         layout: QkvLayout,
-        k_cache: &mut Vec<f32>,
-        v_cache: &mut Vec<f32>,
+        k_cache: &mut CpuKv,
+        v_cache: &mut CpuKv,
     ) {
-        attention::write_kv(qkv, &step.slot_mapping, layout, k_cache, v_cache);
+        let slots = &step.slot_mapping;
+        match (k_cache, v_cache) {
+            (CpuKv::F32(k), CpuKv::F32(v)) => attention::write_kv(qkv, slots, layout, k, v),
+            (CpuKv::BF16(k), CpuKv::BF16(v)) => attention::write_kv(qkv, slots, layout, k, v),
+            _ => unreachable!("K and V pools share one dtype"),
+        }
     }
 
     fn attention(
@@ -226,12 +272,20 @@ impl Backend for CpuBackend {
         qkv: &Vec<f32>,
         step: &BatchLayout,
         layout: QkvLayout,
-        k_cache: &Vec<f32>,
-        v_cache: &Vec<f32>,
+        k_cache: &CpuKv,
+        v_cache: &CpuKv,
         scale: f32,
         out: &mut Vec<f32>,
     ) {
-        attention::paged_attention(qkv, step, layout, k_cache, v_cache, scale, out);
+        match (k_cache, v_cache) {
+            (CpuKv::F32(k), CpuKv::F32(v)) => {
+                attention::paged_attention(qkv, step, layout, k, v, scale, out)
+            }
+            (CpuKv::BF16(k), CpuKv::BF16(v)) => {
+                attention::paged_attention(qkv, step, layout, k, v, scale, out)
+            }
+            _ => unreachable!("K and V pools share one dtype"),
+        }
     }
 
     fn silu_mul(&self, gate_up: &Vec<f32>, rows: usize, width: usize, out: &mut Vec<f32>) {
@@ -286,11 +340,17 @@ impl Backend for CpuBackend {
         Ok(buf)
     }
 
-    fn copy_blocks(&self, cache: &mut Vec<f32>, cfg: &KvCacheConfig, pairs: &[(u32, u32)]) {
+    fn copy_blocks(&self, cache: &mut CpuKv, cfg: &KvCacheConfig, pairs: &[(u32, u32)]) {
+        fn copy<T: Copy>(cache: &mut [T], block: usize, pairs: &[(u32, u32)]) {
+            for &(src, dst) in pairs {
+                let (s, d) = (src as usize * block, dst as usize * block);
+                cache.copy_within(s..s + block, d);
+            }
+        }
         let block = cfg.num_kv_heads * BLOCK_SIZE * cfg.head_dim;
-        for &(src, dst) in pairs {
-            let (s, d) = (src as usize * block, dst as usize * block);
-            cache.copy_within(s..s + block, d);
+        match cache {
+            CpuKv::F32(c) => copy(c, block, pairs),
+            CpuKv::BF16(c) => copy(c, block, pairs),
         }
     }
 }

@@ -52,9 +52,40 @@ pub fn has_bf16_dot() -> bool {
     })
 }
 
-/// A weight element type: f32, or bf16 bit patterns widened to f32 on load.
+/// The CPU has AVX512-BF16 (whatever `LMI_CPU_NO_BF16_DOT` says): used for rounding only.
+pub fn has_avx512bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bf16")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// A weight (or KV) element type: f32, or bf16 bit patterns widened to f32 on load.
 pub trait WElem: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
+    /// Loads 16 elements as f32.
+    ///
+    /// # Safety
+    /// `p` must cover 16 elements; the caller runs with AVX-512.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> __m512;
+    /// Loads 8 elements as f32.
+    ///
+    /// # Safety
+    /// `p` must cover 8 elements; the caller runs with AVX2.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> __m256;
 }
 
 impl WElem for f32 {
@@ -62,12 +93,38 @@ impl WElem for f32 {
     fn to_f32(self) -> f32 {
         self
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> __m512 {
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        unsafe { _mm256_loadu_ps(p) }
+    }
 }
 
 impl WElem for u16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f32::from_bits((self as u32) << 16)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const u16) -> __m512 {
+        unsafe {
+            let h = _mm256_loadu_si256(p as *const __m256i);
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const u16) -> __m256 {
+        unsafe {
+            let h = _mm_loadu_si128(p as *const __m128i);
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+        }
     }
 }
 
@@ -93,10 +150,181 @@ pub fn dot<W: WElem>(a: &[f32], b: &[W]) -> f32 {
     out[0]
 }
 
-/// `y += alpha · x`.
+/// `out[j] = Σ a[i]·rows[j·a.len() + i]` for each of `out.len()` contiguous rows, in the
+/// canonical order (bit-identical to [`dot`] per row), several rows per tile.
+pub fn dots<W: WElem>(a: &[f32], rows: &[W], out: &mut [f32]) {
+    let k = a.len();
+    assert!(rows.len() >= out.len() * k);
+    let isa = isa();
+    let mut j = 0;
+    while j < out.len() {
+        let nr = match (isa, out.len() - j) {
+            (Isa::Avx512, r) if r >= 8 => 8,
+            (Isa::Avx512, r) if r >= 4 => 4,
+            _ => 1,
+        };
+        // SAFETY: rows j..j+nr of k elements exist (asserted); out has nr slots at j.
+        unsafe {
+            crate::cpu::linear::tile_dispatch::<W>(
+                isa,
+                1,
+                nr,
+                a.as_ptr(),
+                0,
+                rows.as_ptr().add(j * k),
+                k,
+                k,
+                out.as_mut_ptr().add(j),
+                0,
+            )
+        };
+        j += nr;
+    }
+}
+
+/// `y += alpha · x`, a rounded product then a rounded sum per element (no FMA), so every
+/// width of vector gives the same bits.
 #[inline]
-pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y += alpha * x;
+pub fn axpy<W: WElem>(y: &mut [f32], alpha: f32, x: &[W]) {
+    let n = y.len().min(x.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx512 {
+        // SAFETY: the feature was detected; both slices hold n elements.
+        unsafe { axpy512(&mut y[..n], alpha, &x[..n]) };
+        return;
+    }
+    for (y, &x) in y[..n].iter_mut().zip(&x[..n]) {
+        *y += alpha * x.to_f32();
+    }
+}
+
+/// `out += Σ_j weights[j] · rows[j]` over contiguous rows of `out.len()` elements, row after
+/// row, each step the same rounded product and rounded sum as [`axpy`] (so the bits equal a
+/// loop of `axpy`), with `out` held in registers across rows.
+pub fn accumulate_rows<W: WElem>(out: &mut [f32], weights: &[f32], rows: &[W]) {
+    let d = out.len();
+    assert!(rows.len() >= weights.len() * d);
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx512 {
+        // SAFETY: the feature was detected; lengths asserted above.
+        unsafe { accumulate_rows512(out, weights, rows) };
+        return;
+    }
+    for (j, &w) in weights.iter().enumerate() {
+        axpy(out, w, &rows[j * d..(j + 1) * d]);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn accumulate_rows512<W: WElem>(out: &mut [f32], weights: &[f32], rows: &[W]) {
+    use std::arch::x86_64::*;
+    let d = out.len();
+    let mut c = 0;
+    // 64 columns (four registers) at a time, then 16, then scalars.
+    while c + 64 <= d {
+        // SAFETY: columns c..c+64 of out and of each of the weights.len() rows exist.
+        unsafe {
+            let o = out.as_mut_ptr().add(c);
+            let mut acc = [
+                _mm512_loadu_ps(o),
+                _mm512_loadu_ps(o.add(16)),
+                _mm512_loadu_ps(o.add(32)),
+                _mm512_loadu_ps(o.add(48)),
+            ];
+            for (j, &w) in weights.iter().enumerate() {
+                let a = _mm512_set1_ps(w);
+                let r = rows.as_ptr().add(j * d + c);
+                for (q, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm512_add_ps(*acc, _mm512_mul_ps(a, W::load16(r.add(16 * q))));
+                }
+            }
+            for (q, acc) in acc.iter().enumerate() {
+                _mm512_storeu_ps(o.add(16 * q), *acc);
+            }
+        }
+        c += 64;
+    }
+    while c + 16 <= d {
+        // SAFETY: as above for 16 columns.
+        unsafe {
+            let o = out.as_mut_ptr().add(c);
+            let mut acc = _mm512_loadu_ps(o);
+            for (j, &w) in weights.iter().enumerate() {
+                let r = rows.as_ptr().add(j * d + c);
+                acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(w), W::load16(r)));
+            }
+            _mm512_storeu_ps(o, acc);
+        }
+        c += 16;
+    }
+    for (j, &w) in weights.iter().enumerate() {
+        for (o, &x) in out[c..].iter_mut().zip(&rows[j * d + c..(j + 1) * d]) {
+            *o += w * x.to_f32();
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn axpy512<W: WElem>(y: &mut [f32], alpha: f32, x: &[W]) {
+    use std::arch::x86_64::*;
+    let main = y.len() / 16 * 16;
+    let a = _mm512_set1_ps(alpha);
+    let mut i = 0;
+    while i < main {
+        // SAFETY: i + 16 ≤ len of both slices.
+        unsafe {
+            let p = y.as_mut_ptr().add(i);
+            let v = _mm512_add_ps(
+                _mm512_loadu_ps(p),
+                _mm512_mul_ps(a, W::load16(x.as_ptr().add(i))),
+            );
+            _mm512_storeu_ps(p, v);
+        }
+        i += 16;
+    }
+    for (y, &x) in y[main..].iter_mut().zip(&x[main..]) {
+        *y += alpha * x.to_f32();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accumulate_rows_equals_axpy_row_by_row() {
+        for d in [64, 80, 128, 7] {
+            let rows: Vec<f32> = (0..13 * d)
+                .map(|i| ((i * 53 % 29) as f32 - 14.0) / 9.0)
+                .collect();
+            let w: Vec<f32> = (0..13).map(|j| (j as f32 - 5.5) / 3.3).collect();
+            let mut want: Vec<f32> = (0..d).map(|i| i as f32 / 7.0).collect();
+            let mut got = want.clone();
+            for (j, &wj) in w.iter().enumerate() {
+                for (o, &x) in want.iter_mut().zip(&rows[j * d..(j + 1) * d]) {
+                    *o += wj * x;
+                }
+            }
+            accumulate_rows(&mut got, &w, &rows);
+            assert_eq!(got, want, "d = {d}");
+        }
+    }
+
+    #[test]
+    fn dots_equal_dot_row_by_row() {
+        let k = 64;
+        let a: Vec<f32> = (0..k).map(|i| ((i * 37 % 17) as f32 - 8.0) / 7.0).collect();
+        for rows in [1, 3, 4, 7, 8, 13, 16] {
+            let m: Vec<f32> = (0..rows * k)
+                .map(|i| ((i * 53 % 29) as f32 - 14.0) / 9.0)
+                .collect();
+            let mut out = vec![0.0; rows];
+            dots(&a, &m, &mut out);
+            for (j, &o) in out.iter().enumerate() {
+                assert_eq!(o.to_bits(), dot(&a, &m[j * k..(j + 1) * k]).to_bits());
+            }
+        }
     }
 }

@@ -99,6 +99,7 @@ impl<B: Backend> Model<B> {
         let rope = backend.rope_table(&c.rope_inv_freq())?;
         Ok(Model {
             config,
+            dtype,
             embed,
             lm_head,
             final_norm,

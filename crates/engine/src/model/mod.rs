@@ -6,6 +6,7 @@ mod load;
 use crate::backend::{Backend, QkvLayout};
 use crate::batch::BatchLayout;
 use crate::config::ModelConfig;
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::kv::KvCacheConfig;
 use crate::lora::{LoraAdapter, Target};
@@ -29,6 +30,8 @@ pub(crate) struct Layer<B: Backend> {
 
 pub struct Model<B: Backend> {
     pub config: ModelConfig,
+    /// Element type of the matrices in memory.
+    pub dtype: DType,
     embed: B::Weight,
     /// None when the embeddings are tied (the LM head reads `embed`).
     lm_head: Option<B::Weight>,

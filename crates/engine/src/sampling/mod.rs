@@ -49,7 +49,8 @@
 //! per-thread candidate buffer, selection for top-k and mass-guided selection for top-p and
 //! the draw; only `typical_p` sorts all survivors.
 
-mod fast_exp;
+/// Also the CPU attention's softmax.
+pub(crate) mod fast_exp;
 mod filters;
 mod logprobs;
 mod params;
