@@ -9,8 +9,8 @@ pub mod simd;
 
 use crate::backend::{Backend, QkvLayout};
 use crate::batch::BatchLayout;
-use crate::error::{EngineError, Result};
 use crate::dtype::DType;
+use crate::error::{EngineError, Result};
 use crate::kv::{BLOCK_SIZE, KvCacheConfig};
 use crate::weights::{HostData, HostTensor};
 
