@@ -52,14 +52,14 @@ pub fn has_bf16_dot() -> bool {
     })
 }
 
-/// The CPU has AVX512-BF16 (whatever `LMI_CPU_NO_BF16_DOT` says): used for rounding only.
+/// AVX-512 is in use and the CPU has AVX512-BF16 (whatever `LMI_CPU_NO_BF16_DOT` says): for
+/// rounding to bf16 and for AMX.
 pub fn has_avx512bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *HAS.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bf16")
+            isa() == Isa::Avx512 && std::arch::is_x86_feature_detected!("avx512bf16")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
