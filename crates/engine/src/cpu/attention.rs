@@ -40,6 +40,8 @@ pub fn paged_attention<'a, E: WElem>(
                 if b + 1 < blocks {
                     prefetch(rows(k_cache, g, b + 1));
                 }
+                // The values are read after the softmax: ask for them now.
+                prefetch(rows(v_cache, g, b));
                 let keys = rows(k_cache, g, b);
                 for h in 0..group {
                     let q = &row[(g * group + h) * d..(g * group + h + 1) * d];
@@ -56,9 +58,6 @@ pub fn paged_attention<'a, E: WElem>(
             let og = &mut o[g * group * d..(g + 1) * group * d];
             og.fill(0.0);
             for b in 0..blocks {
-                if b + 1 < blocks {
-                    prefetch(rows(v_cache, g, b + 1));
-                }
                 let vals = rows(v_cache, g, b);
                 for h in 0..group {
                     let w = &scores[h * ctx + b * BLOCK_SIZE..][..vals.len() / d];
@@ -81,6 +80,22 @@ pub fn paged_attention<'a, E: WElem>(
 /// In place: `s = exp(s - max) / Σ exp(s - max)`. The exponentials vectorize; the sum runs
 /// in eight lanes in a fixed order (it depends on the length only).
 fn softmax(s: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::isa() == super::simd::Isa::Avx512 {
+        // SAFETY: the feature was detected.
+        return unsafe { softmax512(s) };
+    }
+    softmax_body(s)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn softmax512(s: &mut [f32]) {
+    softmax_body(s)
+}
+
+#[inline(always)]
+fn softmax_body(s: &mut [f32]) {
     let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     for v in s.iter_mut() {
         *v = exp_nonpositive(*v - max);
