@@ -27,41 +27,49 @@ pub fn paged_attention<'a, E: WElem>(
         let ctx = layout.positions[t] as usize + 1;
         let table = layout.block_table(seq);
         let row = &qkv[t * l.row_width()..(t + 1) * l.row_width()];
-        let mut scores = vec![0.0f32; group * ctx];
+        let mut scores = vec![0.0f32; l.q_heads * ctx];
         let blocks = ctx.div_ceil(BLOCK_SIZE);
         // Rows of kv head `g` in the b-th block of the sequence (all of them, or up to ctx).
         let rows = |cache: &'a [E], g: usize, b: usize| -> &'a [E] {
             let start = ((table[b] as usize * l.kv_heads + g) * BLOCK_SIZE) * d;
             &cache[start..][..(ctx - b * BLOCK_SIZE).min(BLOCK_SIZE) * d]
         };
-        for g in 0..l.kv_heads {
-            // Keys of one block are contiguous: score them in tiles that share each q load.
-            for b in 0..blocks {
-                if b + 1 < blocks {
-                    prefetch(rows(k_cache, g, b + 1));
-                }
-                // The values are read after the softmax: ask for them now.
-                prefetch(rows(v_cache, g, b));
+        // A whole block, every kv head: one contiguous run, so blocks go outermost.
+        let block = |cache: &'a [E], b: usize| -> &'a [E] {
+            let run = l.kv_heads * BLOCK_SIZE * d;
+            &cache[table[b] as usize * run..][..run]
+        };
+        for b in 0..blocks {
+            if b + 1 < blocks {
+                prefetch::<{ HINT_L1 }, E>(block(k_cache, b + 1));
+            }
+            // The values are read after the softmax: ask for them now, into L2.
+            prefetch::<{ HINT_L2 }, E>(block(v_cache, b));
+            for g in 0..l.kv_heads {
+                // Keys of one block are contiguous: score them in tiles that share q loads.
                 let keys = rows(k_cache, g, b);
-                for h in 0..group {
-                    let q = &row[(g * group + h) * d..(g * group + h + 1) * d];
+                for h in g * group..(g + 1) * group {
                     let s = &mut scores[h * ctx + b * BLOCK_SIZE..][..keys.len() / d];
-                    dots(q, keys, s);
+                    dots(&row[h * d..(h + 1) * d], keys, s);
                     for v in s.iter_mut() {
                         *v *= scale;
                     }
                 }
             }
-            for h in 0..group {
-                softmax(&mut scores[h * ctx..(h + 1) * ctx]);
+        }
+        for s in scores.chunks_mut(ctx) {
+            softmax(s);
+        }
+        o.fill(0.0);
+        for b in 0..blocks {
+            if b + 1 < blocks {
+                prefetch::<{ HINT_L1 }, E>(block(v_cache, b + 1));
             }
-            let og = &mut o[g * group * d..(g + 1) * group * d];
-            og.fill(0.0);
-            for b in 0..blocks {
+            for g in 0..l.kv_heads {
                 let vals = rows(v_cache, g, b);
-                for h in 0..group {
+                for h in g * group..(g + 1) * group {
                     let w = &scores[h * ctx + b * BLOCK_SIZE..][..vals.len() / d];
-                    accumulate_rows(&mut og[h * d..(h + 1) * d], w, vals);
+                    accumulate_rows(&mut o[h * d..(h + 1) * d], w, vals);
                 }
             }
         }
@@ -114,17 +122,26 @@ fn softmax_body(s: &mut [f32]) {
     }
 }
 
-/// Asks for the next block's rows while this one is computed: the blocks of a sequence are
-/// scattered through the pool, out of the hardware prefetcher's sight.
+#[cfg(target_arch = "x86_64")]
+const HINT_L1: i32 = std::arch::x86_64::_MM_HINT_T0;
+#[cfg(target_arch = "x86_64")]
+const HINT_L2: i32 = std::arch::x86_64::_MM_HINT_T1;
+#[cfg(not(target_arch = "x86_64"))]
+const HINT_L1: i32 = 0;
+#[cfg(not(target_arch = "x86_64"))]
+const HINT_L2: i32 = 0;
+
+/// Asks for rows needed soon: the blocks of a sequence are scattered through the pool, out of
+/// the hardware prefetcher's sight.
 #[inline(always)]
-fn prefetch<E>(rows: &[E]) {
+fn prefetch<const HINT: i32, E>(rows: &[E]) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        use std::arch::x86_64::_mm_prefetch;
         let p = rows.as_ptr() as *const i8;
         for off in (0..std::mem::size_of_val(rows)).step_by(64) {
             // SAFETY: prefetches never fault; the addresses lie inside `rows` anyway.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off)) };
+            unsafe { _mm_prefetch::<HINT>(p.wrapping_add(off)) };
         }
     }
 }
