@@ -104,7 +104,21 @@ unsafe fn softmax512(s: &mut [f32]) {
 
 #[inline(always)]
 fn softmax_body(s: &mut [f32]) {
-    let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    // Lane-wise maxima (exact in any order) so the comparison vectorizes.
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut it = s.chunks_exact(16);
+    for c in &mut it {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            if v > *l {
+                *l = v;
+            }
+        }
+    }
+    let max = lanes
+        .iter()
+        .chain(it.remainder())
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
     for v in s.iter_mut() {
         *v = exp_nonpositive(*v - max);
     }
