@@ -288,25 +288,37 @@ unsafe fn run_groups(
                         options(nostack, readonly, preserves_flags)
                     );
                 }
-                let ap = acc.as_mut_ptr() as *mut f32;
+                let c0 = g * GROUP * TN;
+                let cols = (GROUP * TN).min(w.n - c0);
+                let rows = (m - m0).min(TN);
+                // Whole tiles go straight to the output; partial ones through `acc`.
+                let direct = rows == TN && cols == GROUP * TN;
+                let (dst, stride) = if direct {
+                    (out.add(m0 * w.n + c0), w.n * 4)
+                } else {
+                    (acc.as_mut_ptr() as *mut f32, acc_stride)
+                };
                 asm!(
                     "tilestored [{p} + {s}*1], tmm0",
                     "tilestored [{p1} + {s}*1], tmm1",
                     "tilestored [{p2} + {s}*1], tmm2",
                     "tilestored [{p3} + {s}*1], tmm3",
-                    p = in(reg) ap,
-                    p1 = in(reg) ap.add(TN),
-                    p2 = in(reg) ap.add(2 * TN),
-                    p3 = in(reg) ap.add(3 * TN),
-                    s = in(reg) acc_stride,
+                    p = in(reg) dst,
+                    p1 = in(reg) dst.add(TN),
+                    p2 = in(reg) dst.add(2 * TN),
+                    p3 = in(reg) dst.add(3 * TN),
+                    s = in(reg) stride,
                     options(nostack, preserves_flags)
                 );
-                let c0 = g * GROUP * TN;
-                let cols = (GROUP * TN).min(w.n - c0);
-                for (r, row) in acc.iter().enumerate().take(m.saturating_sub(m0).min(TN)) {
-                    let o = out.add((m0 + r) * w.n + c0);
-                    for (c, &v) in row.iter().enumerate().take(cols) {
-                        *o.add(c) = v + bias.map_or(0.0, |b| b[c0 + c]);
+                for (r, tile_row) in acc.iter().enumerate().take(rows) {
+                    let o = std::slice::from_raw_parts_mut(out.add((m0 + r) * w.n + c0), cols);
+                    if !direct {
+                        o.copy_from_slice(&tile_row[..cols]);
+                    }
+                    if let Some(b) = bias {
+                        for (o, &b) in o.iter_mut().zip(&b[c0..c0 + cols]) {
+                            *o += b;
+                        }
                     }
                 }
             }
