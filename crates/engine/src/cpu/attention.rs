@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use super::simd::{WElem, accumulate_rows, dots};
+use super::simd::{WElem, accumulate_rows_shared, dots};
 use crate::backend::QkvLayout;
 use crate::batch::BatchLayout;
 use crate::kv::BLOCK_SIZE;
@@ -67,10 +67,9 @@ pub fn paged_attention<'a, E: WElem>(
             }
             for g in 0..l.kv_heads {
                 let vals = rows(v_cache, g, b);
-                for h in g * group..(g + 1) * group {
-                    let w = &scores[h * ctx + b * BLOCK_SIZE..][..vals.len() / d];
-                    accumulate_rows(&mut o[h * d..(h + 1) * d], w, vals);
-                }
+                let heads = &mut o[g * group * d..(g + 1) * group * d];
+                let w = &scores[g * group * ctx + b * BLOCK_SIZE..];
+                accumulate_rows_shared(heads, d, w, ctx, vals.len() / d, vals);
             }
         }
     };

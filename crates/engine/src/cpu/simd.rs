@@ -198,6 +198,89 @@ pub fn axpy<W: WElem>(y: &mut [f32], alpha: f32, x: &[W]) {
     }
 }
 
+/// [`accumulate_rows`] for several outputs that share the rows (the q heads of a GQA group):
+/// `out[h·d ..][..d] += Σ_j weights[h·w_stride + j] · rows[j]` for `h < out.len() / d` and
+/// `j < n`, each row loaded once for all of them. Bit-identical to one `accumulate_rows` per
+/// output.
+pub fn accumulate_rows_shared<W: WElem>(
+    out: &mut [f32],
+    d: usize,
+    weights: &[f32],
+    w_stride: usize,
+    n: usize,
+    rows: &[W],
+) {
+    let heads = out.len() / d;
+    assert!(rows.len() >= n * d && (heads == 0 || weights.len() >= (heads - 1) * w_stride + n));
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx512 && d % 64 == 0 {
+        let mut h = 0;
+        while h < heads {
+            let take = (heads - h).min(4);
+            let (o, w) = (&mut out[h * d..(h + take) * d], &weights[h * w_stride..]);
+            // SAFETY: the feature was detected; extents asserted above.
+            unsafe {
+                match take {
+                    4 => shared512::<W, 4>(o, d, w, w_stride, n, rows),
+                    3 => shared512::<W, 3>(o, d, w, w_stride, n, rows),
+                    2 => shared512::<W, 2>(o, d, w, w_stride, n, rows),
+                    _ => shared512::<W, 1>(o, d, w, w_stride, n, rows),
+                }
+            }
+            h += take;
+        }
+        return;
+    }
+    for h in 0..heads {
+        let w = &weights[h * w_stride..][..n];
+        accumulate_rows(&mut out[h * d..(h + 1) * d], w, &rows[..n * d]);
+    }
+}
+
+/// `H` outputs × 64 columns of accumulators (4H registers) across all rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn shared512<W: WElem, const H: usize>(
+    out: &mut [f32],
+    d: usize,
+    weights: &[f32],
+    w_stride: usize,
+    n: usize,
+    rows: &[W],
+) {
+    for c in (0..d).step_by(64) {
+        // SAFETY: out holds H·d values, rows n·d, weights (H-1)·w_stride + n (caller).
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); 4]; H];
+            for (h, acc) in acc.iter_mut().enumerate() {
+                for (q, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_loadu_ps(out.as_ptr().add(h * d + c + 16 * q));
+                }
+            }
+            for j in 0..n {
+                let r = rows.as_ptr().add(j * d + c);
+                let v = [
+                    W::load16(r),
+                    W::load16(r.add(16)),
+                    W::load16(r.add(32)),
+                    W::load16(r.add(48)),
+                ];
+                for (h, acc) in acc.iter_mut().enumerate() {
+                    let a = _mm512_set1_ps(*weights.get_unchecked(h * w_stride + j));
+                    for (q, acc) in acc.iter_mut().enumerate() {
+                        *acc = _mm512_add_ps(*acc, _mm512_mul_ps(a, v[q]));
+                    }
+                }
+            }
+            for (h, acc) in acc.iter().enumerate() {
+                for (q, a) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(out.as_mut_ptr().add(h * d + c + 16 * q), *a);
+                }
+            }
+        }
+    }
+}
+
 /// `out += Σ_j weights[j] · rows[j]` over contiguous rows of `out.len()` elements, row after
 /// row, each step the same rounded product and rounded sum as [`axpy`] (so the bits equal a
 /// loop of `axpy`), with `out` held in registers across rows.
@@ -309,6 +392,28 @@ mod tests {
             }
             accumulate_rows(&mut got, &w, &rows);
             assert_eq!(got, want, "d = {d}");
+        }
+    }
+
+    #[test]
+    fn shared_rows_equal_one_accumulation_per_output() {
+        for (d, heads) in [(64, 3), (128, 5), (48, 2)] {
+            let n = 11;
+            let rows: Vec<u16> = (0..n * d)
+                .map(|i| half::bf16::from_f32(((i * 53 % 29) as f32 - 14.0) / 9.0).to_bits())
+                .collect();
+            let stride = 20;
+            let w: Vec<f32> = (0..heads * stride)
+                .map(|j| (j as f32 - 5.5) / 3.3)
+                .collect();
+            let init: Vec<f32> = (0..heads * d).map(|i| i as f32 / 7.0).collect();
+            let mut want = init.clone();
+            for h in 0..heads {
+                accumulate_rows(&mut want[h * d..(h + 1) * d], &w[h * stride..][..n], &rows);
+            }
+            let mut got = init;
+            accumulate_rows_shared(&mut got, d, &w, stride, n, &rows);
+            assert_eq!(got, want, "d = {d}, heads = {heads}");
         }
     }
 
