@@ -7,11 +7,12 @@ use super::simd::WElem;
 use crate::backend::QkvLayout;
 use crate::sampling::fast_exp::exp_nonpositive;
 
-/// Rows per parallel task; small batches (decode) stay on one thread.
-const PAR_ROWS: usize = 8;
+/// Below this many elements an op stays on the calling thread: waking the pool costs more
+/// than the work (a decode step of 16 rows runs ~10 such ops per layer).
+const PAR_ELEMS: usize = 1 << 15;
 
 fn for_rows(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
-    if out.len() / width.max(1) <= PAR_ROWS {
+    if out.len() < PAR_ELEMS || out.len() / width.max(1) < 2 {
         out.chunks_mut(width).enumerate().for_each(|(r, o)| f(r, o));
     } else {
         out.par_chunks_mut(width)

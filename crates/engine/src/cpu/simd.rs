@@ -213,7 +213,7 @@ pub fn accumulate_rows_shared<W: WElem>(
     let heads = out.len() / d;
     assert!(rows.len() >= n * d && (heads == 0 || weights.len() >= (heads - 1) * w_stride + n));
     #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx512 && d % 64 == 0 {
+    if isa() == Isa::Avx512 && d.is_multiple_of(64) {
         let mut h = 0;
         while h < heads {
             let take = (heads - h).min(4);
