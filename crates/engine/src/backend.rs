@@ -146,6 +146,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Gives a scratch buffer back for reuse by later `alloc`s (a step allocates the same
     /// sizes every time).
     fn recycle(&self, _buf: Self::Buf) {}
+    /// Runs one forward pass. The CPU backend runs it on its thread pool, so the pass's
+    /// hundreds of parallel ops fork and join among pool threads instead of each waking the
+    /// pool from outside and sleeping until it finishes.
+    fn run_forward<R: Send>(&self, forward: impl FnOnce() -> R + Send) -> R {
+        forward()
+    }
     /// Copies whole blocks `src → dst` in one layer's pool (copy-on-write of shared blocks).
     fn copy_blocks(&self, cache: &mut Self::Kv, cfg: &KvCacheConfig, pairs: &[(u32, u32)]);
 }

@@ -142,9 +142,9 @@ impl<B: Backend> StepEngine for Engine<B> {
 
     fn step(&mut self, chunks: &[SeqChunk]) -> Result<Logits> {
         let layout = BatchLayout::new(chunks, self.kv.cfg.num_blocks)?;
-        let data = self
-            .model
-            .forward(&self.backend, &layout, &mut self.kv, &self.adapters)?;
+        let (model, backend, kv, adapters) =
+            (&self.model, &self.backend, &mut self.kv, &self.adapters);
+        let data = backend.run_forward(|| model.forward(backend, &layout, kv, adapters))?;
         self.tokens_computed += layout.num_tokens() as u64;
         Ok(Logits {
             data,

@@ -340,6 +340,10 @@ impl Backend for CpuBackend {
         Ok(buf)
     }
 
+    fn run_forward<R: Send>(&self, forward: impl FnOnce() -> R + Send) -> R {
+        rayon::scope(|_| forward())
+    }
+
     fn copy_blocks(&self, cache: &mut CpuKv, cfg: &KvCacheConfig, pairs: &[(u32, u32)]) {
         fn copy<T: Copy>(cache: &mut [T], block: usize, pairs: &[(u32, u32)]) {
             for &(src, dst) in pairs {
