@@ -1,7 +1,7 @@
 //! AMX-BF16 matrix products for bf16 weights (Sapphire Rapids and later).
 //!
 //! A `tdpbf16ps` multiplies a 16×32 bf16 tile of inputs by a 32×16 bf16 tile of weights into a
-//! 16×16 f32 tile, a thousand times the work of one AVX-512 FMA. Decode batches up to 16 rows
+//! 16×16 f32 tile, 512 times the work of one AVX-512 FMA. Decode batches up to 16 rows
 //! then cost about what one row costs: the weights are streamed once and the arithmetic hides
 //! under the loads.
 //!
@@ -14,7 +14,7 @@
 //!
 //! Weights are repacked at upload into the layout the tiles load directly (see [`AmxWeight`]).
 
-use std::cell::RefCell;
+use std::cell::Cell;
 
 use rayon::prelude::*;
 
@@ -67,8 +67,10 @@ fn request_tile_permission() -> bool {
             XFEATURE_XTILEDATA,
         )
     };
-    if rc != 0 {
-        tracing::info!("AMX present but the kernel refused the tile state; using AVX-512");
+    if rc == 0 {
+        tracing::info!("CPU: AMX-BF16 tiles for bf16 matrix products");
+    } else {
+        tracing::info!("CPU: AMX present but the kernel refused the tile state; using AVX-512");
     }
     rc == 0
 }
@@ -116,10 +118,6 @@ impl AmxWeight {
         (b * GROUP + j) * TILE + r * (2 * TN) + (c % TN) * 2 + half
     }
 
-    pub fn shape(&self) -> [usize; 2] {
-        [self.n, self.k]
-    }
-
     /// Bytes streamed per product (padding included).
     pub fn bytes(&self) -> usize {
         self.data.len() * 2
@@ -137,8 +135,10 @@ impl AmxWeight {
 }
 
 thread_local! {
-    /// The inputs of the current product, rounded to bf16 and padded to whole tiles.
-    static INPUT: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
+    /// A buffer for the inputs of a product, rounded to bf16 and padded to whole tiles. Taken
+    /// out for the product's duration: a thread waiting in the product's parallel loop may run
+    /// another forward pass's product meanwhile (it then allocates its own).
+    static INPUT: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
 }
 
 #[derive(Clone, Copy)]
@@ -161,33 +161,33 @@ pub fn linear(x: &[f32], m: usize, w: &AmxWeight, bias: Option<&[f32]>, out: &mu
     }
     let kp = kb * TK;
     let mp = m.div_ceil(TN) * TN;
-    INPUT.with_borrow_mut(|xb| {
-        xb.clear();
-        xb.resize(mp * kp, 0);
-        for r in 0..m {
-            super::linear::round_bf16_into(&x[r * k..(r + 1) * k], &mut xb[r * kp..r * kp + k]);
-        }
-        let groups = n.div_ceil(GROUP * TN);
-        let threads = rayon::current_num_threads().max(1);
-        // A few tasks per thread for balance; every task configures the tiles once.
-        let per_task = groups.div_ceil(threads * 4).max(1);
-        let tasks = groups.div_ceil(per_task);
-        let xp = SendPtr(xb.as_ptr() as *mut u16);
-        let op = SendPtr(out.as_mut_ptr());
-        let run = |t: usize| {
-            let (xp, op) = (xp, op);
-            let g0 = t * per_task;
-            let g1 = (g0 + per_task).min(groups);
-            // SAFETY: AMX is available (asserted); the input holds mp × kp elements, the weight
-            // `groups` runs, and this task writes only the columns of groups g0..g1.
-            unsafe { run_groups(xp.0, m, mp, kp, w, g0, g1, op.0, bias) };
-        };
-        if tasks == 1 {
-            run(0);
-        } else {
-            (0..tasks).into_par_iter().for_each(run);
-        }
-    });
+    let mut xb = INPUT.take();
+    xb.clear();
+    xb.resize(mp * kp, 0);
+    for r in 0..m {
+        super::linear::round_bf16_into(&x[r * k..(r + 1) * k], &mut xb[r * kp..r * kp + k]);
+    }
+    let groups = n.div_ceil(GROUP * TN);
+    let threads = rayon::current_num_threads().max(1);
+    // A few tasks per thread for balance; every task configures the tiles once.
+    let per_task = groups.div_ceil(threads * 4).max(1);
+    let tasks = groups.div_ceil(per_task);
+    let xp = SendPtr(xb.as_ptr() as *mut u16);
+    let op = SendPtr(out.as_mut_ptr());
+    let run = |t: usize| {
+        let (xp, op) = (xp, op);
+        let g0 = t * per_task;
+        let g1 = (g0 + per_task).min(groups);
+        // SAFETY: AMX is available (asserted); the input holds mp × kp elements, the weight
+        // `groups` runs, and this task writes only the columns of groups g0..g1.
+        unsafe { run_groups(xp.0, m, mp, kp, w, g0, g1, op.0, bias) };
+    };
+    if tasks == 1 {
+        run(0);
+    } else {
+        (0..tasks).into_par_iter().for_each(run);
+    }
+    INPUT.set(xb);
 }
 
 /// The tile configuration: palette 1, all eight tiles 16 rows × 64 bytes.
