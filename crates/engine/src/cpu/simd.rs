@@ -301,7 +301,6 @@ pub fn accumulate_rows<W: WElem>(out: &mut [f32], weights: &[f32], rows: &[W]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn accumulate_rows512<W: WElem>(out: &mut [f32], weights: &[f32], rows: &[W]) {
-    use std::arch::x86_64::*;
     let d = out.len();
     let mut c = 0;
     // 64 columns (four registers) at a time, then 16, then scalars.
@@ -351,7 +350,6 @@ unsafe fn accumulate_rows512<W: WElem>(out: &mut [f32], weights: &[f32], rows: &
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn axpy512<W: WElem>(y: &mut [f32], alpha: f32, x: &[W]) {
-    use std::arch::x86_64::*;
     let main = y.len() / 16 * 16;
     let a = _mm512_set1_ps(alpha);
     let mut i = 0;
