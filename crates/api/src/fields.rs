@@ -28,6 +28,17 @@ impl<'a> Fields<'a> {
         Self { map, prefix }
     }
 
+    /// The top level of a request body, which must be a JSON object.
+    pub fn body(body: &'a Value) -> Res<Self> {
+        let map = body.as_object().ok_or_else(|| {
+            ApiError::invalid_body(format!(
+                "request body must be a JSON object, got {}",
+                type_name(body)
+            ))
+        })?;
+        Ok(Self::new(map, ""))
+    }
+
     pub fn path(&self, key: &str) -> String {
         if self.prefix.is_empty() {
             key.to_string()

@@ -2,7 +2,7 @@
 //! is a string, dynamic-batch schema when it is a list).
 
 use crate::error::ApiError;
-use crate::fields::{Fields, Res, type_name};
+use crate::fields::{Fields, Res};
 use crate::lmi::params::{ParamReport, parse_parameters};
 use crate::spec::GenerationSpec;
 use serde_json::Value;
@@ -64,13 +64,7 @@ impl LmiRequest {
 
 /// Parse an LMI body (the caller has already seen that it has `inputs`).
 pub fn parse_lmi_request(body: &Value, cfg: &LmiConfig) -> Res<LmiRequest> {
-    let map = body.as_object().ok_or_else(|| {
-        ApiError::invalid_body(format!(
-            "request body must be a JSON object, got {}",
-            type_name(body)
-        ))
-    })?;
-    let f = Fields::new(map, "");
+    let f = Fields::body(body)?;
     let inputs = match f.get("inputs") {
         None => return Err(ApiError::invalid_body("inputs is required").with_param("inputs")),
         Some(Value::String(s)) if s.is_empty() => {

@@ -1,7 +1,7 @@
 //! `POST /v1/chat/completions` request.
 
 use crate::error::ApiError;
-use crate::fields::{Fields, Res, type_name};
+use crate::fields::{Fields, Res};
 use crate::openai::message::ChatMessage;
 use crate::openai::sampling::{COMMON_FIELDS, check_response_format, read_common, read_max_tokens};
 use crate::spec::GenerationSpec;
@@ -38,13 +38,7 @@ const CHAT_FIELDS: &[&str] = &[
 ];
 
 pub fn parse_chat_request(body: &Value) -> Res<ChatRequest> {
-    let map = body.as_object().ok_or_else(|| {
-        ApiError::invalid_body(format!(
-            "request body must be a JSON object, got {}",
-            type_name(body)
-        ))
-    })?;
-    let f = Fields::new(map, "");
+    let f = Fields::body(body)?;
     let messages = match f.get("messages") {
         Some(Value::Array(items)) if items.is_empty() => {
             return Err(ApiError::validation("messages must not be empty").with_param("messages"));

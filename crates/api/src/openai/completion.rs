@@ -1,7 +1,7 @@
 //! `POST /v1/completions` request (legacy OpenAI completions).
 
 use crate::error::{ApiError, ErrorKind};
-use crate::fields::{Fields, Res, type_name};
+use crate::fields::{Fields, Res};
 use crate::openai::sampling::{COMMON_FIELDS, read_common, read_max_tokens};
 use crate::spec::GenerationSpec;
 use serde_json::Value;
@@ -38,13 +38,7 @@ pub struct CompletionRequest {
 }
 
 pub fn parse_completion_request(body: &Value, cfg: &OpenAiConfig) -> Res<CompletionRequest> {
-    let map = body.as_object().ok_or_else(|| {
-        ApiError::invalid_body(format!(
-            "request body must be a JSON object, got {}",
-            type_name(body)
-        ))
-    })?;
-    let f = Fields::new(map, "");
+    let f = Fields::body(body)?;
     let prompts = match f.get("prompt") {
         None => return Err(ApiError::invalid_body("prompt is required").with_param("prompt")),
         Some(Value::Array(items)) if items.is_empty() => {

@@ -2,7 +2,7 @@
 //! TGI's rules, messages and order (`router/src/validation.rs`).
 
 use crate::error::ApiError;
-use crate::fields::{Fields, Res, type_name};
+use crate::fields::{Fields, Res};
 use crate::spec::{GenerationSpec, push_unique};
 use serde_json::{Map, Value};
 
@@ -138,13 +138,7 @@ fn read(params: Option<&Map<String, Value>>) -> Res<Raw> {
 /// server renders "Input validation error: ..." with `error_type` "validation") or
 /// `InvalidBody` for type errors.
 pub fn parse_tgi_request(body: &Value, route: TgiRoute, limits: &TgiLimits) -> Res<TgiRequest> {
-    let map = body.as_object().ok_or_else(|| {
-        ApiError::invalid_body(format!(
-            "request body must be a JSON object, got {}",
-            type_name(body)
-        ))
-    })?;
-    let top = Fields::new(map, "");
+    let top = Fields::body(body)?;
     let inputs = match top.get("inputs") {
         Some(Value::String(s)) => s.clone(),
         Some(v) => return Err(top.type_err("inputs", "a string", v)),
