@@ -1,0 +1,1 @@
+//! placeholder (the emulator is being written)
