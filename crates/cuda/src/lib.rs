@@ -9,5 +9,7 @@
 pub mod device;
 pub mod error;
 
-pub use device::{Arg, DevPtr, Device, DeviceExt, DeviceInfo, ElemType, Function, Gemm, LaunchConfig};
+pub use device::{
+    Arg, DevPtr, Device, DeviceExt, DeviceInfo, ElemType, Function, Gemm, LaunchConfig,
+};
 pub use error::{CudaError, Result};

@@ -4,12 +4,15 @@
 //! Design rules that keep the trait fit for a GPU:
 //! - buffers and weights are opaque device objects (`Buf`, `Weight`, `Kv`);
 //! - a step's metadata (positions, slots, block tables) is uploaded once (`upload_step`) and
-//!   referenced by every layer's ops; nothing comes back to the host until the logits;
-//! - every op writes into a caller-provided buffer, so a backend may preallocate and replay.
+//!   referenced by every layer's ops; nothing comes back to the host but what
+//!   `process_logits` returns (sampled ids and requested logprobs);
+//! - every op writes into a caller-provided buffer, so a backend may preallocate and replay;
+//! - ops return `Result`: a GPU launch can fail, and the error names the op.
 
 use crate::batch::BatchLayout;
 use crate::error::Result;
 use crate::kv::KvCacheConfig;
+use crate::step::{LogitsOutput, LogitsWork};
 use crate::weights::HostTensor;
 
 /// Where each head lives inside a fused `[rows, (q_heads + 2 * kv_heads) * head_dim]` QKV row.
@@ -33,8 +36,9 @@ impl QkvLayout {
 }
 
 pub trait Backend: Send + Sync + 'static {
-    /// An activation buffer of f32 values.
-    type Buf: Send;
+    /// An activation buffer (f32 values; see `alloc_matmul_input`). Cloning a CUDA buffer
+    /// copies the handle, not the data.
+    type Buf: Send + Clone + 'static;
     /// A weight resident on the device (matrix, embedding table, norm vector, bias).
     type Weight: Send + Sync;
     /// One layer's K or V pool: `[num_blocks, kv_heads, BLOCK_SIZE, head_dim]`.
@@ -51,12 +55,27 @@ pub trait Backend: Send + Sync + 'static {
     fn weight_bytes(&self, w: &Self::Weight) -> usize;
     fn rope_table(&self, inv_freq: &[f64]) -> Result<Self::Rope>;
     fn alloc_kv(&self, cfg: &KvCacheConfig) -> Result<Self::Kv>;
+    /// Adjusts a step's layout before it is uploaded and run: the CUDA backend pads decode
+    /// batches to the sizes it keeps CUDA graphs for. The logits rows the step's requests
+    /// name are unchanged.
+    fn prepare_layout(&self, layout: BatchLayout) -> BatchLayout {
+        layout
+    }
     fn upload_step(&self, layout: &BatchLayout) -> Result<Self::Step>;
-    /// A zeroed buffer of `len` f32.
+    /// A buffer of `len` f32 (zeroed on the CPU; uninitialized on a GPU: every op writes
+    /// its whole output).
     fn alloc(&self, len: usize) -> Result<Self::Buf>;
+    /// A buffer of `len` values that only feed matrix products and LoRA (normalized
+    /// activations, attention and MLP outputs). f32 here by default; the CUDA backend keeps
+    /// them in bf16, the input type of its products, rounding where the CPU's bf16 products
+    /// round their inputs too.
+    fn alloc_matmul_input(&self, len: usize) -> Result<Self::Buf> {
+        self.alloc(len)
+    }
 
     /// `out[t] = table[token_ids[t]]`, converted to f32.
-    fn embedding(&self, table: &Self::Weight, step: &Self::Step, out: &mut Self::Buf);
+    fn embedding(&self, table: &Self::Weight, step: &Self::Step, out: &mut Self::Buf)
+    -> Result<()>;
     /// `out[rows, n] = x[rows, k] · wᵀ (+ bias)`, with `w` of shape `[n, k]`.
     fn linear(
         &self,
@@ -65,9 +84,16 @@ pub trait Backend: Send + Sync + 'static {
         w: &Self::Weight,
         bias: Option<&Self::Weight>,
         out: &mut Self::Buf,
-    );
+    ) -> Result<()>;
     /// `out = rms_norm(x) * w` per row of width `w.len()`.
-    fn rms_norm(&self, x: &Self::Buf, rows: usize, w: &Self::Weight, eps: f32, out: &mut Self::Buf);
+    fn rms_norm(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        w: &Self::Weight,
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
     /// `residual += delta; out = rms_norm(residual) * w`.
     fn add_rms_norm(
         &self,
@@ -77,9 +103,9 @@ pub trait Backend: Send + Sync + 'static {
         w: &Self::Weight,
         eps: f32,
         out: &mut Self::Buf,
-    );
+    ) -> Result<()>;
     /// `residual += delta`.
-    fn add(&self, residual: &mut Self::Buf, delta: &Self::Buf, len: usize);
+    fn add(&self, residual: &mut Self::Buf, delta: &Self::Buf, len: usize) -> Result<()>;
     /// RMSNorm over each of `n_heads` heads starting at head `first_head` of every QKV row,
     /// in place (Qwen3's q_norm / k_norm).
     #[allow(clippy::too_many_arguments)]
@@ -92,9 +118,15 @@ pub trait Backend: Send + Sync + 'static {
         n_heads: usize,
         w: &Self::Weight,
         eps: f32,
-    );
+    ) -> Result<()>;
     /// Rotate-half RoPE on the q and k heads of every QKV row, at each token's position.
-    fn rope(&self, qkv: &mut Self::Buf, step: &Self::Step, layout: QkvLayout, rope: &Self::Rope);
+    fn rope(
+        &self,
+        qkv: &mut Self::Buf,
+        step: &Self::Step,
+        layout: QkvLayout,
+        rope: &Self::Rope,
+    ) -> Result<()>;
     /// Stores each token's k and v heads at its slot.
     fn write_kv(
         &self,
@@ -103,7 +135,7 @@ pub trait Backend: Send + Sync + 'static {
         layout: QkvLayout,
         k_cache: &mut Self::Kv,
         v_cache: &mut Self::Kv,
-    );
+    ) -> Result<()>;
     /// Causal attention of each token's q heads over its sequence's cached keys
     /// `0 ..= position`, read through the block table. `out` is `[tokens, q_heads * head_dim]`.
     #[allow(clippy::too_many_arguments)]
@@ -116,23 +148,31 @@ pub trait Backend: Send + Sync + 'static {
         v_cache: &Self::Kv,
         scale: f32,
         out: &mut Self::Buf,
-    );
+    ) -> Result<()>;
     /// `out[r, i] = silu(gate[r, i]) * up[r, i]`, each input row holding `[gate | up]` (2·`width`).
-    fn silu_mul(&self, gate_up: &Self::Buf, rows: usize, width: usize, out: &mut Self::Buf);
-    /// LoRA delta for the listed token rows: `out[r, offset .. offset + n] += b · (a · x[r])`,
+    fn silu_mul(
+        &self,
+        gate_up: &Self::Buf,
+        rows: usize,
+        width: usize,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
+    /// LoRA delta for the token rows of the step's `group`-th adapter
+    /// (`BatchLayout::adapter_rows[group]`): `out[r, offset .. offset + n] += b · (a · x[r])`,
     /// with `a` of shape `[rank, x_width]` and `b` of shape `[n, rank]` (scale folded in).
     #[allow(clippy::too_many_arguments)]
     fn lora(
         &self,
         x: &Self::Buf,
         x_width: usize,
-        rows: &[u32],
+        step: &Self::Step,
+        group: usize,
         a: &Self::Weight,
         b: &Self::Weight,
         out: &mut Self::Buf,
         out_width: usize,
         out_offset: usize,
-    );
+    ) -> Result<()>;
     /// Gathers the step's `logits_rows` rows of `x` (row width `width`) into `out`.
     fn gather_logit_rows(
         &self,
@@ -140,9 +180,19 @@ pub trait Backend: Send + Sync + 'static {
         step: &Self::Step,
         width: usize,
         out: &mut Self::Buf,
-    );
+    ) -> Result<()>;
     /// The first `len` values on the host (the buffer is consumed).
     fn to_host(&self, buf: Self::Buf, len: usize) -> Result<Vec<f32>>;
+    /// Draws and scores tokens on rows of a step's logits (`rows × vocab` f32, the buffer the
+    /// forward pass returned, consumed), with the semantics of `sampling::sample` and
+    /// `sampling::token_logprob`; only the results come back to the host.
+    fn process_logits(
+        &self,
+        logits: Self::Buf,
+        rows: usize,
+        vocab: usize,
+        work: &LogitsWork<'_>,
+    ) -> Result<LogitsOutput>;
     /// Gives a scratch buffer back for reuse by later `alloc`s (a step allocates the same
     /// sizes every time).
     fn recycle(&self, _buf: Self::Buf) {}
@@ -152,6 +202,22 @@ pub trait Backend: Send + Sync + 'static {
     fn run_forward<R: Send>(&self, forward: impl FnOnce() -> R + Send) -> R {
         forward()
     }
+    /// Runs the device work of one forward pass over an uploaded step. The CUDA backend
+    /// replays a CUDA graph captured for the step's shape when it has one (the closure's
+    /// launches then run from the graph, with the result it returned at capture).
+    /// `forward` may be called more than once (a failed capture is run again directly).
+    fn run_graph<R: Clone + Send + 'static>(
+        &self,
+        _step: &Self::Step,
+        mut forward: impl FnMut() -> Result<R>,
+    ) -> Result<R> {
+        forward()
+    }
     /// Copies whole blocks `src → dst` in one layer's pool (copy-on-write of shared blocks).
-    fn copy_blocks(&self, cache: &mut Self::Kv, cfg: &KvCacheConfig, pairs: &[(u32, u32)]);
+    fn copy_blocks(
+        &self,
+        cache: &mut Self::Kv,
+        cfg: &KvCacheConfig,
+        pairs: &[(u32, u32)],
+    ) -> Result<()>;
 }

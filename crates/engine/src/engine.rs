@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::time::Instant;
 
 use crate::backend::Backend;
 use crate::batch::{BatchLayout, SeqChunk};
@@ -13,6 +14,7 @@ use crate::error::Result;
 use crate::kv::KvCacheConfig;
 use crate::lora::LoraAdapter;
 use crate::model::{KvCache, LoadOptions, Model};
+use crate::step::{LogitsWork, StepBatch, StepOutput};
 
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
@@ -34,32 +36,23 @@ impl Default for EngineOptions {
     }
 }
 
-/// The logits of one step: `rows` rows of `vocab` values, in the order of the step's
-/// `logits_rows` (sequence by sequence).
+/// The logits of one forward pass: `rows` rows of `vocab` values, in the order of the step's
+/// `logits_rows` (sequence by sequence). Only [`Engine::forward_logits`] returns them (tests,
+/// diagnostics); serving goes through [`StepEngine::step`], which samples inside the engine.
 #[derive(Debug, Clone)]
 pub struct Logits {
     pub data: Vec<f32>,
     pub vocab: usize,
     /// How many rows each sequence of the step got (0, 1, or its chunk length).
     pub rows_per_seq: Vec<u32>,
-    /// An engine that picks tokens itself (the null engine of front-end benchmarks) returns
-    /// one token per row here and no `data`; the scheduler then skips sampling.
-    pub tokens: Option<Vec<u32>>,
 }
 
 impl Logits {
-    /// Row `i` (empty for an engine that returns `tokens` instead).
     pub fn row(&self, i: usize) -> &[f32] {
-        if self.data.is_empty() {
-            return &[];
-        }
         &self.data[i * self.vocab..(i + 1) * self.vocab]
     }
     pub fn num_rows(&self) -> usize {
-        match &self.tokens {
-            Some(t) => t.len(),
-            None => self.data.len() / self.vocab.max(1),
-        }
+        self.data.len() / self.vocab.max(1)
     }
 }
 
@@ -68,8 +61,9 @@ pub trait StepEngine: Send {
     fn model_config(&self) -> &ModelConfig;
     fn backend_name(&self) -> &'static str;
     fn num_blocks(&self) -> usize;
-    /// Runs one ragged step: writes the chunks' K/V and returns the requested logits.
-    fn step(&mut self, chunks: &[SeqChunk]) -> Result<Logits>;
+    /// Runs one ragged step: writes the chunks' K/V, then draws the requested tokens and
+    /// scores the requested prompt tokens. Logits stay inside the engine.
+    fn step(&mut self, batch: &StepBatch<'_>) -> Result<StepOutput>;
     /// Copies whole KV blocks (copy-on-write of shared blocks).
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()>;
     /// Bytes of weights a decode step streams (the roofline's numerator).
@@ -125,6 +119,39 @@ impl<B: Backend> Engine<B> {
     pub fn model(&self) -> &Model<B> {
         &self.model
     }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Runs one forward pass and returns the requested logits on the host (no sampling):
+    /// for tests that compare logits and for diagnostics.
+    pub fn forward_logits(&mut self, chunks: &[SeqChunk]) -> Result<Logits> {
+        let layout = BatchLayout::new(chunks, self.kv.cfg.num_blocks)?;
+        let rows_per_seq = layout.logits_per_seq.clone();
+        let rows = layout.logits_rows.len();
+        let tokens = layout.num_tokens();
+        let layout = self.backend.prepare_layout(layout);
+        let (model, backend, kv, adapters) =
+            (&self.model, &self.backend, &mut self.kv, &self.adapters);
+        let vocab = model.config.vocab_size;
+        let data = backend.run_forward(|| {
+            let step = backend.upload_step(&layout)?;
+            let logits = backend.run_graph(&step, || {
+                model.forward(backend, &layout, &step, kv, adapters)
+            })?;
+            match logits {
+                Some(buf) => backend.to_host(buf, rows * vocab),
+                None => Ok(Vec::new()),
+            }
+        })?;
+        self.tokens_computed += tokens as u64;
+        Ok(Logits {
+            data,
+            vocab,
+            rows_per_seq,
+        })
+    }
 }
 
 impl<B: Backend> StepEngine for Engine<B> {
@@ -140,23 +167,33 @@ impl<B: Backend> StepEngine for Engine<B> {
         self.kv.cfg.num_blocks
     }
 
-    fn step(&mut self, chunks: &[SeqChunk]) -> Result<Logits> {
-        let layout = BatchLayout::new(chunks, self.kv.cfg.num_blocks)?;
+    fn step(&mut self, batch: &StepBatch<'_>) -> Result<StepOutput> {
+        let layout = BatchLayout::new(batch.chunks, self.kv.cfg.num_blocks)?;
+        let work = LogitsWork::new(batch, &layout)?;
+        let tokens = layout.num_tokens();
+        let layout = self.backend.prepare_layout(layout);
         let (model, backend, kv, adapters) =
             (&self.model, &self.backend, &mut self.kv, &self.adapters);
-        let data = backend.run_forward(|| model.forward(backend, &layout, kv, adapters))?;
-        self.tokens_computed += layout.num_tokens() as u64;
-        Ok(Logits {
-            data,
-            vocab: self.model.config.vocab_size,
-            rows_per_seq: layout.logits_per_seq,
-            tokens: None,
-        })
+        let vocab = model.config.vocab_size;
+        let rows = layout.logits_rows.len();
+        let (out, sample_time) = backend.run_forward(|| {
+            let step = backend.upload_step(&layout)?;
+            let logits = backend.run_graph(&step, || {
+                model.forward(backend, &layout, &step, kv, adapters)
+            })?;
+            let t = Instant::now();
+            let out = match logits {
+                Some(buf) => backend.process_logits(buf, rows, vocab, &work)?,
+                None => Default::default(),
+            };
+            Ok::<_, crate::error::EngineError>((out, t.elapsed()))
+        })?;
+        self.tokens_computed += tokens as u64;
+        Ok(LogitsWork::into_step_output(batch, out, sample_time))
     }
 
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
-        self.kv.copy_blocks(&self.backend, pairs);
-        Ok(())
+        self.kv.copy_blocks(&self.backend, pairs)
     }
 
     fn weight_bytes(&self) -> usize {

@@ -2,7 +2,8 @@
 //! the CPU backend, weights loading, GGUF import, the default model, and sampling.
 //!
 //! Nothing here knows about HTTP or request scheduling: the scheduler crate drives
-//! [`Engine::step`] over ragged batches that it lays out with [`BatchLayout`].
+//! [`StepEngine::step`](engine::StepEngine::step) over ragged batches ([`StepBatch`]) and gets
+//! back sampled tokens and requested logprobs, never logits.
 
 pub mod backend;
 pub mod batch;
@@ -16,7 +17,9 @@ pub mod kv;
 pub mod lora;
 pub mod model;
 pub mod model_store;
+pub mod open;
 pub mod sampling;
+pub mod step;
 #[doc(hidden)]
 pub mod testing;
 pub mod weights;
@@ -28,3 +31,5 @@ pub use dtype::DType;
 pub use engine::Engine;
 pub use error::{EngineError, Result};
 pub use kv::{BLOCK_SIZE, KvCacheConfig};
+pub use open::{Device, check_device, open};
+pub use step::{PromptLogprobRequest, SampleRequest, StepBatch, StepOutput, TokenLogprob};

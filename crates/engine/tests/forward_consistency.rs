@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use lmi_engine::engine::{EngineOptions, StepEngine};
+use lmi_engine::engine::EngineOptions;
 use lmi_engine::testing::{TinySpec, write_tiny_model};
 use lmi_engine::weights::SafetensorsDir;
 use lmi_engine::{BLOCK_SIZE, DType, Engine, LogitsWanted, ModelConfig, SeqChunk};
@@ -210,7 +210,7 @@ fn check(spec: TinySpec, dtype: DType) {
     // 1. One prefill of all of A, logits for every position.
     let mut e = load(tmp.path(), 64, dtype);
     let prefill = e
-        .step(&[SeqChunk {
+        .forward_logits(&[SeqChunk {
             tokens: a.clone(),
             start_pos: 0,
             block_table: table(0, a.len(), 1),
@@ -237,7 +237,7 @@ fn check(spec: TinySpec, dtype: DType) {
     let tbl = table(10, a.len(), 3);
     for (t, &tok) in a.iter().enumerate() {
         let out = e
-            .step(&[SeqChunk {
+            .forward_logits(&[SeqChunk {
                 tokens: vec![tok],
                 start_pos: t,
                 block_table: tbl.clone(),
@@ -258,7 +258,7 @@ fn check(spec: TinySpec, dtype: DType) {
     let mut a_pos = 0;
     for (b_pos, chunk) in [10usize, 10, 17].into_iter().enumerate() {
         let out = e
-            .step(&[
+            .forward_logits(&[
                 SeqChunk {
                     tokens: vec![b[b_pos]],
                     start_pos: b_pos,

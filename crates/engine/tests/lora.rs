@@ -115,11 +115,13 @@ fn adapter_equals_merged_weights_and_leaves_other_rows_alone() {
     let mut e = Engine::load_cpu(base.path(), &opts).unwrap();
     assert!(e.load_adapter(7, &base.path().join("missing")).is_err());
     e.load_adapter(7, adapter_dir.path()).unwrap();
-    let mixed = e.step(&[chunk(Some(7), 0), chunk(None, 2)]).unwrap();
+    let mixed = e
+        .forward_logits(&[chunk(Some(7), 0), chunk(None, 2)])
+        .unwrap();
     let mut plain = Engine::load_cpu(base.path(), &opts).unwrap();
-    let base_out = plain.step(&[chunk(None, 0)]).unwrap();
+    let base_out = plain.forward_logits(&[chunk(None, 0)]).unwrap();
     let mut m = Engine::load_cpu(merged_dir.path(), &opts).unwrap();
-    let merged_out = m.step(&[chunk(None, 0)]).unwrap();
+    let merged_out = m.forward_logits(&[chunk(None, 0)]).unwrap();
     let n = tokens.len();
     let mut max_diff = 0.0f32;
     for t in 0..n {
@@ -139,7 +141,7 @@ fn adapter_equals_merged_weights_and_leaves_other_rows_alone() {
         "the adapter must change something"
     );
     assert!(
-        e.step(&[chunk(Some(8), 0)]).is_err(),
+        e.forward_logits(&[chunk(Some(8), 0)]).is_err(),
         "an unknown adapter id is an error"
     );
 }

@@ -2,7 +2,7 @@
 //! float32 reference in shared/fixtures/smollm2_greedy.json: 32 greedy ids with EOS ignored,
 //! and prompt logprobs within 2e-3.
 
-use lmi_engine::engine::{EngineOptions, StepEngine};
+use lmi_engine::engine::EngineOptions;
 use lmi_engine::{BLOCK_SIZE, DType, Engine, LogitsWanted, SeqChunk, model_store};
 
 fn fixture() -> serde_json::Value {
@@ -45,7 +45,7 @@ fn greedy_ids_and_prompt_logprobs_match_the_reference() {
         let prompt = ids(&case["prompt_ids"]);
         let expected = ids(&case["greedy_ids"]);
         let out = engine
-            .step(&[SeqChunk {
+            .forward_logits(&[SeqChunk {
                 tokens: prompt.clone(),
                 start_pos: 0,
                 block_table: table.clone(),
@@ -83,7 +83,7 @@ fn greedy_ids_and_prompt_logprobs_match_the_reference() {
         while got.len() < expected.len() {
             assert!(pos < 64 * BLOCK_SIZE);
             let o = engine
-                .step(&[SeqChunk {
+                .forward_logits(&[SeqChunk {
                     tokens: vec![next],
                     start_pos: pos,
                     block_table: table.clone(),

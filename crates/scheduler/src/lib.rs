@@ -11,6 +11,7 @@ mod prefix_hash;
 mod request;
 mod scheduler;
 mod sequence;
+mod step_plan;
 mod stop;
 
 pub use error::SubmitError;

@@ -7,12 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-use lmi_engine::engine::Logits;
 use lmi_engine::engine::StepEngine;
-use lmi_engine::sampling::{
-    Sampled, SamplingParams, SequenceContext, derive_seed, sample_batch, token_logprob,
-};
-use lmi_engine::{BLOCK_SIZE, LogitsWanted, SeqChunk};
+use lmi_engine::sampling::{Sampled, derive_seed};
+use lmi_engine::{BLOCK_SIZE, StepBatch, StepOutput};
 use lmi_text::{IncrementalDetokenizer, Tokenizer};
 use tokio::sync::mpsc::Sender;
 
@@ -23,6 +20,7 @@ use crate::metrics::SchedulerMetrics;
 use crate::prefix_hash::block_hash;
 use crate::request::GenerateRequest;
 use crate::sequence::{RequestId, RequestState, Sequence};
+use crate::step_plan::{self, Planned, wants_prompt_logprobs};
 use crate::stop::StopMatcher;
 
 #[derive(Debug, Clone)]
@@ -254,36 +252,22 @@ impl Scheduler {
             self.update_gauges();
             return self.has_work();
         }
-        let chunks: Vec<SeqChunk> = scheduled
-            .iter()
-            .map(|&(i, n)| {
-                let s = &self.running[i];
-                let end = s.num_computed + n;
-                let wants_prompt_lp =
-                    self.wants_prompt_logprobs(s) && s.num_computed < s.prompt_len;
-                let logits = if wants_prompt_lp {
-                    LogitsWanted::All
-                } else if end == s.tokens.len() {
-                    LogitsWanted::Last
-                } else {
-                    LogitsWanted::None
-                };
-                SeqChunk {
-                    tokens: s.tokens[s.num_computed..end].to_vec(),
-                    start_pos: s.num_computed,
-                    block_table: s.block_table.clone(),
-                    logits,
-                    adapter: self.requests.get(&s.req).and_then(|r| r.params.adapter),
-                }
-            })
-            .collect();
+        let chunks = step_plan::chunks(&self.running, &self.requests, &scheduled);
         let batch_tokens: usize = chunks.iter().map(|c| c.tokens.len()).sum();
+        let (samples, prompt_logprobs, planned) =
+            step_plan::requests(&self.running, &self.requests, &scheduled, &chunks);
+        let batch = StepBatch {
+            chunks: &chunks,
+            samples: &samples,
+            prompt_logprobs: &prompt_logprobs,
+        };
         let tf = Instant::now();
         let result = self
             .engine
             .copy_blocks(&copies)
-            .and_then(|_| self.engine.step(&chunks));
+            .and_then(|_| self.engine.step(&batch));
         let forward = tf.elapsed();
+        drop((samples, prompt_logprobs));
         // Counters first: a client that reads /metrics right after its last event must see
         // the step that produced it.
         let m = &self.metrics;
@@ -294,7 +278,14 @@ impl Scheduler {
         m.forward_nanos
             .fetch_add(forward.as_nanos() as u64, Relaxed);
         match result {
-            Ok(logits) => self.process(&scheduled, &chunks, logits),
+            Ok(out) => {
+                // The engine's step includes sampling; the metric keeps it apart.
+                let sample_ns = out.sample_time.as_nanos() as u64;
+                m.sample_nanos.fetch_add(sample_ns, Relaxed);
+                m.forward_nanos
+                    .fetch_sub(sample_ns.min(forward.as_nanos() as u64), Relaxed);
+                self.process(&planned, out)
+            }
             Err(e) => {
                 tracing::error!("engine step failed: {e}");
                 let ids: Vec<RequestId> = scheduled
@@ -311,14 +302,6 @@ impl Scheduler {
             .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
         self.update_gauges();
         true
-    }
-
-    fn wants_prompt_logprobs(&self, s: &Sequence) -> bool {
-        s.index == 0
-            && self
-                .requests
-                .get(&s.req)
-                .is_some_and(|r| r.params.prompt_logprobs.is_some() && !r.prompt_logprobs_sent)
     }
 
     /// Picks this step's (running index, new tokens) pairs: running sequences first (oldest
@@ -446,7 +429,7 @@ impl Scheduler {
         let Some(r) = self.requests.get(&s.req) else {
             return;
         };
-        if r.params.prompt_logprobs.is_some() && !r.prompt_logprobs_sent {
+        if wants_prompt_logprobs(s, r) {
             return; // prompt logprobs need every prompt position's logits
         }
         let adapter = r.params.adapter;
@@ -470,94 +453,65 @@ impl Scheduler {
         s.num_computed = s.block_table.len() * BLOCK_SIZE;
     }
 
-    fn process(
-        &mut self,
-        scheduled: &[(usize, usize)],
-        chunks: &[SeqChunk],
-        logits: lmi_engine::engine::Logits,
-    ) {
-        let mut row = 0usize;
-        // (running index, logits row) of every sequence that samples now.
-        let mut to_sample: Vec<(usize, usize)> = Vec::new();
-        for (k, &(i, n)) in scheduled.iter().enumerate() {
-            let rows = logits.rows_per_seq[k] as usize;
-            let start = self.running[i].num_computed;
-            self.running[i].num_computed += n;
+    fn process(&mut self, planned: &[Planned], out: StepOutput) {
+        let mut prompt_logprobs: Vec<Option<Vec<lmi_engine::TokenLogprob>>> =
+            out.prompt_logprobs.into_iter().map(Some).collect();
+        let mut samples: Vec<Option<Sampled>> = out.samples.into_iter().map(Some).collect();
+        // (running index, sample) of every sequence that got a token this step, parallel
+        // sequences forked now last.
+        let mut appends: Vec<(usize, Sampled)> = Vec::new();
+        let mut forked: Vec<(usize, Sampled)> = Vec::new();
+        for p in planned {
+            let i = p.running;
+            self.running[i].num_computed += p.tokens;
             self.register_full_blocks(i);
-            if rows == n && rows > 0 && chunks[k].logits == LogitsWanted::All {
-                self.collect_prompt_logprobs(i, start, n, &logits, row);
+            if let Some(lp) = p.prompt_logprobs.and_then(|k| prompt_logprobs[k].take()) {
+                self.collect_prompt_logprobs(i, p.start, p.tokens, lp);
             }
-            let s = &self.running[i];
-            if s.num_computed == s.tokens.len() && rows > 0 {
-                to_sample.push((i, row + rows - 1));
-            }
-            row += rows;
-        }
-        // Fork parallel sequences (n > 1 / best_of) off the first sequence's prefill.
-        let mut extra: Vec<(usize, usize)> = Vec::new();
-        for &(i, r) in &to_sample {
+            let mut draws = p.samples.clone().filter_map(|k| samples[k].take());
+            let Some(first) = draws.next() else { continue };
             let id = self.running[i].req;
-            let Some(req) = self.requests.get_mut(&id) else {
-                continue;
-            };
-            if req.forked || self.running[i].index != 0 {
-                continue;
-            }
-            req.forked = true;
-            let num = req.params.num_seqs();
-            req.alive = num;
-            let seed = req.params.sampling.seed;
-            for idx in 1..num {
-                let base = &self.running[i];
-                for &b in &base.block_table {
-                    self.pool.share(b);
+            if self.running[i].index == 0
+                && let Some(req) = self.requests.get_mut(&id)
+                && !req.forked
+            {
+                // Fork parallel sequences (n > 1 / best_of) off the first one's prefill;
+                // each drew its first token from these logits with its own seed.
+                req.forked = true;
+                req.alive = req.params.num_seqs();
+                let seed = req.params.sampling.seed;
+                for (idx, smp) in (1..).zip(draws) {
+                    let base = &self.running[i];
+                    for &b in &base.block_table {
+                        self.pool.share(b);
+                    }
+                    let sib = Sequence {
+                        req: id,
+                        index: idx,
+                        seed: derive_seed(seed, idx as u64),
+                        arrival: base.arrival,
+                        tokens: base.tokens.clone(),
+                        prompt_len: base.prompt_len,
+                        num_computed: base.num_computed,
+                        block_table: base.block_table.clone(),
+                        hashes: base.hashes.clone(),
+                        detok: base.detok.clone(),
+                        stop: base.stop.clone(),
+                        cum_logprob: 0.0,
+                        first_token_at: None,
+                        last_token_at: None,
+                        inter_token: Vec::new(),
+                    };
+                    self.running.push(sib);
+                    forked.push((self.running.len() - 1, smp));
                 }
-                let sib = Sequence {
-                    req: id,
-                    index: idx as u32,
-                    seed: derive_seed(seed, idx as u64),
-                    arrival: base.arrival,
-                    tokens: base.tokens.clone(),
-                    prompt_len: base.prompt_len,
-                    num_computed: base.num_computed,
-                    block_table: base.block_table.clone(),
-                    hashes: base.hashes.clone(),
-                    detok: base.detok.clone(),
-                    stop: base.stop.clone(),
-                    cum_logprob: 0.0,
-                    first_token_at: None,
-                    last_token_at: None,
-                    inter_token: Vec::new(),
-                };
-                self.running.push(sib);
-                extra.push((self.running.len() - 1, r));
             }
+            appends.push((i, first));
         }
-        to_sample.extend(extra);
-        if to_sample.is_empty() {
-            return;
-        }
-        let sampled = match &logits.tokens {
-            // The engine chose the tokens (null engine): nothing to sample.
-            Some(forced) => to_sample
-                .iter()
-                .map(|&(_, r)| Sampled {
-                    token: forced.get(r).copied().unwrap_or(0),
-                    logprob: 0.0,
-                    top: Vec::new(),
-                })
-                .collect(),
-            None => {
-                let t = Instant::now();
-                let s = self.sample_rows(&to_sample, &logits);
-                let ns = t.elapsed().as_nanos() as u64;
-                self.metrics.sample_nanos.fetch_add(ns, Relaxed);
-                s
-            }
-        };
+        appends.extend(forked);
         let now = Instant::now();
         let mut finished: Vec<usize> = Vec::new();
-        for (&(i, _), smp) in to_sample.iter().zip(sampled) {
+        for (i, smp) in appends {
             if self.append_token(i, smp.token, smp.logprob, smp.top, now) {
                 finished.push(i);
             }
@@ -573,37 +527,6 @@ impl Scheduler {
                 }
             }
         }
-    }
-
-    /// Samples the logits row of each (running index, row) pair, in parallel.
-    fn sample_rows(&self, to_sample: &[(usize, usize)], logits: &Logits) -> Vec<Sampled> {
-        let vocab = logits.vocab;
-        let mut rows_buf = Vec::with_capacity(to_sample.len() * vocab);
-        for &(_, r) in to_sample {
-            rows_buf.extend_from_slice(logits.row(r));
-        }
-        let seeded: Vec<SamplingParams> = to_sample
-            .iter()
-            .map(|&(i, _)| {
-                let mut sp = self.requests[&self.running[i].req].params.sampling.clone();
-                sp.seed = self.running[i].seed;
-                sp
-            })
-            .collect();
-        let rows: Vec<_> = to_sample
-            .iter()
-            .zip(&seeded)
-            .map(|(&(i, _), sp)| {
-                let s = &self.running[i];
-                let ctx = SequenceContext {
-                    prompt: &s.tokens[..s.prompt_len],
-                    output: s.output(),
-                    stop_ids: &self.requests[&s.req].stop_ids,
-                };
-                (sp, ctx)
-            })
-            .collect();
-        sample_batch(&mut rows_buf, vocab, &rows)
     }
 
     /// Registers newly full blocks of running sequence `i` in the prefix cache, pinning those
@@ -630,19 +553,19 @@ impl Scheduler {
         }
     }
 
+    /// Adds the scores of prompt tokens `start + 1 ..= start + n` (those inside the prompt)
+    /// and sends them all once the prompt is done.
     fn collect_prompt_logprobs(
         &mut self,
         i: usize,
         start: usize,
         n: usize,
-        logits: &lmi_engine::engine::Logits,
-        row: usize,
+        scores: Vec<lmi_engine::TokenLogprob>,
     ) {
         let s = &self.running[i];
         let Some(r) = self.requests.get_mut(&s.req) else {
             return;
         };
-        let top_n = r.params.prompt_logprobs.unwrap_or(0);
         if start == 0 {
             r.prompt_logprobs.push(PromptToken {
                 id: s.tokens[0],
@@ -650,16 +573,11 @@ impl Scheduler {
                 top: vec![],
             });
         }
-        for j in 0..n {
-            let pos = start + j + 1;
-            if pos >= s.prompt_len {
-                break;
-            }
-            let (lp, top) = token_logprob(logits.row(row + j), s.tokens[pos], top_n);
+        for (j, sc) in scores.into_iter().enumerate() {
             r.prompt_logprobs.push(PromptToken {
-                id: s.tokens[pos],
-                logprob: Some(lp),
-                top,
+                id: s.tokens[start + j + 1],
+                logprob: Some(sc.logprob),
+                top: sc.top,
             });
         }
         if start + n >= s.prompt_len {

@@ -43,7 +43,8 @@ enum Command {
     Bench(commands::bench::BenchCommand),
 }
 
-fn main() -> anyhow::Result<()> {
+/// Errors end the process with one line (`error: what: why: ...`) and exit status 1.
+fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -51,11 +52,18 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    let result = match Cli::parse().command {
         Command::Serve(a) => commands::serve::run(a),
         Command::Infer(a) => commands::infer::run(a),
         Command::Generate(a) => commands::generate::run(a),
         Command::Convert(a) => commands::convert::run(a),
         Command::Bench(b) => commands::bench::run(b),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }

@@ -1,19 +1,20 @@
 //! `--engine null`: an engine that emits tokens without computing, to benchmark the front end
 //! (HTTP, parsing, tokenization, scheduler, detokenization, formatting) alone. It keeps the
-//! real model's config and tokenizer; each step returns the next tokens themselves (no logits,
-//! so no sampling), cycling through the ids of an ordinary English text, so outputs detokenize
-//! to real words.
+//! real model's config and tokenizer; each draw returns the next token of a cycle through the
+//! ids of an ordinary English text (no logits, no sampling), so outputs detokenize to real
+//! words. Prompt logprobs come back as 0.
 //! The token depends only on the sequence's position, so outputs are the same alone or in any
 //! batch. EOS never comes: requests run to max_new_tokens.
 
 use std::collections::HashSet;
 use std::path::Path;
 
-use lmi_engine::batch::{LogitsWanted, SeqChunk};
 use lmi_engine::config::ModelConfig;
-use lmi_engine::engine::{Logits, StepEngine};
+use lmi_engine::engine::StepEngine;
 use lmi_engine::error::{EngineError, Result};
 use lmi_engine::kv::KvCacheConfig;
+use lmi_engine::sampling::Sampled;
+use lmi_engine::{StepBatch, StepOutput, TokenLogprob};
 use lmi_text::Tokenizer;
 
 /// The text the null engine "generates", over and over.
@@ -81,29 +82,41 @@ impl StepEngine for NullEngine {
         self.num_blocks
     }
 
-    fn step(&mut self, chunks: &[SeqChunk]) -> Result<Logits> {
-        let vocab = self.config.vocab_size;
-        let mut rows_per_seq = Vec::with_capacity(chunks.len());
-        let mut hot = Vec::new();
-        for c in chunks {
-            let end = c.start_pos + c.tokens.len();
-            let rows = match c.logits {
-                LogitsWanted::None => 0,
-                LogitsWanted::Last => 1.min(c.tokens.len()),
-                LogitsWanted::All => c.tokens.len(),
-            };
-            for r in 0..rows {
-                hot.push(self.token_at(end - rows + r + 1));
-            }
-            rows_per_seq.push(rows as u32);
-            self.tokens_computed += c.tokens.len() as u64;
-        }
-        // Tokens, not logits: the sampler is not part of the front end being measured.
-        Ok(Logits {
-            data: Vec::new(),
-            vocab,
-            rows_per_seq,
-            tokens: Some(hot),
+    fn step(&mut self, batch: &StepBatch<'_>) -> Result<StepOutput> {
+        let samples = batch
+            .samples
+            .iter()
+            .map(|r| {
+                let c = batch.chunks.get(r.chunk).ok_or_else(|| {
+                    EngineError::Batch(format!("sample request names chunk {}", r.chunk))
+                })?;
+                Ok(Sampled {
+                    token: self.token_at(c.start_pos + r.position + 1),
+                    logprob: 0.0,
+                    top: Vec::new(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let prompt_logprobs = batch
+            .prompt_logprobs
+            .iter()
+            .map(|p| {
+                let zero = TokenLogprob {
+                    logprob: 0.0,
+                    top: Vec::new(),
+                };
+                vec![zero; p.targets.len()]
+            })
+            .collect();
+        self.tokens_computed += batch
+            .chunks
+            .iter()
+            .map(|c| c.tokens.len() as u64)
+            .sum::<u64>();
+        Ok(StepOutput {
+            samples,
+            prompt_logprobs,
+            sample_time: Default::default(),
         })
     }
 
@@ -188,7 +201,9 @@ mod tests {
     }
 
     #[test]
-    fn rows_follow_logits_wanted() {
+    fn draws_follow_the_cycle() {
+        use lmi_engine::sampling::{SamplingParams, SequenceContext};
+        use lmi_engine::{LogitsWanted, PromptLogprobRequest, SampleRequest, SeqChunk};
         let (dir, tok) = tiny();
         let mut e = NullEngine::load(dir.path(), &tok, 1 << 20).unwrap();
         let chunk = |n: usize, start: usize, logits| SeqChunk {
@@ -198,20 +213,34 @@ mod tests {
             logits,
             adapter: None,
         };
+        let chunks = [
+            chunk(4, 0, LogitsWanted::None),
+            chunk(1, 7, LogitsWanted::Last),
+            chunk(3, 0, LogitsWanted::All),
+        ];
+        let params = SamplingParams::default();
+        let draw = |chunk, position| SampleRequest {
+            chunk,
+            position,
+            params: &params,
+            seed: 0,
+            ctx: SequenceContext::default(),
+        };
         let out = e
-            .step(&[
-                chunk(4, 0, LogitsWanted::None),
-                chunk(1, 7, LogitsWanted::Last),
-                chunk(3, 0, LogitsWanted::All),
-            ])
+            .step(&StepBatch {
+                chunks: &chunks,
+                samples: &[draw(1, 0), draw(2, 2), draw(2, 2)],
+                prompt_logprobs: &[PromptLogprobRequest {
+                    chunk: 2,
+                    targets: &[1, 1],
+                    top_n: 0,
+                }],
+            })
             .unwrap();
-        assert_eq!(out.rows_per_seq, vec![0, 1, 3]);
-        assert_eq!(out.num_rows(), 4);
-        let t = out.tokens.as_ref().expect("the null engine returns tokens");
-        assert_eq!(t[0], e.token_at(8));
-        assert_eq!(t[1], e.token_at(1));
-        assert_eq!(t[3], e.token_at(3));
-        assert!(out.data.is_empty(), "no logits are computed");
+        let tokens: Vec<u32> = out.samples.iter().map(|s| s.token).collect();
+        assert_eq!(tokens, vec![e.token_at(8), e.token_at(3), e.token_at(3)]);
+        assert_eq!(out.prompt_logprobs.len(), 1);
+        assert_eq!(out.prompt_logprobs[0].len(), 2);
         assert_eq!(e.tokens_computed(), 8);
     }
 }

@@ -12,6 +12,8 @@ use crate::batch::BatchLayout;
 use crate::dtype::DType;
 use crate::error::{EngineError, Result};
 use crate::kv::{BLOCK_SIZE, KvCacheConfig};
+use crate::sampling::process_logits_host;
+use crate::step::{LogitsOutput, LogitsWork};
 use crate::weights::{HostData, HostTensor};
 
 pub use amx::available as amx_available;
@@ -170,7 +172,7 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn embedding(&self, table: &CpuWeight, step: &BatchLayout, out: &mut Vec<f32>) {
+    fn embedding(&self, table: &CpuWeight, step: &BatchLayout, out: &mut Vec<f32>) -> Result<()> {
         let width = table.shape()[1];
         match table {
             CpuWeight::F32 { data, .. } => ops::embedding(data, width, &step.token_ids, out),
@@ -181,6 +183,7 @@ impl Backend for CpuBackend {
                 }
             }
         }
+        Ok(())
     }
 
     fn linear(
@@ -190,7 +193,7 @@ impl Backend for CpuBackend {
         w: &CpuWeight,
         bias: Option<&CpuWeight>,
         out: &mut Vec<f32>,
-    ) {
+    ) -> Result<()> {
         let (n, k) = (w.shape()[0], w.shape()[1]);
         let bias = bias.map(|b| b.as_f32());
         match w {
@@ -198,11 +201,20 @@ impl Backend for CpuBackend {
             CpuWeight::BF16 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
             CpuWeight::Amx { packed, .. } => amx::linear(x, rows, packed, bias, out),
         }
+        Ok(())
     }
 
-    fn rms_norm(&self, x: &Vec<f32>, rows: usize, w: &CpuWeight, eps: f32, out: &mut Vec<f32>) {
+    fn rms_norm(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        w: &CpuWeight,
+        eps: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         let h = w.shape()[0];
         ops::rms_norm(&x[..rows * h], w.as_f32(), eps, &mut out[..rows * h]);
+        Ok(())
     }
 
     fn add_rms_norm(
@@ -213,15 +225,17 @@ impl Backend for CpuBackend {
         w: &CpuWeight,
         eps: f32,
         out: &mut Vec<f32>,
-    ) {
+    ) -> Result<()> {
         let h = w.shape()[0];
         ops::add_rms_norm(residual, delta, w.as_f32(), eps, &mut out[..rows * h]);
+        Ok(())
     }
 
-    fn add(&self, residual: &mut Vec<f32>, delta: &Vec<f32>, len: usize) {
+    fn add(&self, residual: &mut Vec<f32>, delta: &Vec<f32>, len: usize) -> Result<()> {
         for (r, d) in residual[..len].iter_mut().zip(&delta[..len]) {
             *r += d;
         }
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -234,7 +248,7 @@ impl Backend for CpuBackend {
         n_heads: usize,
         w: &CpuWeight,
         eps: f32,
-    ) {
+    ) -> Result<()> {
         let len = rows * layout.row_width();
         ops::head_rms_norm(
             &mut qkv[..len],
@@ -244,11 +258,19 @@ impl Backend for CpuBackend {
             w.as_f32(),
             eps,
         );
+        Ok(())
     }
 
-    fn rope(&self, qkv: &mut Vec<f32>, step: &BatchLayout, layout: QkvLayout, rope: &Vec<f64>) {
+    fn rope(
+        &self,
+        qkv: &mut Vec<f32>,
+        step: &BatchLayout,
+        layout: QkvLayout,
+        rope: &Vec<f64>,
+    ) -> Result<()> {
         let len = step.num_tokens() * layout.row_width();
         ops::rope(&mut qkv[..len], &step.positions, layout, rope);
+        Ok(())
     }
 
     fn write_kv(
@@ -258,13 +280,14 @@ impl Backend for CpuBackend {
         layout: QkvLayout,
         k_cache: &mut CpuKv,
         v_cache: &mut CpuKv,
-    ) {
+    ) -> Result<()> {
         let slots = &step.slot_mapping;
         match (k_cache, v_cache) {
             (CpuKv::F32(k), CpuKv::F32(v)) => attention::write_kv(qkv, slots, layout, k, v),
             (CpuKv::BF16(k), CpuKv::BF16(v)) => attention::write_kv(qkv, slots, layout, k, v),
             _ => unreachable!("K and V pools share one dtype"),
         }
+        Ok(())
     }
 
     fn attention(
@@ -276,7 +299,7 @@ impl Backend for CpuBackend {
         v_cache: &CpuKv,
         scale: f32,
         out: &mut Vec<f32>,
-    ) {
+    ) -> Result<()> {
         match (k_cache, v_cache) {
             (CpuKv::F32(k), CpuKv::F32(v)) => {
                 attention::paged_attention(qkv, step, layout, k, v, scale, out)
@@ -286,23 +309,33 @@ impl Backend for CpuBackend {
             }
             _ => unreachable!("K and V pools share one dtype"),
         }
+        Ok(())
     }
 
-    fn silu_mul(&self, gate_up: &Vec<f32>, rows: usize, width: usize, out: &mut Vec<f32>) {
+    fn silu_mul(
+        &self,
+        gate_up: &Vec<f32>,
+        rows: usize,
+        width: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         ops::silu_mul(gate_up, width, &mut out[..rows * width]);
+        Ok(())
     }
 
     fn lora(
         &self,
         x: &Vec<f32>,
         x_width: usize,
-        rows: &[u32],
+        step: &BatchLayout,
+        group: usize,
         a: &CpuWeight,
         b: &CpuWeight,
         out: &mut Vec<f32>,
         out_width: usize,
         out_offset: usize,
-    ) {
+    ) -> Result<()> {
+        let rows: &[u32] = &step.adapter_rows[group].1;
         let (rank, n) = (a.shape()[0], b.shape()[0]);
         let m = rows.len();
         let mut xs = Vec::with_capacity(m * x_width);
@@ -311,15 +344,16 @@ impl Backend for CpuBackend {
             xs.extend_from_slice(&x[r * x_width..(r + 1) * x_width]);
         }
         let mut t = vec![0.0; m * rank];
-        self.linear(&xs, m, a, None, &mut t);
+        self.linear(&xs, m, a, None, &mut t)?;
         let mut d = vec![0.0; m * n];
-        self.linear(&t, m, b, None, &mut d);
+        self.linear(&t, m, b, None, &mut d)?;
         for (i, &r) in rows.iter().enumerate() {
             let o = &mut out[r as usize * out_width + out_offset..][..n];
             for (o, v) in o.iter_mut().zip(&d[i * n..(i + 1) * n]) {
                 *o += v;
             }
         }
+        Ok(())
     }
 
     fn gather_logit_rows(
@@ -328,11 +362,12 @@ impl Backend for CpuBackend {
         step: &BatchLayout,
         width: usize,
         out: &mut Vec<f32>,
-    ) {
+    ) -> Result<()> {
         for (o, &r) in out.chunks_mut(width).zip(&step.logits_rows) {
             let r = r as usize;
             o.copy_from_slice(&x[r * width..(r + 1) * width]);
         }
+        Ok(())
     }
 
     fn to_host(&self, mut buf: Vec<f32>, len: usize) -> Result<Vec<f32>> {
@@ -340,11 +375,29 @@ impl Backend for CpuBackend {
         Ok(buf)
     }
 
+    fn process_logits(
+        &self,
+        mut logits: Vec<f32>,
+        rows: usize,
+        vocab: usize,
+        work: &LogitsWork<'_>,
+    ) -> Result<LogitsOutput> {
+        logits.truncate(rows * vocab);
+        let out = process_logits_host(&mut logits, vocab, work);
+        self.recycle(logits);
+        Ok(out)
+    }
+
     fn run_forward<R: Send>(&self, forward: impl FnOnce() -> R + Send) -> R {
         rayon::scope(|_| forward())
     }
 
-    fn copy_blocks(&self, cache: &mut CpuKv, cfg: &KvCacheConfig, pairs: &[(u32, u32)]) {
+    fn copy_blocks(
+        &self,
+        cache: &mut CpuKv,
+        cfg: &KvCacheConfig,
+        pairs: &[(u32, u32)],
+    ) -> Result<()> {
         fn copy<T: Copy>(cache: &mut [T], block: usize, pairs: &[(u32, u32)]) {
             for &(src, dst) in pairs {
                 let (s, d) = (src as usize * block, dst as usize * block);
@@ -356,5 +409,6 @@ impl Backend for CpuBackend {
             CpuKv::F32(c) => copy(c, block, pairs),
             CpuKv::BF16(c) => copy(c, block, pairs),
         }
+        Ok(())
     }
 }

@@ -54,14 +54,15 @@ impl<B: Backend> KvCache<B> {
         Ok(KvCache { cfg, layers })
     }
 
-    pub fn copy_blocks(&mut self, backend: &B, pairs: &[(u32, u32)]) {
+    pub fn copy_blocks(&mut self, backend: &B, pairs: &[(u32, u32)]) -> Result<()> {
         if pairs.is_empty() {
-            return;
+            return Ok(());
         }
         for (k, v) in &mut self.layers {
-            backend.copy_blocks(k, &self.cfg, pairs);
-            backend.copy_blocks(v, &self.cfg, pairs);
+            backend.copy_blocks(k, &self.cfg, pairs)?;
+            backend.copy_blocks(v, &self.cfg, pairs)?;
         }
+        Ok(())
     }
 }
 
@@ -97,38 +98,39 @@ impl<B: Backend> Model<B> {
         }
     }
 
-    /// Runs one step over `layout` and returns the logits of its `logits_rows`,
-    /// row-major `[logits_rows.len(), vocab]`.
+    /// Runs one step over `layout` (uploaded as `step`) and returns the logits of its
+    /// `logits_rows`, row-major `[logits_rows.len(), vocab]`, on the device; None when no
+    /// row is wanted. Issues device work only (no host copies), so a backend may capture it.
     pub fn forward(
         &self,
         backend: &B,
         layout: &BatchLayout,
+        step: &B::Step,
         kv: &mut KvCache<B>,
         adapters: &HashMap<u64, LoraAdapter<B>>,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<Option<B::Buf>> {
         let c = &self.config;
         let n = layout.num_tokens();
         let hidden = c.hidden_size;
         let ql = self.qkv_layout();
         let eps = c.rms_norm_eps as f32;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let step = backend.upload_step(layout)?;
 
         let mut residual = backend.alloc(n * hidden)?;
-        let mut normed = backend.alloc(n * hidden)?;
+        let mut normed = backend.alloc_matmul_input(n * hidden)?;
         let mut qkv = backend.alloc(n * ql.row_width())?;
-        let mut attn = backend.alloc(n * ql.q_heads * ql.head_dim)?;
+        let mut attn = backend.alloc_matmul_input(n * ql.q_heads * ql.head_dim)?;
         let mut proj = backend.alloc(n * hidden)?;
         let mut gate_up = backend.alloc(n * 2 * c.intermediate_size)?;
-        let mut act = backend.alloc(n * c.intermediate_size)?;
+        let mut act = backend.alloc_matmul_input(n * c.intermediate_size)?;
 
-        // Adapters used this step, with the token rows of each.
-        let mut active: Vec<(&LoraAdapter<B>, &[u32])> = Vec::new();
-        for (id, rows) in &layout.adapter_rows {
+        // Adapters used this step, in the order of `layout.adapter_rows` (their groups).
+        let mut active: Vec<&LoraAdapter<B>> = Vec::new();
+        for (id, _) in &layout.adapter_rows {
             let a = adapters.get(id).ok_or_else(|| {
                 crate::error::EngineError::Batch(format!("LoRA adapter {id} is not loaded"))
             })?;
-            active.push((a, rows));
+            active.push(a);
         }
         let h = hidden;
         let (qs, kvs, inter) = (c.q_size(), c.kv_size(), c.intermediate_size);
@@ -138,46 +140,55 @@ impl<B: Backend> Model<B> {
                     xw: usize,
                     out: &mut B::Buf,
                     ow: usize,
-                    off: usize| {
-            for (a, rows) in &active {
+                    off: usize|
+         -> Result<()> {
+            for (g, a) in active.iter().enumerate() {
                 if let Some(p) = a.get(i, t) {
-                    backend.lora(x, xw, rows, &p.a, &p.b, out, ow, off);
+                    backend.lora(x, xw, step, g, &p.a, &p.b, out, ow, off)?;
                 }
             }
+            Ok(())
         };
 
-        backend.embedding(&self.embed, &step, &mut residual);
+        backend.embedding(&self.embed, step, &mut residual)?;
         for (i, layer) in self.layers.iter().enumerate() {
             if i == 0 {
-                backend.rms_norm(&residual, n, &layer.input_norm, eps, &mut normed);
+                backend.rms_norm(&residual, n, &layer.input_norm, eps, &mut normed)?;
             } else {
                 // The previous layer's MLP output is still in `proj`.
-                backend.add_rms_norm(&mut residual, &proj, n, &layer.input_norm, eps, &mut normed);
+                backend.add_rms_norm(
+                    &mut residual,
+                    &proj,
+                    n,
+                    &layer.input_norm,
+                    eps,
+                    &mut normed,
+                )?;
             }
-            backend.linear(&normed, n, &layer.qkv, layer.qkv_bias.as_ref(), &mut qkv);
+            backend.linear(&normed, n, &layer.qkv, layer.qkv_bias.as_ref(), &mut qkv)?;
             let w = ql.row_width();
-            lora(i, Target::Q, &normed, h, &mut qkv, w, 0);
-            lora(i, Target::K, &normed, h, &mut qkv, w, qs);
-            lora(i, Target::V, &normed, h, &mut qkv, w, qs + kvs);
+            lora(i, Target::Q, &normed, h, &mut qkv, w, 0)?;
+            lora(i, Target::K, &normed, h, &mut qkv, w, qs)?;
+            lora(i, Target::V, &normed, h, &mut qkv, w, qs + kvs)?;
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                backend.head_rms_norm(&mut qkv, n, ql, 0, ql.q_heads, qn, eps);
-                backend.head_rms_norm(&mut qkv, n, ql, ql.q_heads, ql.kv_heads, kn, eps);
+                backend.head_rms_norm(&mut qkv, n, ql, 0, ql.q_heads, qn, eps)?;
+                backend.head_rms_norm(&mut qkv, n, ql, ql.q_heads, ql.kv_heads, kn, eps)?;
             }
-            backend.rope(&mut qkv, &step, ql, &self.rope);
+            backend.rope(&mut qkv, step, ql, &self.rope)?;
             let (k_cache, v_cache) = &mut kv.layers[i];
-            backend.write_kv(&qkv, &step, ql, k_cache, v_cache);
-            backend.attention(&qkv, &step, ql, k_cache, v_cache, scale, &mut attn);
-            backend.linear(&attn, n, &layer.o_proj, None, &mut proj);
-            lora(i, Target::O, &attn, qs, &mut proj, h, 0);
-            backend.add_rms_norm(&mut residual, &proj, n, &layer.post_norm, eps, &mut normed);
-            backend.linear(&normed, n, &layer.gate_up, None, &mut gate_up);
-            lora(i, Target::Gate, &normed, h, &mut gate_up, 2 * inter, 0);
-            lora(i, Target::Up, &normed, h, &mut gate_up, 2 * inter, inter);
-            backend.silu_mul(&gate_up, n, c.intermediate_size, &mut act);
-            backend.linear(&act, n, &layer.down, None, &mut proj);
-            lora(i, Target::Down, &act, inter, &mut proj, h, 0);
+            backend.write_kv(&qkv, step, ql, k_cache, v_cache)?;
+            backend.attention(&qkv, step, ql, k_cache, v_cache, scale, &mut attn)?;
+            backend.linear(&attn, n, &layer.o_proj, None, &mut proj)?;
+            lora(i, Target::O, &attn, qs, &mut proj, h, 0)?;
+            backend.add_rms_norm(&mut residual, &proj, n, &layer.post_norm, eps, &mut normed)?;
+            backend.linear(&normed, n, &layer.gate_up, None, &mut gate_up)?;
+            lora(i, Target::Gate, &normed, h, &mut gate_up, 2 * inter, 0)?;
+            lora(i, Target::Up, &normed, h, &mut gate_up, 2 * inter, inter)?;
+            backend.silu_mul(&gate_up, n, c.intermediate_size, &mut act)?;
+            backend.linear(&act, n, &layer.down, None, &mut proj)?;
+            lora(i, Target::Down, &act, inter, &mut proj, h, 0)?;
         }
-        backend.add(&mut residual, &proj, n * hidden);
+        backend.add(&mut residual, &proj, n * hidden)?;
 
         let rows = layout.logits_rows.len();
         for b in [normed, qkv, attn, gate_up, act] {
@@ -186,19 +197,19 @@ impl<B: Backend> Model<B> {
         if rows == 0 {
             backend.recycle(residual);
             backend.recycle(proj);
-            return Ok(Vec::new());
+            return Ok(None);
         }
         // Norm and LM head only for the rows whose logits are wanted.
         let mut picked = backend.alloc(rows * hidden)?;
-        backend.gather_logit_rows(&residual, &step, hidden, &mut picked);
-        let mut picked_normed = backend.alloc(rows * hidden)?;
-        backend.rms_norm(&picked, rows, &self.final_norm, eps, &mut picked_normed);
+        backend.gather_logit_rows(&residual, step, hidden, &mut picked)?;
+        let mut picked_normed = backend.alloc_matmul_input(rows * hidden)?;
+        backend.rms_norm(&picked, rows, &self.final_norm, eps, &mut picked_normed)?;
         let mut logits = backend.alloc(rows * c.vocab_size)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        backend.linear(&picked_normed, rows, head, None, &mut logits);
+        backend.linear(&picked_normed, rows, head, None, &mut logits)?;
         for b in [residual, proj, picked, picked_normed] {
             backend.recycle(b);
         }
-        backend.to_host(logits, rows * c.vocab_size)
+        Ok(Some(logits))
     }
 }

@@ -52,6 +52,7 @@
 /// Also the CPU attention's softmax.
 pub(crate) mod fast_exp;
 mod filters;
+mod host;
 mod logprobs;
 mod params;
 mod processors;
@@ -62,6 +63,7 @@ mod tests;
 
 use rayon::prelude::*;
 
+pub use host::process_logits_host;
 pub use logprobs::token_logprob;
 pub use params::{GREEDY_EPS, SamplingParams};
 pub use rng::{derive_seed, splitmix64, uniform};
@@ -91,6 +93,17 @@ pub struct Sampled {
 /// Samples one token from `logits` (modified in place: it ends up holding the processed,
 /// cleaned row). An empty row yields token 0 with logprob 0.
 pub fn sample(logits: &mut [f32], params: &SamplingParams, ctx: &SequenceContext) -> Sampled {
+    sample_seeded(logits, params, params.seed, ctx)
+}
+
+/// [`sample`] with the draw keyed by `seed` instead of `params.seed` (each parallel sequence
+/// of a request draws with its own seed).
+pub fn sample_seeded(
+    logits: &mut [f32],
+    params: &SamplingParams,
+    seed: u64,
+    ctx: &SequenceContext,
+) -> Sampled {
     if logits.is_empty() {
         return Sampled {
             token: 0,
@@ -110,7 +123,7 @@ pub fn sample(logits: &mut [f32], params: &SamplingParams, ctx: &SequenceContext
     let token = if params.is_greedy() || banned_everything || stats.max == f32::NEG_INFINITY {
         stats.argmax
     } else {
-        let u = uniform(params.seed, ctx.output.len() as u64);
+        let u = uniform(seed, ctx.output.len() as u64);
         filters::draw(logits, stats.max, params, u).unwrap_or(stats.argmax)
     };
     Sampled {

@@ -5,13 +5,16 @@
 use std::time::Instant;
 
 use lmi_engine::engine::{EngineOptions, StepEngine};
-use lmi_engine::{BLOCK_SIZE, DType, Engine, LogitsWanted, SeqChunk, model_store};
+use lmi_engine::sampling::{SamplingParams, SequenceContext};
+use lmi_engine::{
+    BLOCK_SIZE, DType, Device, LogitsWanted, SampleRequest, SeqChunk, StepBatch, model_store,
+};
 use lmi_scheduler::{Event, GenerateRequest, Handle, SchedulerConfig};
 use rayon::prelude::*;
 
 #[derive(clap::Subcommand)]
 pub enum BenchCommand {
-    /// Engine throughput on the CPU backend: prefill and decode at each batch size.
+    /// Engine throughput: prefill and decode (each step drawing its tokens) at each batch size.
     Engine(EngineArgs),
     /// Decode throughput through the rolling-batch scheduler at several concurrencies, and the
     /// scheduler's own share of each step.
@@ -26,8 +29,11 @@ pub struct SchedulerArgs {
     /// HF model directory or GGUF file; the default model when absent.
     #[arg(long)]
     model: Option<String>,
+    /// Device: cpu, cuda or cuda:<ordinal>.
+    #[arg(long, default_value = "cpu")]
+    device: Device,
     /// Weight dtype in memory.
-    #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
+    #[arg(long, default_value = "bf16")]
     dtype: DType,
     /// Concurrent requests to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
@@ -45,8 +51,11 @@ pub struct EngineArgs {
     /// HF model directory or GGUF file; the default model when absent.
     #[arg(long)]
     model: Option<String>,
+    /// Device: cpu, cuda or cuda:<ordinal>.
+    #[arg(long, default_value = "cpu")]
+    device: Device,
     /// Weight dtype in memory.
-    #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
+    #[arg(long, default_value = "bf16")]
     dtype: DType,
     /// Batch sizes to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
@@ -57,10 +66,6 @@ pub struct EngineArgs {
     /// Decode steps measured per batch size (after one warm-up step).
     #[arg(long, default_value_t = 16)]
     decode_steps: usize,
-}
-
-fn parse_dtype(s: &str) -> Result<DType, String> {
-    s.parse()
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -106,7 +111,7 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
         kv_blocks: Some(per_seq * max_batch),
         ..Default::default()
     };
-    let mut engine = Engine::load_cpu(&dir, &opts)?;
+    let mut engine = lmi_engine::open(a.device, &dir, &opts)?;
     let vocab = engine.model_config().vocab_size as u32;
     let bw = measure_read_bandwidth();
     let weight_bytes = engine.weight_bytes();
@@ -144,14 +149,14 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
             })
             .collect();
         let t = Instant::now();
-        engine.step(&chunks)?;
+        greedy_step(engine.as_mut(), &chunks)?;
         let prefill = (b * a.prompt_len) as f64 / t.elapsed().as_secs_f64();
         let mut step = |chunks: &mut Vec<SeqChunk>| -> anyhow::Result<()> {
             for c in chunks.iter_mut() {
                 c.start_pos += c.tokens.len();
                 c.tokens = vec![(c.start_pos as u32 * 31) % vocab];
             }
-            engine.step(chunks)?;
+            greedy_step(engine.as_mut(), chunks)?;
             Ok(())
         };
         step(&mut chunks)?; // warm-up
@@ -182,6 +187,29 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One engine step that draws the next token of every chunk greedily (as serving does: the
+/// step includes the draw).
+fn greedy_step(engine: &mut dyn StepEngine, chunks: &[SeqChunk]) -> anyhow::Result<()> {
+    let params = SamplingParams::default();
+    let samples: Vec<SampleRequest> = chunks
+        .iter()
+        .enumerate()
+        .map(|(k, c)| SampleRequest {
+            chunk: k,
+            position: c.tokens.len() - 1,
+            params: &params,
+            seed: 0,
+            ctx: SequenceContext::default(),
+        })
+        .collect();
+    engine.step(&StepBatch {
+        chunks,
+        samples: &samples,
+        prompt_logprobs: &[],
+    })?;
+    Ok(())
+}
+
 fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     let dir = model_store::resolve_model(a.model.as_deref(), true)?;
     let tokenizer = lmi_text::Tokenizer::from_dir(&dir)?;
@@ -204,7 +232,7 @@ fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
             kv_blocks: Some(per_seq * c + 8),
             ..Default::default()
         };
-        let engine = Engine::load_cpu(&dir, &opts)?;
+        let engine = lmi_engine::open(a.device, &dir, &opts)?;
         let vocab = engine.model_config().vocab_size as u32;
         let cfg = SchedulerConfig {
             max_batch_size: c,
@@ -212,7 +240,7 @@ fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
             max_model_len: a.prompt_len + a.max_new_tokens + 1,
             max_waiting: c,
         };
-        let handle = Handle::spawn(Box::new(engine), tokenizer.clone(), cfg);
+        let handle = Handle::spawn(engine, tokenizer.clone(), cfg);
         let streams = (0..c)
             .map(|s| {
                 let prompt = (0..a.prompt_len)

@@ -10,12 +10,8 @@ pub struct Args {
     /// Output directory (must not exist yet).
     out_dir: PathBuf,
     /// dtype of the written safetensors.
-    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    #[arg(long, default_value = "f32")]
     dtype: DType,
-}
-
-fn parse_dtype(s: &str) -> Result<DType, String> {
-    s.parse()
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {

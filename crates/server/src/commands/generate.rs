@@ -5,9 +5,11 @@ use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use lmi_engine::engine::{EngineOptions, StepEngine};
-use lmi_engine::sampling::{SamplingParams, SequenceContext, sample};
-use lmi_engine::{BLOCK_SIZE, DType, Engine, LogitsWanted, SeqChunk, model_store};
+use lmi_engine::engine::EngineOptions;
+use lmi_engine::sampling::{SamplingParams, SequenceContext};
+use lmi_engine::{
+    BLOCK_SIZE, DType, Device, LogitsWanted, SampleRequest, SeqChunk, StepBatch, model_store,
+};
 use lmi_text::{IncrementalDetokenizer, Tokenizer};
 
 #[derive(clap::Args)]
@@ -15,8 +17,11 @@ pub struct Args {
     /// HF model directory or GGUF file; the default model when absent.
     #[arg(long)]
     model: Option<String>,
+    /// Device: cpu, cuda or cuda:<ordinal>.
+    #[arg(long, default_value = "cpu")]
+    device: Device,
     /// Weight dtype in memory (f32 or bf16); the checkpoint's when absent.
-    #[arg(long, value_parser = parse_dtype)]
+    #[arg(long)]
     dtype: Option<DType>,
     /// The prompt text.
     #[arg(long, short)]
@@ -38,10 +43,6 @@ pub struct Args {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
-}
-
-fn parse_dtype(s: &str) -> Result<DType, String> {
-    s.parse()
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -66,7 +67,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         kv_blocks: Some(blocks),
         ..Default::default()
     };
-    let mut engine = Engine::load_cpu(&dir, &opts)?;
+    let mut engine = lmi_engine::open(a.device, &dir, &opts)?;
     let params = SamplingParams {
         temperature: a.temperature,
         top_p: a.top_p,
@@ -90,14 +91,27 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         adapter: None,
     };
     while output.len() < a.max_new_tokens {
-        let logits = engine.step(std::slice::from_ref(&chunk))?;
-        let mut row = logits.row(0).to_vec();
-        let ctx = SequenceContext {
-            prompt: &prompt,
-            output: &output,
-            stop_ids: &eos,
+        let draw = SampleRequest {
+            chunk: 0,
+            position: chunk.tokens.len() - 1,
+            params: &params,
+            seed: params.seed,
+            ctx: SequenceContext {
+                prompt: &prompt,
+                output: &output,
+                stop_ids: &eos,
+            },
         };
-        let tok = sample(&mut row, &params, &ctx).token;
+        let out = engine.step(&StepBatch {
+            chunks: std::slice::from_ref(&chunk),
+            samples: &[draw],
+            prompt_logprobs: &[],
+        })?;
+        let tok = out
+            .samples
+            .first()
+            .map(|s| s.token)
+            .context("the engine drew no token")?;
         first_token.get_or_insert_with(|| started.elapsed());
         output.push(tok);
         if !a.ignore_eos && eos.contains(&tok) {

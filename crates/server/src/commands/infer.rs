@@ -24,7 +24,7 @@ use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::sampling::SamplingParams;
-use lmi_engine::{BLOCK_SIZE, DType, Engine, ModelConfig, model_store};
+use lmi_engine::{BLOCK_SIZE, DType, Device, ModelConfig, model_store};
 use lmi_scheduler::{Event, GenerateRequest, Handle, SchedulerConfig};
 use lmi_text::Tokenizer;
 
@@ -46,8 +46,11 @@ pub struct Args {
     /// HF model directory or GGUF file; the default model when absent.
     #[arg(long)]
     model: Option<String>,
+    /// Device: cpu, cuda or cuda:<ordinal>.
+    #[arg(long, default_value = "cpu")]
+    device: Device,
     /// Weight dtype in memory (f32 or bf16); the checkpoint's when absent.
-    #[arg(long, value_parser = parse_dtype)]
+    #[arg(long)]
     dtype: Option<DType>,
     /// Request i samples with seed `seed + i`.
     #[arg(long, default_value_t = 0)]
@@ -55,10 +58,6 @@ pub struct Args {
     /// Memory for the KV cache, in MiB.
     #[arg(long, default_value_t = 1024)]
     kv_cache_mib: usize,
-}
-
-fn parse_dtype(s: &str) -> Result<DType, String> {
-    s.parse()
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -112,9 +111,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         kv_cache_bytes: a.kv_cache_mib << 20,
         kv_blocks: None,
     };
-    let mut engine = Engine::load_cpu(&dir, &opts)
+    let mut engine = lmi_engine::open(a.device, &dir, &opts)
         .with_context(|| format!("loading the model {}", dir.display()))?;
-    let adapter_ids = load_adapters(&mut engine, &input)?;
+    let adapter_ids = load_adapters(engine.as_mut(), &input)?;
     let needed = prompts
         .iter()
         .map(|p| (p.ids.len() + input.max_generate_length).div_ceil(BLOCK_SIZE))
@@ -139,7 +138,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         input.batch_size
     );
     let handle = Handle::spawn(
-        Box::new(engine),
+        engine,
         tokenizer,
         SchedulerConfig {
             max_batch_size: input.batch_size,

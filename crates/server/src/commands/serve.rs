@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::serve::ListenerExt;
 use lmi_engine::engine::{EngineOptions, StepEngine};
-use lmi_engine::{Engine, model_store};
+use lmi_engine::model_store;
 use lmi_scheduler::{Handle, SchedulerConfig};
 use lmi_text::{ChatTemplate, Tokenizer};
 
@@ -33,6 +33,9 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let config = ServingConfig::from_process(&a.serve)?;
     eprintln!("{}", config.summary());
+    // Before the port is bound: a GPU that cannot be used is a configuration error.
+    lmi_engine::check_device(config.device)
+        .with_context(|| format!("option.device={}", config.device))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("lmi-http")
@@ -204,17 +207,18 @@ pub fn load_model(config: &ServingConfig) -> anyhow::Result<LoadedModel> {
         EngineMode::Model => {
             let dtype = config.engine_dtype();
             tracing::info!(
-                "loading {} on the CPU backend, weights in {dtype}",
-                dir.display()
+                "loading {} on {}, weights in {dtype}",
+                dir.display(),
+                config.device
             );
             let opts = EngineOptions {
                 dtype: Some(dtype),
                 kv_cache_bytes: config.kv_cache_bytes,
                 kv_blocks: None,
             };
-            let engine = Engine::load_cpu(&dir, &opts)
+            let engine = lmi_engine::open(config.device, &dir, &opts)
                 .with_context(|| format!("loading the model {}", dir.display()))?;
-            (Box::new(engine), dtype.to_string())
+            (engine, dtype.to_string())
         }
         EngineMode::Null => {
             tracing::info!(

@@ -1,4 +1,5 @@
 use super::*;
+use lmi_engine::Device;
 
 fn env(pairs: &[(&str, &str)]) -> EnvVars {
     pairs
@@ -139,18 +140,22 @@ fn properties_found_in_model_dir_then_sagemaker_dir() {
 }
 
 #[test]
-fn cuda_device_is_refused_with_a_clear_message() {
-    let cli = ServeArgs {
-        device: Some("cuda".into()),
-        ..Default::default()
+fn devices_parse_and_cuda_refuses_fp32_weights() {
+    let with = |device: &str, dtype: Option<&str>| {
+        let cli = ServeArgs {
+            device: Some(device.into()),
+            dtype: dtype.map(str::to_string),
+            ..Default::default()
+        };
+        ServingConfig::load(&cli, &env(&[]), None)
     };
-    let err = ServingConfig::load(&cli, &env(&[]), None)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("CUDA backend is not available in this build"),
-        "{err}"
+    assert_eq!(with("cuda", None).unwrap().device, Device::Cuda(0));
+    assert_eq!(
+        with("cuda:1", Some("bf16")).unwrap().device,
+        Device::Cuda(1)
     );
+    let err = with("cuda", Some("fp32")).unwrap_err().to_string();
+    assert!(err.contains("keeps weights in bf16"), "{err}");
     let e = env(&[("OPTION_DEVICE", "cpu")]);
     assert_eq!(
         ServingConfig::load(&ServeArgs::default(), &e, None)
@@ -159,7 +164,13 @@ fn cuda_device_is_refused_with_a_clear_message() {
         Device::Cpu
     );
     let e = env(&[("OPTION_DEVICE", "tpu")]);
-    assert!(ServingConfig::load(&ServeArgs::default(), &e, None).is_err());
+    let err = ServingConfig::load(&ServeArgs::default(), &e, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("OPTION_DEVICE") && err.contains("cpu, cuda"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -1,0 +1,282 @@
+//! A step's layout on the device: every per-token and per-sequence array packed into one
+//! upload, and the decode-batch padding that lets a captured CUDA graph serve every step of
+//! the same shape.
+
+use lmi_cuda::DevPtr;
+
+use crate::batch::BatchLayout;
+
+/// Batch sizes decode steps are padded to; each (size, block-table width) gets its own graph.
+pub const GRAPH_BATCH_SIZES: [usize; 15] = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256];
+
+/// The slot of a token whose K/V are not written (padding rows).
+pub const NO_SLOT: u32 = u32::MAX;
+
+/// Query tokens of one sequence an attention block takes at once.
+pub const ATTENTION_TILE_TOKENS: usize = 16;
+
+/// What a graph is captured for: the padded batch size and the block-table width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GraphKey {
+    pub seqs: usize,
+    pub block_stride: usize,
+}
+
+/// Pads a decode-only batch (one new token per sequence, no adapters) to the next graph
+/// batch size, and its block tables to a power-of-two width, so steps of one shape are
+/// launched identically. Padding sequences write no K/V (slot [`NO_SLOT`]) and attend to
+/// nothing (context 0); their logits rows come after the real ones and are never read.
+pub fn pad_decode(mut l: BatchLayout) -> BatchLayout {
+    let seqs = l.num_seqs();
+    let Some(&size) = GRAPH_BATCH_SIZES.iter().find(|&&b| b >= seqs) else {
+        return l;
+    };
+    let decode_only = seqs > 0
+        && l.num_tokens() == seqs
+        && l.adapter_rows.is_empty()
+        && l.logits_rows.len() == seqs
+        && l.logits_rows.iter().enumerate().all(|(i, &r)| r as usize == i);
+    if !decode_only {
+        return l;
+    }
+    let stride = l.max_blocks.max(16).next_power_of_two();
+    let mut tables = vec![0u32; size * stride];
+    for s in 0..seqs {
+        tables[s * stride..s * stride + l.max_blocks].copy_from_slice(l.block_table(s));
+    }
+    l.block_tables = tables;
+    l.max_blocks = stride;
+    for s in seqs..size {
+        l.token_ids.push(0);
+        l.positions.push(0);
+        l.slot_mapping.push(NO_SLOT);
+        l.token_seq.push(s as u32);
+        l.cu_tokens.push(s as u32 + 1);
+        l.context_lens.push(0);
+        l.logits_rows.push(s as u32);
+        l.logits_per_seq.push(1);
+    }
+    l
+}
+
+/// The graph a layout can be replayed from, if any: padded decode batches.
+pub fn graph_key(l: &BatchLayout) -> Option<GraphKey> {
+    let seqs = l.num_seqs();
+    let shaped = GRAPH_BATCH_SIZES.contains(&seqs)
+        && l.num_tokens() == seqs
+        && l.adapter_rows.is_empty()
+        && l.logits_rows.len() == seqs
+        && l.max_blocks.is_power_of_two()
+        && l.max_blocks >= 16;
+    shaped.then_some(GraphKey {
+        seqs,
+        block_stride: l.max_blocks,
+    })
+}
+
+/// One attention block's queries: `count` tokens of sequence `seq` from flat token `first`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tile {
+    pub seq: u32,
+    pub first: u32,
+    pub count: u32,
+}
+
+/// Splits every sequence's new tokens into tiles of at most [`ATTENTION_TILE_TOKENS`].
+pub fn attention_tiles(l: &BatchLayout) -> Vec<Tile> {
+    let mut tiles = Vec::new();
+    for s in 0..l.num_seqs() {
+        let (start, end) = (l.cu_tokens[s], l.cu_tokens[s + 1]);
+        let mut t = start;
+        while t < end {
+            let count = (end - t).min(ATTENTION_TILE_TOKENS as u32);
+            tiles.push(Tile {
+                seq: s as u32,
+                first: t,
+                count,
+            });
+            t += count;
+        }
+    }
+    tiles
+}
+
+/// The packed step arrays, in upload order (all u32).
+#[derive(Debug, Clone, Default)]
+pub struct Packed {
+    pub bytes: Vec<u8>,
+    offsets: Vec<usize>,
+}
+
+impl Packed {
+    fn push(&mut self, v: &[u32]) {
+        // 16-byte aligned arrays, so kernels may load them as vectors.
+        let at = self.bytes.len().next_multiple_of(16);
+        self.bytes.resize(at, 0);
+        self.offsets.push(at);
+        for x in v {
+            self.bytes.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+}
+
+/// Device addresses of a step's arrays (valid until the next step is uploaded).
+#[derive(Debug, Clone)]
+pub struct CudaStep {
+    pub num_tokens: usize,
+    pub num_seqs: usize,
+    pub token_ids: DevPtr,
+    pub positions: DevPtr,
+    pub slots: DevPtr,
+    pub token_seq: DevPtr,
+    /// Per sequence, its first flat token (num_seqs + 1 entries).
+    pub seq_start: DevPtr,
+    pub context_lens: DevPtr,
+    /// `[num_seqs, block_stride]`.
+    pub block_tables: DevPtr,
+    pub block_stride: usize,
+    /// Longest context of the step, in tokens.
+    pub max_context: usize,
+    pub logits_rows: DevPtr,
+    pub num_logits_rows: usize,
+    /// `[num_tiles, 3]`: seq, first, count.
+    pub tiles: DevPtr,
+    pub num_tiles: usize,
+    /// Token rows of each adapter of the step, in `BatchLayout::adapter_rows` order.
+    pub adapter_rows: Vec<(DevPtr, usize)>,
+    pub graph_key: Option<GraphKey>,
+}
+
+/// Packs `l`'s arrays for one upload.
+pub fn pack(l: &BatchLayout) -> (Packed, Vec<Tile>) {
+    let tiles = attention_tiles(l);
+    let mut p = Packed::default();
+    p.push(&l.token_ids);
+    p.push(&l.positions);
+    p.push(&l.slot_mapping);
+    p.push(&l.token_seq);
+    p.push(&l.cu_tokens);
+    p.push(&l.context_lens);
+    p.push(&l.block_tables);
+    p.push(&l.logits_rows);
+    let flat: Vec<u32> = tiles.iter().flat_map(|t| [t.seq, t.first, t.count]).collect();
+    p.push(&flat);
+    for (_, rows) in &l.adapter_rows {
+        p.push(rows);
+    }
+    (p, tiles)
+}
+
+/// The device view of a layout packed by [`pack`] and uploaded at `base`.
+pub fn view(l: &BatchLayout, p: &Packed, tiles: &[Tile], base: DevPtr) -> CudaStep {
+    let at = |i: usize| base.offset(p.offsets[i]);
+    CudaStep {
+        num_tokens: l.num_tokens(),
+        num_seqs: l.num_seqs(),
+        token_ids: at(0),
+        positions: at(1),
+        slots: at(2),
+        token_seq: at(3),
+        seq_start: at(4),
+        context_lens: at(5),
+        block_tables: at(6),
+        block_stride: l.max_blocks,
+        max_context: l.context_lens.iter().copied().max().unwrap_or(0) as usize,
+        logits_rows: at(7),
+        num_logits_rows: l.logits_rows.len(),
+        tiles: at(8),
+        num_tiles: tiles.len(),
+        adapter_rows: l
+            .adapter_rows
+            .iter()
+            .enumerate()
+            .map(|(i, (_, rows))| (at(9 + i), rows.len()))
+            .collect(),
+        graph_key: graph_key(l),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::{LogitsWanted, SeqChunk};
+
+    fn decode(seqs: usize) -> BatchLayout {
+        let chunks: Vec<SeqChunk> = (0..seqs)
+            .map(|s| SeqChunk {
+                tokens: vec![s as u32 + 1],
+                start_pos: 20 + s,
+                block_table: vec![2 * s as u32, 2 * s as u32 + 1],
+                logits: LogitsWanted::Last,
+                adapter: None,
+            })
+            .collect();
+        BatchLayout::new(&chunks, 64).unwrap()
+    }
+
+    #[test]
+    fn decode_batches_pad_to_a_graph_size() {
+        let l = pad_decode(decode(3));
+        assert_eq!(l.num_seqs(), 4);
+        assert_eq!(l.num_tokens(), 4);
+        assert_eq!(l.max_blocks, 16);
+        assert_eq!(&l.block_table(2)[..3], &[4, 5, 0]);
+        assert_eq!(l.slot_mapping[3], NO_SLOT);
+        assert_eq!(l.context_lens[3], 0);
+        assert_eq!(l.logits_rows, vec![0, 1, 2, 3]);
+        assert_eq!(l.cu_tokens, vec![0, 1, 2, 3, 4]);
+        assert_eq!(
+            graph_key(&l),
+            Some(GraphKey {
+                seqs: 4,
+                block_stride: 16
+            })
+        );
+        // Same shape, same key: the graph is reused.
+        assert_eq!(graph_key(&pad_decode(decode(4))), graph_key(&l));
+    }
+
+    #[test]
+    fn prefill_and_large_batches_are_not_padded() {
+        let chunks = vec![SeqChunk {
+            tokens: vec![1; 20],
+            start_pos: 0,
+            block_table: vec![0, 1],
+            logits: LogitsWanted::Last,
+            adapter: None,
+        }];
+        let l = pad_decode(BatchLayout::new(&chunks, 4).unwrap());
+        assert_eq!(l.num_tokens(), 20);
+        assert_eq!(graph_key(&l), None);
+        let tiles = attention_tiles(&l);
+        assert_eq!(
+            tiles,
+            vec![
+                Tile { seq: 0, first: 0, count: 16 },
+                Tile { seq: 0, first: 16, count: 4 }
+            ]
+        );
+        let big = pad_decode(decode(300));
+        assert_eq!(big.num_seqs(), 300);
+        assert_eq!(graph_key(&big), None);
+    }
+
+    #[test]
+    fn packs_aligned_arrays() {
+        let l = pad_decode(decode(3));
+        let (p, tiles) = pack(&l);
+        let v = view(&l, &p, &tiles, DevPtr(0x1000));
+        assert_eq!(v.token_ids, DevPtr(0x1000));
+        for ptr in [v.positions, v.slots, v.block_tables, v.tiles] {
+            assert_eq!(ptr.0 % 16, 0);
+        }
+        let read = |ptr: DevPtr, i: usize| {
+            let o = (ptr.0 - 0x1000) as usize + 4 * i;
+            u32::from_le_bytes(p.bytes[o..o + 4].try_into().unwrap())
+        };
+        assert_eq!(read(v.positions, 2), 22);
+        assert_eq!(read(v.block_tables, 16 + 1), 3);
+        assert_eq!(v.num_tiles, 4);
+        assert_eq!(v.max_context, 23);
+    }
+}

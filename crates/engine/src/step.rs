@@ -1,0 +1,171 @@
+//! The engine's step boundary (the split vLLM v1 makes: the scheduler plans, the engine
+//! computes). A step takes a ragged batch of [`SeqChunk`]s plus what to do with their logits
+//! (draw tokens, score prompt tokens) and returns only what was asked for: token ids and the
+//! requested log-probabilities. Logits never leave the engine, so a GPU backend samples on
+//! the device and copies back a few bytes per sequence.
+//!
+//! Shaped for what plugs in later: a constrained-decoding mask is one more field of
+//! [`SampleRequest`]; speculative verification samples several positions of one chunk (a
+//! chunk with [`LogitsWanted::All`] and one request per position).
+
+use std::time::Duration;
+
+use crate::batch::{BatchLayout, LogitsWanted, SeqChunk};
+use crate::error::{EngineError, Result};
+use crate::sampling::{Sampled, SamplingParams, SequenceContext};
+
+/// One draw from a sequence's next-token distribution.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleRequest<'a> {
+    /// Index of the chunk in [`StepBatch::chunks`].
+    pub chunk: usize,
+    /// The chunk's token (0-based) whose logits are sampled; the last one for ordinary
+    /// decoding. Its logits must be among those the chunk asks for.
+    pub position: usize,
+    pub params: &'a SamplingParams,
+    /// Seed of the draw (each parallel sequence of a request has its own); `params.seed`
+    /// is ignored.
+    pub seed: u64,
+    /// The sequence the token extends (penalties, bans, and the draw's output position).
+    pub ctx: SequenceContext<'a>,
+}
+
+/// Log-probabilities of given tokens at each of a chunk's positions (prompt logprobs).
+#[derive(Debug, Clone, Copy)]
+pub struct PromptLogprobRequest<'a> {
+    /// Index of the chunk in [`StepBatch::chunks`]; it must ask for [`LogitsWanted::All`].
+    pub chunk: usize,
+    /// `targets[j]` is scored under the logits of the chunk's token `j` (the prompt token
+    /// that follows it). At most the chunk's length: the prompt may end inside the chunk.
+    pub targets: &'a [u32],
+    /// Alternatives reported per position.
+    pub top_n: u32,
+}
+
+/// One engine step.
+#[derive(Debug, Clone, Copy)]
+pub struct StepBatch<'a> {
+    pub chunks: &'a [SeqChunk],
+    pub samples: &'a [SampleRequest<'a>],
+    pub prompt_logprobs: &'a [PromptLogprobRequest<'a>],
+}
+
+/// The log-probability of one token and the most likely alternatives at its position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub logprob: f32,
+    /// `(id, logprob)`, logprob descending, ties id ascending.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What a step returns.
+#[derive(Debug, Clone, Default)]
+pub struct StepOutput {
+    /// One per [`StepBatch::samples`], in order.
+    pub samples: Vec<Sampled>,
+    /// One per [`StepBatch::prompt_logprobs`], in order, one entry per target.
+    pub prompt_logprobs: Vec<Vec<TokenLogprob>>,
+    /// Time spent turning logits into these results (metrics).
+    pub sample_time: Duration,
+}
+
+/// A draw from one row of the step's logits matrix.
+#[derive(Debug, Clone, Copy)]
+pub struct RowSample<'a> {
+    pub row: usize,
+    pub params: &'a SamplingParams,
+    pub seed: u64,
+    pub ctx: SequenceContext<'a>,
+}
+
+/// The log-probability of `token` under one row, with `top_n` alternatives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowScore {
+    pub row: usize,
+    pub token: u32,
+    pub top_n: u32,
+}
+
+/// A step's requests mapped onto rows of its logits matrix (`layout.logits_rows` order):
+/// what a backend's `process_logits` computes.
+#[derive(Debug, Clone, Default)]
+pub struct LogitsWork<'a> {
+    pub samples: Vec<RowSample<'a>>,
+    pub scores: Vec<RowScore>,
+}
+
+/// [`LogitsWork`]'s results, in its order.
+#[derive(Debug, Clone, Default)]
+pub struct LogitsOutput {
+    pub samples: Vec<Sampled>,
+    pub scores: Vec<TokenLogprob>,
+}
+
+impl<'a> LogitsWork<'a> {
+    /// Maps `batch`'s requests onto the rows `layout` returns; an error names the request
+    /// whose logits the chunk does not ask for.
+    pub fn new(batch: &StepBatch<'a>, layout: &BatchLayout) -> Result<Self> {
+        // First logits row of each chunk.
+        let mut first = Vec::with_capacity(batch.chunks.len());
+        let mut row = 0usize;
+        for &n in &layout.logits_per_seq {
+            first.push(row);
+            row += n as usize;
+        }
+        let row_of = |chunk: usize, position: usize, what: &str| -> Result<usize> {
+            let c = batch.chunks.get(chunk).ok_or_else(|| {
+                EngineError::Batch(format!(
+                    "{what} names chunk {chunk} of {}",
+                    batch.chunks.len()
+                ))
+            })?;
+            let len = c.tokens.len();
+            match c.logits {
+                LogitsWanted::All if position < len => Ok(first[chunk] + position),
+                LogitsWanted::Last if position + 1 == len => Ok(first[chunk]),
+                _ => Err(EngineError::Batch(format!(
+                    "{what} reads the logits of token {position} of chunk {chunk} ({len} tokens, logits {:?})",
+                    c.logits
+                ))),
+            }
+        };
+        let mut work = LogitsWork::default();
+        for (i, s) in batch.samples.iter().enumerate() {
+            work.samples.push(RowSample {
+                row: row_of(s.chunk, s.position, &format!("sample request {i}"))?,
+                params: s.params,
+                seed: s.seed,
+                ctx: s.ctx,
+            });
+        }
+        for (i, p) in batch.prompt_logprobs.iter().enumerate() {
+            for (j, &token) in p.targets.iter().enumerate() {
+                work.scores.push(RowScore {
+                    row: row_of(p.chunk, j, &format!("prompt logprob request {i}"))?,
+                    token,
+                    top_n: p.top_n,
+                });
+            }
+        }
+        Ok(work)
+    }
+
+    /// Regroups `out.scores` per prompt-logprob request of `batch`.
+    pub fn into_step_output(
+        batch: &StepBatch<'_>,
+        out: LogitsOutput,
+        sample_time: Duration,
+    ) -> StepOutput {
+        let mut scores = out.scores.into_iter();
+        let prompt_logprobs = batch
+            .prompt_logprobs
+            .iter()
+            .map(|p| scores.by_ref().take(p.targets.len()).collect())
+            .collect();
+        StepOutput {
+            samples: out.samples,
+            prompt_logprobs,
+            sample_time,
+        }
+    }
+}
