@@ -9,6 +9,8 @@ pub mod backend;
 pub mod batch;
 pub mod config;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod dtype;
 pub mod engine;
 pub mod error;

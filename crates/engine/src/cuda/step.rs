@@ -7,7 +7,8 @@ use lmi_cuda::DevPtr;
 use crate::batch::BatchLayout;
 
 /// Batch sizes decode steps are padded to; each (size, block-table width) gets its own graph.
-pub const GRAPH_BATCH_SIZES: [usize; 15] = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256];
+pub const GRAPH_BATCH_SIZES: [usize; 15] =
+    [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256];
 
 /// The slot of a token whose K/V are not written (padding rows).
 pub const NO_SLOT: u32 = u32::MAX;
@@ -35,7 +36,10 @@ pub fn pad_decode(mut l: BatchLayout) -> BatchLayout {
         && l.num_tokens() == seqs
         && l.adapter_rows.is_empty()
         && l.logits_rows.len() == seqs
-        && l.logits_rows.iter().enumerate().all(|(i, &r)| r as usize == i);
+        && l.logits_rows
+            .iter()
+            .enumerate()
+            .all(|(i, &r)| r as usize == i);
     if !decode_only {
         return l;
     }
@@ -109,6 +113,12 @@ pub struct Packed {
 }
 
 impl Packed {
+    /// Empties the buffer, keeping its memory for the next step.
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.offsets.clear();
+    }
+
     fn push(&mut self, v: &[u32]) {
         // 16-byte aligned arrays, so kernels may load them as vectors.
         let at = self.bytes.len().next_multiple_of(16);
@@ -147,10 +157,10 @@ pub struct CudaStep {
     pub graph_key: Option<GraphKey>,
 }
 
-/// Packs `l`'s arrays for one upload.
-pub fn pack(l: &BatchLayout) -> (Packed, Vec<Tile>) {
+/// Packs `l`'s arrays into `p` (cleared first) for one upload; returns the attention tiles.
+pub fn pack(l: &BatchLayout, p: &mut Packed) -> Vec<Tile> {
+    p.clear();
     let tiles = attention_tiles(l);
-    let mut p = Packed::default();
     p.push(&l.token_ids);
     p.push(&l.positions);
     p.push(&l.slot_mapping);
@@ -159,12 +169,15 @@ pub fn pack(l: &BatchLayout) -> (Packed, Vec<Tile>) {
     p.push(&l.context_lens);
     p.push(&l.block_tables);
     p.push(&l.logits_rows);
-    let flat: Vec<u32> = tiles.iter().flat_map(|t| [t.seq, t.first, t.count]).collect();
+    let flat: Vec<u32> = tiles
+        .iter()
+        .flat_map(|t| [t.seq, t.first, t.count])
+        .collect();
     p.push(&flat);
     for (_, rows) in &l.adapter_rows {
         p.push(rows);
     }
-    (p, tiles)
+    tiles
 }
 
 /// The device view of a layout packed by [`pack`] and uploaded at `base`.
@@ -252,8 +265,16 @@ mod tests {
         assert_eq!(
             tiles,
             vec![
-                Tile { seq: 0, first: 0, count: 16 },
-                Tile { seq: 0, first: 16, count: 4 }
+                Tile {
+                    seq: 0,
+                    first: 0,
+                    count: 16
+                },
+                Tile {
+                    seq: 0,
+                    first: 16,
+                    count: 4
+                }
             ]
         );
         let big = pad_decode(decode(300));
@@ -264,7 +285,8 @@ mod tests {
     #[test]
     fn packs_aligned_arrays() {
         let l = pad_decode(decode(3));
-        let (p, tiles) = pack(&l);
+        let mut p = Packed::default();
+        let tiles = pack(&l, &mut p);
         let v = view(&l, &p, &tiles, DevPtr(0x1000));
         assert_eq!(v.token_ids, DevPtr(0x1000));
         for ptr in [v.positions, v.slots, v.block_tables, v.tiles] {

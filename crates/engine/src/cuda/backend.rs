@@ -1,0 +1,689 @@
+//! [`CudaBackend`]: the engine's [`Backend`] on a [`Device`] — a GPU through cudarc, or the
+//! CPU emulator in tests. Weights live on the device in bf16 (norm vectors and biases in
+//! f32); activations are f32, except buffers that only feed matrix products, which are bf16
+//! (the input type of the cuBLAS products, f32 accumulation). Every buffer of a forward pass
+//! comes from a step arena, so a step of one shape reuses the same addresses and decode
+//! steps replay from CUDA graphs.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use lmi_cuda::{Arg, DevPtr, Device, DeviceExt, ElemType, Function, Gemm, LaunchConfig};
+
+use super::graphs::{Captured, GraphCache, Plan};
+use super::memory::{Arena, DeviceBox, cuda_err};
+use super::step::{self, CudaStep, Packed};
+use super::{attention, lora, sampler};
+use crate::backend::{Backend, QkvLayout};
+use crate::batch::BatchLayout;
+use crate::dtype::DType;
+use crate::error::{EngineError, Result};
+use crate::kv::KvCacheConfig;
+use crate::step::{LogitsOutput, LogitsWork};
+use crate::weights::{HostData, HostTensor};
+
+/// Every kernel the backend launches; all are resolved when it starts, so a missing one is
+/// an error at load time, never in a step.
+const KERNELS: &[&str] = &[
+    "embedding_bf16",
+    "rms_norm_f32",
+    "rms_norm_bf16",
+    "add_rms_norm_f32",
+    "add_rms_norm_bf16",
+    "head_rms_norm",
+    "rope",
+    "write_kv",
+    "copy_blocks",
+    "silu_mul_f32",
+    "silu_mul_bf16",
+    "add_f32",
+    "add_bias_f32",
+    "gather_rows_f32",
+    "f32_to_bf16_rows",
+    "bf16_to_f32_rows",
+];
+
+/// An activation buffer: a view into the step arena (cloning copies the handle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaBuf {
+    pub ptr: DevPtr,
+    /// Elements.
+    pub len: usize,
+    pub dtype: ElemType,
+}
+
+/// A weight on the device: matrices in bf16, vectors in f32.
+pub struct CudaWeight<D: Device> {
+    mem: DeviceBox<D>,
+    pub shape: Vec<usize>,
+    pub dtype: ElemType,
+}
+
+impl<D: Device> CudaWeight<D> {
+    pub fn ptr(&self) -> DevPtr {
+        self.mem.ptr()
+    }
+}
+
+/// One layer's K or V pool, `[num_blocks, kv_heads, BLOCK_SIZE, head_dim]` bf16.
+pub struct CudaKv<D: Device> {
+    mem: DeviceBox<D>,
+}
+
+impl<D: Device> CudaKv<D> {
+    pub fn ptr(&self) -> DevPtr {
+        self.mem.ptr()
+    }
+}
+
+/// RoPE inverse frequencies (f64), uploaded once.
+pub struct CudaRope<D: Device> {
+    inv_freq: DeviceBox<D>,
+}
+
+/// Where the packed step arrays live; moving them (a larger step) changes `epoch`.
+struct StepBuffers<D: Device> {
+    block: Option<DeviceBox<D>>,
+    staging: Packed,
+    epoch: u64,
+}
+
+/// The last copy-on-write pairs uploaded (every layer's K and V pool copies the same pairs).
+struct CopyPairs<D: Device> {
+    host: Vec<(u32, u32)>,
+    dev: Option<DeviceBox<D>>,
+}
+
+pub struct CudaBackend<D: Device> {
+    pub(super) dev: Arc<D>,
+    kernels: HashMap<&'static str, Function>,
+    pub(super) arena: Mutex<Arena<D>>,
+    steps: Mutex<StepBuffers<D>>,
+    graphs: Mutex<GraphCache<D::Graph>>,
+    copy_pairs: Mutex<CopyPairs<D>>,
+    pub(super) sampler: sampler::Sampler<D>,
+}
+
+/// Locks a mutex, ignoring poisoning (a panic elsewhere must not wedge the engine).
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// 1-D grid-stride launch over `n` elements.
+pub(super) fn elementwise(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(256).clamp(1, 1 << 16) as u32;
+    LaunchConfig::linear(blocks, 256)
+}
+
+/// A block size for one row of `width` elements: a multiple of 32, at most 1024.
+pub(super) fn row_threads(width: usize) -> u32 {
+    (width.div_ceil(4).next_multiple_of(32)).clamp(32, 1024) as u32
+}
+
+impl<D: Device> CudaBackend<D> {
+    /// A backend on `dev`; CUDA graphs for decode steps unless `LMI_CUDA_GRAPHS=0`.
+    pub fn new(dev: Arc<D>) -> Result<Self> {
+        let mut kernels = HashMap::new();
+        let all = KERNELS
+            .iter()
+            .chain(attention::KERNELS)
+            .chain(lora::KERNELS)
+            .chain(sampler::KERNELS);
+        for &name in all {
+            let f = dev
+                .function(name)
+                .map_err(|e| EngineError::Backend(format!("loading kernel {name}: {e}")))?;
+            kernels.insert(name, f);
+        }
+        attention::configure(dev.as_ref(), &kernels)?;
+        let graphs = std::env::var("LMI_CUDA_GRAPHS").map_or(true, |v| v != "0");
+        Ok(CudaBackend {
+            arena: Mutex::new(Arena::new(&dev)),
+            steps: Mutex::new(StepBuffers {
+                block: None,
+                staging: Packed::default(),
+                epoch: 0,
+            }),
+            graphs: Mutex::new(GraphCache::new(graphs)),
+            copy_pairs: Mutex::new(CopyPairs {
+                host: Vec::new(),
+                dev: None,
+            }),
+            sampler: sampler::Sampler::new(&dev),
+            kernels,
+            dev,
+        })
+    }
+
+    pub fn device(&self) -> &Arc<D> {
+        &self.dev
+    }
+
+    /// Graphs captured so far (tests check that decode steps replay).
+    pub fn graphs_captured(&self) -> usize {
+        lock(&self.graphs).len()
+    }
+
+    pub(super) fn launch(&self, name: &'static str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+        let f = self
+            .kernels
+            .get(name)
+            .ok_or_else(|| EngineError::Backend(format!("kernel {name} was not loaded")))?;
+        self.dev
+            .launch(*f, &cfg, args)
+            .map_err(|e| EngineError::Backend(format!("launching {name}: {e}")))
+    }
+
+    pub(super) fn arena_alloc(&self, len: usize, dtype: ElemType) -> Result<CudaBuf> {
+        let ptr = lock(&self.arena).alloc(len * dtype.size())?;
+        Ok(CudaBuf { ptr, len, dtype })
+    }
+
+    /// `x` as bf16: itself, or converted into a new arena buffer.
+    fn as_bf16(&self, x: &CudaBuf, len: usize) -> Result<CudaBuf> {
+        if x.dtype == ElemType::BF16 {
+            return Ok(*x);
+        }
+        let out = self.arena_alloc(len, ElemType::BF16)?;
+        self.launch(
+            "f32_to_bf16_rows",
+            elementwise(len),
+            &[out.ptr.into(), x.ptr.into(), (len as u64).into()],
+        )?;
+        Ok(out)
+    }
+
+    fn epoch(&self) -> u64 {
+        lock(&self.arena).epoch() + lock(&self.steps).epoch
+    }
+
+    /// `out[rows, n] = x[rows, k] · wᵀ` through the device's matrix product.
+    pub(super) fn gemm(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        w: &CudaWeight<D>,
+        out: &CudaBuf,
+    ) -> Result<()> {
+        let (n, k) = (w.shape[0], w.shape[1]);
+        let x = self.as_bf16(x, rows * k)?;
+        self.dev
+            .gemm(&Gemm {
+                m: rows,
+                n,
+                k,
+                x: x.ptr,
+                x_type: ElemType::BF16,
+                ldx: k,
+                w: w.ptr(),
+                w_type: w.dtype,
+                ldw: k,
+                out: out.ptr,
+                out_type: out.dtype,
+                ldout: n,
+                accumulate: false,
+            })
+            .map_err(|e| {
+                EngineError::Backend(format!("matrix product [{rows}x{k}]·[{n}x{k}]ᵀ: {e}"))
+            })
+    }
+}
+
+fn norm_kernel(out: &CudaBuf, f32_name: &'static str, bf16_name: &'static str) -> &'static str {
+    match out.dtype {
+        ElemType::F32 => f32_name,
+        ElemType::BF16 => bf16_name,
+    }
+}
+
+impl<D: Device> Backend for CudaBackend<D> {
+    type Buf = CudaBuf;
+    type Weight = CudaWeight<D>;
+    type Kv = CudaKv<D>;
+    type Step = CudaStep;
+    type Rope = CudaRope<D>;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn upload_weight(&self, t: HostTensor) -> Result<CudaWeight<D>> {
+        let shape = t.shape.clone();
+        let (bytes, dtype): (Vec<u8>, ElemType) = if shape.len() >= 2 {
+            let bits: Vec<u16> = match t.to_dtype(DType::BF16).data {
+                HostData::BF16(v) => v,
+                HostData::F32(_) => unreachable!("to_dtype(BF16) gives bf16"),
+            };
+            (lmi_cuda::device::as_bytes(&bits).to_vec(), ElemType::BF16)
+        } else {
+            let v = t.to_f32_vec();
+            (lmi_cuda::device::as_bytes(&v).to_vec(), ElemType::F32)
+        };
+        let mem = DeviceBox::new(&self.dev, bytes.len())?;
+        self.dev.htod(&bytes, mem.ptr()).map_err(cuda_err)?;
+        Ok(CudaWeight { mem, shape, dtype })
+    }
+
+    fn weight_bytes(&self, w: &CudaWeight<D>) -> usize {
+        w.mem.bytes()
+    }
+
+    fn rope_table(&self, inv_freq: &[f64]) -> Result<CudaRope<D>> {
+        let mem = DeviceBox::new(&self.dev, inv_freq.len() * 8)?;
+        self.dev.htod_slice(inv_freq, mem.ptr()).map_err(cuda_err)?;
+        Ok(CudaRope { inv_freq: mem })
+    }
+
+    fn alloc_kv(&self, cfg: &KvCacheConfig) -> Result<CudaKv<D>> {
+        if cfg.dtype != DType::BF16 {
+            return Err(EngineError::Backend(format!(
+                "the CUDA backend keeps the KV cache in bf16, not {}",
+                cfg.dtype
+            )));
+        }
+        Ok(CudaKv {
+            mem: DeviceBox::zeroed(&self.dev, cfg.layer_elems() * 2)?,
+        })
+    }
+
+    fn prepare_layout(&self, layout: BatchLayout) -> BatchLayout {
+        step::pad_decode(layout)
+    }
+
+    fn upload_step(&self, layout: &BatchLayout) -> Result<CudaStep> {
+        lock(&self.arena).reset()?;
+        let mut bufs = lock(&self.steps);
+        let bufs = &mut *bufs;
+        let tiles = step::pack(layout, &mut bufs.staging);
+        let need = bufs.staging.bytes.len().max(16);
+        if bufs.block.as_ref().is_none_or(|b| b.bytes() < need) {
+            bufs.block = None;
+            bufs.block = Some(DeviceBox::new(
+                &self.dev,
+                need.next_power_of_two().max(64 << 10),
+            )?);
+            bufs.epoch += 1;
+        }
+        let base = bufs.block.as_ref().map(|b| b.ptr()).unwrap_or_default();
+        self.dev.htod(&bufs.staging.bytes, base).map_err(cuda_err)?;
+        Ok(step::view(layout, &bufs.staging, &tiles, base))
+    }
+
+    fn alloc(&self, len: usize) -> Result<CudaBuf> {
+        self.arena_alloc(len, ElemType::F32)
+    }
+
+    fn alloc_matmul_input(&self, len: usize) -> Result<CudaBuf> {
+        self.arena_alloc(len, ElemType::BF16)
+    }
+
+    fn embedding(&self, table: &CudaWeight<D>, step: &CudaStep, out: &mut CudaBuf) -> Result<()> {
+        let (vocab, width) = (table.shape[0], table.shape[1]);
+        self.launch(
+            "embedding_bf16",
+            LaunchConfig::linear(step.num_tokens as u32, row_threads(width).min(256)),
+            &[
+                out.ptr.into(),
+                table.ptr().into(),
+                step.token_ids.into(),
+                (width as u32).into(),
+                (vocab as u32).into(),
+            ],
+        )
+    }
+
+    fn linear(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        w: &CudaWeight<D>,
+        bias: Option<&CudaWeight<D>>,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        self.gemm(x, rows, w, out)?;
+        if let Some(b) = bias {
+            let n = w.shape[0];
+            self.launch(
+                "add_bias_f32",
+                elementwise(rows * n),
+                &[
+                    out.ptr.into(),
+                    b.ptr().into(),
+                    (n as u32).into(),
+                    ((rows * n) as u64).into(),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        w: &CudaWeight<D>,
+        eps: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let width = w.shape[0];
+        self.launch(
+            norm_kernel(out, "rms_norm_f32", "rms_norm_bf16"),
+            LaunchConfig::linear(rows as u32, row_threads(width)),
+            &[
+                out.ptr.into(),
+                x.ptr.into(),
+                w.ptr().into(),
+                (width as u32).into(),
+                eps.into(),
+            ],
+        )
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut CudaBuf,
+        delta: &CudaBuf,
+        rows: usize,
+        w: &CudaWeight<D>,
+        eps: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let width = w.shape[0];
+        self.launch(
+            norm_kernel(out, "add_rms_norm_f32", "add_rms_norm_bf16"),
+            LaunchConfig::linear(rows as u32, row_threads(width)),
+            &[
+                out.ptr.into(),
+                residual.ptr.into(),
+                delta.ptr.into(),
+                w.ptr().into(),
+                (width as u32).into(),
+                eps.into(),
+            ],
+        )
+    }
+
+    fn add(&self, residual: &mut CudaBuf, delta: &CudaBuf, len: usize) -> Result<()> {
+        self.launch(
+            "add_f32",
+            elementwise(len),
+            &[residual.ptr.into(), delta.ptr.into(), (len as u64).into()],
+        )
+    }
+
+    fn head_rms_norm(
+        &self,
+        qkv: &mut CudaBuf,
+        rows: usize,
+        layout: QkvLayout,
+        first_head: usize,
+        n_heads: usize,
+        w: &CudaWeight<D>,
+        eps: f32,
+    ) -> Result<()> {
+        let cfg = LaunchConfig {
+            grid: (rows as u32, n_heads as u32, 1),
+            block: (row_threads(layout.head_dim * 4).min(256), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(
+            "head_rms_norm",
+            cfg,
+            &[
+                qkv.ptr.into(),
+                w.ptr().into(),
+                (layout.row_width() as u32).into(),
+                (first_head as u32).into(),
+                (layout.head_dim as u32).into(),
+                eps.into(),
+            ],
+        )
+    }
+
+    fn rope(
+        &self,
+        qkv: &mut CudaBuf,
+        step: &CudaStep,
+        layout: QkvLayout,
+        rope: &CudaRope<D>,
+    ) -> Result<()> {
+        let half = layout.head_dim / 2;
+        self.launch(
+            "rope",
+            LaunchConfig::linear(
+                step.num_tokens as u32,
+                (half.next_multiple_of(32)).min(256) as u32,
+            ),
+            &[
+                qkv.ptr.into(),
+                step.positions.into(),
+                rope.inv_freq.ptr().into(),
+                (layout.row_width() as u32).into(),
+                ((layout.q_heads + layout.kv_heads) as u32).into(),
+                (layout.head_dim as u32).into(),
+            ],
+        )
+    }
+
+    fn write_kv(
+        &self,
+        qkv: &CudaBuf,
+        step: &CudaStep,
+        layout: QkvLayout,
+        k_cache: &mut CudaKv<D>,
+        v_cache: &mut CudaKv<D>,
+    ) -> Result<()> {
+        self.launch(
+            "write_kv",
+            LaunchConfig::linear(step.num_tokens as u32, 256),
+            &[
+                k_cache.ptr().into(),
+                v_cache.ptr().into(),
+                qkv.ptr.into(),
+                step.slots.into(),
+                (layout.row_width() as u32).into(),
+                (layout.q_heads as u32).into(),
+                (layout.kv_heads as u32).into(),
+                (layout.head_dim as u32).into(),
+            ],
+        )
+    }
+
+    fn attention(
+        &self,
+        qkv: &CudaBuf,
+        step: &CudaStep,
+        layout: QkvLayout,
+        k_cache: &CudaKv<D>,
+        v_cache: &CudaKv<D>,
+        scale: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        attention::run(
+            self,
+            qkv,
+            step,
+            layout,
+            k_cache.ptr(),
+            v_cache.ptr(),
+            scale,
+            out,
+        )
+    }
+
+    fn silu_mul(
+        &self,
+        gate_up: &CudaBuf,
+        rows: usize,
+        width: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let n = rows * width;
+        self.launch(
+            norm_kernel(out, "silu_mul_f32", "silu_mul_bf16"),
+            elementwise(n),
+            &[
+                out.ptr.into(),
+                gate_up.ptr.into(),
+                (width as u32).into(),
+                (n as u64).into(),
+            ],
+        )
+    }
+
+    fn lora(
+        &self,
+        x: &CudaBuf,
+        x_width: usize,
+        step: &CudaStep,
+        group: usize,
+        a: &CudaWeight<D>,
+        b: &CudaWeight<D>,
+        out: &mut CudaBuf,
+        out_width: usize,
+        out_offset: usize,
+    ) -> Result<()> {
+        let (rows, count) = step.adapter_rows.get(group).copied().ok_or_else(|| {
+            EngineError::Backend(format!("the step has no adapter group {group}"))
+        })?;
+        lora::run(
+            self, x, x_width, rows, count, a, b, out, out_width, out_offset,
+        )
+    }
+
+    fn gather_logit_rows(
+        &self,
+        x: &CudaBuf,
+        step: &CudaStep,
+        width: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let n = step.num_logits_rows * width;
+        self.launch(
+            "gather_rows_f32",
+            elementwise(n),
+            &[
+                out.ptr.into(),
+                x.ptr.into(),
+                step.logits_rows.into(),
+                (width as u32).into(),
+                (n as u64).into(),
+            ],
+        )
+    }
+
+    fn to_host(&self, buf: CudaBuf, len: usize) -> Result<Vec<f32>> {
+        let len = len.min(buf.len);
+        match buf.dtype {
+            ElemType::F32 => self.dev.dtoh_vec::<f32>(buf.ptr, len).map_err(cuda_err),
+            ElemType::BF16 => {
+                let bits = self.dev.dtoh_vec::<u16>(buf.ptr, len).map_err(cuda_err)?;
+                Ok(bits
+                    .into_iter()
+                    .map(|b| f32::from_bits((b as u32) << 16))
+                    .collect())
+            }
+        }
+    }
+
+    fn process_logits(
+        &self,
+        logits: CudaBuf,
+        rows: usize,
+        vocab: usize,
+        work: &LogitsWork<'_>,
+    ) -> Result<LogitsOutput> {
+        sampler::process(self, logits, rows, vocab, work)
+    }
+
+    fn run_graph<R: Clone + Send + 'static>(
+        &self,
+        step: &CudaStep,
+        mut forward: impl FnMut() -> Result<R>,
+    ) -> Result<R> {
+        let epoch = self.epoch();
+        let mut graphs = lock(&self.graphs);
+        let key = step.graph_key;
+        match graphs.plan(key, epoch) {
+            Plan::Direct | Plan::WarmUp => {
+                drop(graphs);
+                forward()
+            }
+            Plan::Replay(c) => {
+                let result = c.result.downcast_ref::<R>().cloned();
+                if let Some(r) = result {
+                    lock(&self.arena).restore(c.arena_mark);
+                    self.dev.replay(&c.graph).map_err(cuda_err)?;
+                    return Ok(r);
+                }
+                // A graph of this key returned another type: run directly.
+                drop(graphs);
+                forward()
+            }
+            Plan::Capture => {
+                let Some(key) = key else { return forward() };
+                let start = lock(&self.arena).mark();
+                let captured = self.dev.begin_capture().map_err(cuda_err).and_then(|()| {
+                    let r = forward();
+                    let g = self.dev.end_capture().map_err(cuda_err);
+                    Ok((r?, g?))
+                });
+                match captured {
+                    Ok((r, graph)) => {
+                        let arena_mark = lock(&self.arena).mark();
+                        // Capture records the launches without running them.
+                        self.dev.replay(&graph).map_err(cuda_err)?;
+                        graphs.store(
+                            key,
+                            Captured {
+                                graph,
+                                result: Box::new(r.clone()),
+                                arena_mark,
+                                epoch,
+                            },
+                        );
+                        Ok(r)
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            "capturing a CUDA graph for {key:?} failed ({e}); running such steps directly"
+                        );
+                        graphs.fail(key);
+                        drop(graphs);
+                        lock(&self.arena).restore(start);
+                        forward()
+                    }
+                }
+            }
+        }
+    }
+
+    fn copy_blocks(
+        &self,
+        cache: &mut CudaKv<D>,
+        cfg: &KvCacheConfig,
+        pairs: &[(u32, u32)],
+    ) -> Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let mut cp = lock(&self.copy_pairs);
+        if cp.host != pairs || cp.dev.is_none() {
+            let flat: Vec<u32> = pairs.iter().flat_map(|&(s, d)| [s, d]).collect();
+            let mem = DeviceBox::new(&self.dev, flat.len() * 4)?;
+            self.dev.htod_slice(&flat, mem.ptr()).map_err(cuda_err)?;
+            cp.dev = Some(mem);
+            cp.host = pairs.to_vec();
+        }
+        let ptr = cp.dev.as_ref().map(|m| m.ptr()).unwrap_or_default();
+        let block_elems = cfg.num_kv_heads * crate::kv::BLOCK_SIZE * cfg.head_dim;
+        self.launch(
+            "copy_blocks",
+            LaunchConfig::linear(pairs.len() as u32, 256),
+            &[cache.ptr().into(), ptr.into(), (block_elems as u32).into()],
+        )
+    }
+}

@@ -1,0 +1,35 @@
+// Small row-wise ops: residual adds, biases, row gathers and f32 → bf16 conversion.
+#include "common.cuh"
+
+#define GRID_STRIDE(e, n)                                                                    \
+    for (unsigned long long e = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; \
+         e < (n); e += (unsigned long long)gridDim.x * blockDim.x)
+
+// residual += delta
+extern "C" __global__ void add_f32(float* __restrict__ residual, const float* __restrict__ delta,
+                                   unsigned long long n) {
+    GRID_STRIDE(e, n) residual[e] += delta[e];
+}
+
+// out[r, :] += bias, rows of `width`.
+extern "C" __global__ void add_bias_f32(float* __restrict__ out, const float* __restrict__ bias,
+                                        unsigned width, unsigned long long n) {
+    GRID_STRIDE(e, n) out[e] += bias[e % width];
+}
+
+// out[i, :] = x[rows[i], :], rows of `width` f32.
+extern "C" __global__ void gather_rows_f32(float* __restrict__ out, const float* __restrict__ x,
+                                           const unsigned* __restrict__ rows, unsigned width,
+                                           unsigned long long n) {
+    GRID_STRIDE(e, n) out[e] = x[(unsigned long long)rows[e / width] * width + e % width];
+}
+
+extern "C" __global__ void f32_to_bf16_rows(bf16* __restrict__ out, const float* __restrict__ x,
+                                            unsigned long long n) {
+    GRID_STRIDE(e, n) out[e] = f32_to_bf16(x[e]);
+}
+
+extern "C" __global__ void bf16_to_f32_rows(float* __restrict__ out, const bf16* __restrict__ x,
+                                            unsigned long long n) {
+    GRID_STRIDE(e, n) out[e] = bf16_to_f32(x[e]);
+}
