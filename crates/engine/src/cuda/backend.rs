@@ -123,6 +123,12 @@ pub(super) fn row_threads(width: usize) -> u32 {
 impl<D: Device> CudaBackend<D> {
     /// A backend on `dev`; CUDA graphs for decode steps unless `LMI_CUDA_GRAPHS=0`.
     pub fn new(dev: Arc<D>) -> Result<Self> {
+        let graphs = std::env::var("LMI_CUDA_GRAPHS").map_or(true, |v| v != "0");
+        Self::with_graphs(dev, graphs)
+    }
+
+    /// A backend on `dev` that replays decode steps from CUDA graphs when `graphs` is set.
+    pub fn with_graphs(dev: Arc<D>, graphs: bool) -> Result<Self> {
         let mut kernels = HashMap::new();
         let all = KERNELS
             .iter()
@@ -136,7 +142,6 @@ impl<D: Device> CudaBackend<D> {
             kernels.insert(name, f);
         }
         attention::configure(dev.as_ref(), &kernels)?;
-        let graphs = std::env::var("LMI_CUDA_GRAPHS").map_or(true, |v| v != "0");
         Ok(CudaBackend {
             arena: Mutex::new(Arena::new(&dev)),
             steps: Mutex::new(StepBuffers {
@@ -157,6 +162,14 @@ impl<D: Device> CudaBackend<D> {
 
     pub fn device(&self) -> &Arc<D> {
         &self.dev
+    }
+
+    /// A buffer holding `data` (for tests and tools: the forward pass allocates from the
+    /// step arena; this buffer lives until the next step is uploaded).
+    pub fn upload_f32(&self, data: &[f32]) -> Result<CudaBuf> {
+        let buf = self.arena_alloc(data.len(), ElemType::F32)?;
+        self.dev.htod_slice(data, buf.ptr).map_err(cuda_err)?;
+        Ok(buf)
     }
 
     /// Graphs captured so far (tests check that decode steps replay).
