@@ -9,6 +9,7 @@
 
 pub mod cache;
 pub mod device;
+pub mod driver;
 pub mod error;
 pub mod kernels;
 pub mod libs;
@@ -19,6 +20,7 @@ pub use cache::KernelCache;
 pub use device::{
     Arg, DevPtr, Device, DeviceExt, DeviceInfo, ElemType, Function, Gemm, LaunchConfig,
 };
+pub use driver::{CudaDevice, CudaGraph, probe};
 pub use error::{CudaError, Result};
 pub use kernels::KernelSource;
 pub use nvrtc::{Arch, Compiled, Nvrtc};

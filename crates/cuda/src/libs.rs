@@ -179,7 +179,12 @@ fn find_and_load(lib: CudaLib) -> Result<LoadedLib, String> {
     let mut tried = Vec::new();
     let loaded = search(lib, &mut tried).ok_or_else(|| not_found(lib, &tried))?;
     check_cudarc_agrees(&loaded)?;
-    tracing::debug!(lib = lib.label(), path = %loaded.path.display(), from = %loaded.origin, "CUDA library loaded");
+    tracing::debug!(
+        lib = lib.label(),
+        path = %loaded.path.display(),
+        from = %loaded.origin,
+        "CUDA library loaded"
+    );
     Ok(loaded)
 }
 
@@ -277,9 +282,12 @@ fn check_cudarc_agrees(loaded: &LoadedLib) -> Result<(), String> {
 }
 
 fn not_found(lib: CudaLib, tried: &[String]) -> String {
+    let missing = match lib {
+        CudaLib::Driver => "no NVIDIA driver found".to_string(),
+        _ => format!("{} not found", lib.label()),
+    };
     format!(
-        "{} not found (looked in: {}): {}, or set {LIB_DIR_ENV} to the directory holding {}",
-        lib.label(),
+        "{missing} (looked in: {}): {}, or set {LIB_DIR_ENV} to the directory holding {}",
         tried.join("; "),
         lib.install_hint(),
         lib.file_names()[0]
@@ -398,6 +406,7 @@ mod tests {
         );
         assert!(msg.contains("LMI_CUDA_LIB_DIR"), "{msg}");
         let msg = not_found(CudaLib::Driver, &[]);
-        assert!(msg.contains("NVIDIA driver"), "{msg}");
+        assert!(msg.starts_with("no NVIDIA driver found"), "{msg}");
+        assert!(msg.contains("install the NVIDIA driver"), "{msg}");
     }
 }
