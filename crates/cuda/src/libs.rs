@@ -4,7 +4,7 @@
 //! loads. So before any cudarc call, [`load`] finds the library itself, in this order:
 //! 1. `LMI_CUDA_LIB_DIR`: a directory (or a `:`-separated list) holding the libraries;
 //! 2. the system loader's search by name, over cudarc's own candidate names (`libnvrtc.so`,
-//!    …, `libnvrtc.so.13`), so it picks what cudarc would pick;
+//!    …, `libnvrtc.so.13`, but no other major's `libnvrtc.so.12`), as cudarc will look;
 //! 3. NVRTC and cuBLAS only: the pip wheels (`nvidia-cuda-nvrtc`, `nvidia-cublas`) of the
 //!    `python3` on `PATH`, in `nvidia/cu13/lib` under any entry of its `sys.path` (user or
 //!    system site-packages, a virtualenv, `PYTHONPATH`).
@@ -89,6 +89,16 @@ impl CudaLib {
             CudaLib::Driver => "cuInit",
             CudaLib::Nvrtc => "nvrtcVersion",
             CudaLib::Cublas => "cublasCreate_v2",
+        }
+    }
+
+    /// Whether to try this cudarc candidate name on the system path: not another CUDA major's
+    /// NVRTC or cuBLAS (`libnvrtc.so.12`), which would shadow a CUDA 13 wheel. The driver's
+    /// name is `libcuda.so.1` whatever its version.
+    fn accepts_system_name(self, name: &str) -> bool {
+        match name.rsplit_once(".so.") {
+            Some((_, major)) if self != CudaLib::Driver => major == CUDA_MAJOR.to_string(),
+            _ => true,
         }
     }
 
@@ -205,8 +215,9 @@ fn search(lib: CudaLib, tried: &mut Vec<String>) -> Option<LoadedLib> {
         tried.push(format!("{LIB_DIR_ENV} (unset)"));
     }
 
-    for name in cudarc::get_lib_name_candidates(lib.stem()) {
-        if let Some(found) = open(lib, OsStr::new(&name), Origin::System) {
+    let names = cudarc::get_lib_name_candidates(lib.stem());
+    for name in names.iter().filter(|n| lib.accepts_system_name(n)) {
+        if let Some(found) = open(lib, OsStr::new(name), Origin::System) {
             return Some(found);
         }
     }
@@ -372,6 +383,15 @@ mod tests {
             return;
         }
         assert!(dirs.contains(&lib), "{dirs:?} lacks {}", lib.display());
+    }
+
+    #[test]
+    fn other_cuda_majors_are_not_taken_from_the_system_path() {
+        let nvrtc = |n: &str| CudaLib::Nvrtc.accepts_system_name(n);
+        assert!(nvrtc("libnvrtc.so") && nvrtc("libnvrtc.so.13"));
+        assert!(!nvrtc("libnvrtc.so.12") && !nvrtc("libnvrtc.so.1"));
+        assert!(!CudaLib::Cublas.accepts_system_name("libcublas.so.11"));
+        assert!(CudaLib::Driver.accepts_system_name("libcuda.so.1"));
     }
 
     #[test]
