@@ -47,13 +47,18 @@ fn layout(adapter: Option<u64>) -> BatchLayout {
 fn check_embedding<D: Device>(g: &CudaBackend<D>) {
     let c = cpu();
     let (_, t) = bf16_matrix(260, 96, 1, 2.0);
-    let (cw, gw) = (c.upload_weight(t.clone()).unwrap(), g.upload_weight(t).unwrap());
+    let (cw, gw) = (
+        c.upload_weight(t.clone()).unwrap(),
+        g.upload_weight(t).unwrap(),
+    );
     let l = layout(None);
     let n = l.num_tokens() * 96;
     let mut want = c.alloc(n).unwrap();
-    c.embedding(&cw, &c.upload_step(&l).unwrap(), &mut want).unwrap();
+    c.embedding(&cw, &c.upload_step(&l).unwrap(), &mut want)
+        .unwrap();
     let mut out = g.alloc(n).unwrap();
-    g.embedding(&gw, &g.upload_step(&l).unwrap(), &mut out).unwrap();
+    g.embedding(&gw, &g.upload_step(&l).unwrap(), &mut out)
+        .unwrap();
     assert_eq!(to_host(g, &out), want, "embedding rows are copied exactly");
 }
 
@@ -75,18 +80,32 @@ fn check_rms_norms<D: Device>(g: &CudaBackend<D>) {
         assert_close("rms_norm", &to_host(g, &out), &want, 1e-5, 1e-5);
         let mut out16 = g.alloc_matmul_input(rows * width).unwrap();
         g.rms_norm(&gx, rows, &gw, 1e-5, &mut out16).unwrap();
-        assert_close("rms_norm to bf16", &to_host(g, &out16), &bf16_round(&want), 1e-6, 1.0 / 128.0);
+        assert_close(
+            "rms_norm to bf16",
+            &to_host(g, &out16),
+            &bf16_round(&want),
+            1e-6,
+            1.0 / 128.0,
+        );
 
         // residual += delta, then the norm.
         let mut cres = x.clone();
         let mut want = c.alloc(rows * width).unwrap();
-        c.add_rms_norm(&mut cres, &d, rows, &cw, 1e-6, &mut want).unwrap();
+        c.add_rms_norm(&mut cres, &d, rows, &cw, 1e-6, &mut want)
+            .unwrap();
         let mut gres = g.upload_f32(&x).unwrap();
         let gd = g.upload_f32(&d).unwrap();
         let mut out16 = g.alloc_matmul_input(rows * width).unwrap();
-        g.add_rms_norm(&mut gres, &gd, rows, &gw, 1e-6, &mut out16).unwrap();
+        g.add_rms_norm(&mut gres, &gd, rows, &gw, 1e-6, &mut out16)
+            .unwrap();
         assert_eq!(to_host(g, &gres), cres, "add_rms_norm residual");
-        assert_close("add_rms_norm", &to_host(g, &out16), &bf16_round(&want), 1e-6, 1.0 / 128.0);
+        assert_close(
+            "add_rms_norm",
+            &to_host(g, &out16),
+            &bf16_round(&want),
+            1e-6,
+            1.0 / 128.0,
+        );
     }
 }
 
@@ -105,13 +124,36 @@ fn check_head_norm_and_rope<D: Device>(g: &CudaBackend<D>) {
     let n = l.num_tokens() * ql.row_width();
     let qkv = random(n, 6, 2.0);
     let w = random(ql.head_dim, 7, 1.0);
-    let (cw, gw) = (c.upload_weight(vector(&w)).unwrap(), g.upload_weight(vector(&w)).unwrap());
+    let (cw, gw) = (
+        c.upload_weight(vector(&w)).unwrap(),
+        g.upload_weight(vector(&w)).unwrap(),
+    );
     let mut want = qkv.clone();
-    c.head_rms_norm(&mut want, l.num_tokens(), ql, 0, ql.q_heads, &cw, 1e-6).unwrap();
-    c.head_rms_norm(&mut want, l.num_tokens(), ql, ql.q_heads, ql.kv_heads, &cw, 1e-6).unwrap();
+    c.head_rms_norm(&mut want, l.num_tokens(), ql, 0, ql.q_heads, &cw, 1e-6)
+        .unwrap();
+    c.head_rms_norm(
+        &mut want,
+        l.num_tokens(),
+        ql,
+        ql.q_heads,
+        ql.kv_heads,
+        &cw,
+        1e-6,
+    )
+    .unwrap();
     let mut got = g.upload_f32(&qkv).unwrap();
-    g.head_rms_norm(&mut got, l.num_tokens(), ql, 0, ql.q_heads, &gw, 1e-6).unwrap();
-    g.head_rms_norm(&mut got, l.num_tokens(), ql, ql.q_heads, ql.kv_heads, &gw, 1e-6).unwrap();
+    g.head_rms_norm(&mut got, l.num_tokens(), ql, 0, ql.q_heads, &gw, 1e-6)
+        .unwrap();
+    g.head_rms_norm(
+        &mut got,
+        l.num_tokens(),
+        ql,
+        ql.q_heads,
+        ql.kv_heads,
+        &gw,
+        1e-6,
+    )
+    .unwrap();
     assert_close("head_rms_norm", &to_host(g, &got), &want, 1e-5, 1e-5);
 
     // RoPE at small and very large positions (angles in f64 on both sides).
@@ -133,11 +175,17 @@ fn check_head_norm_and_rope<D: Device>(g: &CudaBackend<D>) {
         let n = l.num_tokens() * ql.row_width();
         let qkv = random(n, 8, 2.0);
         let mut want = qkv.clone();
-        c.rope(&mut want, &c.upload_step(&l).unwrap(), ql, &c.rope_table(&inv_freq).unwrap())
-            .unwrap();
+        c.rope(
+            &mut want,
+            &c.upload_step(&l).unwrap(),
+            ql,
+            &c.rope_table(&inv_freq).unwrap(),
+        )
+        .unwrap();
         let step = g.upload_step(&l).unwrap();
         let mut got = g.upload_f32(&qkv).unwrap();
-        g.rope(&mut got, &step, ql, &g.rope_table(&inv_freq).unwrap()).unwrap();
+        g.rope(&mut got, &step, ql, &g.rope_table(&inv_freq).unwrap())
+            .unwrap();
         assert_close("rope", &to_host(g, &got), &want, 2e-6, 2e-6);
     }
 }
@@ -162,7 +210,8 @@ fn check_kv_writes_and_copies<D: Device>(g: &CudaBackend<D>) {
     let l = layout(None);
     let qkv = random(l.num_tokens() * ql.row_width(), 9, 2.0);
     let (mut ck, mut cv) = (c.alloc_kv(&cfg).unwrap(), c.alloc_kv(&cfg).unwrap());
-    c.write_kv(&qkv, &c.upload_step(&l).unwrap(), ql, &mut ck, &mut cv).unwrap();
+    c.write_kv(&qkv, &c.upload_step(&l).unwrap(), ql, &mut ck, &mut cv)
+        .unwrap();
     let (mut gk, mut gv) = (g.alloc_kv(&cfg).unwrap(), g.alloc_kv(&cfg).unwrap());
     let step = g.upload_step(&l).unwrap();
     let gq = g.upload_f32(&qkv).unwrap();
@@ -189,7 +238,13 @@ fn check_silu_add_gather<D: Device>(g: &CudaBackend<D>) {
     assert_close("silu_mul", &to_host(g, &out), &want, 1e-6, 2e-6);
     let mut out16 = g.alloc_matmul_input(rows * width).unwrap();
     g.silu_mul(&ggu, rows, width, &mut out16).unwrap();
-    assert_close("silu_mul to bf16", &to_host(g, &out16), &bf16_round(&want), 1e-6, 1.0 / 128.0);
+    assert_close(
+        "silu_mul to bf16",
+        &to_host(g, &out16),
+        &bf16_round(&want),
+        1e-6,
+        1.0 / 128.0,
+    );
 
     let (a, d) = (random(1000, 11, 1.0), random(1000, 12, 1.0));
     let mut want = a.clone();
@@ -202,10 +257,12 @@ fn check_silu_add_gather<D: Device>(g: &CudaBackend<D>) {
     let x = random(l.num_tokens() * 32, 13, 1.0);
     let rows = l.logits_rows.len();
     let mut want = c.alloc(rows * 32).unwrap();
-    c.gather_logit_rows(&x, &c.upload_step(&l).unwrap(), 32, &mut want).unwrap();
+    c.gather_logit_rows(&x, &c.upload_step(&l).unwrap(), 32, &mut want)
+        .unwrap();
     let step = g.upload_step(&l).unwrap();
     let mut out = g.alloc(rows * 32).unwrap();
-    g.gather_logit_rows(&g.upload_f32(&x).unwrap(), &step, 32, &mut out).unwrap();
+    g.gather_logit_rows(&g.upload_f32(&x).unwrap(), &step, 32, &mut out)
+        .unwrap();
     assert_eq!(to_host(g, &out), want, "gather_logit_rows");
 }
 
@@ -217,8 +274,14 @@ fn check_linear_and_lora<D: Device>(g: &CudaBackend<D>) {
     let x = bf16_round(&random(rows * k, 14, 1.0));
     let (_, w) = bf16_matrix(n, k, 15, 0.5);
     let bias = random(n, 16, 1.0);
-    let (cw, gw) = (c.upload_weight(w.clone()).unwrap(), g.upload_weight(w).unwrap());
-    let (cb, gb) = (c.upload_weight(vector(&bias)).unwrap(), g.upload_weight(vector(&bias)).unwrap());
+    let (cw, gw) = (
+        c.upload_weight(w.clone()).unwrap(),
+        g.upload_weight(w).unwrap(),
+    );
+    let (cb, gb) = (
+        c.upload_weight(vector(&bias)).unwrap(),
+        g.upload_weight(vector(&bias)).unwrap(),
+    );
     let mut want = c.alloc(rows * n).unwrap();
     c.linear(&x, rows, &cw, Some(&cb), &mut want).unwrap();
     let step = g.upload_step(&l).unwrap();
@@ -231,17 +294,36 @@ fn check_linear_and_lora<D: Device>(g: &CudaBackend<D>) {
     let rank = 8;
     let (_, a) = bf16_matrix(rank, k, 17, 0.5);
     let (_, b) = bf16_matrix(n, rank, 18, 0.5);
-    let (ca, cb) = (c.upload_weight(a.clone()).unwrap(), c.upload_weight(b.clone()).unwrap());
+    let (ca, cb) = (
+        c.upload_weight(a.clone()).unwrap(),
+        c.upload_weight(b.clone()).unwrap(),
+    );
     let (ga, gb) = (g.upload_weight(a).unwrap(), g.upload_weight(b).unwrap());
     let width = n + 16;
     let base = random(rows * width, 19, 1.0);
     let mut want = base.clone();
-    c.lora(&x, k, &c.upload_step(&l).unwrap(), 0, &ca, &cb, &mut want, width, 16).unwrap();
+    c.lora(
+        &x,
+        k,
+        &c.upload_step(&l).unwrap(),
+        0,
+        &ca,
+        &cb,
+        &mut want,
+        width,
+        16,
+    )
+    .unwrap();
     let mut out = g.upload_f32(&base).unwrap();
-    g.lora(&gx, k, &step, 0, &ga, &gb, &mut out, width, 16).unwrap();
+    g.lora(&gx, k, &step, 0, &ga, &gb, &mut out, width, 16)
+        .unwrap();
     assert_close("lora", &to_host(g, &out), &want, 1e-4, 1e-4);
     let untouched: Vec<f32> = to_host(g, &out)[rows * width - width..][..16].to_vec();
-    assert_eq!(untouched, base[rows * width - width..][..16], "columns outside the slice");
+    assert_eq!(
+        untouched,
+        base[rows * width - width..][..16],
+        "columns outside the slice"
+    );
 }
 
 #[test]

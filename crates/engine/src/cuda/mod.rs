@@ -11,22 +11,41 @@ mod sampler;
 pub mod step;
 
 use std::path::Path;
+use std::sync::Arc;
 
 pub use backend::{CudaBackend, CudaBuf, CudaKv, CudaWeight};
+use lmi_cuda::{CudaDevice, Device};
+use memory::cuda_err;
 
-use crate::engine::{EngineOptions, StepEngine};
-use crate::error::{EngineError, Result};
+use crate::dtype::DType;
+use crate::engine::{Engine, EngineOptions, StepEngine};
+use crate::error::Result;
 
-/// Whether GPU `ordinal` can be used.
+/// Whether a GPU can be used: the driver, NVRTC and cuBLAS load with matching CUDA versions
+/// and the driver sees a GPU. Quick (no context is created); a missing `ordinal` is reported
+/// by [`open`].
 pub fn check(_ordinal: usize) -> Result<()> {
-    Err(EngineError::Backend(
-        "the CUDA engine is not finished yet".into(),
-    ))
+    let summary = lmi_cuda::probe().map_err(cuda_err)?;
+    tracing::info!("CUDA: {summary}");
+    Ok(())
 }
 
-/// Loads `dir` on GPU `ordinal`.
-pub fn open(_ordinal: usize, _dir: &Path, _opts: &EngineOptions) -> Result<Box<dyn StepEngine>> {
-    Err(EngineError::Backend(
-        "the CUDA engine is not finished yet".into(),
-    ))
+/// Loads `dir` on GPU `ordinal`: weights in bf16, the KV cache in bf16.
+pub fn open(ordinal: usize, dir: &Path, opts: &EngineOptions) -> Result<Box<dyn StepEngine>> {
+    let dev = Arc::new(CudaDevice::open(ordinal).map_err(cuda_err)?);
+    let info = dev.info().clone();
+    tracing::info!(
+        "CUDA device {ordinal}: {} (sm_{}{}, {} SMs, {} GiB)",
+        info.name,
+        info.compute_capability.0,
+        info.compute_capability.1,
+        info.multiprocessors,
+        info.total_memory >> 30
+    );
+    let backend = CudaBackend::new(dev)?;
+    let opts = EngineOptions {
+        dtype: Some(DType::BF16),
+        ..opts.clone()
+    };
+    Ok(Box::new(Engine::load(backend, dir, &opts)?))
 }

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use lmi_cuda::Device;
 use lmi_cuda_emu::{EmuDevice, ThreadOrder};
+use lmi_engine::Backend;
 use lmi_engine::cpu::CpuBackend;
 use lmi_engine::cuda::{CudaBackend, CudaBuf};
-use lmi_engine::Backend;
 
 /// Runs `check` on a CUDA backend over every available device: the emulator with CUDA
 /// threads run in forward order, then in reverse order (a missing `__syncthreads` shows in
@@ -18,7 +18,10 @@ use lmi_engine::Backend;
 #[macro_export]
 macro_rules! on_every_device {
     ($check:ident) => {{
-        for order in [lmi_cuda_emu::ThreadOrder::Forward, lmi_cuda_emu::ThreadOrder::Reverse] {
+        for order in [
+            lmi_cuda_emu::ThreadOrder::Forward,
+            lmi_cuda_emu::ThreadOrder::Reverse,
+        ] {
             let dev = $crate::cuda_common::emulator(order);
             let b = lmi_engine::cuda::CudaBackend::with_graphs(dev, true).unwrap();
             $check(&b);
@@ -28,7 +31,10 @@ macro_rules! on_every_device {
                 let b = lmi_engine::cuda::CudaBackend::with_graphs(dev, true).unwrap();
                 $check(&b);
             }
-            None => eprintln!("{}: no NVIDIA driver here; ran on the emulator only", stringify!($check)),
+            None => eprintln!(
+                "{}: no NVIDIA driver here; ran on the emulator only",
+                stringify!($check)
+            ),
         }
     }};
 }
@@ -71,7 +77,11 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32)
     assert_eq!(got.len(), want.len(), "{what}: lengths differ");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let ok = (g - w).abs() <= atol + rtol * w.abs() || (g.is_nan() && w.is_nan());
-        assert!(ok, "{what}: element {i} is {g}, expected {w} (of {})", got.len());
+        assert!(
+            ok,
+            "{what}: element {i} is {g}, expected {w} (of {})",
+            got.len()
+        );
     }
 }
 
