@@ -4,6 +4,7 @@
 
 mod attention;
 mod backend;
+pub mod ceilings;
 mod graphs;
 mod lora;
 mod memory;

@@ -57,8 +57,8 @@ pub struct EngineArgs {
     /// Weight dtype in memory.
     #[arg(long, default_value = "bf16")]
     dtype: DType,
-    /// Batch sizes to measure.
-    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    /// Batch sizes to measure (default 1,4,16,64 on the CPU; 1,8,64,256 on a GPU).
+    #[arg(long, value_delimiter = ',')]
     batch: Vec<usize>,
     /// Prompt tokens per sequence.
     #[arg(long, default_value_t = 128)]
@@ -104,7 +104,12 @@ pub fn measure_read_bandwidth() -> f64 {
 
 fn engine(a: EngineArgs) -> anyhow::Result<()> {
     let dir = model_store::resolve_model(a.model.as_deref(), true)?;
-    let max_batch = a.batch.iter().copied().max().unwrap_or(1);
+    let batches = match (a.batch.is_empty(), a.device) {
+        (false, _) => a.batch.clone(),
+        (true, Device::Cpu) => vec![1, 4, 16, 64],
+        (true, Device::Cuda(_)) => vec![1, 8, 64, 256],
+    };
+    let max_batch = batches.iter().copied().max().unwrap_or(1);
     let per_seq = (a.prompt_len + a.decode_steps + 1).div_ceil(BLOCK_SIZE);
     let opts = EngineOptions {
         dtype: Some(a.dtype),
@@ -113,30 +118,54 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
     };
     let mut engine = lmi_engine::open(a.device, &dir, &opts)?;
     let vocab = engine.model_config().vocab_size as u32;
-    let bw = measure_read_bandwidth();
+    let (bw, what) = match a.device {
+        Device::Cpu => (
+            measure_read_bandwidth(),
+            "memory read bandwidth".to_string(),
+        ),
+        Device::Cuda(ordinal) => {
+            let c = lmi_engine::cuda::ceilings::measure(ordinal)?;
+            let what = format!(
+                "device copy bandwidth (read + written; bf16 product rate {:.0} TFLOP/s)",
+                c.bf16_flops / 1e12
+            );
+            (c.copy_bandwidth, what)
+        }
+    };
     let weight_bytes = engine.weight_bytes();
-    let floor = weight_bytes as f64 / bw;
+    let c = engine.model_config();
+    let kv_elem = if a.dtype == DType::F32 && a.device == Device::Cpu {
+        4
+    } else {
+        2
+    };
+    let kv_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * kv_elem;
+    // A decode step reads every weight once and every sequence's K/V (mean context).
+    let context = a.prompt_len + a.decode_steps / 2;
+    let roofline = |b: usize| (weight_bytes + b * context * kv_per_token) as f64 / bw;
     println!(
-        "model {} ({} weights, {:.1} MB read per decode step), {} threads, memory read bandwidth {:.2} GB/s",
+        "model {} on {} ({} weights, {:.1} MB of weights and {:.1} KB of K/V per token of context read per decode step), {} host threads, {what} {:.2} GB/s",
         dir.display(),
+        a.device,
         a.dtype,
         weight_bytes as f64 / 1e6,
+        kv_per_token as f64 / 1e3,
         rayon::current_num_threads(),
         bw / 1e9
     );
     println!(
-        "batch-1 decode roofline: {:.1} ms/token ({:.1} tok/s)\n",
-        floor * 1e3,
-        1.0 / floor
+        "batch-1 decode roofline: {:.2} ms/token ({:.1} tok/s)\n",
+        roofline(1) * 1e3,
+        1.0 / roofline(1)
     );
     // Rates use the median step: on a shared machine a neighbour's burst lands on a few steps
     // and would otherwise decide the mean (printed beside it).
     println!(
-        "| batch | prefill tok/s | decode step ms (median) | (mean) | decode tok/s | vs batch 1 |"
+        "| batch | prefill tok/s | decode step ms (median) | (mean) | decode tok/s | vs batch 1 | roofline ms | of roofline |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut base = None;
-    for &b in &a.batch {
+    for &b in &batches {
         let mut chunks: Vec<SeqChunk> = (0..b)
             .map(|s| SeqChunk {
                 tokens: (0..a.prompt_len)
@@ -172,17 +201,13 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
         let tps = b as f64 / per_step;
         let base_tps = *base.get_or_insert(tps);
         println!(
-            "| {b} | {prefill:.0} | {:.1} | {:.1} | {tps:.1} | {:.2}x |",
+            "| {b} | {prefill:.0} | {:.2} | {:.2} | {tps:.1} | {:.2}x | {:.2} | {:.0}% |",
             per_step * 1e3,
             mean * 1e3,
-            tps / base_tps
+            tps / base_tps,
+            roofline(b) * 1e3,
+            roofline(b) / per_step * 100.0
         );
-        if b == 1 {
-            println!(
-                "|  | batch-1 decode at {:.0}% of the roofline |  |  |  |  |",
-                floor / per_step * 100.0
-            );
-        }
     }
     Ok(())
 }

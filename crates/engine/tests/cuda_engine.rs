@@ -1,0 +1,298 @@
+//! The whole CUDA engine — `Engine<CudaBackend<_>>`, its step uploads, arena, kernels, device
+//! sampler and CUDA graphs — against the CPU engine on generated Llama-, Qwen2- and
+//! Qwen3-shaped models in bf16, on the CPU emulator (and a GPU when present).
+//!
+//! Both engines are fed the same tokens (the CPU's choices). At every step the logits must
+//! agree within a tolerance, and the tokens the engines draw greedily must agree unless the
+//! CPU's two best logits are closer than that tolerance (a tie the two numerics may break
+//! differently, after which the sequences legitimately part).
+
+mod cuda_common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use lmi_cuda::Device;
+use lmi_cuda_emu::ThreadOrder;
+use lmi_engine::cpu::CpuBackend;
+use lmi_engine::cuda::CudaBackend;
+use lmi_engine::engine::{EngineOptions, StepEngine};
+use lmi_engine::sampling::{SamplingParams, SequenceContext};
+use lmi_engine::testing::{TinySpec, write_tiny_model};
+use lmi_engine::{Architecture, DType, Engine, LogitsWanted, SampleRequest, SeqChunk, StepBatch};
+
+const BLOCKS: usize = 64;
+
+fn specs() -> Vec<TinySpec> {
+    // Head dims the CUDA kernels take: 32 (Llama-like), 64 (Qwen3-like, q/k norms).
+    vec![
+        TinySpec {
+            hidden_size: 128,
+            intermediate_size: 192,
+            num_heads: 4,
+            num_kv_heads: 2,
+            ..TinySpec::llama()
+        },
+        TinySpec {
+            hidden_size: 128,
+            intermediate_size: 160,
+            num_heads: 4,
+            num_kv_heads: 4,
+            ..TinySpec::qwen2()
+        },
+        TinySpec {
+            hidden_size: 96,
+            head_dim: Some(64),
+            num_heads: 3,
+            num_kv_heads: 1,
+            ..TinySpec::qwen3()
+        },
+    ]
+}
+
+fn opts() -> EngineOptions {
+    EngineOptions {
+        dtype: Some(DType::BF16),
+        kv_blocks: Some(BLOCKS),
+        ..Default::default()
+    }
+}
+
+fn prompt(n: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97)) % 256)
+        .collect()
+}
+
+/// Greedy draws for every chunk's last token.
+fn greedy<E: StepEngine + ?Sized>(e: &mut E, chunks: &[SeqChunk]) -> Vec<u32> {
+    let params = SamplingParams::default();
+    let samples: Vec<SampleRequest> = chunks
+        .iter()
+        .enumerate()
+        .map(|(k, c)| SampleRequest {
+            chunk: k,
+            position: c.tokens.len() - 1,
+            params: &params,
+            seed: 0,
+            ctx: SequenceContext::default(),
+        })
+        .collect();
+    let out = e
+        .step(&StepBatch {
+            chunks,
+            samples: &samples,
+            prompt_logprobs: &[],
+        })
+        .unwrap();
+    out.samples.iter().map(|s| s.token).collect()
+}
+
+fn argmax(row: &[f32]) -> (usize, f32) {
+    let mut best = (0, f32::NEG_INFINITY);
+    for (i, &x) in row.iter().enumerate() {
+        if x > best.1 {
+            best = (i, x);
+        }
+    }
+    best
+}
+
+/// Compares one step of both engines: logits rows, then the greedy tokens (tie-aware).
+/// Returns the CPU's tokens, or None for sequences whose tie let the engines part.
+fn compare_step<D: Device>(
+    what: &str,
+    cpu: &mut Engine<CpuBackend>,
+    gpu: &mut Engine<CudaBackend<D>>,
+    chunks: &[SeqChunk],
+) -> Vec<Option<u32>> {
+    let want = cpu.forward_logits(chunks).unwrap();
+    let got = gpu.forward_logits(chunks).unwrap();
+    assert_eq!(got.rows_per_seq, want.rows_per_seq, "{what}");
+    let scale = want.data.iter().fold(0f32, |m, x| m.max(x.abs())).max(1.0);
+    let tol = 2e-2 * scale;
+    for (i, (g, w)) in got.data.iter().zip(&want.data).enumerate() {
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}: logit {i} is {g}, the CPU's {w} (tolerance {tol})"
+        );
+    }
+    let cpu_tokens = greedy(cpu, chunks);
+    let gpu_tokens = greedy(gpu, chunks);
+    let mut row = 0;
+    chunks
+        .iter()
+        .zip(cpu_tokens.iter().zip(&gpu_tokens))
+        .map(|(c, (&ct, &gt))| {
+            let rows = if c.logits == LogitsWanted::All {
+                c.tokens.len()
+            } else {
+                1
+            };
+            let last = want.row(row + rows - 1);
+            row += rows;
+            assert_eq!(
+                argmax(last).0 as u32,
+                ct,
+                "{what}: the CPU step drew its argmax"
+            );
+            if ct == gt {
+                return Some(ct);
+            }
+            let gap = last[ct as usize] - last[gt as usize];
+            assert!(
+                gap.abs() <= tol,
+                "{what}: GPU drew {gt}, CPU {ct} (logit gap {gap}, tolerance {tol})"
+            );
+            None
+        })
+        .collect()
+}
+
+fn engines<D: Device>(
+    dev: &Arc<D>,
+    dir: &Path,
+    graphs: bool,
+) -> (Engine<CpuBackend>, Engine<CudaBackend<D>>) {
+    let cpu = Engine::load_cpu(dir, &opts()).unwrap();
+    let gpu = Engine::load(
+        CudaBackend::with_graphs(dev.clone(), graphs).unwrap(),
+        dir,
+        &opts(),
+    )
+    .unwrap();
+    (cpu, gpu)
+}
+
+/// Three sequences: prefills (one in two chunks), then decode steps together.
+fn check_model<D: Device>(dev: &Arc<D>, spec: &TinySpec) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), spec).unwrap();
+    let (mut cpu, mut gpu) = engines(dev, dir.path(), true);
+    let name = format!("{:?}", spec.architecture);
+    let prompts = [prompt(21, 1), prompt(37, 2), prompt(5, 3)];
+    let tables: Vec<Vec<u32>> = (0..3)
+        .map(|s| (s as u32 * 8..s as u32 * 8 + 8).collect())
+        .collect();
+    let mut seqs: Vec<Vec<u32>> = prompts.to_vec();
+    let mut alive = [true; 3];
+    // Prefill: sequence 1 in two chunks, the second mixed with the others.
+    let first = [SeqChunk {
+        tokens: seqs[1][..16].to_vec(),
+        start_pos: 0,
+        block_table: tables[1].clone(),
+        logits: LogitsWanted::None,
+        adapter: None,
+    }];
+    cpu.forward_logits(&first).unwrap();
+    gpu.forward_logits(&first).unwrap();
+    let mut chunks: Vec<SeqChunk> = (0..3)
+        .map(|s| {
+            let start = if s == 1 { 16 } else { 0 };
+            SeqChunk {
+                tokens: seqs[s][start..].to_vec(),
+                start_pos: start,
+                block_table: tables[s].clone(),
+                logits: if s == 2 {
+                    LogitsWanted::All
+                } else {
+                    LogitsWanted::Last
+                },
+                adapter: None,
+            }
+        })
+        .collect();
+    for step in 0..14 {
+        let live: Vec<usize> = (0..3).filter(|&s| alive[s]).collect();
+        let batch: Vec<SeqChunk> = live.iter().map(|&s| chunks[s].clone()).collect();
+        let out = compare_step(&format!("{name} step {step}"), &mut cpu, &mut gpu, &batch);
+        for (&s, t) in live.iter().zip(out) {
+            match t {
+                Some(t) => {
+                    let c = &mut chunks[s];
+                    c.start_pos += c.tokens.len();
+                    c.tokens = vec![t];
+                    c.logits = LogitsWanted::Last;
+                    seqs[s].push(t);
+                }
+                None => alive[s] = false,
+            }
+        }
+    }
+    assert!(
+        alive.iter().filter(|&&a| a).count() >= 2,
+        "{name}: too many ties to be a fair comparison"
+    );
+    assert!(
+        gpu.backend().graphs_captured() > 0,
+        "{name}: decode steps replay from CUDA graphs"
+    );
+}
+
+/// Decode steps replayed from graphs equal the same steps launched directly, bit for bit.
+fn check_graph_replay<D: Device>(dev: &Arc<D>) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), &specs()[0]).unwrap();
+    let run = |graphs: bool| {
+        let mut e = Engine::load(
+            CudaBackend::with_graphs(dev.clone(), graphs).unwrap(),
+            dir.path(),
+            &opts(),
+        )
+        .unwrap();
+        let mut chunks: Vec<SeqChunk> = (0..3)
+            .map(|s| SeqChunk {
+                tokens: prompt(9 + 4 * s, s as u32),
+                start_pos: 0,
+                block_table: (s as u32 * 8..s as u32 * 8 + 8).collect(),
+                logits: LogitsWanted::Last,
+                adapter: None,
+            })
+            .collect();
+        let mut logits = Vec::new();
+        for _ in 0..6 {
+            let l = e.forward_logits(&chunks).unwrap();
+            let toks = greedy(&mut e, &chunks);
+            for (c, t) in chunks.iter_mut().zip(toks) {
+                c.start_pos += c.tokens.len();
+                c.tokens = vec![t];
+            }
+            logits.push(l.data);
+        }
+        (logits, e.backend().graphs_captured())
+    };
+    let (direct, none) = run(false);
+    let (replayed, captured) = run(true);
+    assert_eq!(none, 0);
+    assert!(captured > 0, "no graph was captured");
+    assert_eq!(
+        replayed, direct,
+        "graph replays differ from direct launches"
+    );
+}
+
+fn on_emulator(check: impl Fn(&Arc<lmi_cuda_emu::EmuDevice>)) {
+    for order in [ThreadOrder::Forward, ThreadOrder::Reverse] {
+        check(&cuda_common::emulator(order));
+    }
+}
+
+#[test]
+fn llama_qwen2_qwen3_agree_with_the_cpu_engine() {
+    let specs = specs();
+    assert_eq!(specs.len(), 3);
+    assert!(matches!(specs[2].architecture, Architecture::Qwen3));
+    on_emulator(|dev| specs.iter().for_each(|s| check_model(dev, s)));
+    match cuda_common::gpu() {
+        Some(dev) => specs.iter().for_each(|s| check_model(&dev, s)),
+        None => eprintln!("no NVIDIA driver here: ran on the emulator only"),
+    }
+}
+
+#[test]
+fn graph_replays_equal_direct_launches() {
+    on_emulator(|dev| check_graph_replay(dev));
+    if let Some(dev) = cuda_common::gpu() {
+        check_graph_replay(&dev);
+    }
+}
