@@ -51,6 +51,11 @@ pub trait Backend: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
     fn upload_weight(&self, t: HostTensor) -> Result<Self::Weight>;
+    /// Bytes of memory on the device, for backends that have their own (sizes the KV cache
+    /// by a share of it); None on the CPU.
+    fn device_memory(&self) -> Option<usize> {
+        None
+    }
     /// Bytes a weight occupies on the device.
     fn weight_bytes(&self, w: &Self::Weight) -> usize;
     fn rope_table(&self, inv_freq: &[f64]) -> Result<Self::Rope>;

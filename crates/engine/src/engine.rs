@@ -24,6 +24,10 @@ pub struct EngineOptions {
     pub kv_cache_bytes: usize,
     /// Exact number of KV blocks (tests use tiny pools).
     pub kv_blocks: Option<usize>,
+    /// On a GPU: the share of the device's memory the engine may take (weights, activations
+    /// and the KV cache, which gets what the weights and an activation reserve leave). When
+    /// None, or on the CPU, `kv_cache_bytes` sizes the cache.
+    pub memory_fraction: Option<f32>,
 }
 
 impl Default for EngineOptions {
@@ -32,6 +36,7 @@ impl Default for EngineOptions {
             dtype: None,
             kv_cache_bytes: 1 << 30,
             kv_blocks: None,
+            memory_fraction: None,
         }
     }
 }
@@ -101,7 +106,8 @@ impl<B: Backend> Engine<B> {
         let num_blocks = match opts.kv_blocks {
             Some(n) => n,
             None => {
-                KvCacheConfig::blocks_for_budget(c, kv_dtype.size(), opts.kv_cache_bytes).max(1)
+                let budget = kv_budget(&backend, &model, opts)?;
+                KvCacheConfig::blocks_for_budget(c, kv_dtype.size(), budget).max(1)
             }
         };
         let kv = KvCache::new(&backend, KvCacheConfig::new(c, num_blocks, kv_dtype))?;
@@ -151,6 +157,37 @@ impl<B: Backend> Engine<B> {
             vocab,
             rows_per_seq,
         })
+    }
+}
+
+/// Bytes for the KV cache: a share of the device's memory less the weights and an activation
+/// reserve (GPU, `memory_fraction` set), else `kv_cache_bytes`.
+fn kv_budget<B: Backend>(backend: &B, model: &Model<B>, opts: &EngineOptions) -> Result<usize> {
+    let (Some(fraction), Some(total)) = (opts.memory_fraction, backend.device_memory()) else {
+        return Ok(opts.kv_cache_bytes);
+    };
+    let usable = (total as f64 * f64::from(fraction)) as usize;
+    let resident = model.resident_bytes(backend);
+    // Step activations, logits, the product library's workspace and CUDA graphs.
+    let reserve = (1usize << 30).max(total / 20);
+    let mib = |b: usize| b >> 20;
+    match usable.checked_sub(resident + reserve) {
+        Some(budget) if budget >= 64 << 20 => {
+            tracing::info!(
+                "KV cache: {} MiB ({fraction} of {} MiB, less {} MiB of weights and a {} MiB reserve)",
+                mib(budget),
+                mib(total),
+                mib(resident),
+                mib(reserve)
+            );
+            Ok(budget)
+        }
+        _ => Err(crate::error::EngineError::Backend(format!(
+            "the weights ({} MiB) and an activation reserve ({} MiB) leave no room for a KV cache in {fraction} of the device's {} MiB: raise option.gpu_memory_utilization or serve a smaller model",
+            mib(resident),
+            mib(reserve),
+            mib(total)
+        ))),
     }
 }
 

@@ -373,13 +373,21 @@ fn real_checkpoint_agrees_with_the_cpu_engine_on_a_gpu() {
             .collect();
         let c = generate(&mut cpu, &prompt, 32, &greedy_params);
         let g = generate(&mut gpu, &prompt, 32, &greedy_params);
-        assert!((c[0].1 - g[0].1).abs() <= 2e-2, "prompt {p}: first-token logprob {} vs {}", g[0].1, c[0].1);
+        assert!(
+            (c[0].1 - g[0].1).abs() <= 2e-2,
+            "prompt {p}: first-token logprob {} vs {}",
+            g[0].1,
+            c[0].1
+        );
         let same = c.iter().zip(&g).take_while(|(a, b)| a.0 == b.0).count();
         eprintln!("prompt {p}: {same}/32 greedy tokens agree");
         agree += usize::from(same == 32);
     }
     eprintln!("{agree}/{prompts} prompts agree for 32 tokens");
-    assert!(agree * 100 >= 95 * prompts as usize, "{agree}/{prompts} prompts agree");
+    assert!(
+        agree * 100 >= 95 * prompts as usize,
+        "{agree}/{prompts} prompts agree"
+    );
 
     let sampled = SamplingParams {
         temperature: 0.8,

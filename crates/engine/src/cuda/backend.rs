@@ -281,6 +281,10 @@ impl<D: Device> Backend for CudaBackend<D> {
         w.mem.bytes()
     }
 
+    fn device_memory(&self) -> Option<usize> {
+        Some(self.dev.info().total_memory)
+    }
+
     fn rope_table(&self, inv_freq: &[f64]) -> Result<CudaRope<D>> {
         let mem = DeviceBox::new(&self.dev, inv_freq.len() * 8)?;
         self.dev.htod_slice(inv_freq, mem.ptr()).map_err(cuda_err)?;

@@ -90,6 +90,28 @@ impl<B: Backend> Model<B> {
         layers + backend.weight_bytes(self.lm_head.as_ref().unwrap_or(&self.embed))
     }
 
+    /// Bytes of every weight held on the device.
+    pub fn resident_bytes(&self, backend: &B) -> usize {
+        let w = |x: &B::Weight| backend.weight_bytes(x);
+        let opt = |x: &Option<B::Weight>| x.as_ref().map_or(0, w);
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                w(&l.input_norm)
+                    + w(&l.qkv)
+                    + opt(&l.qkv_bias)
+                    + opt(&l.q_norm)
+                    + opt(&l.k_norm)
+                    + w(&l.o_proj)
+                    + w(&l.post_norm)
+                    + w(&l.gate_up)
+                    + w(&l.down)
+            })
+            .sum();
+        layers + w(&self.embed) + opt(&self.lm_head) + w(&self.final_norm)
+    }
+
     fn qkv_layout(&self) -> QkvLayout {
         QkvLayout {
             q_heads: self.config.num_heads,

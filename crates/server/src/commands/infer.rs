@@ -110,6 +110,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         dtype: a.dtype,
         kv_cache_bytes: a.kv_cache_mib << 20,
         kv_blocks: None,
+        memory_fraction: None,
     };
     let mut engine = lmi_engine::open(a.device, &dir, &opts)
         .with_context(|| format!("loading the model {}", dir.display()))?;

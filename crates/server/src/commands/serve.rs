@@ -215,6 +215,7 @@ pub fn load_model(config: &ServingConfig) -> anyhow::Result<LoadedModel> {
                 dtype: Some(dtype),
                 kv_cache_bytes: config.kv_cache_bytes,
                 kv_blocks: None,
+                memory_fraction: config.gpu_memory_utilization,
             };
             let engine = lmi_engine::open(config.device, &dir, &opts)
                 .with_context(|| format!("loading the model {}", dir.display()))?;

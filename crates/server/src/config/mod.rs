@@ -205,6 +205,10 @@ pub struct ServingConfig {
     pub engine_mode: EngineMode,
     pub dtype: DTypeChoice,
     pub kv_cache_bytes: usize,
+    /// On a GPU, the share of its memory the engine takes (option.gpu_memory_utilization,
+    /// default 0.9 unless option.kv_cache_bytes is set); the KV cache gets the rest after
+    /// the weights. None on the CPU.
+    pub gpu_memory_utilization: Option<f32>,
     /// option.rolling_batch (recorded; every value runs the built-in rolling batch scheduler).
     pub rolling_batch: String,
     pub max_rolling_batch_size: usize,
@@ -365,6 +369,27 @@ impl ServingConfig {
             Some(s) => parse_bytes(&s.value)
                 .with_context(|| format!("option.kv_cache_bytes={:?} ({})", s.value, s.source))?,
         };
+        let gpu_memory_utilization = match (device, get("option.gpu_memory_utilization")) {
+            (Device::Cpu, _) => None,
+            (Device::Cuda(_), Some(v)) => {
+                let f: f32 = v
+                    .value
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|f| *f > 0.0 && *f <= 1.0)
+                    .ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "option.gpu_memory_utilization={:?} ({}): expected a number in (0, 1]",
+                            v.value,
+                            v.source
+                        )
+                    })?;
+                Some(f)
+            }
+            (Device::Cuda(_), None) if get("option.kv_cache_bytes").is_some() => None,
+            (Device::Cuda(_), None) => Some(0.9),
+        };
         // vLLM's names (LMI passes option.<EngineArgs name> through) count when LMI's are unset.
         let either = |lmi: &'static str, vllm: &'static str| {
             if raw.contains_key(lmi) || !raw.contains_key(vllm) {
@@ -424,6 +449,7 @@ impl ServingConfig {
             engine_mode,
             dtype,
             kv_cache_bytes,
+            gpu_memory_utilization,
             rolling_batch: str_of("option.rolling_batch").unwrap_or_else(|| "auto".into()),
             max_rolling_batch_size,
             max_rolling_batch_prefill_tokens,
@@ -489,7 +515,13 @@ impl ServingConfig {
                 format!("{:?}", self.engine_mode).to_lowercase(),
             ),
             ("dtype", dtype),
-            ("kv_cache_bytes", self.kv_cache_bytes.to_string()),
+            (
+                "kv_cache_bytes",
+                match self.gpu_memory_utilization {
+                    Some(f) => format!("(gpu_memory_utilization {f})"),
+                    None => self.kv_cache_bytes.to_string(),
+                },
+            ),
             ("rolling_batch", self.rolling_batch.clone()),
             (
                 "max_rolling_batch_size",

@@ -156,6 +156,36 @@ fn devices_parse_and_cuda_refuses_fp32_weights() {
     );
     let err = with("cuda", Some("fp32")).unwrap_err().to_string();
     assert!(err.contains("keeps weights in bf16"), "{err}");
+    // A GPU's KV cache takes a share of its memory, unless a size is given.
+    assert_eq!(
+        with("cuda", None).unwrap().gpu_memory_utilization,
+        Some(0.9)
+    );
+    assert_eq!(with("cpu", None).unwrap().gpu_memory_utilization, None);
+    let sized = ServeArgs {
+        device: Some("cuda".into()),
+        kv_cache_bytes: Some("2G".into()),
+        ..Default::default()
+    };
+    let c = ServingConfig::load(&sized, &env(&[]), None).unwrap();
+    assert_eq!(
+        (c.gpu_memory_utilization, c.kv_cache_bytes),
+        (None, 2 << 30)
+    );
+    let e = env(&[("OPTION_GPU_MEMORY_UTILIZATION", "0.5")]);
+    let cli = ServeArgs {
+        device: Some("cuda".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        ServingConfig::load(&cli, &e, None)
+            .unwrap()
+            .gpu_memory_utilization,
+        Some(0.5)
+    );
+    let e = env(&[("OPTION_GPU_MEMORY_UTILIZATION", "1.5")]);
+    let err = ServingConfig::load(&cli, &e, None).unwrap_err().to_string();
+    assert!(err.contains("OPTION_GPU_MEMORY_UTILIZATION"), "{err}");
     let e = env(&[("OPTION_DEVICE", "cpu")]);
     assert_eq!(
         ServingConfig::load(&ServeArgs::default(), &e, None)
