@@ -1,28 +1,209 @@
 //! Logits processing on the device: draws and prompt-token scores with the CPU sampler's
-//! semantics (`sampling::sample`, `sampling::token_logprob`).
+//! semantics (`sampling::sample_seeded`, `sampling::token_logprob`), in one kernel launch
+//! (`sampler_run`, kernels/sampling.cu) between one upload and one download.
 //!
-//! INTERIM: copies the requested rows to the host and runs the host sampler; to be replaced
-//! by the device sampler (kernels/sampling.cu), which returns only ids and logprobs.
+//! # Per step
+//! The host packs every job (a draw or a score) into one upload: a 64-byte record per job
+//! (row, flags, filters, `inv_t = 1 / temperature` and the draw's `u = uniform(seed,
+//! output.len())`, both computed here exactly as the CPU computes them) followed by the
+//! processors as a compact list of per-token edits (bias, repetition, presence/frequency,
+//! ban), produced by `sampling::processors::for_each_edit`, the code the CPU path applies
+//! itself, so the two can never edit different tokens. The edits are sorted by token (stably:
+//! one token's edits keep the CPU's order). One block per job then edits its row (in place when
+//! no other job reads that row, else in a private copy from the step arena), and one download
+//! returns ids, logprobs and top-n pairs. Scratch comes from the step arena; the upload and
+//! result buffers are kept here and grow by powers of two.
+//!
+//! # Kernel (one block of 512 threads per job; the row stays in L2 between passes)
+//! * **Stats** (every job): one pass for the argmax (lowest id on ties) and an online
+//!   log-sum-exp (f32 exponentials, f64 partial sums). Greedy jobs stop here (plus top-n):
+//!   about one read of the row. If bans leave no finite logit, the saved pre-ban values are put
+//!   back and the stats redone, as the CPU does.
+//! * **Ordering without sorting**: a candidate's rank key is `(order_key(logit) << 32) | !id`,
+//!   which orders candidates by logit descending, then id ascending. `locate` finds the
+//!   candidate at which a cumulative count or mass crosses a target: 16-way search over key
+//!   intervals, each level one pass with per-thread histogram columns in shared memory
+//!   (counts and f64 masses, reduced in a fixed order: deterministic, no float atomics), until
+//!   at most 4096 candidates remain; those are gathered, bitonic-sorted in shared memory and
+//!   scanned.
+//! * **Sampled path**: temperature underflow and `min_p` keep the logits at or above one key,
+//!   found by a 32-way search of warp 0 over the key space (`w` is monotone in the logit);
+//!   `top_k` is a count search; `top_p` and the draw are mass searches (`u · total`, first
+//!   candidate whose inclusive cumulative mass exceeds it); `typical_p` computes total and
+//!   entropy in two passes, then a mass search over the typical score's key (`w / total`
+//!   per candidate, as the CPU accumulates it), keeping the candidates whose score is at most
+//!   the crossing one's. Every weight is `exp((x - max) · inv_t)` in f64, as on the CPU.
+//! * **Top-n** (n ≤ 4096; the API allows 1024): a count search for the n-th candidate, then
+//!   the n survivors are gathered and sorted in shared memory. **Scores** run the stats and
+//!   top-n on the raw row (`token_logprob`: no processing).
+//!
+//! # Exactness
+//! Tokens equal the CPU's whenever the logits agree, except where the two compute the same
+//! quantity with different rounding:
+//! * f64 sums (each filter's total, the cumulative masses) are added in a different order
+//!   (tree of per-thread partial sums vs the CPU's sequential walk over a partially sorted
+//!   buffer), so they agree to about 1e-16 relative; a draw or a top-p / typical-p / min_p
+//!   boundary can differ only when `u · total` (or the target) lies within that distance of a
+//!   cumulative boundary. The same holds for the CPU's "rounding never crosses: take the last
+//!   candidate" fallback, which the device reproduces on its own sums.
+//! * The CPU orders candidates by their f64 weight `w`, the device by the f32 logit: the same
+//!   order unless two distinct logits round to the same `w` (f64 underflow near `w = 5e-324`,
+//!   or temperatures above about 1e9), where the CPU breaks the tie by id.
+//! * `exp` and `log` are the device's (CUDA's correctly rounded to within 1 ulp) vs the host's
+//!   libm; they can differ in the last bit, which matters only at such boundaries. The `min_p`
+//!   cutoff assumes `exp` is monotone, as both libraries are in practice. Under the emulator
+//!   the kernels use the host's libm, so the tests see identical weights.
+//! * Log-probabilities use `expf` and a different summation than the CPU's polynomial `exp`:
+//!   within about 1e-6 (the tests allow 1e-4).
+//!
+//! # Cost
+//! Greedy: one pass (plus, for top-n, about four short search passes and a gather). Sampled:
+//! stats, then per search about 3–5 levels at vocab 128K, each a pass over the row (only
+//! candidates inside the current interval compute their f64 weight), plus one gather. With a
+//! top-k, the count search is integer-only and every later pass computes weights for at most
+//! k candidates; without it, the first mass level computes one f64 `exp` per candidate, the
+//! dominant cost (a few tens of µs at 128K on an H100). `typical_p` is a slow path (every
+//! level evaluates `exp` and `log` per candidate).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use lmi_cuda::{Device, DeviceExt};
+use lmi_cuda::{Arg, DevPtr, Device, DeviceExt, ElemType, LaunchConfig};
 
-use super::backend::{CudaBackend, CudaBuf};
-use super::memory::cuda_err;
-use crate::error::Result;
-use crate::sampling::process_logits_host;
-use crate::step::{LogitsOutput, LogitsWork};
+use super::backend::{CudaBackend, CudaBuf, lock};
+use super::memory::{DeviceBox, cuda_err};
+use crate::error::{EngineError, Result};
+use crate::sampling::processors::{Edit, for_each_edit};
+use crate::sampling::{Sampled, uniform};
+use crate::step::{LogitsOutput, LogitsWork, TokenLogprob};
 
-pub const KERNELS: &[&str] = &[];
+pub const KERNELS: &[&str] = &["sampler_run"];
+
+/// Threads per block (`SMP_THREADS`).
+const THREADS: u32 = 512;
+/// Dynamic shared memory of `sampler_run` (`SMP_DYN_BYTES`).
+const SHARED_BYTES: u32 = 16 * 512 * 12;
+/// The largest top-n the kernel lists (`SMP_CAP`).
+pub const MAX_TOP_N: u32 = 4096;
+
+/// Size of one job record (`struct Job`).
+const JOB_BYTES: usize = 64;
+const JOB_GREEDY: u32 = 1;
+const JOB_SCORE: u32 = 2;
+const JOB_COPY: u32 = 4;
+const JOB_BANS: u32 = 8;
+
+/// Words per job of the result header: token, logprob bits, top count, 0.
+const HEADER_WORDS: usize = 4;
 
 pub struct Sampler<D: Device> {
-    _dev: Arc<D>,
+    dev: Arc<D>,
+    state: Mutex<State<D>>,
+}
+
+/// Host staging and the device buffers that outlive a step.
+struct State<D: Device> {
+    bytes: Vec<u8>,
+    ops: Vec<(u32, u32, f32)>,
+    upload: Option<DeviceBox<D>>,
+    results: Option<DeviceBox<D>>,
+    shared_configured: bool,
 }
 
 impl<D: Device> Sampler<D> {
     pub fn new(dev: &Arc<D>) -> Self {
-        Sampler { _dev: dev.clone() }
+        Sampler {
+            dev: dev.clone(),
+            state: Mutex::new(State {
+                bytes: Vec::new(),
+                ops: Vec::new(),
+                upload: None,
+                results: None,
+                shared_configured: false,
+            }),
+        }
+    }
+}
+
+/// A device buffer of at least `bytes`, replaced by one twice as large when too small.
+fn ensure<D: Device>(
+    dev: &Arc<D>,
+    slot: &mut Option<DeviceBox<D>>,
+    bytes: usize,
+) -> Result<DevPtr> {
+    if slot.as_ref().is_none_or(|b| b.bytes() < bytes) {
+        *slot = None;
+        *slot = Some(DeviceBox::new(dev, bytes.next_power_of_two().max(4096))?);
+    }
+    Ok(slot.as_ref().map(|b| b.ptr()).unwrap_or_default())
+}
+
+/// What the host decided for one job.
+struct JobPlan {
+    row: u32,
+    flags: u32,
+    token: u32,
+    top_n: u32,
+    top_off: u32,
+    ops_off: u32,
+    ops_cnt: u32,
+    copy_slot: u32,
+    min_p: f32,
+    top_p: f32,
+    typical_p: f32,
+    top_k: u32,
+    inv_t: f64,
+    u: f64,
+}
+
+impl JobPlan {
+    fn write(&self, out: &mut Vec<u8>) {
+        let words = [
+            self.row,
+            self.flags,
+            self.token,
+            self.top_n,
+            self.top_off,
+            self.ops_off,
+            self.ops_cnt,
+            self.copy_slot,
+            self.min_p.to_bits(),
+            self.top_p.to_bits(),
+            self.typical_p.to_bits(),
+            self.top_k,
+        ];
+        for w in words {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+        out.extend_from_slice(&self.inv_t.to_le_bytes());
+        out.extend_from_slice(&self.u.to_le_bytes());
+    }
+
+    fn score(row: usize, token: u32, top_n: u32) -> Self {
+        JobPlan {
+            row: row as u32,
+            flags: JOB_SCORE,
+            token,
+            top_n,
+            top_off: 0,
+            ops_off: 0,
+            ops_cnt: 0,
+            copy_slot: 0,
+            min_p: 0.0,
+            top_p: 1.0,
+            typical_p: 1.0,
+            top_k: 0,
+            inv_t: 1.0,
+            u: 0.0,
+        }
+    }
+}
+
+fn edit_code(e: Edit) -> (u32, f32) {
+    match e {
+        Edit::Bias(b) => (0, b),
+        Edit::Repetition(p) => (1, p),
+        Edit::Subtract(v) => (2, v),
+        Edit::Ban => (3, 0.0),
     }
 }
 
@@ -33,9 +214,208 @@ pub fn process<D: Device>(
     vocab: usize,
     work: &LogitsWork<'_>,
 ) -> Result<LogitsOutput> {
-    let mut host = b
+    let n_jobs = work.samples.len() + work.scores.len();
+    if n_jobs == 0 {
+        return Ok(LogitsOutput::default());
+    }
+    if vocab == 0 {
+        // Nothing to read on the device: the CPU's answers for an empty row.
+        return Ok(crate::sampling::process_logits_host(&mut [], 0, work));
+    }
+    check_shape(&logits, rows, vocab, work)?;
+    let sampler = &b.sampler;
+    let mut st = lock(&sampler.state);
+    let st = &mut *st;
+    if !st.shared_configured {
+        let f = sampler
+            .dev
+            .function("sampler_run")
+            .map_err(|e| EngineError::Backend(format!("loading kernel sampler_run: {e}")))?;
+        sampler
+            .dev
+            .set_max_dynamic_shared(f, SHARED_BYTES)
+            .map_err(cuda_err)?;
+        st.shared_configured = true;
+    }
+
+    // Rows read by more than one job: a draw that edits such a row works on a copy.
+    let mut readers = vec![0u32; rows];
+    for s in &work.samples {
+        readers[s.row] += 1;
+    }
+    for s in &work.scores {
+        readers[s.row] += 1;
+    }
+
+    let mut jobs = Vec::with_capacity(n_jobs);
+    st.ops.clear();
+    let (mut copies, mut top_total) = (0u32, 0u64);
+    for s in &work.samples {
+        let p = s.params;
+        let start = st.ops.len();
+        let mut bans = false;
+        for_each_edit(p, &s.ctx, vocab, |id, e| {
+            bans |= e == Edit::Ban;
+            let (kind, v) = edit_code(e);
+            st.ops.push((id, kind, v));
+        });
+        // Stable: one token's edits keep the CPU's order.
+        st.ops[start..].sort_by_key(|op| op.0);
+        let ops_cnt = (st.ops.len() - start) as u32;
+        let mut flags = 0;
+        if p.is_greedy() {
+            flags |= JOB_GREEDY;
+        }
+        if bans {
+            flags |= JOB_BANS;
+        }
+        let mut copy_slot = 0;
+        if ops_cnt > 0 && readers[s.row] > 1 {
+            flags |= JOB_COPY;
+            copy_slot = copies;
+            copies += 1;
+        }
+        let top_n = top_n_of(p.top_logprobs, vocab)?;
+        jobs.push(JobPlan {
+            row: s.row as u32,
+            flags,
+            token: 0,
+            top_n,
+            top_off: top_total as u32,
+            ops_off: start as u32,
+            ops_cnt,
+            copy_slot,
+            min_p: p.min_p,
+            top_p: p.top_p,
+            typical_p: p.typical_p,
+            top_k: p.top_k,
+            inv_t: 1.0 / f64::from(p.temperature),
+            u: uniform(s.seed, s.ctx.output.len() as u64),
+        });
+        top_total += u64::from(top_n);
+    }
+    for s in &work.scores {
+        let top_n = top_n_of(s.top_n, vocab)?;
+        let mut job = JobPlan::score(s.row, s.token, top_n);
+        job.top_off = top_total as u32;
+        jobs.push(job);
+        top_total += u64::from(top_n);
+    }
+    if top_total > u64::from(u32::MAX / 2) {
+        return Err(EngineError::Backend(
+            "the step asks for too many top logprobs".into(),
+        ));
+    }
+
+    // One upload: jobs, then the ops (id, kind, value) at a 16-byte boundary.
+    st.bytes.clear();
+    st.bytes
+        .reserve(jobs.len() * JOB_BYTES + st.ops.len() * 12 + 16);
+    for j in &jobs {
+        j.write(&mut st.bytes);
+    }
+    debug_assert_eq!(st.bytes.len(), jobs.len() * JOB_BYTES);
+    let ops_at = st.bytes.len().next_multiple_of(16);
+    st.bytes.resize(ops_at, 0);
+    for &(id, kind, v) in &st.ops {
+        for w in [id, kind, v.to_bits()] {
+            st.bytes.extend_from_slice(&w.to_le_bytes());
+        }
+    }
+    let upload = ensure(&sampler.dev, &mut st.upload, st.bytes.len())?;
+    b.device().htod(&st.bytes, upload).map_err(cuda_err)?;
+
+    let out_words = HEADER_WORDS * n_jobs + 2 * top_total as usize;
+    let results = ensure(&sampler.dev, &mut st.results, out_words * 4)?;
+    let copy_buf = if copies > 0 {
+        b.arena_alloc(copies as usize * vocab, ElemType::F32)?.ptr
+    } else {
+        DevPtr::NULL
+    };
+    let saved = if st.ops.is_empty() {
+        DevPtr::NULL
+    } else {
+        b.arena_alloc(st.ops.len(), ElemType::F32)?.ptr
+    };
+    let cfg = LaunchConfig::linear(n_jobs as u32, THREADS).with_shared(SHARED_BYTES);
+    b.launch(
+        "sampler_run",
+        cfg,
+        &[
+            logits.ptr.into(),
+            (vocab as u32).into(),
+            upload.into(),
+            upload.offset(ops_at).into(),
+            copy_buf.into(),
+            saved.into(),
+            results.into(),
+            Arg::U32(n_jobs as u32),
+        ],
+    )?;
+    let words = b
         .device()
-        .dtoh_vec::<f32>(logits.ptr, rows * vocab)
+        .dtoh_vec::<u32>(results, out_words)
         .map_err(cuda_err)?;
-    Ok(process_logits_host(&mut host, vocab, work))
+    Ok(decode(&words, &jobs, work.samples.len()))
+}
+
+fn check_shape(logits: &CudaBuf, rows: usize, vocab: usize, work: &LogitsWork<'_>) -> Result<()> {
+    if logits.dtype != ElemType::F32 || logits.len < rows * vocab {
+        return Err(EngineError::Backend(format!(
+            "sampling needs {rows} x {vocab} f32 logits, got {} {:?} values",
+            logits.len, logits.dtype
+        )));
+    }
+    if vocab > u32::MAX as usize / 2 {
+        return Err(EngineError::Backend(format!(
+            "vocabulary of {vocab} tokens"
+        )));
+    }
+    let bad = work
+        .samples
+        .iter()
+        .map(|s| s.row)
+        .chain(work.scores.iter().map(|s| s.row))
+        .find(|&r| r >= rows);
+    match bad {
+        Some(r) => Err(EngineError::Backend(format!(
+            "a logits request reads row {r} of {rows}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Top-n entries a job can return: at most the vocabulary, at most [`MAX_TOP_N`].
+fn top_n_of(n: u32, vocab: usize) -> Result<u32> {
+    if n > MAX_TOP_N {
+        return Err(EngineError::Backend(format!(
+            "top logprobs of {n} tokens: the CUDA sampler lists at most {MAX_TOP_N}"
+        )));
+    }
+    Ok(n.min(vocab as u32))
+}
+
+fn decode(words: &[u32], jobs: &[JobPlan], n_samples: usize) -> LogitsOutput {
+    let pairs = &words[HEADER_WORDS * jobs.len()..];
+    let mut out = LogitsOutput::default();
+    for (i, job) in jobs.iter().enumerate() {
+        let h = &words[HEADER_WORDS * i..HEADER_WORDS * (i + 1)];
+        let count = h[2].min(job.top_n) as usize;
+        let at = 2 * job.top_off as usize;
+        let top = pairs[at..at + 2 * count]
+            .chunks_exact(2)
+            .map(|p| (p[0], f32::from_bits(p[1])))
+            .collect();
+        let logprob = f32::from_bits(h[1]);
+        if i < n_samples {
+            out.samples.push(Sampled {
+                token: h[0],
+                logprob,
+                top,
+            });
+        } else {
+            out.scores.push(TokenLogprob { logprob, top });
+        }
+    }
+    out
 }

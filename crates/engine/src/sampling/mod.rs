@@ -55,7 +55,7 @@ mod filters;
 mod host;
 mod logprobs;
 mod params;
-mod processors;
+pub(crate) mod processors;
 mod rng;
 
 #[cfg(test)]
@@ -111,9 +111,7 @@ pub fn sample_seeded(
             top: Vec::new(),
         };
     }
-    processors::apply_logit_bias(logits, &params.logit_bias);
-    processors::apply_penalties(logits, params, ctx);
-    let bans = processors::apply_bans(logits, params, ctx);
+    let bans = processors::apply(logits, params, ctx);
     let mut stats = RowStats::scan_in_place(logits);
     let banned_everything = stats.max == f32::NEG_INFINITY && !bans.is_empty();
     if banned_everything {

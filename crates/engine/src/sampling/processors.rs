@@ -2,20 +2,63 @@
 //!
 //! All of them touch only the few tokens named by the request or seen in the sequence, so
 //! their cost is O(len(prompt) + len(output) + len(controls)), never O(vocab).
+//!
+//! They are expressed as a list of per-token [`Edit`]s ([`for_each_edit`]) that the CPU
+//! applies to its row ([`apply`]) and the CUDA sampler uploads and applies on the device, so
+//! the two backends always edit the same tokens in the same order.
 
 use super::{SamplingParams, SequenceContext};
 
-/// Adds `logit_bias`; ids outside the vocabulary are ignored.
-pub(crate) fn apply_logit_bias(logits: &mut [f32], bias: &[(u32, f32)]) {
-    for &(id, b) in bias {
-        if let Some(x) = logits.get_mut(id as usize) {
-            *x += b;
+/// One change to one logit. Edits of one token apply in the order [`for_each_edit`] gives.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Edit {
+    /// `x += b` (`logit_bias`).
+    Bias(f32),
+    /// `x > 0 ? x / p : x * p` (HF/CTRL repetition penalty).
+    Repetition(f32),
+    /// `x -= v` (presence + frequency × count, computed here so both backends share it).
+    Subtract(f32),
+    /// `x = -inf` (bad words, stop ids before `min_new_tokens`, no-repeat n-grams).
+    Ban,
+}
+
+impl Edit {
+    /// The logit after a non-ban edit (a ban is applied by the caller, which saves the value).
+    #[inline]
+    pub(crate) fn apply(self, x: f32) -> f32 {
+        match self {
+            Edit::Bias(b) => x + b,
+            Edit::Repetition(p) => {
+                if x > 0.0 {
+                    x / p
+                } else {
+                    x * p
+                }
+            }
+            Edit::Subtract(v) => x - v,
+            Edit::Ban => f32::NEG_INFINITY,
         }
     }
 }
 
-/// Repetition (prompt or output), then presence and frequency (output only).
-pub(crate) fn apply_penalties(logits: &mut [f32], params: &SamplingParams, ctx: &SequenceContext) {
+/// Calls `f(id, edit)` for every edit of a `vocab`-wide row, in the CPU pipeline's order:
+/// every bias, then repetition (each distinct token of prompt or output once), then
+/// presence/frequency (each distinct output token once), then the bans. Ids outside the
+/// vocabulary are skipped.
+pub(crate) fn for_each_edit(
+    params: &SamplingParams,
+    ctx: &SequenceContext,
+    vocab: usize,
+    mut f: impl FnMut(u32, Edit),
+) {
+    let mut emit = |id: u32, e: Edit| {
+        if (id as usize) < vocab {
+            f(id, e);
+        }
+    };
+    for &(id, b) in &params.logit_bias {
+        emit(id, Edit::Bias(b));
+    }
     let rep = params.repetition_penalty;
     if rep != 1.0 {
         // sort + dedup of the seen tokens: each distinct token is penalized exactly once.
@@ -23,9 +66,7 @@ pub(crate) fn apply_penalties(logits: &mut [f32], params: &SamplingParams, ctx: 
         seen.sort_unstable();
         seen.dedup();
         for id in seen {
-            if let Some(x) = logits.get_mut(id as usize) {
-                *x = if *x > 0.0 { *x / rep } else { *x * rep };
-            }
+            emit(id, Edit::Repetition(rep));
         }
     }
     let (presence, frequency) = (params.presence_penalty, params.frequency_penalty);
@@ -33,46 +74,50 @@ pub(crate) fn apply_penalties(logits: &mut [f32], params: &SamplingParams, ctx: 
         let mut out = ctx.output.to_vec();
         out.sort_unstable();
         for run in out.chunk_by(|a, b| a == b) {
-            if let Some(x) = logits.get_mut(run[0] as usize) {
-                *x -= presence + frequency * run.len() as f32;
-            }
+            emit(
+                run[0],
+                Edit::Subtract(presence + frequency * run.len() as f32),
+            );
         }
+    }
+    for word in &params.bad_words {
+        if let Some((&last, prefix)) = word.split_last()
+            && ctx.output.ends_with(prefix)
+        {
+            emit(last, Edit::Ban);
+        }
+    }
+    if (ctx.output.len() as u64) < u64::from(params.min_new_tokens) {
+        ctx.stop_ids.iter().for_each(|&id| emit(id, Edit::Ban));
+    }
+    let n = params.no_repeat_ngram_size as usize;
+    if n > 0 {
+        banned_ngram_tokens(ctx.prompt, ctx.output, n, &mut |id| emit(id, Edit::Ban));
     }
 }
 
-/// Masks banned tokens to `-inf`: bad words, stop ids before `min_new_tokens`, and
-/// no-repeat n-grams. Returns the `(id, value before masking)` pairs, in masking order, so
-/// [`lift_bans`] can restore the row when the bans leave nothing to sample.
-pub(crate) fn apply_bans(
+/// Applies every edit to `logits`. Returns the `(id, value before masking)` pairs of the
+/// bans, in masking order, so [`lift_bans`] can restore the row when the bans leave nothing
+/// to sample.
+pub(crate) fn apply(
     logits: &mut [f32],
     params: &SamplingParams,
     ctx: &SequenceContext,
 ) -> Vec<(u32, f32)> {
     let mut saved = Vec::new();
-    let mut ban = |id: u32| {
-        if let Some(x) = logits.get_mut(id as usize) {
+    let vocab = logits.len();
+    for_each_edit(params, ctx, vocab, |id, edit| {
+        let x = &mut logits[id as usize];
+        if edit == Edit::Ban {
             saved.push((id, *x));
-            *x = f32::NEG_INFINITY;
         }
-    };
-    for word in &params.bad_words {
-        if let Some((&last, prefix)) = word.split_last()
-            && ctx.output.ends_with(prefix)
-        {
-            ban(last);
-        }
-    }
-    if (ctx.output.len() as u64) < u64::from(params.min_new_tokens) {
-        ctx.stop_ids.iter().for_each(|&id| ban(id));
-    }
-    let n = params.no_repeat_ngram_size as usize;
-    if n > 0 {
-        banned_ngram_tokens(ctx.prompt, ctx.output, n, &mut ban);
-    }
+        *x = edit.apply(*x);
+    });
     saved
 }
 
-/// Undoes [`apply_bans`] (reverse order, so a token banned twice gets its original value).
+/// Undoes the bans of [`apply`] (reverse order, so a token banned twice gets its original
+/// value).
 pub(crate) fn lift_bans(logits: &mut [f32], saved: &[(u32, f32)]) {
     for &(id, x) in saved.iter().rev() {
         logits[id as usize] = x;
