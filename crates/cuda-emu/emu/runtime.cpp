@@ -173,36 +173,39 @@ std::string where(const Launch& L) {
 
 std::string site(const char* file, int line) { return format("%s:%d", basename_of(file), line); }
 
-// Where a thread is, for deadlock and mismatch reports.
-std::string describe_wait(const ThreadSlot& t) {
+// Where a waiting thread is, for deadlock and mismatch reports: "__syncthreads() [k.cu:12]".
+std::string wait_site(const ThreadSlot& t) {
+    if (t.state == State::kAtBlockBarrier)
+        return format("%s() [%s]", block_op_name(t.op), site(t.file, t.line).c_str());
+    return format("%s(mask 0x%08x) [%s]", warp_op_name(t.op), t.mask, site(t.file, t.line).c_str());
+}
+
+// A thread's state as a predicate, singular or plural: "waits at __syncthreads() [k.cu:12]".
+std::string describe_state(const ThreadSlot& t, bool plural) {
     switch (t.state) {
-        case State::kRunnable: return "runnable";
-        case State::kExited: return "exited";
-        case State::kAtBlockBarrier:
-            return format("wait at %s() [%s]", block_op_name(t.op), site(t.file, t.line).c_str());
-        case State::kAtWarpBarrier:
-            return format("wait at %s(mask 0x%08x) [%s]", warp_op_name(t.op), t.mask,
-                          site(t.file, t.line).c_str());
+        case State::kRunnable: return plural ? "are running" : "is running";
+        case State::kExited: return plural ? "have exited" : "has exited";
+        default: return (plural ? "wait at " : "waits at ") + wait_site(t);
     }
-    return "?";
 }
 
 // Every thread's state, consecutive threads in the same state grouped: "threads 0-31 wait at
-// __syncthreads() [k.cu:12]; threads 32-63 exited".
+// __syncthreads() [k.cu:12]; threads 32-63 have exited".
 std::string describe_block(const Launch& L) {
     std::string out;
     unsigned groups = 0;
     for (unsigned i = 0; i < L.nthreads;) {
-        const std::string d = describe_wait(L.threads[i]);
+        const std::string d = describe_state(L.threads[i], false);
         unsigned j = i + 1;
-        while (j < L.nthreads && describe_wait(L.threads[j]) == d) ++j;
+        while (j < L.nthreads && describe_state(L.threads[j], false) == d) ++j;
         if (groups == 16) {
             out += "; ...";
             break;
         }
         if (!out.empty()) out += "; ";
         out += j == i + 1 ? format("thread %u %s", i, d.c_str())
-                          : format("threads %u-%u %s", i, j - 1, d.c_str());
+                          : format("threads %u-%u %s", i, j - 1,
+                                   describe_state(L.threads[i], true).c_str());
         ++groups;
         i = j;
     }
@@ -253,11 +256,12 @@ void complete_warp(Launch& L, unsigned base, unsigned mask) {
         if (!(mask >> j & 1)) continue;
         if (lanes[j].op != me.op || lanes[j].mask != me.mask) {
             fail_in_thread(format(
-                "%s: the lanes of warp %u disagree: %s %s while %s %s (every lane named in a "
-                "warp intrinsic's mask must call the same intrinsic with the same mask)",
+                "%s: the lanes of warp %u disagree: %s waits at %s while %s waits at %s (every "
+                "lane named in a warp intrinsic's mask must call the same intrinsic with the "
+                "same mask)",
                 where(L).c_str(), base / 32, thread_name(L, L.current).c_str(),
-                describe_wait(me).c_str(), thread_name(L, base + j).c_str(),
-                describe_wait(lanes[j]).c_str()));
+                wait_site(me).c_str(), thread_name(L, base + j).c_str(),
+                wait_site(lanes[j]).c_str()));
         }
     }
     uint64_t agg = 0;
@@ -338,10 +342,10 @@ void complete_warp(Launch& L, unsigned base, unsigned mask) {
     for (unsigned j = 0; j < 32 && base + j < L.nthreads; ++j) {
         const ThreadSlot& t = L.threads[base + j];
         if (t.state == State::kAtWarpBarrier && (t.mask >> lane & 1)) {
-            fail_in_thread(format("%s: %s exited while %s %s, whose mask names it (every lane "
-                                  "named in a warp intrinsic's mask must reach it)",
+            fail_in_thread(format("%s: %s exited while %s waits for it at %s (every lane named "
+                                  "in a warp intrinsic's mask must reach it)",
                                   where(L).c_str(), thread_name(L, tid).c_str(),
-                                  thread_name(L, base + j).c_str(), describe_wait(t).c_str()));
+                                  thread_name(L, base + j).c_str(), wait_site(t).c_str()));
         }
     }
     // Exited threads no longer count at __syncthreads.
@@ -617,11 +621,11 @@ int block_sync(BlockOp op, int pred, const char* file, int line) {
         L.barrier_acc = op == kSyncthreadsAnd ? 1 : 0;
     } else if (op != L.barrier_op || line != L.barrier_line || strcmp(file, L.barrier_file) != 0) {
         ThreadSlot probe{State::kAtBlockBarrier, (uint8_t)op, 0, 0, 0, 0, file, line, 0};
-        fail_in_thread(format("%s: divergent barriers: %s reached %s while other threads wait "
-                              "elsewhere: %s (every non-exited thread of a block must reach the "
-                              "same __syncthreads)",
+        fail_in_thread(format("%s: divergent barriers: %s reached %s while another barrier "
+                              "gathers threads: %s (every non-exited thread of a block must "
+                              "reach the same __syncthreads)",
                               where(L).c_str(), thread_name(L, L.current).c_str(),
-                              describe_wait(probe).c_str(), describe_block(L).c_str()));
+                              wait_site(probe).c_str(), describe_block(L).c_str()));
     }
     t.state = State::kAtBlockBarrier;
     t.op = op;

@@ -43,7 +43,11 @@ impl Order {
     }
 
     fn from_u8(v: u8) -> Order {
-        if v == 1 { Order::Reverse } else { Order::Forward }
+        if v == 1 {
+            Order::Reverse
+        } else {
+            Order::Forward
+        }
     }
 }
 
@@ -164,7 +168,13 @@ impl EmuDevice {
     }
 
     /// Everything about a launch that can be checked without running it.
-    fn check_launch(&self, state: &State, f: Function, cfg: &LaunchConfig, args: &[Arg]) -> Result<()> {
+    fn check_launch(
+        &self,
+        state: &State,
+        f: Function,
+        cfg: &LaunchConfig,
+        args: &[Arg],
+    ) -> Result<()> {
         let k = self.kernel(f)?;
         let signature = || {
             k.params
@@ -207,7 +217,11 @@ impl EmuDevice {
                 )));
             }
         }
-        let limit = state.max_shared.get(&f.0).copied().unwrap_or(DEFAULT_MAX_SHARED);
+        let limit = state
+            .max_shared
+            .get(&f.0)
+            .copied()
+            .unwrap_or(DEFAULT_MAX_SHARED);
         if cfg.shared_mem_bytes > limit {
             return Err(CudaError::Invalid(format!(
                 "launch of `{}`: {} bytes of dynamic shared memory exceed the kernel's limit of \
@@ -218,7 +232,13 @@ impl EmuDevice {
         Ok(())
     }
 
-    fn run_launch(&self, state: &State, f: Function, cfg: &LaunchConfig, args: &[Arg]) -> Result<()> {
+    fn run_launch(
+        &self,
+        state: &State,
+        f: Function,
+        cfg: &LaunchConfig,
+        args: &[Arg],
+    ) -> Result<()> {
         self.check_launch(state, f, cfg, args)?;
         let k = self.kernel(f)?;
         let mut values: Vec<u64> = args.iter().map(Arg::to_bits).collect();
@@ -385,7 +405,9 @@ impl Device for EmuDevice {
     fn begin_capture(&self) -> Result<()> {
         let mut state = self.lock();
         if state.capture.is_some() {
-            return Err(CudaError::Invalid("begin_capture while already capturing".into()));
+            return Err(CudaError::Invalid(
+                "begin_capture while already capturing".into(),
+            ));
         }
         state.capture = Some(Capture::default());
         Ok(())
@@ -398,7 +420,9 @@ impl Device for EmuDevice {
             .take()
             .ok_or_else(|| CudaError::Invalid("end_capture without begin_capture".into()))?;
         if let Some(msg) = capture.invalid {
-            return Err(CudaError::Invalid(format!("the capture was invalidated: {msg}")));
+            return Err(CudaError::Invalid(format!(
+                "the capture was invalidated: {msg}"
+            )));
         }
         Ok(EmuGraph {
             device: self.id,
@@ -408,7 +432,9 @@ impl Device for EmuDevice {
 
     fn replay(&self, graph: &EmuGraph) -> Result<()> {
         if graph.device != self.id {
-            return Err(CudaError::Invalid("replay of a graph captured on another device".into()));
+            return Err(CudaError::Invalid(
+                "replay of a graph captured on another device".into(),
+            ));
         }
         let mut state = self.lock();
         Self::refuse_in_capture(&mut state, "replay")?;

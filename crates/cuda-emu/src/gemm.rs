@@ -9,7 +9,12 @@ use crate::memory::Memory;
 
 /// Checks every operand against the live allocations, then computes.
 pub(crate) fn gemm(mem: &Memory, g: &Gemm) -> Result<()> {
-    let invalid = |msg: String| Err(CudaError::Invalid(format!("gemm {}x{}x{}: {msg}", g.m, g.n, g.k)));
+    let invalid = |msg: String| {
+        Err(CudaError::Invalid(format!(
+            "gemm {}x{}x{}: {msg}",
+            g.m, g.n, g.k
+        )))
+    };
     if g.ldx < g.k || g.ldw < g.k || g.ldout < g.n {
         return invalid(format!(
             "leading dimensions ldx {} / ldw {} must be >= k and ldout {} >= n",
@@ -19,12 +24,20 @@ pub(crate) fn gemm(mem: &Memory, g: &Gemm) -> Result<()> {
     if g.m == 0 || g.n == 0 {
         return Ok(());
     }
-    for (name, p, t) in [("x", g.x, g.x_type), ("w", g.w, g.w_type), ("out", g.out, g.out_type)] {
+    for (name, p, t) in [
+        ("x", g.x, g.x_type),
+        ("w", g.w, g.w_type),
+        ("out", g.out, g.out_type),
+    ] {
         if p.0 % t.size() as u64 != 0 {
-            return invalid(format!("{name} at {:#x} is not aligned to its element size", p.0));
+            return invalid(format!(
+                "{name} at {:#x} is not aligned to its element size",
+                p.0
+            ));
         }
     }
-    let span = |rows: usize, ld: usize, cols: usize, t: ElemType| ((rows - 1) * ld + cols) * t.size();
+    let span =
+        |rows: usize, ld: usize, cols: usize, t: ElemType| ((rows - 1) * ld + cols) * t.size();
     let out_bytes = span(g.m, g.ldout, g.n, g.out_type);
     mem.check(g.out, out_bytes, "gemm out")?;
     if g.k > 0 {
@@ -62,7 +75,11 @@ fn compute(g: &Gemm) {
                     acc += a * b;
                 }
                 let at = i * g.ldout + j;
-                let v = if g.accumulate { read(g.out, g.out_type, at) + acc } else { acc };
+                let v = if g.accumulate {
+                    read(g.out, g.out_type, at) + acc
+                } else {
+                    acc
+                };
                 write(g.out, g.out_type, at, v);
             }
         },

@@ -75,7 +75,9 @@ impl Memory {
             if libc::mprotect((base + data) as *mut libc::c_void, page, libc::PROT_NONE) != 0 {
                 let err = std::io::Error::last_os_error();
                 libc::munmap(base as *mut libc::c_void, map_len);
-                return Err(CudaError::Driver(format!("mprotect of a guard page failed: {err}")));
+                return Err(CudaError::Driver(format!(
+                    "mprotect of a guard page failed: {err}"
+                )));
             }
             std::ptr::write_bytes((base + data - rounded) as *mut u8, POISON, rounded);
         }

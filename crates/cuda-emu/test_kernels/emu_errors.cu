@@ -1,10 +1,11 @@
 // Self-test kernels of the emulator: kernels that are wrong on purpose.
 #include "common.cuh"
 
-// A __syncthreads only the first warp reaches, while the second waits at a shuffle.
+// A __syncthreads only half of each warp reaches, while the other half waits at a full-warp
+// shuffle: neither can complete.
 extern "C" __global__ void emu_divergent_sync(float* out) {
     float v = threadIdx.x;
-    if (threadIdx.x < 32) {
+    if (threadIdx.x % 32 < 16) {
         __syncthreads();
     } else {
         v = warp_sum(v);
@@ -59,9 +60,8 @@ extern "C" __global__ void emu_read_fault(const float* x, float* y, unsigned off
 }
 
 // A 16-byte vector load from an address that is only 4-byte aligned.
-extern "C" __global__ void emu_misaligned(const float* x, float* y) {
-    const float4 v = *reinterpret_cast<const float4*>(x + 1);
-    y[0] = v.x + v.y + v.z + v.w;
+extern "C" __global__ void emu_misaligned(const float* x, float4* y) {
+    *y = *reinterpret_cast<const float4*>(x + 1);
 }
 
 // Recurses deep enough to overflow a fiber's stack.
