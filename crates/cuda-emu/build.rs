@@ -69,7 +69,9 @@ fn main() {
     // roundings whatever the compiler's defaults.
     build.flag_if_supported("-ffp-contract=off");
 
+    println!("cargo::rustc-check-cfg=cfg(lmi_emu_asan)");
     if env::var("LMI_EMU_SANITIZE").as_deref() == Ok("address") {
+        println!("cargo:rustc-cfg=lmi_emu_asan");
         build
             .define("LMI_EMU_ASAN", None)
             .flag("-fsanitize=address")

@@ -32,7 +32,10 @@
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
-// Static shared memory: one object per kernel, reused by every block run on this OS thread.
+// Static shared memory: one object per kernel, reused by every block run on this OS thread. It
+// is not poisoned between blocks (a linker section per file would allow it, but GCC refuses to
+// mix inline functions' statics with others in one section), so a read before any write sees
+// the previous block's data; dynamic shared memory is poisoned.
 #define __shared__ static
 
 // ---- Built-in variables ----------------------------------------------------------------------

@@ -21,3 +21,7 @@ mod memory;
 pub use device::{BlockOrder, EmuDevice, Order, ThreadOrder};
 pub use ffi::{KernelInfo, Param, kernels};
 pub use graph::EmuGraph;
+
+/// Whether the kernels and the runtime were built with AddressSanitizer
+/// (`LMI_EMU_SANITIZE=address` at build time; see the crate's README).
+pub const SANITIZED: bool = cfg!(lmi_emu_asan);

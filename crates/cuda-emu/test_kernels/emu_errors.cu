@@ -73,3 +73,11 @@ __device__ __noinline__ float emu_deep(volatile float* p, int n) {
 extern "C" __global__ void emu_stack_overflow(float* y, int depth) {
     y[threadIdx.x] = emu_deep(y, depth);
 }
+
+// Reads past a static shared array: AddressSanitizer's redzones catch it in the sanitized build.
+extern "C" __global__ void emu_shared_overrun(float* y, unsigned i) {
+    __shared__ float s[32];
+    s[threadIdx.x] = 1.0f;
+    __syncthreads();
+    y[threadIdx.x] = s[threadIdx.x + i];
+}

@@ -247,6 +247,10 @@ fn fault_child() {
                 &[y.into(), Arg::I32(100_000)],
             )
         }
+        "shared_overrun" => {
+            let f = d.function("emu_shared_overrun").unwrap();
+            d.launch(f, &LaunchConfig::linear(1, 32), &[y.into(), Arg::U32(1)])
+        }
         _ => Ok(()),
     };
     eprintln!("child survived: {r:?}");
@@ -280,6 +284,19 @@ fn a_fiber_stack_overflow_is_named() {
     assert!(err.contains("kernel `emu_stack_overflow`"), "{err}");
     assert!(
         err.contains("stack overflow") && err.contains("LMI_EMU_STACK_KB"),
+        "{err}"
+    );
+    println!("{err}");
+}
+
+#[test]
+fn a_static_shared_overrun_is_caught_in_the_sanitized_build() {
+    if !lmi_cuda_emu::SANITIZED {
+        return; // only AddressSanitizer's redzones see it
+    }
+    let err = run_child("shared_overrun");
+    assert!(
+        err.contains("AddressSanitizer") && err.contains("global-buffer-overflow"),
         "{err}"
     );
     println!("{err}");
