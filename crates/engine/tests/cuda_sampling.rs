@@ -1,0 +1,548 @@
+//! The CUDA sampler (`CudaBackend::process_logits`, kernels/sampling.cu) against the CPU's
+//! `sampling::process_logits_host` on the same logits: tokens must be equal, log-probabilities
+//! within 1e-4, top-n lists equal in ids. Every case runs on the emulator in both thread
+//! orders (and on a GPU when one is present).
+
+mod cuda_common;
+
+use lmi_cuda::Device;
+use lmi_engine::Backend;
+use lmi_engine::cuda::CudaBackend;
+use lmi_engine::sampling::{SamplingParams, SequenceContext, derive_seed, process_logits_host};
+use lmi_engine::step::{LogitsOutput, LogitsWork, RowSample, RowScore};
+
+const LOGPROB_TOL: f32 = 1e-4;
+
+/// xorshift64 for test contexts and parameters.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        (self.next() >> 11) % n.max(1)
+    }
+    fn tokens(&mut self, len: usize, vocab: usize) -> Vec<u32> {
+        (0..len).map(|_| self.below(vocab as u64) as u32).collect()
+    }
+}
+
+/// One draw of a case, owning its context.
+struct Draw {
+    row: usize,
+    params: SamplingParams,
+    seed: u64,
+    prompt: Vec<u32>,
+    output: Vec<u32>,
+    stop: Vec<u32>,
+}
+
+impl Draw {
+    fn new(row: usize, params: SamplingParams, seed: u64) -> Self {
+        Draw {
+            row,
+            params,
+            seed,
+            prompt: Vec::new(),
+            output: Vec::new(),
+            stop: Vec::new(),
+        }
+    }
+}
+
+struct Case {
+    name: String,
+    vocab: usize,
+    logits: Vec<f32>,
+    draws: Vec<Draw>,
+    scores: Vec<RowScore>,
+}
+
+impl Case {
+    fn new(name: impl Into<String>, vocab: usize, rows: Vec<Vec<f32>>) -> Self {
+        assert!(rows.iter().all(|r| r.len() == vocab));
+        Case {
+            name: name.into(),
+            vocab,
+            logits: rows.concat(),
+            draws: Vec::new(),
+            scores: Vec::new(),
+        }
+    }
+}
+
+fn sampled(temperature: f32) -> SamplingParams {
+    SamplingParams {
+        temperature,
+        ..SamplingParams::default()
+    }
+}
+
+fn with_top(mut p: SamplingParams, n: u32) -> SamplingParams {
+    p.top_logprobs = n;
+    p
+}
+
+fn rows(n: usize, vocab: usize, seed: u64, scale: f32) -> Vec<Vec<f32>> {
+    (0..n)
+        .map(|i| cuda_common::random(vocab, seed * 7919 + i as u64, scale))
+        .collect()
+}
+
+#[track_caller]
+fn assert_logprob(what: &str, got: f32, want: f32) {
+    let ok = got == want || (got - want).abs() <= LOGPROB_TOL;
+    assert!(ok, "{what}: logprob {got}, CPU {want}");
+}
+
+#[track_caller]
+fn assert_top(what: &str, got: &[(u32, f32)], want: &[(u32, f32)]) {
+    let ids = |v: &[(u32, f32)]| v.iter().map(|e| e.0).collect::<Vec<_>>();
+    assert_eq!(ids(got), ids(want), "{what}: top-n ids");
+    for (g, w) in got.iter().zip(want) {
+        assert_logprob(&format!("{what}: top-n token {}", w.0), g.1, w.1);
+    }
+}
+
+/// Runs `case` on the device and on the host and compares.
+fn check_case<D: Device>(b: &CudaBackend<D>, case: &Case) {
+    let vocab = case.vocab;
+    let n_rows = case.logits.len().checked_div(vocab).unwrap_or(0);
+    let samples: Vec<RowSample> = case
+        .draws
+        .iter()
+        .map(|d| RowSample {
+            row: d.row,
+            params: &d.params,
+            seed: d.seed,
+            ctx: SequenceContext {
+                prompt: &d.prompt,
+                output: &d.output,
+                stop_ids: &d.stop,
+            },
+        })
+        .collect();
+    let work = LogitsWork {
+        samples,
+        scores: case.scores.clone(),
+    };
+    let buf = b.upload_f32(&case.logits).unwrap();
+    let got: LogitsOutput = b.process_logits(buf, n_rows, vocab, &work).unwrap();
+    let mut host = case.logits.clone();
+    let want = process_logits_host(&mut host, vocab, &work);
+    assert_eq!(got.samples.len(), want.samples.len(), "{}", case.name);
+    assert_eq!(got.scores.len(), want.scores.len(), "{}", case.name);
+    for (i, (g, w)) in got.samples.iter().zip(&want.samples).enumerate() {
+        let what = format!("{} draw {i} ({:?})", case.name, case.draws[i].params);
+        assert_eq!(g.token, w.token, "{what}: token");
+        assert_logprob(&what, g.logprob, w.logprob);
+        assert_top(&what, &g.top, &w.top);
+    }
+    for (i, (g, w)) in got.scores.iter().zip(&want.scores).enumerate() {
+        let what = format!("{} score {i} ({:?})", case.name, case.scores[i]);
+        assert_logprob(&what, g.logprob, w.logprob);
+        assert_top(&what, &g.top, &w.top);
+    }
+}
+
+fn check_all<D: Device>(b: &CudaBackend<D>, cases: &[Case]) {
+    for case in cases {
+        check_case(b, case);
+    }
+}
+
+// ---- Cases -------------------------------------------------------------------------------------
+
+/// Greedy and plain temperature over vocabularies from 1 to 50K, several seeds per row.
+fn greedy_and_temperature_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (k, &vocab) in [1usize, 2, 7, 33, 100, 1000, 4099, 50_000]
+        .iter()
+        .enumerate()
+    {
+        let mut c = Case::new(
+            format!("vocab {vocab}"),
+            vocab,
+            rows(3, vocab, k as u64 + 1, 8.0),
+        );
+        c.draws
+            .push(Draw::new(0, with_top(SamplingParams::default(), 3), 0));
+        c.draws.push(Draw::new(1, sampled(1.0), 11));
+        c.draws.push(Draw::new(2, with_top(sampled(0.7), 5), 12));
+        if vocab >= 1000 {
+            for seed in 0..4 {
+                c.draws
+                    .push(Draw::new(seed as usize % 3, sampled(1.3), 100 + seed));
+            }
+            c.draws.push(Draw::new(0, sampled(0.05), 7));
+            c.draws.push(Draw::new(1, sampled(40.0), 8));
+        }
+        cases.push(c);
+    }
+    cases
+}
+
+/// Each filter alone and combined, at several strengths.
+fn filter_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (k, &vocab) in [50usize, 3000, 50_000].iter().enumerate() {
+        let spread = [4.0, 10.0, 12.0][k];
+        let mut c = Case::new(
+            format!("filters, vocab {vocab}"),
+            vocab,
+            rows(4, vocab, 50 + k as u64, spread),
+        );
+        let mut seed = 1000 * k as u64;
+        let mut add = |c: &mut Case, f: &dyn Fn(&mut SamplingParams)| {
+            for t in [0.6f32, 1.0, 1.7] {
+                let mut p = sampled(t);
+                f(&mut p);
+                seed += 1;
+                let row = (seed % 4) as usize;
+                c.draws.push(Draw::new(row, p, seed));
+            }
+        };
+        for top_k in [1u32, 2, 5, 40, 700, 10_000] {
+            add(&mut c, &|p| p.top_k = top_k);
+        }
+        for top_p in [0.05f32, 0.5, 0.9, 0.999] {
+            add(&mut c, &|p| p.top_p = top_p);
+        }
+        for min_p in [0.01f32, 0.2, 0.9, 1.0] {
+            add(&mut c, &|p| p.min_p = min_p);
+        }
+        for typical_p in [0.1f32, 0.5, 0.95] {
+            add(&mut c, &|p| p.typical_p = typical_p);
+        }
+        add(&mut c, &|p| {
+            p.top_k = 50;
+            p.top_p = 0.9;
+        });
+        add(&mut c, &|p| {
+            p.min_p = 0.05;
+            p.top_k = 200;
+            p.top_p = 0.8;
+            p.typical_p = 0.9;
+        });
+        add(&mut c, &|p| {
+            p.min_p = 0.02;
+            p.typical_p = 0.7;
+            p.top_logprobs = 4;
+        });
+        cases.push(c);
+    }
+    cases
+}
+
+/// Penalties, bias and bans from random contexts, on greedy and sampled draws.
+fn processor_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    let mut rng = Rng(0x5eed_1234_5678_9abc);
+    for (k, &vocab) in [20usize, 500, 20_000].iter().enumerate() {
+        let mut c = Case::new(
+            format!("processors, vocab {vocab}"),
+            vocab,
+            rows(3, vocab, 90 + k as u64, 5.0),
+        );
+        for j in 0..24u64 {
+            let mut p = if j % 3 == 0 {
+                SamplingParams::default()
+            } else {
+                sampled(0.8 + (j % 4) as f32 * 0.3)
+            };
+            p.top_logprobs = (j % 5) as u32 * 3;
+            let v = vocab as u64;
+            match j % 8 {
+                0 => p.repetition_penalty = 1.3,
+                1 => p.repetition_penalty = 0.7,
+                2 => {
+                    p.presence_penalty = 0.6;
+                    p.frequency_penalty = 0.4;
+                }
+                3 => {
+                    let a = rng.below(v) as u32;
+                    p.logit_bias = vec![(a, 3.0), (rng.below(v) as u32, -2.5), (a, 1.25)];
+                    p.logit_bias.push((vocab as u32 + 5, 9.0)); // outside the vocabulary
+                }
+                4 => p.min_new_tokens = 50,
+                5 => p.no_repeat_ngram_size = 2 + (j % 3) as u32,
+                6 => p.bad_words = Vec::new(), // filled below from the output
+                _ => {
+                    p.repetition_penalty = 1.2;
+                    p.frequency_penalty = -0.3;
+                    p.logit_bias = vec![(rng.below(v) as u32, 0.5)];
+                    p.no_repeat_ngram_size = 2;
+                    p.min_new_tokens = 40;
+                }
+            }
+            // Small contexts over a small id range, so n-grams and repeats occur.
+            let range = vocab.min(12);
+            let mut d = Draw::new((j % 3) as usize, p, 7000 + j);
+            d.prompt = rng.tokens(10 + rng.below(30) as usize, range);
+            d.output = rng.tokens(rng.below(40) as usize, range);
+            d.stop = vec![0, 1, rng.below(v) as u32];
+            if j % 8 == 6 {
+                let tail = d.output.len().saturating_sub(2);
+                d.params.bad_words = vec![
+                    vec![rng.below(v) as u32],
+                    d.output[tail..].iter().copied().chain([3]).collect(),
+                    vec![5, 6, 7],
+                ];
+            }
+            c.draws.push(d);
+        }
+        cases.push(c);
+    }
+    cases
+}
+
+/// Rows full of equal logits: greedy ties, top-k and top-n boundaries inside a tie, and
+/// a single logit shared by more candidates than the kernel sorts in shared memory.
+fn tie_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for &vocab in &[64usize, 9000] {
+        let quantized: Vec<f32> = cuda_common::random(vocab, 3, 6.0)
+            .iter()
+            .map(|x| (x * 2.0).round() / 2.0)
+            .collect();
+        let flat = vec![1.5f32; vocab];
+        let mut zeros: Vec<f32> = (0..vocab)
+            .map(|i| if i % 2 == 0 { 0.0 } else { -0.0 })
+            .collect();
+        zeros[vocab - 1] = -1.0;
+        let mut c = Case::new(
+            format!("ties, vocab {vocab}"),
+            vocab,
+            vec![quantized, flat, zeros],
+        );
+        for row in 0..3 {
+            c.draws
+                .push(Draw::new(row, with_top(SamplingParams::default(), 7), 0));
+            for (j, (k, top_p)) in [(3u32, 1.0f32), (0, 0.3), (25, 1.0), (0, 1.0), (4500, 0.7)]
+                .into_iter()
+                .enumerate()
+            {
+                let mut p = with_top(sampled(1.0), 5 + j as u32);
+                p.top_k = k;
+                p.top_p = top_p;
+                c.draws.push(Draw::new(row, p, 31 * row as u64 + j as u64));
+            }
+            let mut p = sampled(0.9);
+            p.typical_p = 0.5;
+            c.draws.push(Draw::new(row, p, 77));
+        }
+        cases.push(c);
+    }
+    cases
+}
+
+/// NaN, ±inf, all masked rows, and bans that leave nothing to sample.
+fn degenerate_cases() -> Vec<Case> {
+    let vocab = 300;
+    let base = cuda_common::random(vocab, 17, 4.0);
+    let mut with_nan = base.clone();
+    for i in (0..vocab).step_by(7) {
+        with_nan[i] = f32::NAN;
+    }
+    with_nan[5] = f32::NEG_INFINITY;
+    let mut with_inf = base.clone();
+    with_inf[40] = f32::INFINITY;
+    with_inf[41] = f32::INFINITY;
+    with_inf[3] = f32::NEG_INFINITY;
+    let all_neg_inf = vec![f32::NEG_INFINITY; vocab];
+    let all_nan = vec![f32::NAN; vocab];
+    let mut two_finite = vec![f32::NEG_INFINITY; vocab];
+    two_finite[10] = 2.0;
+    two_finite[200] = 1.0;
+    let rows = vec![with_nan, with_inf, all_neg_inf, all_nan, two_finite];
+    let mut c = Case::new("degenerate rows", vocab, rows);
+    for row in 0..5 {
+        c.draws
+            .push(Draw::new(row, with_top(SamplingParams::default(), 4), 0));
+        c.draws
+            .push(Draw::new(row, with_top(sampled(1.0), 6), 5 + row as u64));
+        let mut p = with_top(sampled(0.7), 3);
+        p.top_k = 3;
+        p.top_p = 0.8;
+        c.draws.push(Draw::new(row, p, 9));
+        c.scores.push(RowScore {
+            row,
+            token: 10,
+            top_n: 5,
+        });
+    }
+    // Bans that leave nothing: the two finite tokens banned (bad words, then stop ids).
+    let mut p = with_top(sampled(1.0), 3);
+    p.bad_words = vec![vec![10], vec![200]];
+    c.draws.push(Draw::new(4, p, 1));
+    let mut p = with_top(SamplingParams::default(), 3);
+    p.min_new_tokens = 5;
+    p.logit_bias = vec![(200, 4.0)];
+    let mut d = Draw::new(4, p, 2);
+    d.stop = vec![10, 200, 200];
+    c.draws.push(d);
+    // Bans on a row that is already all -inf: lifting them changes nothing.
+    let mut p = sampled(1.0);
+    p.bad_words = vec![vec![1]];
+    c.draws.push(Draw::new(2, p, 3));
+    // Penalties of an inf logit.
+    let mut p = with_top(sampled(1.0), 2);
+    p.repetition_penalty = 1.5;
+    p.presence_penalty = 1.0;
+    let mut d = Draw::new(1, p, 4);
+    d.output = vec![40, 3, 3];
+    c.draws.push(d);
+    vec![c]
+}
+
+/// Top-n from 0 to 1024 (and more than the vocabulary), and prompt-token scores.
+fn top_n_and_score_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for &vocab in &[10usize, 5000, 30_000] {
+        let mut c = Case::new(
+            format!("top-n, vocab {vocab}"),
+            vocab,
+            rows(2, vocab, 400, 7.0),
+        );
+        for (j, n) in [0u32, 1, 2, 17, 100, 513, 1024].into_iter().enumerate() {
+            c.draws
+                .push(Draw::new(j % 2, with_top(SamplingParams::default(), n), 0));
+            c.draws
+                .push(Draw::new(j % 2, with_top(sampled(1.1), n), j as u64));
+            c.scores.push(RowScore {
+                row: j % 2,
+                token: (j * 37 % vocab) as u32,
+                top_n: n,
+            });
+        }
+        c.scores.push(RowScore {
+            row: 1,
+            token: vocab as u32 + 3, // outside the row: -inf
+            top_n: 2,
+        });
+        cases.push(c);
+    }
+    cases
+}
+
+/// One row drawn by the parallel sequences of a fork (own seed and context each, some with
+/// edits), and scored, in one step.
+fn fork_cases() -> Vec<Case> {
+    let vocab = 8000;
+    let mut c = Case::new("fork", vocab, rows(2, vocab, 600, 6.0));
+    let mut rng = Rng(99);
+    for i in 0..6u64 {
+        let mut p = with_top(sampled(1.0), 3);
+        if i % 2 == 1 {
+            p.repetition_penalty = 1.4;
+            p.logit_bias = vec![(rng.below(vocab as u64) as u32, 5.0)];
+            p.bad_words = vec![vec![rng.below(vocab as u64) as u32]];
+        }
+        let mut d = Draw::new(0, p, derive_seed(42, i));
+        d.prompt = rng.tokens(20, vocab);
+        d.output = rng.tokens(i as usize, vocab);
+        c.draws.push(d);
+    }
+    // A row edited in place by its only draw, then a greedy fork on the other row.
+    let mut p = sampled(0.9);
+    p.presence_penalty = 2.0;
+    let mut d = Draw::new(1, p, 5);
+    d.output = (0..50).collect();
+    c.draws.push(d);
+    c.scores.push(RowScore {
+        row: 0,
+        token: 3,
+        top_n: 4,
+    });
+    vec![c]
+}
+
+// ---- Tests -------------------------------------------------------------------------------------
+
+fn greedy_and_temperature<D: Device>(b: &CudaBackend<D>) {
+    check_all(b, &greedy_and_temperature_cases());
+}
+
+fn filters<D: Device>(b: &CudaBackend<D>) {
+    check_all(b, &filter_cases());
+}
+
+fn processors<D: Device>(b: &CudaBackend<D>) {
+    check_all(b, &processor_cases());
+}
+
+fn ties<D: Device>(b: &CudaBackend<D>) {
+    check_all(b, &tie_cases());
+}
+
+fn degenerate<D: Device>(b: &CudaBackend<D>) {
+    check_all(b, &degenerate_cases());
+}
+
+fn top_n_and_scores<D: Device>(b: &CudaBackend<D>) {
+    check_all(b, &top_n_and_score_cases());
+}
+
+fn forks<D: Device>(b: &CudaBackend<D>) {
+    check_all(b, &fork_cases());
+}
+
+fn oversized_top_n_is_an_error<D: Device>(b: &CudaBackend<D>) {
+    let logits = vec![0.0f32; 8];
+    let buf = b.upload_f32(&logits).unwrap();
+    let p = with_top(SamplingParams::default(), 5000);
+    let work = LogitsWork {
+        samples: vec![RowSample {
+            row: 0,
+            params: &p,
+            seed: 0,
+            ctx: SequenceContext::default(),
+        }],
+        scores: Vec::new(),
+    };
+    assert!(b.process_logits(buf, 1, 8, &work).is_err());
+}
+
+#[test]
+fn greedy_and_temperature_match_the_cpu() {
+    on_every_device!(greedy_and_temperature);
+}
+
+#[test]
+fn filters_match_the_cpu() {
+    on_every_device!(filters);
+}
+
+#[test]
+fn penalties_bias_and_bans_match_the_cpu() {
+    on_every_device!(processors);
+}
+
+#[test]
+fn ties_match_the_cpu() {
+    on_every_device!(ties);
+}
+
+#[test]
+fn degenerate_rows_match_the_cpu() {
+    on_every_device!(degenerate);
+}
+
+#[test]
+fn top_n_and_prompt_scores_match_the_cpu() {
+    on_every_device!(top_n_and_scores);
+}
+
+#[test]
+fn forked_rows_match_the_cpu() {
+    on_every_device!(forks);
+}
+
+#[test]
+fn top_n_above_the_limit_is_an_error() {
+    on_every_device!(oversized_top_n_is_an_error);
+}
