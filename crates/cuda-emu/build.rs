@@ -41,7 +41,12 @@ fn main() {
             let id = format!("{prefix}_{}", sanitize(stem));
             let source = fs::read_to_string(&path)
                 .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-            let kernels = find_kernels(&source);
+            // Kernels may be stamped out by macros (one per element type): look for them in
+            // the preprocessed text, falling back to the raw source if preprocessing fails.
+            let kernels = match preprocess(&path, &id, &out, &kernels_dir) {
+                Some(expanded) => find_kernels(&expanded),
+                None => find_kernels(&source),
+            };
             files.push(KernelFile { path, id, kernels });
         }
     }
@@ -92,6 +97,23 @@ fn main() {
     build.file(registry);
 
     build.compile("lmi_cuda_emu");
+}
+
+/// The file after the C preprocessor (as the emulator compiles it: `LMI_EMU` defined,
+/// `kernels/` on the include path).
+fn preprocess(path: &Path, id: &str, out: &Path, kernels_dir: &Path) -> Option<String> {
+    let probe = out.join(format!("expand_{id}.cpp"));
+    write_if_changed(&probe, &format!("#include \"{}\"\n", path.display()));
+    let expanded = cc::Build::new()
+        .cpp(true)
+        .std("c++17")
+        .define("LMI_EMU", None)
+        .include(kernels_dir)
+        .file(&probe)
+        .cargo_metadata(false)
+        .try_expand()
+        .ok()?;
+    String::from_utf8(expanded).ok()
 }
 
 fn cu_files(dir: &Path) -> Vec<PathBuf> {

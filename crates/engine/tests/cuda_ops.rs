@@ -10,7 +10,7 @@ use lmi_cuda::{Device, DeviceExt};
 use lmi_engine::backend::QkvLayout;
 use lmi_engine::cpu::CpuKv;
 use lmi_engine::cuda::CudaBackend;
-use lmi_engine::weights::{HostData, HostTensor};
+use lmi_engine::weights::HostTensor;
 use lmi_engine::{Backend, BatchLayout, DType, KvCacheConfig, LogitsWanted, SeqChunk};
 
 fn bf16_matrix(rows: usize, cols: usize, seed: u64, scale: f32) -> (Vec<f32>, HostTensor) {
@@ -290,13 +290,15 @@ fn check_linear_and_lora<D: Device>(g: &CudaBackend<D>) {
     g.linear(&gx, rows, &gw, Some(&gb), &mut out).unwrap();
     assert_close("linear", &to_host(g, &out), &want, 1e-4, 1e-4);
 
-    // LoRA on the adapter's rows into a column slice of a wider output.
+    // LoRA on the adapter's rows into a column slice of a wider output. Its weights are f32
+    // on the CPU (as the engine loads them; a bf16 CPU product would round the rank-wide
+    // intermediate) and bf16 on the GPU: give both bf16-exact values.
     let rank = 8;
-    let (_, a) = bf16_matrix(rank, k, 17, 0.5);
-    let (_, b) = bf16_matrix(n, rank, 18, 0.5);
+    let (av, a) = bf16_matrix(rank, k, 17, 0.5);
+    let (bv, b) = bf16_matrix(n, rank, 18, 0.5);
     let (ca, cb) = (
-        c.upload_weight(a.clone()).unwrap(),
-        c.upload_weight(b.clone()).unwrap(),
+        c.upload_weight(HostTensor::f32(vec![rank, k], av)).unwrap(),
+        c.upload_weight(HostTensor::f32(vec![n, rank], bv)).unwrap(),
     );
     let (ga, gb) = (g.upload_weight(a).unwrap(), g.upload_weight(b).unwrap());
     let width = n + 16;
@@ -354,9 +356,4 @@ fn silu_add_and_gather() {
 #[test]
 fn linear_and_lora() {
     on_every_device!(check_linear_and_lora);
-}
-
-#[allow(dead_code)]
-fn _host_data(t: &HostTensor) -> bool {
-    matches!(t.data, HostData::BF16(_))
 }

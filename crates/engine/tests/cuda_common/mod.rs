@@ -96,6 +96,3 @@ pub fn bf16_round(v: &[f32]) -> Vec<f32> {
 pub fn cpu_buf(data: &[f32]) -> Vec<f32> {
     data.to_vec()
 }
-
-/// Keeps the unused-import lint quiet in test files that use only part of this module.
-pub fn _uses(_: &CpuBackend, _: &dyn Fn(&CudaBackend<EmuDevice>)) {}
