@@ -282,8 +282,9 @@ fn processor_cases() -> Vec<Case> {
             // Small contexts over a small id range, so n-grams and repeats occur.
             let range = vocab.min(12);
             let mut d = Draw::new((j % 3) as usize, p, 7000 + j);
-            d.prompt = rng.tokens(10 + rng.below(30) as usize, range);
-            d.output = rng.tokens(rng.below(40) as usize, range);
+            let (prompt_len, output_len) = (10 + rng.below(30) as usize, rng.below(40) as usize);
+            d.prompt = rng.tokens(prompt_len, range);
+            d.output = rng.tokens(output_len, range);
             d.stop = vec![0, 1, rng.below(v) as u32];
             if j % 8 == 6 {
                 let tail = d.output.len().saturating_sub(2);
@@ -338,6 +339,31 @@ fn tie_cases() -> Vec<Case> {
         cases.push(c);
     }
     cases
+}
+
+/// Cumulative masses that land exactly on a filter's boundary (equal logits, so the masses are
+/// exact): top-p and typical-p are inclusive, min_p keeps `p == min_p * p_max`.
+fn boundary_cases() -> Vec<Case> {
+    let flat = vec![0.0f32; 8];
+    let mut four_max = vec![-3.0f32; 8];
+    four_max[1..5].fill(2.0);
+    let mut c = Case::new("exact boundaries", 8, vec![flat, four_max]);
+    for row in 0..2 {
+        for seed in 0..6u64 {
+            for mass in [0.25f32, 0.5, 0.75] {
+                let mut p = sampled(1.0);
+                p.top_p = mass;
+                c.draws.push(Draw::new(row, p, seed));
+                let mut p = sampled(1.0);
+                p.typical_p = mass;
+                c.draws.push(Draw::new(row, p, seed));
+            }
+            let mut p = sampled(1.0);
+            p.min_p = 1.0;
+            c.draws.push(Draw::new(row, p, seed));
+        }
+    }
+    vec![c]
 }
 
 /// NaN, ±inf, all masked rows, and bans that leave nothing to sample.
@@ -479,6 +505,10 @@ fn ties<D: Device>(b: &CudaBackend<D>) {
     check_all(b, &tie_cases());
 }
 
+fn boundaries<D: Device>(b: &CudaBackend<D>) {
+    check_all(b, &boundary_cases());
+}
+
 fn degenerate<D: Device>(b: &CudaBackend<D>) {
     check_all(b, &degenerate_cases());
 }
@@ -525,6 +555,11 @@ fn penalties_bias_and_bans_match_the_cpu() {
 #[test]
 fn ties_match_the_cpu() {
     on_every_device!(ties);
+}
+
+#[test]
+fn exact_filter_boundaries_match_the_cpu() {
+    on_every_device!(boundaries);
 }
 
 #[test]
