@@ -55,6 +55,7 @@ struct Job {
 };
 
 struct Shared {
+    unsigned long long bnd[SMP_DIGITS];  // lower bound of each digit of a search level
     unsigned dcnt[SMP_DIGITS];
     double dmass[SMP_DIGITS];
     double red_d[32];
@@ -165,17 +166,19 @@ __device__ __forceinline__ double block_exclusive_scan(double v, Shared& s) {
 
 struct Stats {
     float max;         // largest cleaned logit (-inf: none finite)
+    float min;         // smallest finite cleaned logit
     unsigned argmax;   // lowest id of the largest (0 when none is finite)
     double log_norm;   // ln Σ exp(x)
 };
 
 // One pass: argmax and an online log-sum-exp (f32 exponentials, f64 partial sums).
 __device__ Stats row_stats(const float* __restrict__ row, unsigned n, Shared& s) {
-    float m = LMI_NEG_INF;
+    float m = LMI_NEG_INF, lo = LMI_INF;
     unsigned a = 0xffffffffu;
     double sum = 0.0;
     for (unsigned i = threadIdx.x; i < n; i += SMP_THREADS) {
         const float x = clean(row[i]);
+        if (x > LMI_NEG_INF) lo = fminf(lo, x);
         if (x > m) {
             sum = sum * (double)expf(m - x) + 1.0;
             m = x;
@@ -192,6 +195,7 @@ __device__ Stats row_stats(const float* __restrict__ row, unsigned n, Shared& s)
     const double total = block_sum(scaled, s.red_d);
     Stats st;
     st.max = bm;
+    st.min = -block_max(-lo, s.red_f);
     st.argmax = bm > LMI_NEG_INF ? ba : 0u;
     st.log_norm = bm > LMI_NEG_INF ? (double)bm + log(total) : (double)LMI_NEG_INF;
     return st;
@@ -248,6 +252,7 @@ __device__ void lift_bans(float* row, const unsigned* __restrict__ ops, unsigned
 // >= cut (top-k, top-p), and, once typical-p has run, a typical score <= s_max.
 struct Cands {
     double max, inv_t;
+    float xmin;  // the row's smallest finite logit: where the first search level starts
     unsigned k0;
     unsigned long long cut;
     bool typical;
@@ -365,6 +370,36 @@ __device__ unsigned gather_sorted(const Cands& c, const float* __restrict__ row,
     return p;
 }
 
+// Lower bounds of the 16 digits of a search level over [lo, hi] (nondecreasing, bnd[0] = lo).
+// The first level of a rank search splits the logit range evenly (the top digits, where the
+// mass and the first ranks are, then hold few candidates); other levels split the key range.
+template <int SPACE>
+__device__ void level_bounds(const Cands& c, unsigned long long lo, unsigned long long hi,
+                             bool first, unsigned long long* bnd) {
+    bnd[0] = lo;
+    if (SPACE == SPACE_RANK && first) {
+        const unsigned klo = (unsigned)(lo >> 32), khi = (unsigned)(hi >> 32);
+        const double xlo = fmax((double)key_value(klo), (double)c.xmin);
+        const double xhi = (double)key_value(khi);
+        const double step = (xhi - xlo) / SMP_DIGITS;
+        unsigned prev = klo;
+        for (unsigned d = 1; d < SMP_DIGITS; ++d) {
+            unsigned k = order_key((float)(xlo + step * d));
+            k = k < prev ? prev : (k > khi ? khi : k);
+            bnd[d] = k == klo ? lo : (unsigned long long)k << 32;
+            prev = k;
+        }
+        return;
+    }
+    const unsigned long long span = hi - lo;
+    unsigned shift = 0;
+    while ((span >> shift) > (unsigned long long)(SMP_DIGITS - 1)) ++shift;
+    for (unsigned d = 1; d < SMP_DIGITS; ++d) {
+        const unsigned long long off = (unsigned long long)d << shift;
+        bnd[d] = off <= span ? lo + off : (hi == ~0ull ? hi : hi + 1);  // empty digit
+    }
+}
+
 struct Found {
     bool crossed;
     unsigned long long key;
@@ -390,10 +425,10 @@ __device__ Found locate(const Cands& c, const float* __restrict__ row, unsigned 
     bool first = true, take_last = false;
     unsigned pop = 0;
     for (;;) {
-        const unsigned long long span = hi - lo;
-        unsigned shift = 0;
-        while ((span >> shift) > (unsigned long long)(SMP_DIGITS - 1)) ++shift;
-        __syncthreads();  // the previous level's reduction is done with the histograms
+        __syncthreads();  // the previous level's readers are done with bnd and the histograms
+        if (tid == 0) level_bounds<SPACE>(c, lo, hi, first, s.bnd);
+        __syncthreads();
+        const unsigned long long* bnd = s.bnd;
         for (unsigned d = 0; d < SMP_DIGITS; ++d) {
             hcnt[d * SMP_THREADS + tid] = 0;
             if (MASS) hmass[d * SMP_THREADS + tid] = 0.0;
@@ -403,7 +438,9 @@ __device__ Found locate(const Cands& c, const float* __restrict__ row, unsigned 
             unsigned long long key;
             double wt;
             if (!candidate<SPACE, MASS>(c, row, i, lo, hi, key, wt)) continue;
-            const unsigned d = (unsigned)((key - lo) >> shift);
+            unsigned d = 0;
+            for (unsigned step = SMP_DIGITS / 2; step > 0; step >>= 1)
+                if (key >= bnd[d + step]) d += step;
             hcnt[d * SMP_THREADS + tid] += 1;
             if (MASS) hmass[d * SMP_THREADS + tid] += wt;
         }
@@ -456,10 +493,8 @@ __device__ Found locate(const Cands& c, const float* __restrict__ row, unsigned 
         }
         acc = before_sel;
         pop = s.dcnt[sel];
-        const unsigned long long nlo = lo + ((unsigned long long)sel << shift);
-        const unsigned long long width = (1ull << shift) - 1;
-        hi = (hi - nlo <= width) ? hi : nlo + width;
-        lo = nlo;
+        if (sel < SMP_DIGITS - 1) hi = bnd[sel + 1] - 1;
+        lo = bnd[sel];
         if (pop <= SMP_CAP || lo == hi) break;
     }
     if (pop > SMP_CAP) {
@@ -559,6 +594,7 @@ __device__ unsigned draw(const Job& job, const float* __restrict__ row, unsigned
     Cands c;
     c.max = (double)st.max;
     c.inv_t = job.inv_t;
+    c.xmin = st.min;
     c.cut = 0;
     c.typical = false;
     c.total = c.ln_total = c.entropy = c.s_max = 0.0;
@@ -597,6 +633,7 @@ __device__ unsigned top_n(const float* __restrict__ row, unsigned n, unsigned wa
     Cands c;
     c.max = 0.0;
     c.inv_t = 0.0;
+    c.xmin = st.min;
     c.k0 = KEY_FINITE_MIN;
     c.cut = 0;
     c.typical = false;

@@ -21,11 +21,13 @@
 //!   back and the stats redone, as the CPU does.
 //! * **Ordering without sorting**: a candidate's rank key is `(order_key(logit) << 32) | !id`,
 //!   which orders candidates by logit descending, then id ascending. `locate` finds the
-//!   candidate at which a cumulative count or mass crosses a target: 16-way search over key
+//!   candidate at which a cumulative count or mass crosses a target: a 16-way search over key
 //!   intervals, each level one pass with per-thread histogram columns in shared memory
 //!   (counts and f64 masses, reduced in a fixed order: deterministic, no float atomics), until
 //!   at most 4096 candidates remain; those are gathered, bitonic-sorted in shared memory and
-//!   scanned.
+//!   scanned. The first level splits the logit range evenly (from the row's lowest finite
+//!   logit to its max), so the top digits, where the mass and the first ranks are, hold few
+//!   candidates; later levels split the key range evenly.
 //! * **Sampled path**: temperature underflow and `min_p` keep the logits at or above one key,
 //!   found by a 32-way search of warp 0 over the key space (`w` is monotone in the logit);
 //!   `top_k` is a count search; `top_p` and the draw are mass searches (`u · total`, first
@@ -57,13 +59,17 @@
 //!   within about 1e-6 (the tests allow 1e-4).
 //!
 //! # Cost
-//! Greedy: one pass (plus, for top-n, about four short search passes and a gather). Sampled:
-//! stats, then per search about 3–5 levels at vocab 128K, each a pass over the row (only
-//! candidates inside the current interval compute their f64 weight), plus one gather. With a
-//! top-k, the count search is integer-only and every later pass computes weights for at most
-//! k candidates; without it, the first mass level computes one f64 `exp` per candidate, the
-//! dominant cost (a few tens of µs at 128K on an H100). `typical_p` is a slow path (every
-//! level evaluates `exp` and `log` per candidate).
+//! Greedy: one pass over the row (top-n adds one or two search passes and a gather). Sampled:
+//! the stats pass, then per search (top-k, top-p, the draw) usually one or two level passes
+//! plus one gather pass (a simulation of a 128K row of Gaussian logits with a few outliers:
+//! top-p 0.9, the draw, top-k 50 and top-n 1024 each settle after one level, the draw at
+//! u = 0.999 and top-k 10000 after two). Only candidates still in play compute their f64
+//! weight: without top-k the first mass level computes one f64 `exp` per token, the dominant
+//! cost at 128K; with top-k (a count search, integer only) or after top-p, later passes
+//! compute weights for the few survivors only. `typical_p` is a slow path (two more passes,
+//! then a search over the score's f64 key whose every level evaluates `exp` and `log` per
+//! candidate). One block of 512 threads per job (88 registers on sm_90, 96 KiB of dynamic
+//! shared memory: one block per SM at a time).
 
 use std::sync::{Arc, Mutex};
 
