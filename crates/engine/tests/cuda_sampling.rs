@@ -296,6 +296,16 @@ fn processor_cases() -> Vec<Case> {
             }
             c.draws.push(d);
         }
+        // A long context: thousands of edits in one job.
+        let mut p = with_top(sampled(1.0), 8);
+        p.repetition_penalty = 1.2;
+        p.presence_penalty = 0.2;
+        p.frequency_penalty = 0.1;
+        p.no_repeat_ngram_size = 2;
+        let mut d = Draw::new(2, p, 4242);
+        d.prompt = rng.tokens(3000, vocab);
+        d.output = rng.tokens(500, vocab);
+        c.draws.push(d);
         cases.push(c);
     }
     cases

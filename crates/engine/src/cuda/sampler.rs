@@ -44,15 +44,18 @@
 //! quantity with different rounding:
 //! * f64 sums (each filter's total, the cumulative masses) are added in a different order
 //!   (tree of per-thread partial sums vs the CPU's sequential walk over a partially sorted
-//!   buffer), so they agree to about 1e-16 relative; a draw or a top-p / typical-p / min_p
-//!   boundary can differ only when `u · total` (or the target) lies within that distance of a
-//!   cumulative boundary. The same holds for the CPU's "rounding never crosses: take the last
+//!   buffer), so they agree to a few ulps of the total (at most about `n · 2^-53` relative
+//!   over `n` candidates, typically far less); a draw or a top-p / typical-p boundary can
+//!   differ only when `u · total` (or the target) lies within that distance of a cumulative
+//!   boundary. The same holds for the CPU's "rounding never crosses: take the last
 //!   candidate" fallback, which the device reproduces on its own sums.
-//! * The CPU orders candidates by their f64 weight `w`, the device by the f32 logit: the same
-//!   order unless two distinct logits round to the same `w` (f64 underflow near `w = 5e-324`,
-//!   or temperatures above about 1e9), where the CPU breaks the tie by id.
-//! * `exp` and `log` are the device's (CUDA's correctly rounded to within 1 ulp) vs the host's
-//!   libm; they can differ in the last bit, which matters only at such boundaries. The `min_p`
+//! * The CPU orders candidates by their f64 weight `w`, the device by the f32 logit (then id):
+//!   the same order unless two distinct logits give the same `w`, where the CPU orders those
+//!   equally probable candidates by id instead. That needs `(x - max) · inv_t` to round to one
+//!   f64 for both (logits closer than about `1e-16 · |max|`, which only logits within about
+//!   `1e-15 · |max|` of zero can be), `w` to underflow to the same subnormal (`w < 1e-307`,
+//!   never drawn in practice), or a temperature above about 1e9.
+//! * `exp` and `log` are CUDA's (at most 1 ulp of error) on a GPU vs the host's libm; they can differ in the last bit, which matters only at such boundaries. The `min_p`
 //!   cutoff assumes `exp` is monotone, as both libraries are in practice. Under the emulator
 //!   the kernels use the host's libm, so the tests see identical weights.
 //! * Log-probabilities use `expf` and a different summation than the CPU's polynomial `exp`:
