@@ -53,6 +53,7 @@ struct Job {
     unsigned top_k;
     double inv_t, u;
 };
+static_assert(sizeof(Job) == 64, "JOB_BYTES in crates/engine/src/cuda/sampler.rs");
 
 struct Shared {
     unsigned long long bnd[SMP_DIGITS];  // lower bound of each digit of a search level
