@@ -173,7 +173,7 @@ struct Stats {
 };
 
 // One pass: argmax and an online log-sum-exp (f32 exponentials, f64 partial sums).
-__device__ Stats row_stats(const float* __restrict__ row, unsigned n, Shared& s) {
+__device__ Stats row_stats(const float* row, unsigned n, Shared& s) {
     float m = LMI_NEG_INF, lo = LMI_INF;
     unsigned a = 0xffffffffu;
     double sum = 0.0;
@@ -219,7 +219,7 @@ __device__ __forceinline__ float apply_edit(float x, unsigned kind, float v) {
 // `ops` are (id, kind, value) triples sorted by id, each id's edits in the CPU's order; the
 // first op of each id applies them all. `saved` gets the value before a ban (for lifting).
 __device__ void apply_edits(float* row, const unsigned* __restrict__ ops, unsigned cnt,
-                            float* __restrict__ saved) {
+                            float* saved) {
     for (unsigned k = threadIdx.x; k < cnt; k += SMP_THREADS) {
         const unsigned id = ops[3 * k];
         if (k > 0 && ops[3 * (k - 1)] == id) continue;
@@ -239,7 +239,7 @@ __device__ void apply_edits(float* row, const unsigned* __restrict__ ops, unsign
 
 // Bans leave no finite logit: every edited token gets its value before the ban back.
 __device__ void lift_bans(float* row, const unsigned* __restrict__ ops, unsigned cnt,
-                          const float* __restrict__ saved) {
+                          const float* saved) {
     for (unsigned k = threadIdx.x; k < cnt; k += SMP_THREADS) {
         const unsigned id = ops[3 * k];
         if (k > 0 && ops[3 * (k - 1)] == id) continue;
@@ -277,7 +277,7 @@ __device__ __forceinline__ unsigned long long double_bits(double d) {
 // Whether token i is a candidate whose key (in SPACE) lies in [lo, hi]; its key and weight
 // (w, or w / total in the typical space; only computed when MASS or typical needs it).
 template <int SPACE, bool MASS>
-__device__ __forceinline__ bool candidate(const Cands& c, const float* __restrict__ row,
+__device__ __forceinline__ bool candidate(const Cands& c, const float* row,
                                           unsigned i, unsigned long long lo,
                                           unsigned long long hi, unsigned long long& key,
                                           double& wt) {
@@ -315,7 +315,7 @@ __device__ __forceinline__ bool crosses(double mass, double target, int crossing
 // Gathers the candidates with key in [lo, hi] (at most SMP_CAP) into shared memory, sorted by
 // key descending then id ascending. Returns how many.
 template <int SPACE, bool MASS>
-__device__ unsigned gather_sorted(const Cands& c, const float* __restrict__ row, unsigned n,
+__device__ unsigned gather_sorted(const Cands& c, const float* row, unsigned n,
                                   unsigned long long lo, unsigned long long hi,
                                   unsigned char* dyn, Shared& s) {
     unsigned long long* fkey = reinterpret_cast<unsigned long long*>(dyn);
@@ -412,7 +412,7 @@ struct Found {
 // `fraction`). In mass mode a cumulative that never crosses (rounding) gives the last
 // candidate, as on the CPU; in count mode it gives `crossed = false`, as does an empty set.
 template <int SPACE, bool MASS>
-__device__ Found locate(const Cands& c, const float* __restrict__ row, unsigned n,
+__device__ Found locate(const Cands& c, const float* row, unsigned n,
                         unsigned long long lo, unsigned long long hi, double target,
                         bool fraction, int crossing, unsigned char* dyn, Shared& s) {
     const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
@@ -534,7 +534,7 @@ __device__ Found locate(const Cands& c, const float* __restrict__ row, unsigned 
 }
 
 // Σ weight over the candidates and, when ln_total is known, the entropy Σ -p ln p.
-__device__ void mass_and_entropy(Cands& c, const float* __restrict__ row, unsigned n, Shared& s) {
+__device__ void mass_and_entropy(Cands& c, const float* row, unsigned n, Shared& s) {
     double total = 0.0;
     for (unsigned i = threadIdx.x; i < n; i += SMP_THREADS) {
         unsigned long long key;
@@ -590,7 +590,7 @@ __device__ unsigned cutoff_key(const Cands& c, unsigned kmax, double min_w, Shar
 }
 
 // temperature → min_p → top_k → top_p → typical_p → inverse-CDF draw (sampling::filters).
-__device__ unsigned draw(const Job& job, const float* __restrict__ row, unsigned n,
+__device__ unsigned draw(const Job& job, const float* row, unsigned n,
                          const Stats& st, unsigned char* dyn, Shared& s) {
     Cands c;
     c.max = (double)st.max;
@@ -627,7 +627,7 @@ __device__ unsigned draw(const Job& job, const float* __restrict__ row, unsigned
 
 // The `want` most probable tokens as (id, logprob) pairs, logprob descending, ids ascending
 // among ties; tokens of probability zero are never listed. Returns how many were written.
-__device__ unsigned top_n(const float* __restrict__ row, unsigned n, unsigned want,
+__device__ unsigned top_n(const float* row, unsigned n, unsigned want,
                           const Stats& st, unsigned* __restrict__ pairs, unsigned char* dyn,
                           Shared& s) {
     if (want == 0 || st.max == LMI_NEG_INF) return 0;
@@ -657,20 +657,21 @@ __device__ unsigned top_n(const float* __restrict__ row, unsigned n, unsigned wa
     return count;
 }
 
-// One block per job. `jobs` and `ops` come from one upload; `copies` holds a private row for
+// One block per job. `jobs` and `ops` come from one upload; pointers that can reach a row or
+// a saved value written in this kernel have no __restrict__ (it would allow the non-coherent
+// read-only cache path for data the kernel modifies); `copies` holds a private row for
 // every job flagged JOB_COPY, `saved` one float per op. `out` gets (token, logprob bits, top
 // count, 0) per job, then the top-n pairs of every job at its top_off.
-extern "C" __global__ SMP_BOUNDS void sampler_run(const float* __restrict__ logits, unsigned vocab,
+extern "C" __global__ SMP_BOUNDS void sampler_run(float* logits, unsigned vocab,
                                                   const Job* __restrict__ jobs,
                                                   const unsigned* __restrict__ ops,
-                                                  float* __restrict__ copies,
-                                                  float* __restrict__ saved,
+                                                  float* copies, float* saved,
                                                   unsigned* __restrict__ out, unsigned n_jobs) {
     __shared__ Shared s;
     LMI_DYNAMIC_SHARED(unsigned char, dyn);
     const Job job = jobs[blockIdx.x];
-    const float* raw = logits + (unsigned long long)job.row * vocab;
-    float* work = const_cast<float*>(raw);
+    float* raw = logits + (unsigned long long)job.row * vocab;  // edited in place unless JOB_COPY
+    float* work = raw;
     if (job.flags & JOB_COPY) {
         work = copies + (unsigned long long)job.copy_slot * vocab;
         for (unsigned i = threadIdx.x; i < vocab; i += SMP_THREADS) work[i] = raw[i];
