@@ -42,8 +42,11 @@
 
 #ifdef LMI_EMU
 #define SMP_BOUNDS
+#define SMP_NO_UNROLL
 #else
 #define SMP_BOUNDS __launch_bounds__(SMP_THREADS, 1)
+// For thread 0's boundary loops: unrolled, they raise the whole kernel's register count.
+#define SMP_NO_UNROLL _Pragma("unroll 1")
 #endif
 
 // One draw or score; 64 bytes, written by the host.
@@ -258,6 +261,7 @@ struct Cands {
     unsigned long long cut;
     bool typical;
     double total, ln_total, entropy, s_max;
+    double s_hint;  // about the largest typical score: where the typical search's first level ends
 };
 
 // The unnormalized probability after temperature, as the CPU computes it.
@@ -384,6 +388,7 @@ __device__ void level_bounds(const Cands& c, unsigned long long lo, unsigned lon
         const double xhi = (double)key_value(khi);
         const double step = (xhi - xlo) / SMP_DIGITS;
         unsigned prev = klo;
+        SMP_NO_UNROLL
         for (unsigned d = 1; d < SMP_DIGITS; ++d) {
             unsigned k = order_key((float)(xlo + step * d));
             k = k < prev ? prev : (k > khi ? khi : k);
@@ -392,9 +397,18 @@ __device__ void level_bounds(const Cands& c, unsigned long long lo, unsigned lon
         }
         return;
     }
+    if (SPACE == SPACE_TYPICAL && first && c.s_hint > 0.0 && c.s_hint < (double)LMI_INF) {
+        // Scores spread evenly over [0, s_hint]; anything above falls in digit 0 (only the
+        // search's speed depends on the hint).
+        SMP_NO_UNROLL
+        for (unsigned d = 1; d < SMP_DIGITS; ++d)
+            bnd[d] = ~double_bits(c.s_hint * (double)(SMP_DIGITS - d) / SMP_DIGITS);
+        return;
+    }
     const unsigned long long span = hi - lo;
     unsigned shift = 0;
     while ((span >> shift) > (unsigned long long)(SMP_DIGITS - 1)) ++shift;
+    SMP_NO_UNROLL
     for (unsigned d = 1; d < SMP_DIGITS; ++d) {
         const unsigned long long off = (unsigned long long)d << shift;
         bnd[d] = off <= span ? lo + off : (hi == ~0ull ? hi : hi + 1);  // empty digit
@@ -598,7 +612,7 @@ __device__ unsigned draw(const Job& job, const float* row, unsigned n,
     c.xmin = st.min;
     c.cut = 0;
     c.typical = false;
-    c.total = c.ln_total = c.entropy = c.s_max = 0.0;
+    c.total = c.ln_total = c.entropy = c.s_max = c.s_hint = 0.0;
     const unsigned kmax = order_key(st.max);
     c.k0 = cutoff_key(c, kmax, (double)job.min_p, s);
     if (c.k0 > kmax) return st.argmax;
@@ -616,6 +630,10 @@ __device__ unsigned draw(const Job& job, const float* row, unsigned n,
     }
     if (job.typical_p < 1.0f) {
         mass_and_entropy(c, row, n, s);
+        // Scores are |ln total - ln w - H| with w between the lowest candidate's and 1.
+        const float xlow = fmaxf(key_value((unsigned)(lo >> 32)), st.min);
+        const double lw = log(weight(c, xlow));
+        c.s_hint = fmax(fabs(c.ln_total - c.entropy), fabs(c.ln_total - lw - c.entropy));
         const Found f = locate<SPACE_TYPICAL, true>(c, row, n, 0ull, ~0ull, (double)job.typical_p,
                                                     false, CROSS_AT_LEAST, dyn, s);
         c.s_max = __longlong_as_double((long long)~f.key);
@@ -638,7 +656,7 @@ __device__ unsigned top_n(const float* row, unsigned n, unsigned want,
     c.k0 = KEY_FINITE_MIN;
     c.cut = 0;
     c.typical = false;
-    c.total = c.ln_total = c.entropy = c.s_max = 0.0;
+    c.total = c.ln_total = c.entropy = c.s_max = c.s_hint = 0.0;
     const unsigned long long lo = (unsigned long long)KEY_FINITE_MIN << 32;
     const unsigned long long hi = rank_key(order_key(st.max), 0);
     const Found f = locate<SPACE_RANK, false>(c, row, n, lo, hi, (double)want, false,

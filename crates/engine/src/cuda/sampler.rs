@@ -70,9 +70,10 @@
 //! weight: without top-k the first mass level computes one f64 `exp` per token, the dominant
 //! cost at 128K; with top-k (a count search, integer only) or after top-p, later passes
 //! compute weights for the few survivors only. `typical_p` is a slow path (two more passes,
-//! then a search over the score's f64 key whose every level evaluates `exp` and `log` per
-//! candidate). One block of 512 threads per job (88 registers on sm_90, 96 KiB of dynamic
-//! shared memory: one block per SM at a time).
+//! then a search over the score's f64 key, its first level spread evenly over the scores'
+//! analytic range, whose every level evaluates `exp` and `log` per candidate). One block of
+//! 512 threads per job (84 registers on sm_90, 80 on sm_80, no spills; 96 KiB of dynamic and
+//! 1.1 KiB of static shared memory: one block per SM at a time).
 
 use std::sync::{Arc, Mutex};
 
