@@ -291,7 +291,7 @@ fn llama_qwen2_qwen3_agree_with_the_cpu_engine() {
 
 #[test]
 fn graph_replays_equal_direct_launches() {
-    on_emulator(|dev| check_graph_replay(dev));
+    on_emulator(check_graph_replay);
     if let Some(dev) = cuda_common::gpu() {
         check_graph_replay(&dev);
     }

@@ -56,8 +56,8 @@ impl<G> GraphCache<G> {
         if stale {
             self.entries.insert(key, Entry::Seen);
         }
-        if !self.entries.contains_key(&key) {
-            self.entries.insert(key, Entry::Seen);
+        if let std::collections::hash_map::Entry::Vacant(v) = self.entries.entry(key) {
+            v.insert(Entry::Seen);
             return Plan::WarmUp;
         }
         match self.entries.get(&key) {

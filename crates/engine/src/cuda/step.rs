@@ -218,13 +218,13 @@ mod tests {
         let chunks: Vec<SeqChunk> = (0..seqs)
             .map(|s| SeqChunk {
                 tokens: vec![s as u32 + 1],
-                start_pos: 20 + s,
+                start_pos: 20 + s % 10,
                 block_table: vec![2 * s as u32, 2 * s as u32 + 1],
                 logits: LogitsWanted::Last,
                 adapter: None,
             })
             .collect();
-        BatchLayout::new(&chunks, 64).unwrap()
+        BatchLayout::new(&chunks, 2 * seqs).unwrap()
     }
 
     #[test]
