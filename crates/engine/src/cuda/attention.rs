@@ -7,8 +7,9 @@
 //! - the decode shape (8 query rows per pass) when every tile is one token, else the prefill
 //!   shape (64 rows, 32 for the padded head size); head_dim 64 and 128 have their own kernels,
 //!   other multiples of 8 up to 256 run the 256-wide kernel with zero padding;
-//! - split-KV when the tiles alone give fewer than [`BLOCKS_PER_SM`] blocks per
-//!   multiprocessor, each split taking at least [`MIN_SPLIT_KEYS`] of the longest context;
+//! - split-KV when the tiles alone give fewer than half a wave of [`BLOCKS_PER_SM`] blocks per
+//!   multiprocessor: as many splits as fit the wave, each taking at least [`MIN_SPLIT_KEYS`]
+//!   of the longest context;
 //! - CUDA graphs: a step with a graph key is launched from the key alone (its block-table
 //!   width bounds the context), never from its context lengths, which the kernel reads from
 //!   device memory; a captured graph replays the same launches for later steps.
@@ -48,7 +49,8 @@ const BLOCKS_PER_SM: usize = 2;
 /// Fewest keys worth a split: below this the partials' traffic and the merge cost more than
 /// the parallelism brings.
 const MIN_SPLIT_KEYS: usize = 128;
-const MAX_SPLITS: usize = 64;
+/// Bounds the split scratch and the merge's loop.
+const MAX_SPLITS: usize = 256;
 /// Rows (token, q head) per merge block: a warp each.
 const MERGE_ROWS: usize = 4;
 /// Dynamic shared memory a kernel gets without opting in.
@@ -158,15 +160,12 @@ pub fn configure<D: Device>(dev: &D, kernels: &HashMap<&'static str, Function>) 
     Ok(())
 }
 
-/// Parts each tile's keys are split into: enough blocks for [`BLOCKS_PER_SM`] per
-/// multiprocessor, each part at least [`MIN_SPLIT_KEYS`] of the longest context.
+/// Parts each tile's keys are split into: as many as keep the launch within one wave of
+/// [`BLOCKS_PER_SM`] blocks per multiprocessor (a second, partial wave would idle most of
+/// the GPU), each part at least [`MIN_SPLIT_KEYS`] of the longest context.
 fn split_count(blocks: usize, longest: usize, multiprocessors: usize) -> usize {
-    let target = BLOCKS_PER_SM * multiprocessors;
-    if blocks == 0 || blocks >= target {
-        return 1;
-    }
-    target
-        .div_ceil(blocks)
+    let wave = BLOCKS_PER_SM * multiprocessors;
+    (wave / blocks.max(1))
         .min(longest / MIN_SPLIT_KEYS)
         .clamp(1, MAX_SPLITS)
 }
@@ -284,14 +283,17 @@ mod tests {
 
     #[test]
     fn splits_fill_the_gpu_only_when_the_tiles_do_not() {
-        // Batch-1 decode of an 8-KV-head model on 132 SMs: 33 splits of a 32k context,
-        // but never parts under MIN_SPLIT_KEYS.
+        // Batch-1 decode of an 8-KV-head model on 132 SMs: 33 splits of a 32k context
+        // (264 blocks), but never parts under MIN_SPLIT_KEYS.
         assert_eq!(split_count(8, 32 << 10, 132), 33);
         assert_eq!(split_count(8, 1000, 132), 7);
         assert_eq!(split_count(8, 255, 132), 1);
-        assert_eq!(split_count(1, 1 << 20, 132), MAX_SPLITS);
+        // Batch 8: 4 splits (256 blocks), not 5 (320 blocks, a second wave).
+        assert_eq!(split_count(64, 32 << 10, 132), 4);
+        assert_eq!(split_count(1, 1 << 20, 132), 256);
         // Enough blocks already (a large batch or a long prefill).
-        assert_eq!(split_count(264, 1 << 20, 132), 1);
+        assert_eq!(split_count(140, 1 << 20, 132), 1);
+        assert_eq!(split_count(0, 0, 132), 1);
     }
 
     #[test]
