@@ -362,3 +362,64 @@ fn other_head_dims() {
 fn padded_decode_and_graphs() {
     on_every_device!(check_padded_decode_graphs);
 }
+
+/// Batch-1 decode attention of a Llama-3-8B layer (32 q heads, 8 KV heads, head_dim 128) at
+/// `contexts`: microseconds per call and the K/V bytes streamed per second.
+fn time_decode<D: Device>(g: &CudaBackend<D>, contexts: &[usize], reps: usize) {
+    let ql = heads(32, 8, 128);
+    for &context in contexts {
+        let blocks = context.div_ceil(BLOCK_SIZE);
+        let cfg = KvCacheConfig {
+            num_blocks: blocks,
+            num_layers: 1,
+            num_kv_heads: ql.kv_heads,
+            head_dim: ql.head_dim,
+            dtype: DType::BF16,
+        };
+        let (k, v) = (g.alloc_kv(&cfg).unwrap(), g.alloc_kv(&cfg).unwrap());
+        let chunk = SeqChunk {
+            tokens: vec![1],
+            start_pos: context - 1,
+            block_table: (0..blocks as u32).rev().collect(),
+            logits: LogitsWanted::Last,
+            adapter: None,
+        };
+        let l = g.prepare_layout(BatchLayout::new(&[chunk], blocks).unwrap());
+        let step = g.upload_step(&l).unwrap();
+        let qkv = g.upload_f32(&random(ql.row_width(), 1, 1.0)).unwrap();
+        let mut out = g.alloc_matmul_input(ql.q_heads * ql.head_dim).unwrap();
+        let mut run = || {
+            g.attention(&qkv, &step, ql, &k, &v, scale(ql), &mut out)
+                .unwrap()
+        };
+        run();
+        g.device().synchronize().unwrap();
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            run();
+        }
+        g.device().synchronize().unwrap();
+        let secs = t.elapsed().as_secs_f64() / reps as f64;
+        let bytes = 2 * context * ql.kv_heads * ql.head_dim * 2;
+        println!(
+            "batch-1 decode, context {context:>6}: {:8.1} µs, K/V at {:7.1} GB/s",
+            secs * 1e6,
+            bytes as f64 / secs / 1e9
+        );
+    }
+}
+
+/// On a GPU: `cuda_attention --ignored --nocapture decode_bandwidth`, to read against the
+/// device's copy bandwidth (`lmi bench engine --device cuda` reports it).
+#[test]
+#[ignore = "timing, for a GPU"]
+fn decode_bandwidth() {
+    match cuda_common::gpu() {
+        Some(dev) => time_decode(
+            &CudaBackend::with_graphs(dev, false).unwrap(),
+            &[1 << 10, 4 << 10, 16 << 10, 64 << 10],
+            200,
+        ),
+        None => eprintln!("decode_bandwidth: no NVIDIA driver here"),
+    }
+}
