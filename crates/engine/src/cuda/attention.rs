@@ -1,38 +1,309 @@
-//! Paged attention on the device (kernels/attention.cu).
+//! Paged attention on the device (kernels/attention.cu): one launch over the step's tiles for
+//! every token of the ragged batch, and a merge launch when the keys are split.
 //!
-//! NOT WRITTEN YET: the interface the backend calls. `run` computes, for every token of the
-//! step and every q head, causal attention over its sequence's cached keys `0 ..= position`
-//! read through the block table (`step.block_tables`, stride `step.block_stride`), and writes
-//! `out` (`[tokens, q_heads * head_dim]`, `out.dtype`).
+//! Launch rules:
+//! - grid (tiles, kv_heads, splits) of 256 threads; a block takes one tile (up to 16 tokens of
+//!   one sequence) and the q heads of one KV head's GQA group;
+//! - the decode shape (8 query rows per pass) when every tile is one token, else the prefill
+//!   shape (64 rows, 32 for the padded head size); head_dim 64 and 128 have their own kernels,
+//!   other multiples of 8 up to 256 run the 256-wide kernel with zero padding;
+//! - split-KV when the tiles alone give fewer than half a wave of [`BLOCKS_PER_SM`] blocks per
+//!   multiprocessor: as many splits as fit the wave, each taking at least [`MIN_SPLIT_KEYS`]
+//!   of the longest context;
+//! - CUDA graphs: a step with a graph key is launched from the key alone (its block-table
+//!   width bounds the context), never from its context lengths, which the kernel reads from
+//!   device memory; a captured graph replays the same launches for later steps.
 
 use std::collections::HashMap;
 
-use lmi_cuda::{DevPtr, Device, Function};
+use lmi_cuda::{DevPtr, Device, ElemType, Function, LaunchConfig};
 
 use super::backend::{CudaBackend, CudaBuf};
 use super::step::CudaStep;
 use crate::backend::QkvLayout;
 use crate::error::{EngineError, Result};
+use crate::kv::BLOCK_SIZE;
 
-pub const KERNELS: &[&str] = &[];
+pub const KERNELS: &[&str] = &[
+    "attention_decode_hd64_f32",
+    "attention_decode_hd64_bf16",
+    "attention_decode_hd128_f32",
+    "attention_decode_hd128_bf16",
+    "attention_decode_any_f32",
+    "attention_decode_any_bf16",
+    "attention_prefill_hd64_f32",
+    "attention_prefill_hd64_bf16",
+    "attention_prefill_hd128_f32",
+    "attention_prefill_hd128_bf16",
+    "attention_prefill_any_f32",
+    "attention_prefill_any_bf16",
+    "attention_merge_f32",
+    "attention_merge_bf16",
+];
 
-/// One-time launch settings (dynamic shared memory limits).
-pub fn configure<D: Device>(_dev: &D, _kernels: &HashMap<&'static str, Function>) -> Result<()> {
+const THREADS: u32 = 256;
+/// Keys a block stages per iteration (`ATT_CHUNK`).
+const CHUNK: usize = 64;
+/// Blocks per multiprocessor split-KV aims for (the decode kernels fit two).
+const BLOCKS_PER_SM: usize = 2;
+/// Fewest keys worth a split: below this the partials' traffic and the merge cost more than
+/// the parallelism brings.
+const MIN_SPLIT_KEYS: usize = 128;
+/// Bounds the split scratch and the merge's loop.
+const MAX_SPLITS: usize = 256;
+/// Rows (token, q head) per merge block: a warp each.
+const MERGE_ROWS: usize = 4;
+/// Dynamic shared memory a kernel gets without opting in.
+const DEFAULT_SHARED: u32 = 48 << 10;
+
+/// A kernel instantiation's geometry (`AttnShape` in attention.cu).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    /// Head dims the layout holds.
+    d: usize,
+    /// Query rows per pass.
+    rows: usize,
+    /// Lanes sharing a key's dot product.
+    dp: usize,
+}
+
+impl Shape {
+    /// `AttnShape::SHARED_BYTES`: q rows, K and V chunks, scores, per-row stats.
+    fn shared_bytes(self) -> u32 {
+        let q_part = self.d / self.dp + if self.dp > 1 { 4 } else { 0 };
+        let q = self.rows * self.dp * q_part * 4;
+        let k = CHUNK * (self.d + 8) * 2;
+        let v = CHUNK * self.d * 2;
+        let s = self.rows * CHUNK * 4;
+        (q + k + v + s + 4 * self.rows * 4) as u32
+    }
+}
+
+/// The kernels of one head size, as instantiated in attention.cu.
+struct Family {
+    /// Head dims the kernels' layout holds (head_dim itself, or a zero-padded bound).
+    d: usize,
+    /// Query rows per pass of the prefill kernels (the decode kernels take 8).
+    prefill_rows: usize,
+    /// By output type: f32, bf16.
+    decode: [&'static str; 2],
+    prefill: [&'static str; 2],
+}
+
+const HD64: Family = Family {
+    d: 64,
+    prefill_rows: 64,
+    decode: ["attention_decode_hd64_f32", "attention_decode_hd64_bf16"],
+    prefill: ["attention_prefill_hd64_f32", "attention_prefill_hd64_bf16"],
+};
+const HD128: Family = Family {
+    d: 128,
+    prefill_rows: 64,
+    decode: ["attention_decode_hd128_f32", "attention_decode_hd128_bf16"],
+    prefill: [
+        "attention_prefill_hd128_f32",
+        "attention_prefill_hd128_bf16",
+    ],
+};
+/// Any other head_dim up to 256 (a multiple of 8), zero-padded to 256.
+const ANY: Family = Family {
+    d: 256,
+    prefill_rows: 32,
+    decode: ["attention_decode_any_f32", "attention_decode_any_bf16"],
+    prefill: ["attention_prefill_any_f32", "attention_prefill_any_bf16"],
+};
+
+impl Family {
+    fn for_head_dim(head_dim: usize) -> Option<&'static Family> {
+        match head_dim {
+            64 => Some(&HD64),
+            128 => Some(&HD128),
+            d if d > 0 && d % 8 == 0 && d <= 256 => Some(&ANY),
+            _ => None,
+        }
+    }
+
+    /// The decode or prefill kernels (names by output type) and their shape.
+    fn kernels(&self, decode: bool) -> ([&'static str; 2], Shape) {
+        let d = self.d;
+        if decode {
+            (self.decode, Shape { d, rows: 8, dp: 4 })
+        } else {
+            let rows = self.prefill_rows;
+            (self.prefill, Shape { d, rows, dp: 1 })
+        }
+    }
+}
+
+/// Raises the dynamic shared memory limit of the kernels that need more than 48 KiB.
+pub fn configure<D: Device>(dev: &D, kernels: &HashMap<&'static str, Function>) -> Result<()> {
+    let all = [&HD64, &HD128, &ANY].map(|f| [f.kernels(true), f.kernels(false)]);
+    for (names, shape) in all.into_iter().flatten() {
+        let bytes = shape.shared_bytes();
+        if bytes <= DEFAULT_SHARED {
+            continue;
+        }
+        let most = dev.info().max_shared_mem_per_block;
+        for name in names {
+            if bytes > most {
+                return Err(EngineError::Backend(format!(
+                    "{name} needs {bytes} bytes of shared memory; the device allows {most}"
+                )));
+            }
+            let f = kernels
+                .get(name)
+                .ok_or_else(|| EngineError::Backend(format!("kernel {name} was not loaded")))?;
+            dev.set_max_dynamic_shared(*f, bytes)
+                .map_err(|e| EngineError::Backend(format!("{name}: {e}")))?;
+        }
+    }
     Ok(())
+}
+
+/// Parts each tile's keys are split into: as many as keep the launch within one wave of
+/// [`BLOCKS_PER_SM`] blocks per multiprocessor (a second, partial wave would idle most of
+/// the GPU), each part at least [`MIN_SPLIT_KEYS`] of the longest context.
+fn split_count(blocks: usize, longest: usize, multiprocessors: usize) -> usize {
+    let wave = BLOCKS_PER_SM * multiprocessors;
+    (wave / blocks.max(1))
+        .min(longest / MIN_SPLIT_KEYS)
+        .clamp(1, MAX_SPLITS)
 }
 
 #[allow(clippy::too_many_arguments)]
 pub fn run<D: Device>(
-    _b: &CudaBackend<D>,
-    _qkv: &CudaBuf,
-    _step: &CudaStep,
-    _layout: QkvLayout,
-    _k_cache: DevPtr,
-    _v_cache: DevPtr,
-    _scale: f32,
-    _out: &mut CudaBuf,
+    b: &CudaBackend<D>,
+    qkv: &CudaBuf,
+    step: &CudaStep,
+    layout: QkvLayout,
+    k_cache: DevPtr,
+    v_cache: DevPtr,
+    scale: f32,
+    out: &mut CudaBuf,
 ) -> Result<()> {
-    Err(EngineError::Backend(
-        "CUDA attention is not written yet".into(),
-    ))
+    let QkvLayout {
+        q_heads,
+        kv_heads,
+        head_dim: hd,
+    } = layout;
+    let tokens = step.num_tokens;
+    if tokens == 0 {
+        return Ok(());
+    }
+    let family = Family::for_head_dim(hd).ok_or_else(|| {
+        EngineError::Backend(format!(
+            "CUDA attention supports head_dim 64, 128 and multiples of 8 up to 256, not {hd}"
+        ))
+    })?;
+    if kv_heads == 0 || q_heads % kv_heads != 0 {
+        return Err(EngineError::Backend(format!(
+            "{q_heads} q heads do not form groups over {kv_heads} KV heads"
+        )));
+    }
+    let rows = tokens * q_heads;
+    if qkv.dtype != ElemType::F32 || qkv.len < tokens * layout.row_width() || out.len < rows * hd {
+        return Err(EngineError::Backend(format!(
+            "attention over {tokens} tokens: qkv ({:?}, {}) or out ({}) is too small",
+            qkv.dtype, qkv.len, out.len
+        )));
+    }
+
+    // Every tile is one token exactly when there are as many tokens as sequences.
+    let (names, shape) = family.kernels(tokens == step.num_seqs);
+    let name = match out.dtype {
+        ElemType::F32 => names[0],
+        ElemType::BF16 => names[1],
+    };
+    let longest = step
+        .graph_key
+        .map_or(step.max_context, |k| k.block_stride * BLOCK_SIZE);
+    let splits = split_count(
+        step.num_tiles * kv_heads,
+        longest,
+        b.dev.info().multiprocessors as usize,
+    );
+    let (part_o, part_ml) = if splits > 1 {
+        let o = b.arena_alloc(splits * rows * hd, ElemType::F32)?;
+        let ml = b.arena_alloc(splits * rows * 2, ElemType::F32)?;
+        (o.ptr, ml.ptr)
+    } else {
+        (DevPtr::NULL, DevPtr::NULL)
+    };
+    let cfg = LaunchConfig {
+        grid: (step.num_tiles as u32, kv_heads as u32, splits as u32),
+        block: (THREADS, 1, 1),
+        shared_mem_bytes: shape.shared_bytes(),
+    };
+    b.launch(
+        name,
+        cfg,
+        &[
+            out.ptr.into(),
+            part_o.into(),
+            part_ml.into(),
+            qkv.ptr.into(),
+            k_cache.into(),
+            v_cache.into(),
+            step.tiles.into(),
+            step.positions.into(),
+            step.context_lens.into(),
+            step.block_tables.into(),
+            (step.block_stride as u32).into(),
+            (tokens as u32).into(),
+            (q_heads as u32).into(),
+            (kv_heads as u32).into(),
+            (hd as u32).into(),
+            scale.into(),
+        ],
+    )?;
+    if splits == 1 {
+        return Ok(());
+    }
+    let merge = match out.dtype {
+        ElemType::F32 => "attention_merge_f32",
+        ElemType::BF16 => "attention_merge_bf16",
+    };
+    b.launch(
+        merge,
+        LaunchConfig::linear(rows.div_ceil(MERGE_ROWS) as u32, 32 * MERGE_ROWS as u32),
+        &[
+            out.ptr.into(),
+            part_o.into(),
+            part_ml.into(),
+            (rows as u32).into(),
+            (hd as u32).into(),
+            (splits as u32).into(),
+        ],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_fill_the_gpu_only_when_the_tiles_do_not() {
+        // Batch-1 decode of an 8-KV-head model on 132 SMs: 33 splits of a 32k context
+        // (264 blocks), but never parts under MIN_SPLIT_KEYS.
+        assert_eq!(split_count(8, 32 << 10, 132), 33);
+        assert_eq!(split_count(8, 1000, 132), 7);
+        assert_eq!(split_count(8, 255, 132), 1);
+        // Batch 8: 4 splits (256 blocks), not 5 (320 blocks, a second wave).
+        assert_eq!(split_count(64, 32 << 10, 132), 4);
+        assert_eq!(split_count(1, 1 << 20, 132), 256);
+        // Enough blocks already (a large batch or a long prefill).
+        assert_eq!(split_count(140, 1 << 20, 132), 1);
+        assert_eq!(split_count(0, 0, 132), 1);
+    }
+
+    #[test]
+    fn shared_memory_matches_the_kernels_layout() {
+        // The figures of attention.cu's AttnShape::SHARED_BYTES.
+        assert_eq!(HD128.kernels(true).1.shared_bytes(), 40_576);
+        assert_eq!(HD128.kernels(false).1.shared_bytes(), 83_968);
+        assert_eq!(HD64.kernels(true).1.shared_bytes(), 22_144);
+        assert_eq!(ANY.kernels(false).1.shared_bytes(), 108_032);
+        assert!(Family::for_head_dim(96).is_some_and(|f| f.d == 256));
+        assert!(Family::for_head_dim(264).is_none() && Family::for_head_dim(100).is_none());
+    }
 }

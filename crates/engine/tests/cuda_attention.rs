@@ -1,0 +1,425 @@
+//! CUDA paged attention (kernels/attention.cu and its launches) against the CPU backend's,
+//! through the `Backend` trait: on the emulator in both thread orders, and on a GPU when
+//! present.
+//!
+//! Both sides fill bf16 K/V pools by `write_kv` from the same f32 QKV rows, so they attend
+//! over the same bits with the same f32 q; outputs differ only by summation order, the
+//! exponentials and the online softmax's rescaling (relative error around 1e-6). f32 outputs
+//! must agree within 1e-4 absolute plus 1e-4 relative: ten times less than one key too many
+//! or too few moves an output over a 1000-key context (about |v| / 1000, |v| up to 2). bf16
+//! outputs may also differ by one rounding step (2^-7 relative).
+
+mod cuda_common;
+
+use cuda_common::{assert_close, bf16_round, cpu, random, to_host};
+use lmi_cuda::{Device, ElemType};
+use lmi_engine::backend::QkvLayout;
+use lmi_engine::cpu::{CpuBackend, CpuKv};
+use lmi_engine::cuda::step::CudaStep;
+use lmi_engine::cuda::{CudaBackend, CudaBuf, CudaKv};
+use lmi_engine::{BLOCK_SIZE, Backend, BatchLayout, DType, KvCacheConfig, LogitsWanted, SeqChunk};
+
+/// KV blocks in the pools: a prime, so block ids `i * 101 % POOL` are distinct and scattered.
+const POOL: usize = 257;
+
+/// One sequence of a step: its context after the step and how many of those tokens are new
+/// (the rest are a cached prefix).
+#[derive(Debug, Clone, Copy)]
+struct Seq {
+    context: usize,
+    new: usize,
+}
+
+const fn decode(context: usize) -> Seq {
+    Seq { context, new: 1 }
+}
+
+const fn prefill(context: usize, new: usize) -> Seq {
+    Seq { context, new }
+}
+
+fn heads(q_heads: usize, kv_heads: usize, head_dim: usize) -> QkvLayout {
+    QkvLayout {
+        q_heads,
+        kv_heads,
+        head_dim,
+    }
+}
+
+fn chunks(seqs: &[Seq]) -> Vec<SeqChunk> {
+    let mut next = 0;
+    let chunks = seqs
+        .iter()
+        .map(|s| {
+            let blocks = s.context.div_ceil(BLOCK_SIZE);
+            let block_table = (next..next + blocks)
+                .map(|i| (i * 101 % POOL) as u32)
+                .collect();
+            next += blocks;
+            SeqChunk {
+                tokens: vec![1; s.new],
+                start_pos: s.context - s.new,
+                block_table,
+                logits: LogitsWanted::Last,
+                adapter: None,
+            }
+        })
+        .collect();
+    assert!(next <= POOL, "the test's sequences need {next} blocks");
+    chunks
+}
+
+/// The K and V pools of one layer on both backends.
+struct Pools<D: Device> {
+    ql: QkvLayout,
+    cpu: (CpuKv, CpuKv),
+    gpu: (CudaKv<D>, CudaKv<D>),
+}
+
+impl<D: Device> Pools<D> {
+    fn new(c: &CpuBackend, g: &CudaBackend<D>, ql: QkvLayout) -> Self {
+        let cfg = KvCacheConfig {
+            num_blocks: POOL,
+            num_layers: 1,
+            num_kv_heads: ql.kv_heads,
+            head_dim: ql.head_dim,
+            dtype: DType::BF16,
+        };
+        Pools {
+            ql,
+            cpu: (c.alloc_kv(&cfg).unwrap(), c.alloc_kv(&cfg).unwrap()),
+            gpu: (g.alloc_kv(&cfg).unwrap(), g.alloc_kv(&cfg).unwrap()),
+        }
+    }
+
+    /// Writes the K/V of every sequence's cached prefix, on both sides.
+    fn write_prefixes(
+        &mut self,
+        c: &CpuBackend,
+        g: &CudaBackend<D>,
+        chunks: &[SeqChunk],
+        seed: u64,
+    ) {
+        let prefixes: Vec<SeqChunk> = chunks
+            .iter()
+            .filter(|s| s.start_pos > 0)
+            .map(|s| SeqChunk {
+                tokens: vec![1; s.start_pos],
+                start_pos: 0,
+                ..s.clone()
+            })
+            .collect();
+        if prefixes.is_empty() {
+            return;
+        }
+        let l = BatchLayout::new(&prefixes, POOL).unwrap();
+        let qkv = random(l.num_tokens() * self.ql.row_width(), seed, 2.0);
+        self.write(
+            c,
+            &l,
+            &qkv,
+            g,
+            &g.upload_step(&l).unwrap(),
+            &g.upload_f32(&qkv).unwrap(),
+        );
+    }
+
+    /// `write_kv` of a step on both sides (the CUDA step may be a padded copy of `l`).
+    fn write(
+        &mut self,
+        c: &CpuBackend,
+        l: &BatchLayout,
+        qkv: &Vec<f32>,
+        g: &CudaBackend<D>,
+        step: &CudaStep,
+        gqkv: &CudaBuf,
+    ) {
+        let (ck, cv) = &mut self.cpu;
+        c.write_kv(qkv, &c.upload_step(l).unwrap(), self.ql, ck, cv)
+            .unwrap();
+        let (gk, gv) = &mut self.gpu;
+        g.write_kv(gqkv, step, self.ql, gk, gv).unwrap();
+    }
+}
+
+fn scale(ql: QkvLayout) -> f32 {
+    1.0 / (ql.head_dim as f32).sqrt()
+}
+
+/// The CPU backend's attention output for step `l`.
+fn cpu_attention<D: Device>(
+    c: &CpuBackend,
+    pools: &Pools<D>,
+    l: &BatchLayout,
+    ql: QkvLayout,
+    qkv: &Vec<f32>,
+) -> Vec<f32> {
+    let mut want = c.alloc(l.num_tokens() * ql.q_heads * ql.head_dim).unwrap();
+    let (ck, cv) = &pools.cpu;
+    c.attention(
+        qkv,
+        &c.upload_step(l).unwrap(),
+        ql,
+        ck,
+        cv,
+        scale(ql),
+        &mut want,
+    )
+    .unwrap();
+    want
+}
+
+#[track_caller]
+fn compare(what: &str, got: &[f32], want: &[f32], out: ElemType) {
+    match out {
+        ElemType::F32 => assert_close(what, got, want, 1e-4, 1e-4),
+        ElemType::BF16 => assert_close(what, got, &bf16_round(want), 1e-6, 1.0 / 128.0),
+    }
+}
+
+fn alloc_out<D: Device>(g: &CudaBackend<D>, len: usize, out: ElemType) -> CudaBuf {
+    match out {
+        ElemType::F32 => g.alloc(len).unwrap(),
+        ElemType::BF16 => g.alloc_matmul_input(len).unwrap(),
+    }
+}
+
+/// One step of `seqs` on both backends; the outputs must agree.
+#[track_caller]
+fn check<D: Device>(g: &CudaBackend<D>, ql: QkvLayout, seqs: &[Seq], out: ElemType) {
+    let what = format!("{ql:?}, {seqs:?}, {out:?} out");
+    let c = cpu();
+    let mut pools = Pools::new(&c, g, ql);
+    let chunks = chunks(seqs);
+    pools.write_prefixes(&c, g, &chunks, 1);
+    let l = BatchLayout::new(&chunks, POOL).unwrap();
+    let qkv = random(l.num_tokens() * ql.row_width(), 2, 2.0);
+    let step = g.upload_step(&l).unwrap();
+    let gqkv = g.upload_f32(&qkv).unwrap();
+    pools.write(&c, &l, &qkv, g, &step, &gqkv);
+    let want = cpu_attention(&c, &pools, &l, ql, &qkv);
+
+    let mut got = alloc_out(g, want.len(), out);
+    let (gk, gv) = &pools.gpu;
+    g.attention(&gqkv, &step, ql, gk, gv, scale(ql), &mut got)
+        .unwrap();
+    compare(&what, &to_host(g, &got), &want, out);
+}
+
+fn check_decode_contexts<D: Device>(g: &CudaBackend<D>) {
+    // Around the KV block boundary, and beyond one 64-key chunk.
+    let seqs = [decode(1), decode(15), decode(16), decode(17), decode(100)];
+    for hd in [64, 128] {
+        check(g, heads(8, 2, hd), &seqs, ElemType::F32);
+    }
+    check(g, heads(8, 2, 128), &seqs, ElemType::BF16);
+}
+
+fn check_split_contexts<D: Device>(g: &CudaBackend<D>) {
+    // Few blocks and long contexts: the keys are split (7 and 5 ways here) and merged.
+    for hd in [64, 128] {
+        check(
+            g,
+            heads(8, 2, hd),
+            &[decode(1000), decode(300)],
+            ElemType::F32,
+        );
+        check(g, heads(8, 2, hd), &[prefill(720, 20)], ElemType::F32);
+    }
+    check(
+        g,
+        heads(8, 2, 128),
+        &[decode(1000), decode(300)],
+        ElemType::BF16,
+    );
+}
+
+fn check_ragged_batches<D: Device>(g: &CudaBackend<D>) {
+    // A prompt from position 0 (tiles of 16, 16, 8), a chunk after a cached prefix, and
+    // decode rows, over GQA groups of 1, 3, 4 and 8.
+    let seqs = [
+        prefill(40, 40),
+        prefill(57, 20),
+        decode(1),
+        decode(17),
+        decode(100),
+    ];
+    for (q_heads, kv_heads) in [(2, 2), (6, 2), (8, 2), (16, 2)] {
+        for hd in [64, 128] {
+            check(g, heads(q_heads, kv_heads, hd), &seqs, ElemType::F32);
+        }
+    }
+    // One long row splits every tile's keys; the short tiles' later splits are empty.
+    let long = [prefill(40, 40), prefill(57, 20), decode(600)];
+    check(g, heads(8, 2, 128), &long, ElemType::F32);
+    check(g, heads(8, 2, 64), &long, ElemType::BF16);
+}
+
+fn check_large_groups<D: Device>(g: &CudaBackend<D>) {
+    // More rows than a pass holds: groups of 16 (two decode passes, four prefill passes),
+    // and of 5 (a prefill pass boundary inside a token's heads).
+    for (q_heads, kv_heads) in [(16, 1), (10, 2)] {
+        let ql = heads(q_heads, kv_heads, 128);
+        check(
+            g,
+            ql,
+            &[prefill(40, 40), decode(33), decode(300)],
+            ElemType::F32,
+        );
+        check(g, ql, &[decode(33), decode(300)], ElemType::F32);
+    }
+}
+
+fn check_other_head_dims<D: Device>(g: &CudaBackend<D>) {
+    // The 256-wide kernels, zero-padded for smaller head sizes.
+    for hd in [32, 96, 256] {
+        let ql = heads(4, 2, hd);
+        check(
+            g,
+            ql,
+            &[prefill(30, 20), decode(50), decode(300)],
+            ElemType::F32,
+        );
+        check(g, ql, &[decode(20), decode(290)], ElemType::F32);
+    }
+}
+
+fn check_padded_decode_graphs<D: Device>(g: &CudaBackend<D>) {
+    // Three decode steps of one graph key (3 sequences padded to 4, tables padded to 16
+    // blocks) with different contexts: run directly, captured, then replayed. Each must match
+    // the CPU, and the padding row must be zeros.
+    let ql = heads(8, 2, 128);
+    let c = cpu();
+    let mut pools = Pools::new(&c, g, ql);
+    let width = ql.q_heads * ql.head_dim;
+    for (i, contexts) in [[5, 40, 200], [100, 3, 256], [17, 250, 64]]
+        .iter()
+        .enumerate()
+    {
+        let seqs: Vec<Seq> = contexts.iter().map(|&n| decode(n)).collect();
+        let chunks = chunks(&seqs);
+        pools.write_prefixes(&c, g, &chunks, 10 + i as u64);
+        let l = BatchLayout::new(&chunks, POOL).unwrap();
+        let padded = g.prepare_layout(l.clone());
+        assert_eq!(padded.num_tokens(), 4);
+        // The padding row's q is garbage the kernel must not use.
+        let qkv = random(padded.num_tokens() * ql.row_width(), 20 + i as u64, 2.0);
+        let step = g.upload_step(&padded).unwrap();
+        let gqkv = g.upload_f32(&qkv).unwrap();
+        let real = qkv[..l.num_tokens() * ql.row_width()].to_vec();
+        pools.write(&c, &l, &real, g, &step, &gqkv);
+        let want = cpu_attention(&c, &pools, &l, ql, &real);
+
+        let (gk, gv) = &pools.gpu;
+        let out = g
+            .run_graph(&step, || {
+                let mut out = g.alloc(padded.num_tokens() * width)?;
+                g.attention(&gqkv, &step, ql, gk, gv, scale(ql), &mut out)?;
+                Ok(out)
+            })
+            .unwrap();
+        let got = to_host(g, &out);
+        compare(
+            &format!("padded step {i}"),
+            &got[..3 * width],
+            &want,
+            ElemType::F32,
+        );
+        assert!(
+            got[3 * width..].iter().all(|&v| v == 0.0),
+            "padded step {i}: the padding row is not zeros"
+        );
+    }
+    assert_eq!(g.graphs_captured(), 1, "the third step replays the graph");
+}
+
+#[test]
+fn decode_contexts() {
+    on_every_device!(check_decode_contexts);
+}
+
+#[test]
+fn split_contexts() {
+    on_every_device!(check_split_contexts);
+}
+
+#[test]
+fn ragged_batches() {
+    on_every_device!(check_ragged_batches);
+}
+
+#[test]
+fn large_groups() {
+    on_every_device!(check_large_groups);
+}
+
+#[test]
+fn other_head_dims() {
+    on_every_device!(check_other_head_dims);
+}
+
+#[test]
+fn padded_decode_and_graphs() {
+    on_every_device!(check_padded_decode_graphs);
+}
+
+/// Batch-1 decode attention of a Llama-3-8B layer (32 q heads, 8 KV heads, head_dim 128) at
+/// `contexts`: microseconds per call and the K/V bytes streamed per second.
+fn time_decode<D: Device>(g: &CudaBackend<D>, contexts: &[usize], reps: usize) {
+    let ql = heads(32, 8, 128);
+    for &context in contexts {
+        let blocks = context.div_ceil(BLOCK_SIZE);
+        let cfg = KvCacheConfig {
+            num_blocks: blocks,
+            num_layers: 1,
+            num_kv_heads: ql.kv_heads,
+            head_dim: ql.head_dim,
+            dtype: DType::BF16,
+        };
+        let (k, v) = (g.alloc_kv(&cfg).unwrap(), g.alloc_kv(&cfg).unwrap());
+        let chunk = SeqChunk {
+            tokens: vec![1],
+            start_pos: context - 1,
+            block_table: (0..blocks as u32).rev().collect(),
+            logits: LogitsWanted::Last,
+            adapter: None,
+        };
+        let l = g.prepare_layout(BatchLayout::new(&[chunk], blocks).unwrap());
+        let step = g.upload_step(&l).unwrap();
+        let qkv = g.upload_f32(&random(ql.row_width(), 1, 1.0)).unwrap();
+        let mut out = g.alloc_matmul_input(ql.q_heads * ql.head_dim).unwrap();
+        let mut run = || {
+            g.attention(&qkv, &step, ql, &k, &v, scale(ql), &mut out)
+                .unwrap()
+        };
+        run();
+        g.device().synchronize().unwrap();
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            run();
+        }
+        g.device().synchronize().unwrap();
+        let secs = t.elapsed().as_secs_f64() / reps as f64;
+        let bytes = 2 * context * ql.kv_heads * ql.head_dim * 2;
+        println!(
+            "batch-1 decode, context {context:>6}: {:8.1} µs, K/V at {:7.1} GB/s",
+            secs * 1e6,
+            bytes as f64 / secs / 1e9
+        );
+    }
+}
+
+/// On a GPU: `cuda_attention --ignored --nocapture decode_bandwidth`, to read against the
+/// device's copy bandwidth (`lmi bench engine --device cuda` reports it).
+#[test]
+#[ignore = "timing, for a GPU"]
+fn decode_bandwidth() {
+    match cuda_common::gpu() {
+        Some(dev) => time_decode(
+            &CudaBackend::with_graphs(dev, false).unwrap(),
+            &[1 << 10, 4 << 10, 16 << 10, 64 << 10],
+            200,
+        ),
+        None => eprintln!("decode_bandwidth: no NVIDIA driver here"),
+    }
+}
