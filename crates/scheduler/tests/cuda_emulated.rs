@@ -1,8 +1,9 @@
 //! The scheduler driving the CUDA engine (on the CPU emulator): chunked prefill, decode
 //! steps replayed from CUDA graphs, parallel sequences that fork and copy blocks on write,
-//! prompt logprobs, the prefix cache and preemption all give each request exactly what it
-//! gets alone (the emulated engine, like the CPU one, computes a row the same way whatever
-//! batch it is in), and the pool is whole afterwards.
+//! prompt logprobs, the prefix cache and preemption all give each request the tokens it gets
+//! alone, and the pool is whole afterwards. (The emulator is deterministic, and these contexts
+//! are short enough that attention never splits its keys; a batch-dependent difference large
+//! enough to change a token would show here.)
 
 mod common;
 

@@ -88,10 +88,13 @@ struct StepBuffers<D: Device> {
     epoch: u64,
 }
 
-/// The last copy-on-write pairs uploaded (every layer's K and V pool copies the same pairs).
-struct CopyPairs<D: Device> {
+/// The copy-on-write pairs last uploaded, in the arena: every layer's K and V pool copies
+/// the same pairs before the step that needs them, so one upload serves them all.
+struct CopyPairs {
     host: Vec<(u32, u32)>,
-    dev: Option<DeviceBox<D>>,
+    ptr: DevPtr,
+    /// `steps` when they were uploaded (the arena is reset by the next upload).
+    step: u64,
 }
 
 pub struct CudaBackend<D: Device> {
@@ -100,7 +103,9 @@ pub struct CudaBackend<D: Device> {
     pub(super) arena: Mutex<Arena<D>>,
     steps: Mutex<StepBuffers<D>>,
     graphs: Mutex<GraphCache<D::Graph>>,
-    copy_pairs: Mutex<CopyPairs<D>>,
+    copy_pairs: Mutex<CopyPairs>,
+    /// Steps uploaded so far.
+    steps_uploaded: std::sync::atomic::AtomicU64,
     pub(super) sampler: sampler::Sampler<D>,
 }
 
@@ -152,8 +157,10 @@ impl<D: Device> CudaBackend<D> {
             graphs: Mutex::new(GraphCache::new(graphs)),
             copy_pairs: Mutex::new(CopyPairs {
                 host: Vec::new(),
-                dev: None,
+                ptr: DevPtr::NULL,
+                step: u64::MAX,
             }),
+            steps_uploaded: Default::default(),
             sampler: sampler::Sampler::new(&dev),
             kernels,
             dev,
@@ -308,6 +315,8 @@ impl<D: Device> Backend for CudaBackend<D> {
     }
 
     fn upload_step(&self, layout: &BatchLayout) -> Result<CudaStep> {
+        self.steps_uploaded
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         lock(&self.arena).reset()?;
         let mut bufs = lock(&self.steps);
         let bufs = &mut *bufs;
@@ -688,14 +697,20 @@ impl<D: Device> Backend for CudaBackend<D> {
             return Ok(());
         }
         let mut cp = lock(&self.copy_pairs);
-        if cp.host != pairs || cp.dev.is_none() {
+        let step = self
+            .steps_uploaded
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if cp.step != step || cp.host != pairs {
             let flat: Vec<u32> = pairs.iter().flat_map(|&(s, d)| [s, d]).collect();
-            let mem = DeviceBox::new(&self.dev, flat.len() * 4)?;
-            self.dev.htod_slice(&flat, mem.ptr()).map_err(cuda_err)?;
-            cp.dev = Some(mem);
-            cp.host = pairs.to_vec();
+            let buf = self.arena_alloc(flat.len(), ElemType::F32)?;
+            self.dev.htod_slice(&flat, buf.ptr).map_err(cuda_err)?;
+            *cp = CopyPairs {
+                host: pairs.to_vec(),
+                ptr: buf.ptr,
+                step,
+            };
         }
-        let ptr = cp.dev.as_ref().map(|m| m.ptr()).unwrap_or_default();
+        let ptr = cp.ptr;
         let block_elems = cfg.num_kv_heads * crate::kv::BLOCK_SIZE * cfg.head_dim;
         self.launch(
             "copy_blocks",
