@@ -30,6 +30,24 @@ pub struct SampleRequest<'a> {
     pub ctx: SequenceContext<'a>,
 }
 
+impl<'a> SampleRequest<'a> {
+    /// One draw at each chunk's last token, all with `params` (seeded by `params.seed`) and
+    /// no sequence context: what benchmarks and tests that drive the engine directly need.
+    pub fn at_each_last_token(chunks: &[SeqChunk], params: &'a SamplingParams) -> Vec<Self> {
+        chunks
+            .iter()
+            .enumerate()
+            .map(|(k, c)| SampleRequest {
+                chunk: k,
+                position: c.tokens.len().saturating_sub(1),
+                params,
+                seed: params.seed,
+                ctx: SequenceContext::default(),
+            })
+            .collect()
+    }
+}
+
 /// Log-probabilities of given tokens at each of a chunk's positions (prompt logprobs).
 #[derive(Debug, Clone, Copy)]
 pub struct PromptLogprobRequest<'a> {

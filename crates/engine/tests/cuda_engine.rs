@@ -67,17 +67,7 @@ fn prompt(n: usize, seed: u32) -> Vec<u32> {
 /// Greedy draws for every chunk's last token.
 fn greedy<E: StepEngine + ?Sized>(e: &mut E, chunks: &[SeqChunk]) -> Vec<u32> {
     let params = SamplingParams::default();
-    let samples: Vec<SampleRequest> = chunks
-        .iter()
-        .enumerate()
-        .map(|(k, c)| SampleRequest {
-            chunk: k,
-            position: c.tokens.len() - 1,
-            params: &params,
-            seed: 0,
-            ctx: SequenceContext::default(),
-        })
-        .collect();
+    let samples = SampleRequest::at_each_last_token(chunks, &params);
     let out = e
         .step(&StepBatch {
             chunks,

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use lmi_engine::engine::{EngineOptions, StepEngine};
-use lmi_engine::sampling::{SamplingParams, SequenceContext};
+use lmi_engine::sampling::SamplingParams;
 use lmi_engine::{
     BLOCK_SIZE, DType, Device, LogitsWanted, SampleRequest, SeqChunk, StepBatch, model_store,
 };
@@ -216,17 +216,7 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
 /// step includes the draw).
 fn greedy_step(engine: &mut dyn StepEngine, chunks: &[SeqChunk]) -> anyhow::Result<()> {
     let params = SamplingParams::default();
-    let samples: Vec<SampleRequest> = chunks
-        .iter()
-        .enumerate()
-        .map(|(k, c)| SampleRequest {
-            chunk: k,
-            position: c.tokens.len() - 1,
-            params: &params,
-            seed: 0,
-            ctx: SequenceContext::default(),
-        })
-        .collect();
+    let samples = SampleRequest::at_each_last_token(chunks, &params);
     engine.step(&StepBatch {
         chunks,
         samples: &samples,
