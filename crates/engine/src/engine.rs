@@ -12,7 +12,7 @@ use crate::cpu::CpuBackend;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::kv::KvCacheConfig;
-use crate::lora::LoraAdapter;
+use crate::lora::{LoraAdapter, LoraWeights};
 use crate::model::{KvCache, LoadOptions, Model};
 use crate::step::{LogitsWork, StepBatch, StepOutput};
 
@@ -75,9 +75,10 @@ pub trait StepEngine: Send {
     fn weight_bytes(&self) -> usize;
     /// Tokens run through the model since load (prefix-cache tests count skipped work).
     fn tokens_computed(&self) -> u64;
-    /// Loads a LoRA adapter (PEFT directory or .safetensors file) under `id`; sequences name
-    /// it in `SeqChunk::adapter`. Replaces an adapter already loaded under that id.
-    fn load_adapter(&mut self, id: u64, path: &Path) -> Result<()>;
+    /// Uploads a LoRA adapter's host weights under `id` (the engine tier of the adapter
+    /// cache); sequences name it in `SeqChunk::adapter`. Replaces an adapter already loaded
+    /// under that id.
+    fn load_adapter(&mut self, id: u64, weights: &LoraWeights) -> Result<()>;
     fn unload_adapter(&mut self, id: u64) -> bool;
     fn has_adapter(&self, id: u64) -> bool;
 }
@@ -241,8 +242,15 @@ impl<B: Backend> StepEngine for Engine<B> {
         self.tokens_computed
     }
 
-    fn load_adapter(&mut self, id: u64, path: &Path) -> Result<()> {
-        let a = LoraAdapter::load(&self.backend, &self.model.config, path)?;
+    fn load_adapter(&mut self, id: u64, weights: &LoraWeights) -> Result<()> {
+        if weights.layers.len() != self.model.config.num_layers {
+            return Err(crate::error::EngineError::Batch(format!(
+                "LoRA adapter {id} has {} layers, the model {}",
+                weights.layers.len(),
+                self.model.config.num_layers
+            )));
+        }
+        let a = LoraAdapter::upload(&self.backend, weights)?;
         self.adapters.insert(id, a);
         Ok(())
     }

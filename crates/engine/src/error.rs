@@ -31,6 +31,8 @@ pub enum EngineError {
     Gguf(String),
     #[error("model provisioning failed: {0}")]
     Provision(String),
+    #[error("LoRA adapter {path}: {msg}")]
+    Adapter { path: PathBuf, msg: String },
     #[error("invalid batch: {0}")]
     Batch(String),
     #[error("backend error: {0}")]

@@ -91,6 +91,149 @@ impl Rng {
     }
 }
 
+/// Writes f32 tensors `(name, shape, values)` as one safetensors file.
+pub fn write_f32_safetensors(
+    path: &Path,
+    tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
+) -> Result<()> {
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .into_iter()
+        .map(|(n, s, v)| (n, s, v.iter().flat_map(|x| x.to_le_bytes()).collect()))
+        .collect();
+    let views: HashMap<String, TensorView<'_>> = bytes
+        .iter()
+        .map(|(n, s, b)| {
+            let v = TensorView::new(Dtype::F32, s.clone(), b)
+                .map_err(|e| EngineError::Backend(e.to_string()))?;
+            Ok((n.clone(), v))
+        })
+        .collect::<Result<_>>()?;
+    safetensors::serialize_to_file(views, None, path).map_err(|e| EngineError::Safetensors {
+        path: path.to_path_buf(),
+        msg: e.to_string(),
+    })
+}
+
+/// A PEFT LoRA adapter a test writes: `targets` (PEFT module names, e.g. `self_attn.q_proj`)
+/// of every layer of a model of config `c`, rank `rank`, `lora_alpha` `alpha`, seeded values.
+#[derive(Debug, Clone)]
+pub struct PeftSpec {
+    pub targets: Vec<&'static str>,
+    pub rank: usize,
+    pub alpha: f32,
+    pub seed: u64,
+    /// Magnitude of A and B entries.
+    pub scale: f32,
+}
+
+impl PeftSpec {
+    pub fn new(rank: usize, seed: u64) -> Self {
+        PeftSpec {
+            targets: vec!["self_attn.q_proj", "self_attn.v_proj"],
+            rank,
+            alpha: 2.0 * rank as f32,
+            seed,
+            scale: 0.1,
+        }
+    }
+}
+
+/// Writes `dir/adapter_config.json` and `dir/adapter_model.safetensors` (f32).
+pub fn write_peft_adapter(dir: &Path, c: &crate::ModelConfig, spec: &PeftSpec) -> Result<()> {
+    use crate::lora::Target;
+    std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
+    let mut rng = Rng(spec.seed.wrapping_add(0x5EED));
+    let mut tensors = Vec::new();
+    for l in 0..c.num_layers {
+        for &m in &spec.targets {
+            let t = Target::ALL
+                .into_iter()
+                .find(|t| t.module() == m)
+                .ok_or_else(|| EngineError::Backend(format!("unknown LoRA target {m}")))?;
+            let (out, inp) = t.dims(c);
+            let p = format!("base_model.model.model.layers.{l}.{m}");
+            let r = spec.rank;
+            tensors.push((
+                format!("{p}.lora_A.weight"),
+                vec![r, inp],
+                rng.tensor(r * inp, spec.scale, 0.0),
+            ));
+            tensors.push((
+                format!("{p}.lora_B.weight"),
+                vec![out, r],
+                rng.tensor(out * r, spec.scale, 0.0),
+            ));
+        }
+    }
+    write_f32_safetensors(&dir.join("adapter_model.safetensors"), tensors)?;
+    let modules: Vec<&str> = spec
+        .targets
+        .iter()
+        .map(|m| m.rsplit('.').next().unwrap_or(m))
+        .collect();
+    let config = serde_json::json!({
+        "peft_type": "LORA",
+        "r": spec.rank,
+        "lora_alpha": spec.alpha,
+        "target_modules": modules,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "task_type": "CAUSAL_LM",
+    });
+    let path = dir.join("adapter_config.json");
+    std::fs::write(&path, config.to_string()).map_err(|e| EngineError::io(&path, e))
+}
+
+/// Copies the model at `base` to `out` with an adapter's deltas merged into its weights
+/// (`W + B·A`, scale already folded into B): the reference a LoRA run must match.
+pub fn write_merged_model(
+    base: &Path,
+    adapter: &crate::lora::LoraWeights,
+    out: &Path,
+) -> Result<()> {
+    use crate::lora::Target;
+    std::fs::create_dir_all(out).map_err(|e| EngineError::io(out, e))?;
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        let src = base.join(f);
+        if src.is_file() {
+            std::fs::copy(&src, out.join(f)).map_err(|e| EngineError::io(&src, e))?;
+        }
+    }
+    let st = crate::weights::SafetensorsDir::open(base)?;
+    let mut names: Vec<String> = st.names().map(str::to_string).collect();
+    names.sort();
+    let mut tensors = Vec::new();
+    for name in names {
+        let shape = st.shape(&name).unwrap_or_default();
+        let mut v = st.load(&name, &shape, crate::DType::F32)?.to_f32_vec();
+        for (l, row) in adapter.layers.iter().enumerate() {
+            for t in Target::ALL {
+                let Some((a, b)) = &row[t as usize] else {
+                    continue;
+                };
+                if name != format!("model.layers.{l}.{}.weight", t.module()) {
+                    continue;
+                }
+                let (out_dim, r, inp) = (b.shape[0], a.shape[0], a.shape[1]);
+                let (a, b) = (a.to_f32_vec(), b.to_f32_vec());
+                for o in 0..out_dim {
+                    for k in 0..inp {
+                        let d: f32 = (0..r).map(|j| b[o * r + j] * a[j * inp + k]).sum();
+                        v[o * inp + k] += d;
+                    }
+                }
+            }
+        }
+        tensors.push((name, shape, v));
+    }
+    write_f32_safetensors(&out.join("model.safetensors"), tensors)
+}
+
 /// Writes a complete random model directory: config.json, model.safetensors (f32) and the
 /// tiny byte-level tokenizer.
 pub fn write_tiny_model(dir: &Path, spec: &TinySpec) -> Result<()> {
@@ -202,23 +345,7 @@ pub fn write_tiny_model(dir: &Path, spec: &TinySpec) -> Result<()> {
             &mut rng,
         );
     }
-    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
-        .into_iter()
-        .map(|(n, s, v)| (n, s, v.iter().flat_map(|x| x.to_le_bytes()).collect()))
-        .collect();
-    let views: HashMap<String, TensorView<'_>> = bytes
-        .iter()
-        .map(|(n, s, b)| {
-            let v = TensorView::new(Dtype::F32, s.clone(), b)
-                .map_err(|e| EngineError::Backend(e.to_string()))?;
-            Ok((n.clone(), v))
-        })
-        .collect::<Result<_>>()?;
-    let path = dir.join("model.safetensors");
-    safetensors::serialize_to_file(views, None, &path).map_err(|e| EngineError::Safetensors {
-        path: path.clone(),
-        msg: e.to_string(),
-    })?;
+    write_f32_safetensors(&dir.join("model.safetensors"), tensors)?;
     let mut config = serde_json::json!({
         "architectures": [spec.architecture.hf_name()],
         "vocab_size": spec.vocab_size,

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use lmi_engine::engine::{EngineOptions, StepEngine};
+use lmi_engine::lora::{LoraLimits, LoraWeights};
 use lmi_engine::testing::{TinySpec, write_tiny_model};
 use lmi_engine::weights::SafetensorsDir;
 use lmi_engine::{DType, Engine, LogitsWanted, ModelConfig, SeqChunk};
@@ -113,8 +114,10 @@ fn adapter_equals_merged_weights_and_leaves_other_rows_alone() {
         adapter,
     };
     let mut e = Engine::load_cpu(base.path(), &opts).unwrap();
-    assert!(e.load_adapter(7, &base.path().join("missing")).is_err());
-    e.load_adapter(7, adapter_dir.path()).unwrap();
+    let limits = LoraLimits::default();
+    assert!(LoraWeights::load(&base.path().join("missing"), &c, limits).is_err());
+    let w = LoraWeights::load(adapter_dir.path(), &c, limits).unwrap();
+    e.load_adapter(7, &w).unwrap();
     let mixed = e
         .forward_logits(&[chunk(Some(7), 0), chunk(None, 2)])
         .unwrap();

@@ -14,16 +14,21 @@ use tokio::sync::mpsc as tmpsc;
 use crate::error::SubmitError;
 use crate::event::Event;
 use crate::metrics::SchedulerMetrics;
-use crate::request::GenerateRequest;
+use crate::request::{AdapterId, AdapterRef, GenerateRequest};
 use crate::scheduler::{Scheduler, SchedulerConfig, check_request};
 use crate::sequence::RequestId;
 
 enum Command {
     Submit {
         id: RequestId,
-        req: GenerateRequest,
+        req: Box<GenerateRequest>,
         tx: tmpsc::Sender<Event>,
     },
+    PinAdapter {
+        adapter: AdapterRef,
+        reply: tokio::sync::oneshot::Sender<Result<(), String>>,
+    },
+    RetireAdapter(AdapterId),
 }
 
 /// Static facts about the running scheduler that callers validate against.
@@ -112,9 +117,30 @@ impl Handle {
         let (tx, rx) = tmpsc::channel(capacity);
         let id = self.next_id.fetch_add(1, Relaxed);
         self.tx
-            .send(Command::Submit { id, req, tx })
+            .send(Command::Submit {
+                id,
+                req: Box::new(req),
+                tx,
+            })
             .map_err(|_| SubmitError::Stopped)?;
         Ok(RequestStream { id, rx })
+    }
+
+    /// Pins a LoRA adapter (its weights loaded) into the engine: never evicted from then on.
+    /// Err("No free lora slots") when pins alone would fill every slot.
+    pub async fn pin_adapter(&self, adapter: AdapterRef) -> Result<(), String> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.tx
+            .send(Command::PinAdapter { adapter, reply })
+            .map_err(|_| "the scheduler has stopped".to_string())?;
+        rx.await
+            .map_err(|_| "the scheduler has stopped".to_string())?
+    }
+
+    /// Tells the scheduler an adapter is unregistered: unpinned, and unloaded from the engine
+    /// once no running sequence uses it.
+    pub fn retire_adapter(&self, id: AdapterId) {
+        let _ = self.tx.send(Command::RetireAdapter(id));
     }
 
     /// Stops taking requests and waits until every queued one has finished.
@@ -127,8 +153,13 @@ impl Handle {
     }
 }
 
+/// How long the loop waits for a command when every waiting request waits for its adapter
+/// (weights loading off this thread, or a slot to free).
+const IDLE_POLL: std::time::Duration = std::time::Duration::from_millis(2);
+
 fn run(mut s: Scheduler, rx: mpsc::Receiver<Command>) {
     let mut open = true;
+    let mut stalled = false;
     loop {
         if !s.has_work() {
             if !open {
@@ -138,6 +169,14 @@ fn run(mut s: Scheduler, rx: mpsc::Receiver<Command>) {
                 Ok(cmd) => handle(&mut s, cmd),
                 Err(_) => return,
             }
+        } else if stalled && open {
+            match rx.recv_timeout(IDLE_POLL) {
+                Ok(cmd) => handle(&mut s, cmd),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => open = false,
+            }
+        } else if stalled {
+            std::thread::sleep(IDLE_POLL);
         }
         loop {
             match rx.try_recv() {
@@ -149,16 +188,20 @@ fn run(mut s: Scheduler, rx: mpsc::Receiver<Command>) {
                 }
             }
         }
-        s.step();
+        stalled = !s.step();
     }
 }
 
 fn handle(s: &mut Scheduler, cmd: Command) {
     match cmd {
         Command::Submit { id, req, tx } => {
-            if let Err(e) = s.add(id, req, tx.clone()) {
+            if let Err(e) = s.add(id, *req, tx.clone()) {
                 let _ = tx.try_send(Event::Error(e.to_string()));
             }
         }
+        Command::PinAdapter { adapter, reply } => {
+            let _ = reply.send(s.pin_adapter(&adapter));
+        }
+        Command::RetireAdapter(id) => s.retire_adapter(id),
     }
 }

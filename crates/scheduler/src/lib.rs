@@ -2,6 +2,7 @@
 //! continuous batching over a paged KV cache with a prefix cache (see `scheduler.rs`).
 //! Callers submit through a [`Handle`] and read [`Event`]s from a [`RequestStream`].
 
+mod adapters;
 pub mod block_pool;
 mod error;
 mod event;
@@ -18,7 +19,7 @@ pub use error::SubmitError;
 pub use event::{Event, FinishReason, Finished, PromptToken, Timings, TokenEvent};
 pub use handle::{Handle, Limits, RequestStream};
 pub use metrics::{MetricsSnapshot, SchedulerMetrics};
-pub use request::{AdapterId, GenerateRequest, StoppingParams};
+pub use request::{AdapterId, AdapterRef, AdapterWeights, GenerateRequest, StoppingParams};
 pub use scheduler::{Scheduler, SchedulerConfig};
 pub use sequence::RequestId;
 pub use stop::StopMatcher;

@@ -26,6 +26,14 @@ pub struct SchedulerMetrics {
     /// Of the scheduler's own time, the part spent sampling (vocabulary-sized passes per row;
     /// on a GPU backend this moves into the device step).
     pub sample_nanos: AtomicU64,
+    /// LoRA adapters uploaded into the engine's slots, pinned among them, and the uploads
+    /// and evictions so far (the engine tier of the adapter cache).
+    pub lora_engine_resident: AtomicU64,
+    pub lora_pinned: AtomicU64,
+    pub lora_engine_loads: AtomicU64,
+    pub lora_engine_evictions: AtomicU64,
+    /// Requests waiting for their adapter (its weights loading, or no engine slot free).
+    pub lora_waiting_requests: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -45,6 +53,11 @@ pub struct MetricsSnapshot {
     pub step_nanos: u64,
     pub forward_nanos: u64,
     pub sample_nanos: u64,
+    pub lora_engine_resident: u64,
+    pub lora_pinned: u64,
+    pub lora_engine_loads: u64,
+    pub lora_engine_evictions: u64,
+    pub lora_waiting_requests: u64,
 }
 
 impl MetricsSnapshot {
@@ -76,6 +89,11 @@ impl SchedulerMetrics {
             step_nanos: self.step_nanos.load(Relaxed),
             forward_nanos: self.forward_nanos.load(Relaxed),
             sample_nanos: self.sample_nanos.load(Relaxed),
+            lora_engine_resident: self.lora_engine_resident.load(Relaxed),
+            lora_pinned: self.lora_pinned.load(Relaxed),
+            lora_engine_loads: self.lora_engine_loads.load(Relaxed),
+            lora_engine_evictions: self.lora_engine_evictions.load(Relaxed),
+            lora_waiting_requests: self.lora_waiting_requests.load(Relaxed),
         }
     }
 }

@@ -1,10 +1,62 @@
 //! What a caller submits: token ids and every generation control, already validated and
 //! tokenized by the front end.
 
+use std::sync::{Arc, OnceLock};
+
+use lmi_engine::lora::LoraWeights;
 use lmi_engine::sampling::SamplingParams;
 
-/// An opaque adapter id; prefix-cache hashes are keyed by it (KV differs per adapter).
+/// An opaque adapter id; prefix-cache hashes are keyed by it (KV differs per adapter). Ids
+/// are never reused for other weights.
 pub type AdapterId = u64;
+
+/// An adapter's host weights, filled once by whoever reads them from disk (off the
+/// scheduler thread); a request whose adapter is still loading waits in the queue.
+#[derive(Debug, Default)]
+pub struct AdapterWeights(OnceLock<Result<Arc<LoraWeights>, String>>);
+
+impl AdapterWeights {
+    /// Weights still being read.
+    pub fn pending() -> Self {
+        Self::default()
+    }
+
+    pub fn ready(w: Arc<LoraWeights>) -> Self {
+        let cell = OnceLock::new();
+        let _ = cell.set(Ok(w));
+        AdapterWeights(cell)
+    }
+
+    /// Completes a pending load (the first call wins).
+    pub fn set(&self, r: Result<Arc<LoraWeights>, String>) {
+        let _ = self.0.set(r);
+    }
+
+    /// None while loading; the weights, or why they could not be read.
+    pub fn get(&self) -> Option<&Result<Arc<LoraWeights>, String>> {
+        self.0.get()
+    }
+}
+
+/// The LoRA adapter a request runs with.
+#[derive(Clone)]
+pub struct AdapterRef {
+    pub id: AdapterId,
+    /// The name it was asked for by (error messages).
+    pub name: Arc<str>,
+    pub weights: Arc<AdapterWeights>,
+}
+
+impl std::fmt::Debug for AdapterRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.weights.get() {
+            None => "loading",
+            Some(Ok(_)) => "ready",
+            Some(Err(_)) => "failed",
+        };
+        write!(f, "AdapterRef({} {:?}, {state})", self.id, self.name)
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct StoppingParams {
@@ -43,7 +95,7 @@ pub struct GenerateRequest {
     /// Return prompt logprobs, with this many alternatives per position.
     pub prompt_logprobs: Option<u32>,
     pub skip_special_tokens: bool,
-    pub adapter: Option<AdapterId>,
+    pub adapter: Option<AdapterRef>,
     /// Pin the KV blocks of the first this-many prompt tokens (a system prompt) in the prefix
     /// cache so they survive eviction (Edge-LLM's save_system_prompt_kv_cache).
     pub pin_prefix_tokens: usize,
@@ -67,5 +119,9 @@ impl GenerateRequest {
     /// Parallel sequences this request runs.
     pub fn num_seqs(&self) -> usize {
         self.best_of.max(self.n).max(1)
+    }
+
+    pub fn adapter_id(&self) -> Option<AdapterId> {
+        self.adapter.as_ref().map(|a| a.id)
     }
 }

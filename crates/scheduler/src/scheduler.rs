@@ -2,7 +2,7 @@
 //! sampling, detokenization, stop rules and events. Owned by one thread (see `handle.rs`);
 //! everything here is synchronous and deterministic for a given order of submissions.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
@@ -13,12 +13,13 @@ use lmi_engine::{BLOCK_SIZE, StepBatch, StepOutput};
 use lmi_text::{IncrementalDetokenizer, Tokenizer};
 use tokio::sync::mpsc::Sender;
 
+use crate::adapters::{AdapterSlots, Residency};
 use crate::block_pool::BlockPool;
 use crate::error::SubmitError;
 use crate::event::{Event, FinishReason, Finished, PromptToken, Timings, TokenEvent};
 use crate::metrics::SchedulerMetrics;
 use crate::prefix_hash::block_hash;
-use crate::request::GenerateRequest;
+use crate::request::{AdapterId, AdapterRef, GenerateRequest};
 use crate::sequence::{RequestId, RequestState, Sequence};
 use crate::step_plan::{self, Planned, wants_prompt_logprobs};
 use crate::stop::StopMatcher;
@@ -34,6 +35,8 @@ pub struct SchedulerConfig {
     pub max_model_len: usize,
     /// Requests allowed to wait (LMI's job_queue_size); more are refused.
     pub max_waiting: usize,
+    /// LoRA adapters resident in the engine at once (LMI's max_loras).
+    pub max_loras: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -43,8 +46,17 @@ impl Default for SchedulerConfig {
             max_batch_tokens: 4096,
             max_model_len: 4096,
             max_waiting: 1000,
+            max_loras: 4,
         }
     }
+}
+
+/// Whether a waiting request's adapter lets it run now.
+enum AdapterWait {
+    Ready,
+    /// Its weights are loading, or every engine slot is pinned or in use.
+    Hold,
+    Failed(String),
 }
 
 pub struct Scheduler {
@@ -58,6 +70,7 @@ pub struct Scheduler {
     requests: HashMap<RequestId, RequestState>,
     metrics: Arc<SchedulerMetrics>,
     next_arrival: u64,
+    adapters: AdapterSlots,
 }
 
 fn blocks_for(tokens: usize) -> usize {
@@ -87,6 +100,7 @@ impl Scheduler {
             .kv_blocks_total
             .store(pool.num_blocks() as u64, Relaxed);
         Scheduler {
+            adapters: AdapterSlots::new(cfg.max_loras),
             engine,
             tokenizer,
             eos,
@@ -242,15 +256,19 @@ impl Scheduler {
         self.drop_request(id);
     }
 
-    /// One scheduling round and engine step. Returns false when there was nothing to run.
+    /// One scheduling round and engine step. Returns false when no step ran (nothing to
+    /// run, or every waiting request waits for its adapter).
     pub fn step(&mut self) -> bool {
         let t0 = Instant::now();
         self.reap_cancelled();
+        let busy = self.busy_adapters();
+        self.adapters.unload_retired(self.engine.as_mut(), &busy);
+        self.adapters.load_pinned(self.engine.as_mut(), &busy);
         let mut copies: Vec<(u32, u32)> = Vec::new();
         let scheduled = self.schedule(&mut copies);
         if scheduled.is_empty() {
             self.update_gauges();
-            return self.has_work();
+            return false;
         }
         let chunks = step_plan::chunks(&self.running, &self.requests, &scheduled);
         let batch_tokens: usize = chunks.iter().map(|c| c.tokens.len()).sum();
@@ -338,10 +356,25 @@ impl Scheduler {
         if preempted {
             return out;
         }
+        // Requests whose adapter is loading or finds no engine slot wait; others go ahead.
+        let mut held: Vec<Sequence> = Vec::new();
         while budget > 0 && self.running.len() < self.cfg.max_batch_size {
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
+            match self.adapter_ready(&seq) {
+                AdapterWait::Ready => {}
+                AdapterWait::Hold => {
+                    held.push(seq);
+                    continue;
+                }
+                AdapterWait::Failed(msg) => {
+                    let id = seq.req;
+                    self.release(&mut seq);
+                    self.fail_request(id, msg);
+                    continue;
+                }
+            }
             if seq.num_computed == 0 && seq.block_table.is_empty() {
                 self.reuse_prefix(&mut seq);
             }
@@ -375,7 +408,81 @@ impl Scheduler {
             out.push((self.running.len() - 1, n));
             budget -= n;
         }
+        self.metrics
+            .lora_waiting_requests
+            .store(held.len() as u64, Relaxed);
+        for s in held.into_iter().rev() {
+            self.waiting.push_front(s);
+        }
         out
+    }
+
+    /// Adapters of running sequences (never evicted).
+    fn busy_adapters(&self) -> HashSet<AdapterId> {
+        self.running
+            .iter()
+            .filter_map(|s| self.requests.get(&s.req)?.params.adapter_id())
+            .collect()
+    }
+
+    /// Whether `seq`'s adapter is loaded into the engine (loading it if a slot can be had).
+    fn adapter_ready(&mut self, seq: &Sequence) -> AdapterWait {
+        let Some(a) = self
+            .requests
+            .get(&seq.req)
+            .and_then(|r| r.params.adapter.clone())
+        else {
+            return AdapterWait::Ready;
+        };
+        let weights = match a.weights.get() {
+            None => return AdapterWait::Hold,
+            Some(Err(e)) => {
+                return AdapterWait::Failed(format!("LoRA adapter {}: {e}", a.name));
+            }
+            Some(Ok(w)) => w.clone(),
+        };
+        let busy = self.busy_adapters();
+        let r = self
+            .adapters
+            .ensure(self.engine.as_mut(), a.id, &weights, &busy);
+        self.update_adapter_metrics();
+        match r {
+            Residency::Ready => AdapterWait::Ready,
+            Residency::NoSlot => AdapterWait::Hold,
+            Residency::Failed(e) => AdapterWait::Failed(format!("LoRA adapter {}: {e}", a.name)),
+        }
+    }
+
+    /// Pins an adapter in the engine (LMI's `pin=true`): loaded as soon as a slot can be
+    /// had, never evicted. Refused ("No free lora slots") when pins would take the last slot.
+    pub fn pin_adapter(&mut self, a: &AdapterRef) -> Result<(), String> {
+        let weights = match a.weights.get() {
+            Some(Ok(w)) => w.clone(),
+            Some(Err(e)) => return Err(e.clone()),
+            None => return Err("its weights are not loaded".into()),
+        };
+        self.adapters.pin(a.id, weights)?;
+        let busy = self.busy_adapters();
+        self.adapters.load_pinned(self.engine.as_mut(), &busy);
+        self.update_adapter_metrics();
+        Ok(())
+    }
+
+    /// Forgets an unregistered adapter: unpinned, unloaded once no running sequence uses it.
+    pub fn retire_adapter(&mut self, id: AdapterId) {
+        let busy = self.busy_adapters();
+        self.adapters.retire(self.engine.as_mut(), id, &busy);
+        self.update_adapter_metrics();
+    }
+
+    fn update_adapter_metrics(&self) {
+        let m = &self.metrics;
+        m.lora_engine_resident
+            .store(self.adapters.resident() as u64, Relaxed);
+        m.lora_pinned.store(self.adapters.pinned() as u64, Relaxed);
+        m.lora_engine_loads.store(self.adapters.loads, Relaxed);
+        m.lora_engine_evictions
+            .store(self.adapters.evictions, Relaxed);
     }
 
     /// Makes room for `n` more tokens of running sequence `i`: copy-on-write of a shared
@@ -432,7 +539,7 @@ impl Scheduler {
         if wants_prompt_logprobs(s, r) {
             return; // prompt logprobs need every prompt position's logits
         }
-        let adapter = r.params.adapter;
+        let adapter = r.params.adapter_id();
         let max_blocks = (s.tokens.len() - 1) / BLOCK_SIZE;
         let mut parent = None;
         for b in 0..max_blocks {
@@ -536,7 +643,7 @@ impl Scheduler {
         let Some(r) = self.requests.get(&s.req) else {
             return;
         };
-        let adapter = r.params.adapter;
+        let adapter = r.params.adapter_id();
         let pin_upto = r.params.pin_prefix_tokens;
         while (s.hashes.len() + 1) * BLOCK_SIZE <= s.num_computed {
             let b = s.hashes.len();

@@ -55,7 +55,7 @@ pub(crate) fn chunks(
                 start_pos: s.num_computed,
                 block_table: s.block_table.clone(),
                 logits,
-                adapter: r.and_then(|r| r.params.adapter),
+                adapter: r.and_then(|r| r.params.adapter_id()),
             }
         })
         .collect()

@@ -45,6 +45,7 @@ fn spawn(dir: &Path, blocks: usize, max_batch: usize, budget: usize) -> Handle {
         max_batch_tokens: budget,
         max_model_len: 256,
         max_waiting: 100,
+        max_loras: 4,
     };
     Handle::spawn(Box::new(engine), Tokenizer::from_dir(dir).unwrap(), cfg)
 }

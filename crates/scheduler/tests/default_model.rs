@@ -48,6 +48,7 @@ fn spawn(dir: &std::path::Path, blocks: usize, max_batch: usize) -> Handle {
         max_batch_tokens: 64,
         max_model_len: 2048,
         max_waiting: 100,
+        max_loras: 4,
     };
     Handle::spawn(Box::new(engine), Tokenizer::from_dir(dir).unwrap(), cfg)
 }

@@ -5,7 +5,6 @@
 //! until [`AppState::set_loaded`] runs, `/ping` and `/health` answer 503 and generation
 //! routes should answer 503 too (orchestrators see "not ready", not "connection refused").
 
-use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -27,79 +26,14 @@ use crate::metrics::ServerMetrics;
 
 pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
-/// LoRA adapters loaded at start: name → engine adapter id.
-#[derive(Debug, Clone, Default)]
-pub struct AdapterRegistry {
-    by_name: BTreeMap<String, u64>,
-}
-
-/// An adapter name that is not loaded; `Display` lists the loaded ones.
-#[allow(dead_code)] // API for the generation routes (routes/{lmi,tgi,openai}.rs)
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnknownAdapter {
-    pub name: String,
-    pub available: Vec<String>,
-}
-
-impl std::fmt::Display for UnknownAdapter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Adapter {} is not registered", self.name)?;
-        if self.available.is_empty() {
-            write!(f, "; no adapters are loaded")
-        } else {
-            write!(f, "; available adapters: {}", self.available.join(", "))
-        }
-    }
-}
-
-impl std::error::Error for UnknownAdapter {}
-
-#[allow(dead_code)] // API for the generation routes (routes/{lmi,tgi,openai}.rs)
-impl AdapterRegistry {
-    pub fn insert(&mut self, name: impl Into<String>, id: u64) {
-        self.by_name.insert(name.into(), id);
-    }
-
-    /// None or "" → no adapter; a loaded name → its id; anything else → [`UnknownAdapter`].
-    pub fn resolve(&self, name: Option<&str>) -> Result<Option<u64>, UnknownAdapter> {
-        match name.map(str::trim).filter(|n| !n.is_empty()) {
-            None => Ok(None),
-            Some(n) => self
-                .by_name
-                .get(n)
-                .copied()
-                .map(Some)
-                .ok_or_else(|| UnknownAdapter {
-                    name: n.to_string(),
-                    available: self.names().map(str::to_string).collect(),
-                }),
-        }
-    }
-
-    pub fn get(&self, name: &str) -> Option<u64> {
-        self.by_name.get(name).copied()
-    }
-
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.by_name.keys().map(String::as_str)
-    }
-
-    pub fn len(&self) -> usize {
-        self.by_name.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_name.is_empty()
-    }
-}
-
 /// Everything that exists once the model is loaded.
 #[allow(dead_code)] // API for the generation routes (routes/{lmi,tgi,openai}.rs)
 pub struct LoadedModel {
     pub handle: Handle,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
-    pub adapters: AdapterRegistry,
+    /// Registered LoRA adapters and the host tier of their cache.
+    pub adapters: Arc<crate::adapters::AdapterRegistry>,
     pub model_config: ModelConfig,
     /// Longest prompt + output (the scheduler's max_model_len).
     pub max_model_len: usize,
@@ -310,27 +244,5 @@ mod tests {
         assert_eq!(a.len(), 36);
         assert_eq!(a.matches('-').count(), 4);
         assert!(a.chars().all(|c| c == '-' || c.is_ascii_hexdigit()));
-    }
-
-    #[test]
-    fn adapter_registry_resolves_names() {
-        let mut r = AdapterRegistry::default();
-        r.insert("sql", 1);
-        r.insert("chat", 2);
-        assert_eq!(r.resolve(None), Ok(None));
-        assert_eq!(r.resolve(Some("")), Ok(None));
-        assert_eq!(r.resolve(Some("sql")), Ok(Some(1)));
-        let err = r.resolve(Some("nope")).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "Adapter nope is not registered; available adapters: chat, sql"
-        );
-        assert_eq!(
-            AdapterRegistry::default()
-                .resolve(Some("x"))
-                .unwrap_err()
-                .to_string(),
-            "Adapter x is not registered; no adapters are loaded"
-        );
     }
 }

@@ -1,5 +1,6 @@
 //! `lmi`: one binary for serving, batch inference, model conversion and benchmarks.
 
+mod adapters;
 mod app;
 mod commands;
 mod config;

@@ -65,6 +65,8 @@ pub struct ServerMetrics {
     steps_total: IntCounter,
     step_seconds_total: Counter,
     forward_seconds_total: Counter,
+    /// The LoRA adapter cache (registry and engine tiers).
+    pub adapters: crate::adapters::AdapterMetrics,
 }
 
 /// TGI's buckets for every `*duration`: 1e-4 · 1.5^k, k = 1..=35 (0.00015 s … ≈146 s).
@@ -229,6 +231,7 @@ impl ServerMetrics {
                 "lmi_engine_forward_seconds_total",
                 "Wall time of the engine's forward passes (s)"
             )?),
+            adapters: crate::adapters::AdapterMetrics::register(&registry)?,
             registry,
         })
     }
@@ -331,6 +334,7 @@ impl ServerMetrics {
         };
         f(&self.step_seconds_total, s.step_nanos);
         f(&self.forward_seconds_total, s.forward_nanos);
+        self.adapters.update_from_scheduler(s);
     }
 
     /// The Prometheus text exposition of every metric.

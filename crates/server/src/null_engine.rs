@@ -13,6 +13,7 @@ use lmi_engine::config::ModelConfig;
 use lmi_engine::engine::StepEngine;
 use lmi_engine::error::{EngineError, Result};
 use lmi_engine::kv::KvCacheConfig;
+use lmi_engine::lora::LoraWeights;
 use lmi_engine::sampling::Sampled;
 use lmi_engine::{StepBatch, StepOutput, TokenLogprob};
 use lmi_text::Tokenizer;
@@ -132,13 +133,7 @@ impl StepEngine for NullEngine {
         self.tokens_computed
     }
 
-    fn load_adapter(&mut self, id: u64, path: &Path) -> Result<()> {
-        if !path.exists() {
-            return Err(EngineError::io(
-                path,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "no such adapter"),
-            ));
-        }
+    fn load_adapter(&mut self, id: u64, _weights: &LoraWeights) -> Result<()> {
         self.adapters.insert(id);
         Ok(())
     }

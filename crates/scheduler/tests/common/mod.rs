@@ -36,6 +36,7 @@ pub fn cfg(max_batch: usize, budget: usize) -> SchedulerConfig {
         max_batch_tokens: budget,
         max_model_len: 512,
         max_waiting: 1000,
+        max_loras: 4,
     }
 }
 

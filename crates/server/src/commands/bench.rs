@@ -254,6 +254,7 @@ fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
             max_batch_tokens: (a.prompt_len * c).max(512),
             max_model_len: a.prompt_len + a.max_new_tokens + 1,
             max_waiting: c,
+            max_loras: 4,
         };
         let handle = Handle::spawn(engine, tokenizer.clone(), cfg);
         let streams = (0..c)

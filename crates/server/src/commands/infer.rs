@@ -22,10 +22,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use lmi_engine::engine::{EngineOptions, StepEngine};
+use lmi_engine::engine::EngineOptions;
+use lmi_engine::lora::{LoraLimits, LoraWeights};
 use lmi_engine::sampling::SamplingParams;
 use lmi_engine::{BLOCK_SIZE, DType, Device, ModelConfig, model_store};
-use lmi_scheduler::{Event, GenerateRequest, Handle, SchedulerConfig};
+use lmi_scheduler::{AdapterRef, AdapterWeights, Event, GenerateRequest, Handle, SchedulerConfig};
 use lmi_text::Tokenizer;
 
 use parts::input::InferInput;
@@ -112,9 +113,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         kv_blocks: None,
         memory_fraction: None,
     };
-    let mut engine = lmi_engine::open(a.device, &dir, &opts)
+    let engine = lmi_engine::open(a.device, &dir, &opts)
         .with_context(|| format!("loading the model {}", dir.display()))?;
-    let adapter_ids = load_adapters(engine.as_mut(), &input)?;
+    let adapter_ids = load_adapters(engine.model_config(), &input)?;
     let needed = prompts
         .iter()
         .map(|p| (p.ids.len() + input.max_generate_length).div_ceil(BLOCK_SIZE))
@@ -146,6 +147,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             max_batch_tokens: 4096,
             max_model_len: config.max_position_embeddings,
             max_waiting: input.requests.len() + 1,
+            max_loras: input.available_lora_weights.len().max(1),
         },
     );
 
@@ -197,27 +199,32 @@ fn build_prompts(
     Ok(prompts)
 }
 
-/// Loads every adapter of `available_lora_weights` (ids 1.. in name order); returns each
-/// request's adapter id.
+/// Reads every adapter of `available_lora_weights` (ids 1.. in name order; the scheduler
+/// loads them into the engine as requests need them); returns each request's adapter.
 fn load_adapters(
-    engine: &mut dyn StepEngine,
+    config: &ModelConfig,
     input: &InferInput,
-) -> anyhow::Result<Vec<Option<u64>>> {
-    let mut ids = std::collections::HashMap::new();
+) -> anyhow::Result<Vec<Option<AdapterRef>>> {
+    let mut refs = std::collections::HashMap::new();
     for (k, (name, path)) in input.available_lora_weights.iter().enumerate() {
-        let id = k as u64 + 1;
-        engine.load_adapter(id, path).with_context(|| {
-            format!(
-                "field \"available_lora_weights\", adapter \"{name}\": cannot load {}",
-                path.display()
-            )
-        })?;
-        ids.insert(name.as_str(), id);
+        let weights =
+            LoraWeights::load(path, config, LoraLimits::default()).with_context(|| {
+                format!(
+                    "field \"available_lora_weights\", adapter \"{name}\": cannot load {}",
+                    path.display()
+                )
+            })?;
+        let adapter = AdapterRef {
+            id: k as u64 + 1,
+            name: Arc::from(name.as_str()),
+            weights: Arc::new(AdapterWeights::ready(Arc::new(weights))),
+        };
+        refs.insert(name.as_str(), adapter);
     }
     Ok(input
         .requests
         .iter()
-        .map(|r| r.lora_name.as_deref().and_then(|n| ids.get(n).copied()))
+        .map(|r| r.lora_name.as_deref().and_then(|n| refs.get(n).cloned()))
         .collect())
 }
 
@@ -225,7 +232,7 @@ fn run_requests(
     handle: &Handle,
     input: &InferInput,
     prompts: Vec<Prompt>,
-    adapters: &[Option<u64>],
+    adapters: &[Option<AdapterRef>],
     seed: u64,
     model_name: &str,
 ) -> anyhow::Result<InferOutput> {
@@ -245,7 +252,7 @@ fn run_requests(
             .validate()
             .map_err(|e| anyhow::anyhow!("request {i}: {e}"))?;
         req.stopping.max_new_tokens = input.max_generate_length;
-        req.adapter = adapters[i];
+        req.adapter = adapters[i].clone();
         if r.save_system_prompt_kv_cache {
             req.pin_prefix_tokens = p.system_tokens;
         }

@@ -15,7 +15,8 @@ use lmi_engine::model_store;
 use lmi_scheduler::{Handle, SchedulerConfig};
 use lmi_text::{ChatTemplate, Tokenizer};
 
-use crate::app::{AdapterRegistry, AppState, LoadedModel, router};
+use crate::adapters::{AdapterRegistry, AllowedDirs, Registration};
+use crate::app::{AppState, LoadedModel, router};
 use crate::config::{EngineMode, ServeArgs, ServingConfig};
 use crate::metrics::ServerMetrics;
 use crate::null_engine::NullEngine;
@@ -100,7 +101,7 @@ async fn serve(config: ServingConfig) -> anyhow::Result<()> {
     {
         let state = state.clone();
         let load_error = load_error.clone();
-        tokio::task::spawn_blocking(move || match load_model(&state.config) {
+        tokio::task::spawn_blocking(move || match load_model(&state.config, &state.metrics) {
             Ok(model) => {
                 let what = format!(
                     "{} ({} backend, {}, max_model_len {}, {} KV blocks, {} adapters)",
@@ -197,13 +198,13 @@ async fn shutdown_signal() {
 }
 
 /// Resolves, loads and starts everything the routes need (blocking: run off the runtime).
-pub fn load_model(config: &ServingConfig) -> anyhow::Result<LoadedModel> {
+pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Result<LoadedModel> {
     let dir = model_store::resolve_model(config.model_id.as_deref(), true)?;
     let tokenizer = Tokenizer::from_dir(&dir)
         .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
     let chat_template = ChatTemplate::from_model_dir(&dir)
         .with_context(|| format!("loading the chat template of {}", dir.display()))?;
-    let (mut engine, dtype): (Box<dyn StepEngine>, String) = match config.engine_mode {
+    let (engine, dtype): (Box<dyn StepEngine>, String) = match config.engine_mode {
         EngineMode::Model => {
             let dtype = config.engine_dtype();
             tracing::info!(
@@ -230,16 +231,31 @@ pub fn load_model(config: &ServingConfig) -> anyhow::Result<LoadedModel> {
             (Box::new(engine), "none".to_string())
         }
     };
-    let mut adapters = AdapterRegistry::default();
-    for (i, (name, path)) in adapter_paths(&dir, config)?.into_iter().enumerate() {
-        let id = i as u64 + 1;
-        engine
-            .load_adapter(id, &path)
-            .with_context(|| format!("loading LoRA adapter {name:?} from {}", path.display()))?;
-        tracing::info!("LoRA adapter {name:?} loaded from {}", path.display());
-        adapters.insert(name, id);
-    }
     let model_config = engine.model_config().clone();
+    let found = adapter_paths(&dir, config)?;
+    let enabled = config.enable_lora || !found.is_empty();
+    let allowed = AllowedDirs::new(
+        std::iter::once(dir.as_path()).chain(config.adapter_dirs.iter().map(PathBuf::as_path)),
+    );
+    let adapters = AdapterRegistry::new(
+        enabled,
+        model_config.clone(),
+        config.max_lora_rank,
+        allowed,
+        config.max_cpu_loras,
+        metrics.adapters.clone(),
+    );
+    // Adapters configured by the operator: read now, loaded into the engine at first use.
+    let at_start = Registration {
+        preload: true,
+        pin: false,
+        trusted: true,
+    };
+    for (name, path) in found {
+        adapters
+            .register(&name, &path, at_start)
+            .map_err(|e| anyhow::anyhow!("LoRA adapter {name:?} ({}): {e}", path.display()))?;
+    }
     let max_model_len = config
         .max_model_len
         .unwrap_or(model_config.max_position_embeddings);
@@ -258,6 +274,7 @@ pub fn load_model(config: &ServingConfig) -> anyhow::Result<LoadedModel> {
             max_batch_tokens: config.max_rolling_batch_prefill_tokens,
             max_model_len,
             max_waiting: config.job_queue_size,
+            max_loras: config.max_loras,
         },
     );
     Ok(LoadedModel {

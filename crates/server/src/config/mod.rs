@@ -220,6 +220,11 @@ pub struct ServingConfig {
     pub enable_lora: bool,
     pub max_loras: usize,
     pub max_cpu_loras: usize,
+    /// Largest LoRA rank accepted (option.max_lora_rank, default 16 as LMI/vLLM).
+    pub max_lora_rank: usize,
+    /// Directories adapters may be registered from besides the model directory
+    /// (option.adapter_dirs, comma-separated).
+    pub adapter_dirs: Vec<PathBuf>,
     /// option.adapters: (name, path) loaded at start, besides `<model dir>/adapters/<name>/`.
     pub adapters: Vec<(String, PathBuf)>,
     /// Dynamic batching (LMI `batch_size`, alias `max_dynamic_batch_size`) and its delay.
@@ -417,6 +422,16 @@ impl ServingConfig {
         };
         let max_loras = positive(&raw, "option.max_loras", 4)?;
         let max_cpu_loras = positive(&raw, "option.max_cpu_loras", max_loras)?.max(max_loras);
+        let max_lora_rank = positive(&raw, "option.max_lora_rank", 16)?;
+        let adapter_dirs: Vec<PathBuf> = str_of("option.adapter_dirs")
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|d| !d.is_empty())
+                    .map(PathBuf::from)
+                    .collect()
+            })
+            .unwrap_or_default();
         let batch_size = if raw.contains_key("batch_size") {
             positive(&raw, "batch_size", 1)?
         } else {
@@ -459,6 +474,8 @@ impl ServingConfig {
             enable_lora,
             max_loras,
             max_cpu_loras,
+            max_lora_rank,
+            adapter_dirs,
             adapters,
             batch_size,
             max_batch_delay_ms: nonneg(&raw, "max_batch_delay", 100)? as u64,

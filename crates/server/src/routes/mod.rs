@@ -7,6 +7,7 @@ use axum::Router;
 
 use crate::app::AppState;
 
+mod adapters;
 mod lmi;
 mod openai;
 pub mod ops;
@@ -14,10 +15,12 @@ mod respond;
 mod tgi;
 
 /// LMI /invocations, /predictions/{model}; TGI POST /, /generate, /generate_stream, /tokenize;
-/// OpenAI /v1/chat/completions, /v1/completions. (GET / is TGI's health check, in `ops`.)
+/// OpenAI /v1/chat/completions, /v1/completions; LMI's adapter management API. (GET / is
+/// TGI's health check, in `ops`.)
 pub fn generation_routes() -> Router<Arc<AppState>> {
     Router::new()
         .merge(lmi::routes())
         .merge(tgi::routes())
         .merge(openai::routes())
+        .merge(adapters::routes())
 }
