@@ -35,6 +35,13 @@ impl QkvLayout {
     }
 }
 
+/// One adapter's pair for a projection, and its group in the step's `adapter_rows`.
+pub struct LoraGroup<'a, B: Backend + ?Sized> {
+    pub group: usize,
+    pub a: &'a B::Weight,
+    pub b: &'a B::Weight,
+}
+
 pub trait Backend: Send + Sync + 'static {
     /// An activation buffer (f32 values; see `alloc_matmul_input`). Cloning a CUDA buffer
     /// copies the handle, not the data.
@@ -51,6 +58,19 @@ pub trait Backend: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
     fn upload_weight(&self, t: HostTensor) -> Result<Self::Weight>;
+    /// Uploads a LoRA pair (`a` `[rank, in]`, `b` `[out, rank]`, scale folded into `b`) in
+    /// `dtype`, in whatever layout this backend's `lora` reads.
+    fn upload_lora_pair(
+        &self,
+        a: HostTensor,
+        b: HostTensor,
+        dtype: crate::dtype::DType,
+    ) -> Result<(Self::Weight, Self::Weight)> {
+        Ok((
+            self.upload_weight(a.to_dtype(dtype))?,
+            self.upload_weight(b.to_dtype(dtype))?,
+        ))
+    }
     /// Bytes of memory on the device, for backends that have their own (sizes the KV cache
     /// by a share of it); None on the CPU.
     fn device_memory(&self) -> Option<usize> {
@@ -162,18 +182,18 @@ pub trait Backend: Send + Sync + 'static {
         width: usize,
         out: &mut Self::Buf,
     ) -> Result<()>;
-    /// LoRA delta for the token rows of the step's `group`-th adapter
-    /// (`BatchLayout::adapter_rows[group]`): `out[r, offset .. offset + n] += b · (a · x[r])`,
-    /// with `a` of shape `[rank, x_width]` and `b` of shape `[n, rank]` (scale folded in).
+    /// LoRA deltas on one projection for every adapter of the step at once (SGMV's
+    /// grouping: each adapter's A and B are read once for all its rows): for each group,
+    /// the token rows of `BatchLayout::adapter_rows[group]` get
+    /// `out[r, offset .. offset + n] += b · (a · x[r])`, with `a` of shape `[rank, x_width]`
+    /// and `b` of shape `[n, rank]` (scale folded in).
     #[allow(clippy::too_many_arguments)]
     fn lora(
         &self,
         x: &Self::Buf,
         x_width: usize,
         step: &Self::Step,
-        group: usize,
-        a: &Self::Weight,
-        b: &Self::Weight,
+        groups: &[LoraGroup<'_, Self>],
         out: &mut Self::Buf,
         out_width: usize,
         out_offset: usize,

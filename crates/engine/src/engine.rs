@@ -250,7 +250,7 @@ impl<B: Backend> StepEngine for Engine<B> {
                 self.model.config.num_layers
             )));
         }
-        let a = LoraAdapter::upload(&self.backend, weights)?;
+        let a = LoraAdapter::upload(&self.backend, weights, self.model.dtype)?;
         self.adapters.insert(id, a);
         Ok(())
     }

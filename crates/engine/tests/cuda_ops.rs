@@ -7,7 +7,7 @@ mod cuda_common;
 
 use cuda_common::{assert_close, bf16_round, cpu, random, to_host};
 use lmi_cuda::{Device, DeviceExt};
-use lmi_engine::backend::QkvLayout;
+use lmi_engine::backend::{LoraGroup, QkvLayout};
 use lmi_engine::cpu::CpuKv;
 use lmi_engine::cuda::CudaBackend;
 use lmi_engine::weights::HostTensor;
@@ -290,34 +290,40 @@ fn check_linear_and_lora<D: Device>(g: &CudaBackend<D>) {
     g.linear(&gx, rows, &gw, Some(&gb), &mut out).unwrap();
     assert_close("linear", &to_host(g, &out), &want, 1e-4, 1e-4);
 
-    // LoRA on the adapter's rows into a column slice of a wider output. Its weights are f32
-    // on the CPU (as the engine loads them; a bf16 CPU product would round the rank-wide
-    // intermediate) and bf16 on the GPU: give both bf16-exact values.
+    // LoRA on the adapter's rows into a column slice of a wider output, each backend's pair
+    // in its own layout: f32 on the CPU (an f32 model's), bf16 on the GPU, from bf16-exact
+    // values so both see the same numbers.
     let rank = 8;
-    let (av, a) = bf16_matrix(rank, k, 17, 0.5);
-    let (bv, b) = bf16_matrix(n, rank, 18, 0.5);
-    let (ca, cb) = (
-        c.upload_weight(HostTensor::f32(vec![rank, k], av)).unwrap(),
-        c.upload_weight(HostTensor::f32(vec![n, rank], bv)).unwrap(),
-    );
-    let (ga, gb) = (g.upload_weight(a).unwrap(), g.upload_weight(b).unwrap());
+    let (av, _) = bf16_matrix(rank, k, 17, 0.5);
+    let (bv, _) = bf16_matrix(n, rank, 18, 0.5);
+    let host = |v: &Vec<f32>, rows, cols| HostTensor::f32(vec![rows, cols], v.clone());
+    let (ca, cb) = c
+        .upload_lora_pair(host(&av, rank, k), host(&bv, n, rank), DType::F32)
+        .unwrap();
+    let (ga, gb) = g
+        .upload_lora_pair(host(&av, rank, k), host(&bv, n, rank), DType::BF16)
+        .unwrap();
     let width = n + 16;
     let base = random(rows * width, 19, 1.0);
     let mut want = base.clone();
+    let group = |a, b| LoraGroup { group: 0, a, b };
     c.lora(
         &x,
         k,
         &c.upload_step(&l).unwrap(),
-        0,
-        &ca,
-        &cb,
+        &[group(&ca, &cb)],
         &mut want,
         width,
         16,
     )
     .unwrap();
     let mut out = g.upload_f32(&base).unwrap();
-    g.lora(&gx, k, &step, 0, &ga, &gb, &mut out, width, 16)
+    let ggroup = LoraGroup {
+        group: 0,
+        a: &ga,
+        b: &gb,
+    };
+    g.lora(&gx, k, &step, &[ggroup], &mut out, width, 16)
         .unwrap();
     assert_close("lora", &to_host(g, &out), &want, 1e-4, 1e-4);
     let untouched: Vec<f32> = to_host(g, &out)[rows * width - width..][..16].to_vec();

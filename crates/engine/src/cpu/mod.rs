@@ -4,10 +4,11 @@
 mod amx;
 mod attention;
 mod linear;
+mod lora;
 mod ops;
 pub mod simd;
 
-use crate::backend::{Backend, QkvLayout};
+use crate::backend::{Backend, LoraGroup, QkvLayout};
 use crate::batch::BatchLayout;
 use crate::dtype::DType;
 use crate::error::{EngineError, Result};
@@ -113,6 +114,15 @@ impl Backend for CpuBackend {
                 ));
             }
         })
+    }
+
+    fn upload_lora_pair(
+        &self,
+        a: HostTensor,
+        b: HostTensor,
+        dtype: DType,
+    ) -> Result<(CpuWeight, CpuWeight)> {
+        lora::upload_pair(a, b, dtype)
     }
 
     fn weight_bytes(&self, w: &CpuWeight) -> usize {
@@ -328,32 +338,12 @@ impl Backend for CpuBackend {
         x: &Vec<f32>,
         x_width: usize,
         step: &BatchLayout,
-        group: usize,
-        a: &CpuWeight,
-        b: &CpuWeight,
+        groups: &[LoraGroup<'_, Self>],
         out: &mut Vec<f32>,
         out_width: usize,
         out_offset: usize,
     ) -> Result<()> {
-        let rows: &[u32] = &step.adapter_rows[group].1;
-        let (rank, n) = (a.shape()[0], b.shape()[0]);
-        let m = rows.len();
-        let mut xs = Vec::with_capacity(m * x_width);
-        for &r in rows {
-            let r = r as usize;
-            xs.extend_from_slice(&x[r * x_width..(r + 1) * x_width]);
-        }
-        let mut t = vec![0.0; m * rank];
-        self.linear(&xs, m, a, None, &mut t)?;
-        let mut d = vec![0.0; m * n];
-        self.linear(&t, m, b, None, &mut d)?;
-        for (i, &r) in rows.iter().enumerate() {
-            let o = &mut out[r as usize * out_width + out_offset..][..n];
-            for (o, v) in o.iter_mut().zip(&d[i * n..(i + 1) * n]) {
-                *o += v;
-            }
-        }
-        Ok(())
+        lora::lora(x, x_width, step, groups, out, out_width, out_offset)
     }
 
     fn gather_logit_rows(

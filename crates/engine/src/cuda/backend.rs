@@ -14,7 +14,7 @@ use super::graphs::{Captured, GraphCache, Plan};
 use super::memory::{Arena, DeviceBox, cuda_err};
 use super::step::{self, CudaStep, Packed};
 use super::{attention, lora, sampler};
-use crate::backend::{Backend, QkvLayout};
+use crate::backend::{Backend, LoraGroup, QkvLayout};
 use crate::batch::BatchLayout;
 use crate::dtype::DType;
 use crate::error::{EngineError, Result};
@@ -565,19 +565,20 @@ impl<D: Device> Backend for CudaBackend<D> {
         x: &CudaBuf,
         x_width: usize,
         step: &CudaStep,
-        group: usize,
-        a: &CudaWeight<D>,
-        b: &CudaWeight<D>,
+        groups: &[LoraGroup<'_, Self>],
         out: &mut CudaBuf,
         out_width: usize,
         out_offset: usize,
     ) -> Result<()> {
-        let (rows, count) = step.adapter_rows.get(group).copied().ok_or_else(|| {
-            EngineError::Backend(format!("the step has no adapter group {group}"))
-        })?;
-        lora::run(
-            self, x, x_width, rows, count, a, b, out, out_width, out_offset,
-        )
+        for g in groups {
+            let (rows, count) = step.adapter_rows.get(g.group).copied().ok_or_else(|| {
+                EngineError::Backend(format!("the step has no adapter group {}", g.group))
+            })?;
+            lora::run(
+                self, x, x_width, rows, count, g.a, g.b, out, out_width, out_offset,
+            )?;
+        }
+        Ok(())
     }
 
     fn gather_logit_rows(

@@ -9,10 +9,9 @@ mod peft;
 
 pub use peft::{AdapterInfo, LoraLimits, LoraWeights, PairInfo, ScaleRule, inspect};
 
-use std::path::Path;
-
 use crate::backend::Backend;
 use crate::config::ModelConfig;
+use crate::dtype::DType;
 use crate::error::Result;
 
 /// Projections an adapter may target, with (output rows, input width) in model terms.
@@ -80,17 +79,16 @@ impl<B: Backend> LoraAdapter<B> {
         self.layers[layer][t as usize].as_ref()
     }
 
-    /// Uploads host weights (the engine tier of the cache).
-    pub fn upload(backend: &B, w: &LoraWeights) -> Result<Self> {
+    /// Uploads host weights (the engine tier of the cache) in `dtype` (the model's: bf16
+    /// models keep their adapters in bf16, as GPU engines do).
+    pub fn upload(backend: &B, w: &LoraWeights, dtype: DType) -> Result<Self> {
         let mut layers = Vec::with_capacity(w.layers.len());
         for row in &w.layers {
             let mut out: [Option<LoraPair<B>>; 7] = Default::default();
             for (slot, pair) in out.iter_mut().zip(row) {
                 if let Some((a, b)) = pair {
-                    *slot = Some(LoraPair {
-                        a: backend.upload_weight(a.clone())?,
-                        b: backend.upload_weight(b.clone())?,
-                    });
+                    let (a, b) = backend.upload_lora_pair(a.clone(), b.clone(), dtype)?;
+                    *slot = Some(LoraPair { a, b });
                 }
             }
             layers.push(out);
@@ -99,11 +97,5 @@ impl<B: Backend> LoraAdapter<B> {
             rank: w.rank,
             layers,
         })
-    }
-
-    /// Reads the adapter at `path` (a PEFT directory or a .safetensors file) for a model of
-    /// config `c` and uploads it; errors name the file and tensor at fault.
-    pub fn load(backend: &B, c: &ModelConfig, path: &Path) -> Result<Self> {
-        Self::upload(backend, &LoraWeights::load(path, c, LoraLimits::default())?)
     }
 }

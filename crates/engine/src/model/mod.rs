@@ -3,7 +3,7 @@
 
 mod load;
 
-use crate::backend::{Backend, QkvLayout};
+use crate::backend::{Backend, LoraGroup, QkvLayout};
 use crate::batch::BatchLayout;
 use crate::config::ModelConfig;
 use crate::dtype::DType;
@@ -164,12 +164,24 @@ impl<B: Backend> Model<B> {
                     ow: usize,
                     off: usize|
          -> Result<()> {
-            for (g, a) in active.iter().enumerate() {
-                if let Some(p) = a.get(i, t) {
-                    backend.lora(x, xw, step, g, &p.a, &p.b, out, ow, off)?;
-                }
+            if active.is_empty() {
+                return Ok(());
             }
-            Ok(())
+            let groups: Vec<LoraGroup<'_, B>> = active
+                .iter()
+                .enumerate()
+                .filter_map(|(g, a)| {
+                    a.get(i, t).map(|p| LoraGroup {
+                        group: g,
+                        a: &p.a,
+                        b: &p.b,
+                    })
+                })
+                .collect();
+            if groups.is_empty() {
+                return Ok(());
+            }
+            backend.lora(x, xw, step, &groups, out, ow, off)
         };
 
         backend.embedding(&self.embed, step, &mut residual)?;

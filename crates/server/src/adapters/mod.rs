@@ -67,6 +67,8 @@ impl std::fmt::Display for RegistryError {
     }
 }
 
+impl std::error::Error for RegistryError {}
+
 /// An adapter name that is not registered; `Display` lists the registered ones.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnknownAdapter {

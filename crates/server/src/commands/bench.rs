@@ -22,6 +22,9 @@ pub enum BenchCommand {
     /// Drives a running server over HTTP (closed loop: concurrency, prompt and output lengths,
     /// streaming) and reports requests/s, output tok/s, TTFT, inter-token and E2E latency.
     Http(super::bench_http::HttpArgs),
+    /// Decode throughput with LoRA adapters (one, one per client, churn over many) against
+    /// no adapter, through the adapter registry and the scheduler.
+    Lora(super::bench_lora::LoraArgs),
 }
 
 #[derive(clap::Args)]
@@ -73,6 +76,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Engine(a) => engine(a),
         BenchCommand::Scheduler(a) => scheduler(a),
         BenchCommand::Http(a) => super::bench_http::run(a),
+        BenchCommand::Lora(a) => super::bench_lora::run(a),
     }
 }
 

@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod bench_http;
+pub mod bench_lora;
 pub mod convert;
 pub mod generate;
 pub mod infer;
