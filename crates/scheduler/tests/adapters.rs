@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::*;
 use lmi_engine::engine::{Engine, EngineOptions};
-use lmi_engine::lora::{LoraLimits, LoraWeights};
+use lmi_engine::lora::{LoraLimits, LoraWeights, Target};
 use lmi_engine::testing::{PeftSpec, write_merged_model, write_peft_adapter};
 use lmi_engine::{DType, ModelConfig};
 use lmi_scheduler::{
@@ -23,15 +23,7 @@ fn weights(model: &Path, seed: u64) -> (tempfile::TempDir, LoraWeights) {
     let c = ModelConfig::from_file(&model.join("config.json")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let spec = PeftSpec {
-        targets: vec![
-            "self_attn.q_proj",
-            "self_attn.k_proj",
-            "self_attn.v_proj",
-            "self_attn.o_proj",
-            "mlp.gate_proj",
-            "mlp.up_proj",
-            "mlp.down_proj",
-        ],
+        targets: Target::ALL.map(Target::module).to_vec(),
         scale: 0.3,
         ..PeftSpec::new(4, seed)
     };

@@ -313,12 +313,7 @@ impl ServerMetrics {
         g(&self.kv_blocks_total, s.kv_blocks_total);
         self.prefix_hit_rate.set(s.prefix_hit_rate());
         // Monotonic totals: advance the counters to the scheduler's values.
-        let c = |counter: &IntCounter, v: u64| {
-            let cur = counter.get();
-            if v > cur {
-                counter.inc_by(v - cur);
-            }
-        };
+        let c = advance;
         c(&self.prompt_tokens_total, s.prompt_tokens);
         c(&self.prefix_cached_tokens_total, s.prefix_cached_tokens);
         c(&self.generated_tokens_total, s.generated_tokens);
@@ -345,6 +340,14 @@ impl ServerMetrics {
             tracing::warn!("encoding metrics: {e}");
         }
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// Advances a counter that mirrors a monotonic total kept elsewhere to that total.
+pub fn advance(counter: &IntCounter, total: u64) {
+    let cur = counter.get();
+    if total > cur {
+        counter.inc_by(total - cur);
     }
 }
 

@@ -98,13 +98,7 @@ impl AdapterMetrics {
         g(&self.engine_resident, s.lora_engine_resident);
         g(&self.pinned, s.lora_pinned);
         g(&self.waiting_requests, s.lora_waiting_requests);
-        let c = |counter: &IntCounter, v: u64| {
-            let cur = counter.get();
-            if v > cur {
-                counter.inc_by(v - cur);
-            }
-        };
-        c(&self.engine_loads, s.lora_engine_loads);
-        c(&self.engine_evictions, s.lora_engine_evictions);
+        crate::metrics::advance(&self.engine_loads, s.lora_engine_loads);
+        crate::metrics::advance(&self.engine_evictions, s.lora_engine_evictions);
     }
 }

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use lmi_engine::engine::EngineOptions;
+use lmi_engine::lora::Target;
 use lmi_engine::testing::{PeftSpec, write_peft_adapter};
 use lmi_engine::{DType, Device, model_store};
 use lmi_scheduler::{Event, GenerateRequest, Handle, SchedulerConfig};
@@ -63,15 +64,7 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
     let config = lmi_engine::ModelConfig::from_file(&dir.join("config.json"))?;
     let targets: Vec<&'static str> = match a.targets.as_str() {
         "qv" => vec!["self_attn.q_proj", "self_attn.v_proj"],
-        "all" => vec![
-            "self_attn.q_proj",
-            "self_attn.k_proj",
-            "self_attn.v_proj",
-            "self_attn.o_proj",
-            "mlp.gate_proj",
-            "mlp.up_proj",
-            "mlp.down_proj",
-        ],
+        "all" => Target::ALL.map(Target::module).to_vec(),
         other => anyhow::bail!("--targets {other}: expected qv or all"),
     };
     let root = tempfile::tempdir()?;
