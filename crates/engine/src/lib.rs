@@ -34,4 +34,6 @@ pub use engine::Engine;
 pub use error::{EngineError, Result};
 pub use kv::{BLOCK_SIZE, KvCacheConfig};
 pub use open::{Device, check_device, open};
-pub use step::{PromptLogprobRequest, SampleRequest, StepBatch, StepOutput, TokenLogprob};
+pub use step::{
+    PromptLogprobRequest, SampleRequest, StepBatch, StepOutput, TokenLogprob, TokenMask,
+};

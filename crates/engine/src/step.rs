@@ -8,6 +8,7 @@
 //! [`SampleRequest`]; speculative verification samples several positions of one chunk (a
 //! chunk with [`LogitsWanted::All`] and one request per position).
 
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crate::batch::{BatchLayout, LogitsWanted, SeqChunk};
@@ -28,6 +29,9 @@ pub struct SampleRequest<'a> {
     pub seed: u64,
     /// The sequence the token extends (penalties, bans, and the draw's output position).
     pub ctx: SequenceContext<'a>,
+    /// Constrained decoding: the tokens this draw may pick (waited for right before the
+    /// draw, so it can be computed while the forward pass runs).
+    pub allowed: Option<&'a TokenMask>,
 }
 
 impl<'a> SampleRequest<'a> {
@@ -43,6 +47,7 @@ impl<'a> SampleRequest<'a> {
                 params,
                 seed: params.seed,
                 ctx: SequenceContext::default(),
+                allowed: None,
             })
             .collect()
     }
@@ -94,6 +99,50 @@ pub struct RowSample<'a> {
     pub params: &'a SamplingParams,
     pub seed: u64,
     pub ctx: SequenceContext<'a>,
+    pub allowed: Option<&'a TokenMask>,
+}
+
+/// The tokens a constrained draw may pick, as a bitset over the vocabulary (bit `i % 32` of
+/// word `i / 32`), filled once, possibly by another thread while the forward pass runs; a
+/// backend waits for it right before the draw.
+#[derive(Debug, Default)]
+pub struct TokenMask {
+    state: Mutex<Option<Option<Arc<[u32]>>>>,
+    ready: Condvar,
+}
+
+impl TokenMask {
+    /// A mask still being computed.
+    pub fn pending() -> Self {
+        Self::default()
+    }
+
+    pub fn ready(bits: Vec<u32>) -> Self {
+        let m = Self::default();
+        m.set(Some(bits));
+        m
+    }
+
+    /// Completes the mask; None when computing it failed (the draw is then unconstrained and
+    /// whoever computed it fails the sequence).
+    pub fn set(&self, bits: Option<Vec<u32>>) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.is_none() {
+            *s = Some(bits.map(Arc::from));
+            self.ready.notify_all();
+        }
+    }
+
+    /// Waits until the mask is set.
+    pub fn wait(&self) -> Option<Arc<[u32]>> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(bits) = &*s {
+                return bits.clone();
+            }
+            s = self.ready.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
 }
 
 /// The log-probability of `token` under one row, with `top_n` alternatives.
@@ -154,6 +203,7 @@ impl<'a> LogitsWork<'a> {
                 params: s.params,
                 seed: s.seed,
                 ctx: s.ctx,
+                allowed: s.allowed,
             });
         }
         for (i, p) in batch.prompt_logprobs.iter().enumerate() {

@@ -315,6 +315,7 @@ fn generate<E: StepEngine + ?Sized>(
                 output: &output,
                 stop_ids: &[],
             },
+            allowed: None,
         };
         let s = e
             .step(&StepBatch {

@@ -124,6 +124,7 @@ fn check_case<D: Device>(b: &CudaBackend<D>, case: &Case) {
                 output: &d.output,
                 stop_ids: &d.stop,
             },
+            allowed: None,
         })
         .collect();
     let work = LogitsWork {
@@ -541,6 +542,7 @@ fn oversized_top_n_is_an_error<D: Device>(b: &CudaBackend<D>) {
             params: &p,
             seed: 0,
             ctx: SequenceContext::default(),
+            allowed: None,
         }],
         scores: Vec::new(),
     };

@@ -114,6 +114,7 @@ pub(crate) fn requests<'a>(
                             output: s.output(),
                             stop_ids: &r.stop_ids,
                         },
+                        allowed: None,
                     });
                 }
             }

@@ -220,6 +220,7 @@ mod tests {
             params: &params,
             seed: 0,
             ctx: SequenceContext::default(),
+            allowed: None,
         };
         let out = e
             .step(&StepBatch {

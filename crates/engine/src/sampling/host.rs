@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use super::{logprobs, sample_seeded};
+use super::{logprobs, sample_masked};
 use crate::step::{LogitsOutput, LogitsWork, TokenLogprob};
 
 /// Runs `work` over `logits` (row-major, `vocab` wide). Rows are modified in place by the
@@ -59,7 +59,10 @@ pub fn process_logits_host(logits: &mut [f32], vocab: usize, work: &LogitsWork) 
     let samples = jobs
         .into_par_iter()
         .zip(work.samples.par_iter())
-        .map(|(mut buf, s)| sample_seeded(buf.as_mut(), s.params, s.seed, &s.ctx))
+        .map(|(mut buf, s)| {
+            let mask = s.allowed.and_then(|m| m.wait());
+            sample_masked(buf.as_mut(), s.params, s.seed, &s.ctx, mask.as_deref())
+        })
         .collect();
     LogitsOutput { samples, scores }
 }

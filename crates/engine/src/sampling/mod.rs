@@ -104,6 +104,23 @@ pub fn sample_seeded(
     seed: u64,
     ctx: &SequenceContext,
 ) -> Sampled {
+    sample_masked(logits, params, seed, ctx, None)
+}
+
+/// [`sample_seeded`] restricted to the tokens whose bit is set in `allowed` (bit `i % 32` of
+/// word `i / 32`; tokens past its end are not allowed): constrained decoding's mask. Masked
+/// tokens are `-inf` before every processor, so bans lifted because they left nothing never
+/// bring them back; logprobs are those of the masked row.
+pub fn sample_masked(
+    logits: &mut [f32],
+    params: &SamplingParams,
+    seed: u64,
+    ctx: &SequenceContext,
+    allowed: Option<&[u32]>,
+) -> Sampled {
+    if let Some(bits) = allowed {
+        apply_mask(logits, bits);
+    }
     if logits.is_empty() {
         return Sampled {
             token: 0,
@@ -128,6 +145,18 @@ pub fn sample_seeded(
         token,
         logprob: stats.logprob(logits[token as usize]),
         top: logprobs::top_n(logits, params.top_logprobs, &stats),
+    }
+}
+
+/// Sets every token not allowed by the bitset to `-inf`.
+pub fn apply_mask(logits: &mut [f32], allowed: &[u32]) {
+    for (i, x) in logits.iter_mut().enumerate() {
+        let ok = allowed
+            .get(i / 32)
+            .is_some_and(|w| w & (1 << (i % 32)) != 0);
+        if !ok {
+            *x = f32::NEG_INFINITY;
+        }
     }
 }
 

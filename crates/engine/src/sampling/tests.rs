@@ -916,3 +916,45 @@ fn top_p_boundary_is_inclusive() {
         .collect();
     assert!(drawn.iter().all(|&t| t < 2) && drawn.contains(&0) && drawn.contains(&1));
 }
+
+#[test]
+fn a_mask_restricts_draws_and_bans_never_lift_it() {
+    let row: Vec<f32> = (0..70).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+    // Allowed: 5, 40 and 66 (word 1 bit 8, word 2 bit 2).
+    let mut mask = vec![0u32; 3];
+    for t in [5u32, 40, 66] {
+        mask[t as usize / 32] |= 1 << (t % 32);
+    }
+    let greedy = SamplingParams {
+        top_logprobs: 5,
+        ..Default::default()
+    };
+    let ctx = SequenceContext::default();
+    let s = sample_masked(&mut row.clone(), &greedy, 0, &ctx, Some(&mask));
+    let best = [5usize, 40, 66]
+        .into_iter()
+        .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+        .unwrap();
+    assert_eq!(s.token as usize, best);
+    // Logprobs are renormalized over the allowed tokens: three alternatives, summing to 1.
+    assert_eq!(s.top.len(), 3);
+    let total: f64 = s.top.iter().map(|&(_, lp)| f64::from(lp).exp()).sum();
+    assert!((total - 1.0).abs() < 1e-5, "{total}");
+    // Sampled draws stay inside the mask.
+    for seed in 0..200 {
+        let p = SamplingParams {
+            temperature: 1.5,
+            seed,
+            ..Default::default()
+        };
+        let t = sample_masked(&mut row.clone(), &p, seed, &ctx, Some(&mask)).token;
+        assert!([5, 40, 66].contains(&t), "{t}");
+    }
+    // Bans that leave nothing are lifted, but the mask stays.
+    let banned = SamplingParams {
+        bad_words: vec![vec![5], vec![40], vec![66]],
+        ..Default::default()
+    };
+    let t = sample_masked(&mut row.clone(), &banned, 0, &ctx, Some(&mask)).token;
+    assert_eq!(t as usize, best);
+}

@@ -101,6 +101,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 output: &output,
                 stop_ids: &eos,
             },
+            allowed: None,
         };
         let out = engine.step(&StepBatch {
             chunks: std::slice::from_ref(&chunk),
