@@ -4,6 +4,7 @@
 
 mod adapters;
 pub mod block_pool;
+pub mod constraint;
 mod error;
 mod event;
 mod handle;

@@ -34,7 +34,15 @@ pub struct SchedulerMetrics {
     pub lora_engine_evictions: AtomicU64,
     /// Requests waiting for their adapter (its weights loading, or no engine slot free).
     pub lora_waiting_requests: AtomicU64,
+    /// Constraint masks computed, their total time, and the most recent durations (µs) for
+    /// percentiles.
+    pub masks: AtomicU64,
+    pub mask_nanos: AtomicU64,
+    recent_masks: std::sync::Mutex<std::collections::VecDeque<u32>>,
 }
+
+/// Mask durations kept for percentiles.
+const RECENT_MASKS: usize = 10_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct MetricsSnapshot {
@@ -58,6 +66,8 @@ pub struct MetricsSnapshot {
     pub lora_engine_loads: u64,
     pub lora_engine_evictions: u64,
     pub lora_waiting_requests: u64,
+    pub masks: u64,
+    pub mask_nanos: u64,
 }
 
 impl MetricsSnapshot {
@@ -72,6 +82,30 @@ impl MetricsSnapshot {
 }
 
 impl SchedulerMetrics {
+    /// Records one constraint mask's computation time.
+    pub fn record_mask(&self, d: std::time::Duration) {
+        self.masks.fetch_add(1, Relaxed);
+        self.mask_nanos.fetch_add(d.as_nanos() as u64, Relaxed);
+        if let Ok(mut r) = self.recent_masks.lock() {
+            if r.len() == RECENT_MASKS {
+                r.pop_front();
+            }
+            r.push_back(d.as_micros().min(u128::from(u32::MAX)) as u32);
+        }
+    }
+
+    /// The `q`-quantile (0..=1) of the recent mask times, in µs.
+    pub fn mask_quantile_micros(&self, q: f64) -> Option<u32> {
+        let r = self.recent_masks.lock().ok()?;
+        if r.is_empty() {
+            return None;
+        }
+        let mut v: Vec<u32> = r.iter().copied().collect();
+        v.sort_unstable();
+        let i = ((v.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize;
+        v.get(i).copied()
+    }
+
     pub fn snapshot(&self) -> MetricsSnapshot {
         MetricsSnapshot {
             running: self.running.load(Relaxed),
@@ -94,6 +128,8 @@ impl SchedulerMetrics {
             lora_engine_loads: self.lora_engine_loads.load(Relaxed),
             lora_engine_evictions: self.lora_engine_evictions.load(Relaxed),
             lora_waiting_requests: self.lora_waiting_requests.load(Relaxed),
+            masks: self.masks.load(Relaxed),
+            mask_nanos: self.mask_nanos.load(Relaxed),
         }
     }
 }

@@ -96,6 +96,8 @@ pub struct GenerateRequest {
     pub prompt_logprobs: Option<u32>,
     pub skip_special_tokens: bool,
     pub adapter: Option<AdapterRef>,
+    /// Constrained decoding: every sequence's output must match this grammar.
+    pub constraint: Option<crate::constraint::Grammar>,
     /// Pin the KV blocks of the first this-many prompt tokens (a system prompt) in the prefix
     /// cache so they survive eviction (Edge-LLM's save_system_prompt_kv_cache).
     pub pin_prefix_tokens: usize,
@@ -112,6 +114,7 @@ impl GenerateRequest {
             prompt_logprobs: None,
             skip_special_tokens: true,
             adapter: None,
+            constraint: None,
             pin_prefix_tokens: 0,
         }
     }

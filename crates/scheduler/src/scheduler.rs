@@ -3,13 +3,13 @@
 //! everything here is synchronous and deterministic for a given order of submissions.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use lmi_engine::engine::StepEngine;
 use lmi_engine::sampling::{Sampled, derive_seed};
-use lmi_engine::{BLOCK_SIZE, StepBatch, StepOutput};
+use lmi_engine::{BLOCK_SIZE, StepBatch, StepOutput, TokenMask};
 use lmi_text::{IncrementalDetokenizer, Tokenizer};
 use tokio::sync::mpsc::Sender;
 
@@ -51,6 +51,11 @@ impl Default for SchedulerConfig {
     }
 }
 
+/// Locks a mutex, ignoring poisoning (a panic elsewhere must not wedge the scheduler).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Whether a waiting request's adapter lets it run now.
 enum AdapterWait {
     Ready,
@@ -71,6 +76,7 @@ pub struct Scheduler {
     metrics: Arc<SchedulerMetrics>,
     next_arrival: u64,
     adapters: AdapterSlots,
+    mask_pool: Option<rayon::ThreadPool>,
 }
 
 fn blocks_for(tokens: usize) -> usize {
@@ -100,6 +106,7 @@ impl Scheduler {
             .kv_blocks_total
             .store(pool.num_blocks() as u64, Relaxed);
         Scheduler {
+            mask_pool: None,
             adapters: AdapterSlots::new(cfg.max_loras),
             engine,
             tokenizer,
@@ -189,6 +196,10 @@ impl Scheduler {
             first_token_at: None,
             last_token_at: None,
             inter_token: Vec::new(),
+            constraint: req
+                .constraint
+                .as_ref()
+                .map(|g| Arc::new(Mutex::new(g.start()))),
         };
         self.next_arrival += 1;
         self.requests.insert(
@@ -271,9 +282,12 @@ impl Scheduler {
             return false;
         }
         let chunks = step_plan::chunks(&self.running, &self.requests, &scheduled);
+        // Constrained draws: their masks are computed on the mask workers while the forward
+        // pass runs; the engine waits for each right before its draw.
+        let masks = self.start_masks(&scheduled);
         let batch_tokens: usize = chunks.iter().map(|c| c.tokens.len()).sum();
         let (samples, prompt_logprobs, planned) =
-            step_plan::requests(&self.running, &self.requests, &scheduled, &chunks);
+            step_plan::requests(&self.running, &self.requests, &scheduled, &chunks, &masks);
         let batch = StepBatch {
             chunks: &chunks,
             samples: &samples,
@@ -415,6 +429,51 @@ impl Scheduler {
             self.waiting.push_front(s);
         }
         out
+    }
+
+    /// Starts the mask of every constrained sequence that draws this step (one per scheduled
+    /// sequence, None for the others).
+    fn start_masks(&mut self, scheduled: &[(usize, usize)]) -> Vec<Option<Arc<TokenMask>>> {
+        scheduled
+            .iter()
+            .map(|&(i, n)| {
+                let s = &self.running[i];
+                let c = s.constraint.as_ref()?;
+                if s.num_computed + n != s.tokens.len() {
+                    return None; // a prefill chunk that draws nothing
+                }
+                let mask = Arc::new(TokenMask::pending());
+                let (m, c, metrics) = (mask.clone(), c.clone(), self.metrics.clone());
+                self.mask_pool().spawn(move || {
+                    let t = Instant::now();
+                    let bits = lock(&c).mask();
+                    metrics.record_mask(t.elapsed());
+                    if let Err(e) = &bits {
+                        tracing::warn!("computing a constraint mask: {e}");
+                    }
+                    m.set(bits.ok());
+                });
+                Some(mask)
+            })
+            .collect()
+    }
+
+    /// The workers computing constraint masks (started on first use).
+    fn mask_pool(&mut self) -> &rayon::ThreadPool {
+        self.mask_pool.get_or_insert_with(|| {
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|i| format!("lmi-mask-{i}"))
+                .build()
+                .unwrap_or_else(|e| {
+                    tracing::warn!("mask worker pool: {e}; using one thread");
+                    rayon::ThreadPoolBuilder::new()
+                        .num_threads(1)
+                        .build()
+                        .expect("a one-thread pool")
+                })
+        })
     }
 
     /// Adapters of running sequences (never evicted).
@@ -608,6 +667,10 @@ impl Scheduler {
                         first_token_at: None,
                         last_token_at: None,
                         inter_token: Vec::new(),
+                        constraint: base
+                            .constraint
+                            .as_ref()
+                            .map(|c| Arc::new(Mutex::new(lock(c).fork()))),
                     };
                     self.running.push(sib);
                     forked.push((self.running.len() - 1, smp));
@@ -711,6 +774,16 @@ impl Scheduler {
         let p = &r.params;
         s.tokens.push(token);
         s.cum_logprob += logprob as f64;
+        // Constrained output moves on in its grammar; a complete grammar ends the sequence.
+        let mut grammar_done = false;
+        if let Some(c) = &s.constraint {
+            let mut c = lock(c);
+            if let Err(e) = c.commit(token) {
+                r.send(Event::Error(format!("the output left its grammar: {e}")));
+                return true;
+            }
+            grammar_done = c.is_finished();
+        }
         match s.last_token_at {
             Some(t) => s.inter_token.push(now - t),
             None => s.first_token_at = Some(now),
@@ -737,6 +810,9 @@ impl Scheduler {
             text = emit;
             if hit {
                 reason = Some(FinishReason::StopSequence);
+            } else if grammar_done {
+                // The grammar's last token is output; it ends the sequence like an EOS would.
+                reason = Some(FinishReason::EosToken);
             }
         }
         if reason.is_none()

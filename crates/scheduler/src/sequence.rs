@@ -1,12 +1,13 @@
 //! One generated sequence and the request it belongs to.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lmi_text::IncrementalDetokenizer;
 use tokio::sync::mpsc::Sender;
 
 use crate::block_pool::BlockHash;
+use crate::constraint::SeqConstraint;
 use crate::event::{Event, PromptToken};
 use crate::request::GenerateRequest;
 use crate::stop::StopMatcher;
@@ -56,6 +57,9 @@ pub(crate) struct Sequence {
     pub first_token_at: Option<Instant>,
     pub last_token_at: Option<Instant>,
     pub inter_token: Vec<Duration>,
+    /// Constrained decoding: where the output stands in the request's grammar (shared with
+    /// the worker computing its next mask).
+    pub constraint: Option<Arc<Mutex<SeqConstraint>>>,
 }
 
 impl Sequence {

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use lmi_engine::sampling::derive_seed;
-use lmi_engine::{LogitsWanted, PromptLogprobRequest, SampleRequest, SeqChunk};
+use lmi_engine::{LogitsWanted, PromptLogprobRequest, SampleRequest, SeqChunk, TokenMask};
 
 use crate::sequence::{RequestId, RequestState, Sequence};
 
@@ -68,6 +68,7 @@ pub(crate) fn requests<'a>(
     requests: &'a HashMap<RequestId, RequestState>,
     scheduled: &[(usize, usize)],
     chunks: &[SeqChunk],
+    masks: &'a [Option<std::sync::Arc<TokenMask>>],
 ) -> (
     Vec<SampleRequest<'a>>,
     Vec<PromptLogprobRequest<'a>>,
@@ -114,7 +115,8 @@ pub(crate) fn requests<'a>(
                             output: s.output(),
                             stop_ids: &r.stop_ids,
                         },
-                        allowed: None,
+                        // Forked sequences draw their first token under the same mask.
+                        allowed: masks.get(k).and_then(|m| m.as_deref()),
                     });
                 }
             }

@@ -137,6 +137,7 @@ pub fn prepare(
         prompt_logprobs,
         skip_special_tokens: spec.skip_special_tokens,
         adapter,
+        constraint: None,
         pin_prefix_tokens: 0,
     };
     Ok(Job {
