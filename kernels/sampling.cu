@@ -9,6 +9,10 @@
 // fixed order: no float atomics), narrowing until at most SMP_CAP candidates are left, which
 // are then sorted in shared memory and scanned. The row is re-read from global memory on every
 // level (it stays in L2).
+//
+// A constrained draw's token mask (one bit per token) is folded into every read of its row:
+// a masked token reads as -inf whatever its memory holds, so edits, lifted bans and the copy of
+// a shared row never need to touch it, and each pass costs one extra mask word per 32 tokens.
 #include "common.cuh"
 
 #define SMP_THREADS 512
@@ -24,6 +28,7 @@
 #define JOB_SCORE 2u
 #define JOB_COPY 4u
 #define JOB_BANS 8u
+#define JOB_MASK 16u
 
 // Edit kinds (sampling::processors::Edit).
 #define EDIT_BIAS 0u
@@ -49,14 +54,16 @@
 #define SMP_NO_UNROLL _Pragma("unroll 1")
 #endif
 
-// One draw or score; 64 bytes, written by the host.
+// One draw or score; 72 bytes, written by the host. `mask_slot` indexes the uploaded masks
+// (ceil(vocab / 32) words each) when JOB_MASK is set.
 struct Job {
     unsigned row, flags, token, top_n, top_off, ops_off, ops_cnt, copy_slot;
     float min_p, top_p, typical_p;
     unsigned top_k;
     double inv_t, u;
+    unsigned mask_slot, pad;
 };
-static_assert(sizeof(Job) == 64, "JOB_BYTES in crates/engine/src/cuda/sampler.rs");
+static_assert(sizeof(Job) == 72, "JOB_BYTES in crates/engine/src/cuda/sampler.rs");
 
 struct Shared {
     unsigned long long bnd[SMP_DIGITS];  // lower bound of each digit of a search level
@@ -83,6 +90,19 @@ __device__ __forceinline__ float clean(float x) {
 __device__ __forceinline__ unsigned order_key(float x) {
     const unsigned u = __float_as_uint(x == 0.0f ? 0.0f : x);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Whether token i is allowed by `mask` (null: no constraint). In the row loops (i = tid + 512 k)
+// a warp's 32 tokens share one mask word: one broadcast load per warp.
+__device__ __forceinline__ bool allowed(const unsigned* __restrict__ mask, unsigned i) {
+    return mask == nullptr || ((mask[i >> 5] >> (i & 31u)) & 1u);
+}
+
+// A cleaned logit, -inf when masked (sampling::apply_mask runs before every processor, so a
+// masked token is -inf on the CPU whatever the edits do). Its row value is not even loaded.
+__device__ __forceinline__ float logit(const float* row, const unsigned* __restrict__ mask,
+                                       unsigned i) {
+    return allowed(mask, i) ? clean(row[i]) : LMI_NEG_INF;
 }
 
 __device__ __forceinline__ float key_value(unsigned k) {
@@ -176,12 +196,13 @@ struct Stats {
 };
 
 // One pass: argmax and an online log-sum-exp (f32 exponentials, f64 partial sums).
-__device__ Stats row_stats(const float* row, unsigned n, Shared& s) {
+__device__ Stats row_stats(const float* row, const unsigned* __restrict__ mask, unsigned n,
+                           Shared& s) {
     float m = LMI_NEG_INF, lo = LMI_INF;
     unsigned a = 0xffffffffu;
     double sum = 0.0;
     for (unsigned i = threadIdx.x; i < n; i += SMP_THREADS) {
-        const float x = clean(row[i]);
+        const float x = logit(row, mask, i);
         if (x > LMI_NEG_INF) lo = fminf(lo, x);
         if (x > m) {
             sum = sum * (double)expf(m - x) + 1.0;
@@ -221,11 +242,12 @@ __device__ __forceinline__ float apply_edit(float x, unsigned kind, float v) {
 
 // `ops` are (id, kind, value) triples sorted by id, each id's edits in the CPU's order; the
 // first op of each id applies them all. `saved` gets the value before a ban (for lifting).
-__device__ void apply_edits(float* row, const unsigned* __restrict__ ops, unsigned cnt,
-                            float* saved) {
+// Masked tokens read as -inf anyway: they are skipped (a private copy does not hold them).
+__device__ void apply_edits(float* row, const unsigned* __restrict__ mask,
+                            const unsigned* __restrict__ ops, unsigned cnt, float* saved) {
     for (unsigned k = threadIdx.x; k < cnt; k += SMP_THREADS) {
         const unsigned id = ops[3 * k];
-        if (k > 0 && ops[3 * (k - 1)] == id) continue;
+        if ((k > 0 && ops[3 * (k - 1)] == id) || !allowed(mask, id)) continue;
         float x = row[id];
         bool banned = false;
         for (unsigned j = k; j < cnt && ops[3 * j] == id; ++j) {
@@ -240,21 +262,24 @@ __device__ void apply_edits(float* row, const unsigned* __restrict__ ops, unsign
     }
 }
 
-// Bans leave no finite logit: every edited token gets its value before the ban back.
-__device__ void lift_bans(float* row, const unsigned* __restrict__ ops, unsigned cnt,
-                          const float* saved) {
+// Bans leave no finite logit: every edited token gets its value before the ban back (masked
+// ones have no saved value and stay masked, as on the CPU).
+__device__ void lift_bans(float* row, const unsigned* __restrict__ mask,
+                          const unsigned* __restrict__ ops, unsigned cnt, const float* saved) {
     for (unsigned k = threadIdx.x; k < cnt; k += SMP_THREADS) {
         const unsigned id = ops[3 * k];
-        if (k > 0 && ops[3 * (k - 1)] == id) continue;
+        if ((k > 0 && ops[3 * (k - 1)] == id) || !allowed(mask, id)) continue;
         row[id] = saved[k];
     }
 }
 
 // ---- Candidates ------------------------------------------------------------------------------
 
-// The tokens still in play: finite, order key >= k0 (temperature underflow and min_p), rank key
-// >= cut (top-k, top-p), and, once typical-p has run, a typical score <= s_max.
+// The tokens still in play: allowed by the mask, finite, order key >= k0 (temperature underflow
+// and min_p), rank key >= cut (top-k, top-p), and, once typical-p has run, a typical score
+// <= s_max.
 struct Cands {
+    const unsigned* mask;  // null: no constraint
     double max, inv_t;
     float xmin;  // the row's smallest finite logit: where the first search level starts
     unsigned k0;
@@ -285,7 +310,7 @@ __device__ __forceinline__ bool candidate(const Cands& c, const float* row,
                                           unsigned i, unsigned long long lo,
                                           unsigned long long hi, unsigned long long& key,
                                           double& wt) {
-    const float x = clean(row[i]);
+    const float x = logit(row, c.mask, i);
     const unsigned k = order_key(x);
     if (k < c.k0) return false;
     const unsigned long long r = rank_key(k, i);
@@ -604,9 +629,10 @@ __device__ unsigned cutoff_key(const Cands& c, unsigned kmax, double min_w, Shar
 }
 
 // temperature → min_p → top_k → top_p → typical_p → inverse-CDF draw (sampling::filters).
-__device__ unsigned draw(const Job& job, const float* row, unsigned n,
-                         const Stats& st, unsigned char* dyn, Shared& s) {
+__device__ unsigned draw(const Job& job, const float* row, const unsigned* __restrict__ mask,
+                         unsigned n, const Stats& st, unsigned char* dyn, Shared& s) {
     Cands c;
+    c.mask = mask;
     c.max = (double)st.max;
     c.inv_t = job.inv_t;
     c.xmin = st.min;
@@ -645,11 +671,12 @@ __device__ unsigned draw(const Job& job, const float* row, unsigned n,
 
 // The `want` most probable tokens as (id, logprob) pairs, logprob descending, ids ascending
 // among ties; tokens of probability zero are never listed. Returns how many were written.
-__device__ unsigned top_n(const float* row, unsigned n, unsigned want,
-                          const Stats& st, unsigned* __restrict__ pairs, unsigned char* dyn,
-                          Shared& s) {
+__device__ unsigned top_n(const float* row, const unsigned* __restrict__ mask, unsigned n,
+                          unsigned want, const Stats& st, unsigned* __restrict__ pairs,
+                          unsigned char* dyn, Shared& s) {
     if (want == 0 || st.max == LMI_NEG_INF) return 0;
     Cands c;
+    c.mask = mask;
     c.max = 0.0;
     c.inv_t = 0.0;
     c.xmin = st.min;
@@ -669,44 +696,51 @@ __device__ unsigned top_n(const float* row, unsigned n, unsigned want,
     for (unsigned j = threadIdx.x; j < count; j += SMP_THREADS) {
         const unsigned id = fid[j];
         pairs[2 * j] = id;
-        pairs[2 * j + 1] = __float_as_uint(logprob(st, clean(row[id]), n));
+        pairs[2 * j + 1] = __float_as_uint(logprob(st, logit(row, mask, id), n));
     }
     __syncthreads();
     return count;
 }
 
-// One block per job. `jobs` and `ops` come from one upload; pointers that can reach a row or
-// a saved value written in this kernel have no __restrict__ (it would allow the non-coherent
-// read-only cache path for data the kernel modifies); `copies` holds a private row for
-// every job flagged JOB_COPY, `saved` one float per op. `out` gets (token, logprob bits, top
-// count, 0) per job, then the top-n pairs of every job at its top_off.
+// One block per job. `jobs`, `ops` and `masks` come from one upload; pointers that can reach a
+// row or a saved value written in this kernel have no __restrict__ (it would allow the
+// non-coherent read-only cache path for data the kernel modifies); `copies` holds a private row
+// for every job flagged JOB_COPY, `saved` one float per op, `masks` ceil(vocab / 32) words per
+// job flagged JOB_MASK (null when none is). `out` gets (token, logprob bits, top count, 0) per
+// job, then the top-n pairs of every job at its top_off.
 extern "C" __global__ SMP_BOUNDS void sampler_run(float* logits, unsigned vocab,
                                                   const Job* __restrict__ jobs,
                                                   const unsigned* __restrict__ ops,
+                                                  const unsigned* __restrict__ masks,
                                                   float* copies, float* saved,
                                                   unsigned* __restrict__ out, unsigned n_jobs) {
     __shared__ Shared s;
     LMI_DYNAMIC_SHARED(unsigned char, dyn);
     const Job job = jobs[blockIdx.x];
+    const unsigned* mask =
+        (job.flags & JOB_MASK) ? masks + (unsigned long long)job.mask_slot * ((vocab + 31u) / 32u)
+                               : nullptr;
     float* raw = logits + (unsigned long long)job.row * vocab;  // edited in place unless JOB_COPY
     float* work = raw;
     if (job.flags & JOB_COPY) {
+        // Masked tokens are never read (see logit()): only the allowed ones are copied.
         work = copies + (unsigned long long)job.copy_slot * vocab;
-        for (unsigned i = threadIdx.x; i < vocab; i += SMP_THREADS) work[i] = raw[i];
+        for (unsigned i = threadIdx.x; i < vocab; i += SMP_THREADS)
+            if (allowed(mask, i)) work[i] = raw[i];
         __syncthreads();
     }
     const unsigned* my_ops = ops + 3ull * job.ops_off;
     float* my_saved = saved + job.ops_off;
     if (job.ops_cnt > 0) {
-        apply_edits(work, my_ops, job.ops_cnt, my_saved);
+        apply_edits(work, mask, my_ops, job.ops_cnt, my_saved);
         __syncthreads();
     }
-    Stats st = row_stats(work, vocab, s);
+    Stats st = row_stats(work, mask, vocab, s);
     bool lifted = false;
     if (st.max == LMI_NEG_INF && (job.flags & JOB_BANS)) {
-        lift_bans(work, my_ops, job.ops_cnt, my_saved);
+        lift_bans(work, mask, my_ops, job.ops_cnt, my_saved);
         __syncthreads();
-        st = row_stats(work, vocab, s);
+        st = row_stats(work, mask, vocab, s);
         lifted = true;
     }
     unsigned token;
@@ -715,11 +749,11 @@ extern "C" __global__ SMP_BOUNDS void sampler_run(float* logits, unsigned vocab,
     else if ((job.flags & JOB_GREEDY) || lifted || st.max == LMI_NEG_INF)
         token = st.argmax;
     else
-        token = draw(job, work, vocab, st, dyn, s);
+        token = draw(job, work, mask, vocab, st, dyn, s);
     unsigned* pairs = out + 4ull * n_jobs + 2ull * job.top_off;
-    const unsigned count = top_n(work, vocab, job.top_n, st, pairs, dyn, s);
+    const unsigned count = top_n(work, mask, vocab, job.top_n, st, pairs, dyn, s);
     if (threadIdx.x == 0) {
-        const float lp = token < vocab ? logprob(st, clean(work[token]), vocab) : LMI_NEG_INF;
+        const float lp = token < vocab ? logprob(st, logit(work, mask, token), vocab) : LMI_NEG_INF;
         out[4 * blockIdx.x] = token;
         out[4 * blockIdx.x + 1] = __float_as_uint(lp);
         out[4 * blockIdx.x + 2] = count;

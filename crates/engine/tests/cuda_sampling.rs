@@ -1,7 +1,8 @@
 //! The CUDA sampler (`CudaBackend::process_logits`, kernels/sampling.cu) against the CPU's
 //! `sampling::process_logits_host` on the same logits: tokens must be equal, log-probabilities
 //! within 1e-4, top-n lists equal in ids. Every case runs on the emulator in both thread
-//! orders (and on a GPU when one is present).
+//! orders (and on a GPU when one is present). Constrained draws (a `TokenMask`) must also stay
+//! inside their mask whenever it allows a token of the vocabulary.
 
 mod cuda_common;
 
@@ -9,7 +10,7 @@ use lmi_cuda::Device;
 use lmi_engine::Backend;
 use lmi_engine::cuda::CudaBackend;
 use lmi_engine::sampling::{SamplingParams, SequenceContext, derive_seed, process_logits_host};
-use lmi_engine::step::{LogitsOutput, LogitsWork, RowSample, RowScore};
+use lmi_engine::step::{LogitsOutput, LogitsWork, RowSample, RowScore, TokenMask};
 
 const LOGPROB_TOL: f32 = 1e-4;
 
@@ -39,6 +40,7 @@ struct Draw {
     prompt: Vec<u32>,
     output: Vec<u32>,
     stop: Vec<u32>,
+    allowed: Option<TokenMask>,
 }
 
 impl Draw {
@@ -50,8 +52,31 @@ impl Draw {
             prompt: Vec::new(),
             output: Vec::new(),
             stop: Vec::new(),
+            allowed: None,
         }
     }
+
+    fn masked(row: usize, params: SamplingParams, seed: u64, bits: &[u32]) -> Self {
+        let mut d = Draw::new(row, params, seed);
+        d.allowed = Some(TokenMask::ready(bits.to_vec()));
+        d
+    }
+}
+
+/// A mask of `words` words allowing `tokens` (those past its end are dropped).
+fn mask_of(tokens: impl IntoIterator<Item = u32>, words: usize) -> Vec<u32> {
+    let mut bits = vec![0u32; words];
+    for t in tokens {
+        if let Some(w) = bits.get_mut(t as usize / 32) {
+            *w |= 1 << (t % 32);
+        }
+    }
+    bits
+}
+
+fn is_allowed(bits: &[u32], token: u32) -> bool {
+    bits.get(token as usize / 32)
+        .is_some_and(|w| w & (1 << (token % 32)) != 0)
 }
 
 struct Case {
@@ -124,7 +149,7 @@ fn check_case<D: Device>(b: &CudaBackend<D>, case: &Case) {
                 output: &d.output,
                 stop_ids: &d.stop,
             },
-            allowed: None,
+            allowed: d.allowed.as_ref(),
         })
         .collect();
     let work = LogitsWork {
@@ -140,6 +165,19 @@ fn check_case<D: Device>(b: &CudaBackend<D>, case: &Case) {
     for (i, (g, w)) in got.samples.iter().zip(&want.samples).enumerate() {
         let what = format!("{} draw {i} ({:?})", case.name, case.draws[i].params);
         assert_eq!(g.token, w.token, "{what}: token");
+        // Not only equal to the CPU: inside the mask whenever it allows anything.
+        if let Some(bits) = case.draws[i].allowed.as_ref().and_then(TokenMask::wait)
+            && (0..vocab as u32).any(|t| is_allowed(&bits, t))
+        {
+            assert!(
+                is_allowed(&bits, g.token),
+                "{what}: token {} is masked",
+                g.token
+            );
+            for &(t, _) in &g.top {
+                assert!(is_allowed(&bits, t), "{what}: top-n token {t} is masked");
+            }
+        }
         assert_logprob(&what, g.logprob, w.logprob);
         assert_top(&what, &g.top, &w.top);
     }
@@ -498,6 +536,196 @@ fn fork_cases() -> Vec<Case> {
     vec![c]
 }
 
+/// Masks of every shape (sparse, dense, one token, none, shorter and longer than the
+/// vocabulary) under greedy and every filter.
+fn mask_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    let mut rng = Rng(0x3a5c_0ffe_e123_4567);
+    for (k, &vocab) in [1usize, 33, 300, 5000, 50_000].iter().enumerate() {
+        let words = vocab.div_ceil(32);
+        let v = vocab as u32;
+        let mut c = Case::new(
+            format!("masks, vocab {vocab}"),
+            vocab,
+            rows(2, vocab, 700 + k as u64, 8.0),
+        );
+        let sparse: Vec<u32> = (0..(vocab / 100).max(3))
+            .map(|_| rng.below(vocab as u64) as u32)
+            .collect();
+        let masks: Vec<(&str, Vec<u32>)> = vec![
+            ("sparse", mask_of(sparse, words)),
+            ("dense", mask_of((0..v).filter(|t| t % 10 != 3), words)),
+            ("one token", mask_of([v / 2], words)),
+            ("even ids", mask_of((0..v).step_by(2), words)),
+            // Ends at word (words + 1) / 2: the rest of the vocabulary is not allowed.
+            ("short", vec![u32::MAX; words.div_ceil(2)]),
+            // Extra words, and bits past the vocabulary in its last word.
+            ("long", vec![0x5555_5555; words + 3]),
+            ("nothing allowed", vec![0; words]),
+            ("empty", Vec::new()),
+        ];
+        let mut seed = 10_000 * k as u64;
+        for (name, bits) in &masks {
+            let mut add = |f: &dyn Fn(&mut SamplingParams)| {
+                seed += 1;
+                let mut p = sampled(0.9);
+                f(&mut p);
+                c.draws
+                    .push(Draw::masked((seed % 2) as usize, p, seed, bits));
+            };
+            add(&|p| *p = with_top(SamplingParams::default(), 5));
+            add(&|p| p.top_logprobs = 3);
+            add(&|p| p.top_k = 1);
+            add(&|p| p.top_k = 5);
+            add(&|p| p.top_k = 40);
+            add(&|p| p.top_p = 0.5);
+            add(&|p| p.top_p = 0.95);
+            add(&|p| p.min_p = 0.1);
+            add(&|p| p.typical_p = 0.7);
+            add(&|p| {
+                p.min_p = 0.02;
+                p.top_k = 30;
+                p.top_p = 0.8;
+                p.typical_p = 0.9;
+                p.top_logprobs = 4;
+            });
+            if *name == "sparse" {
+                // Far off the mask's logits: the temperature and min_p cutoffs see only its max.
+                add(&|p| p.temperature = 0.05);
+                add(&|p| p.temperature = 30.0);
+            }
+        }
+        cases.push(c);
+    }
+    cases
+}
+
+/// Bias, penalties and bans on masked rows: edits of masked tokens (a huge bias included) never
+/// unmask them, and bans that leave nothing but masked tokens are lifted without unmasking.
+/// The greedy draws each edit their own row in place; the sampled ones share two rows, so
+/// they edit private copies (which hold only the allowed tokens).
+fn masked_processor_cases() -> Vec<Case> {
+    let vocab: usize = 4000;
+    let words = vocab.div_ceil(32);
+    let mut c = Case::new("masks with processors", vocab, rows(8, vocab, 800, 6.0));
+    let allowed = [7u32, 64, 65, 1000, 3999];
+    let bits = mask_of(allowed, words);
+    for (j, greedy) in [true, false].into_iter().enumerate() {
+        let base = || {
+            if greedy {
+                with_top(SamplingParams::default(), 6)
+            } else {
+                with_top(sampled(1.0), 6)
+            }
+        };
+        let seed = 50 * j as u64;
+        let row = |k: usize| if greedy { k } else { 6 + k % 2 };
+        // Every allowed token banned (bad words): lifted, the mask stays.
+        let mut p = base();
+        p.bad_words = allowed.iter().map(|&t| vec![t]).collect();
+        p.logit_bias = vec![(3, 80.0), (64, 2.0)];
+        c.draws.push(Draw::masked(row(0), p, seed + 1, &bits));
+        // Stop ids that are all the allowed tokens (min_new_tokens), plus bans of masked ones.
+        let mut p = base();
+        p.min_new_tokens = 10;
+        p.bad_words = vec![vec![8], vec![9]];
+        let mut d = Draw::masked(row(1), p, seed + 2, &bits);
+        d.stop = allowed.to_vec();
+        d.output = vec![1, 2];
+        c.draws.push(d);
+        // No-repeat n-grams banning every allowed token, with penalties.
+        let mut p = base();
+        p.no_repeat_ngram_size = 2;
+        p.repetition_penalty = 1.5;
+        p.presence_penalty = 0.5;
+        let mut d = Draw::masked(row(2), p, seed + 3, &bits);
+        d.prompt = allowed.iter().flat_map(|&t| [42, t]).collect();
+        d.output = vec![42];
+        c.draws.push(d);
+        // Some bans leave allowed tokens: no lifting; a huge bias on a masked token.
+        let mut p = base();
+        p.bad_words = vec![vec![64], vec![1000], vec![12]];
+        p.logit_bias = vec![(12, 90.0), (13, 90.0), (65, -1.0)];
+        p.frequency_penalty = 0.3;
+        let mut d = Draw::masked(row(3), p, seed + 4, &bits);
+        d.output = vec![7, 7, 13, 3999];
+        c.draws.push(d);
+        // A mask allowing nothing, with bans: lifted, still nothing.
+        let mut p = base();
+        p.bad_words = vec![vec![5]];
+        c.draws.push(Draw::masked(row(4), p, seed + 5, &[0; 3]));
+        // One allowed token that is banned.
+        let mut p = base();
+        p.bad_words = vec![vec![1000]];
+        c.draws
+            .push(Draw::masked(row(5), p, seed + 6, &mask_of([1000], words)));
+    }
+    vec![c]
+}
+
+/// One row drawn by masked and unmasked parallel sequences (some with edits: private copies of
+/// a masked row) and scored (scores have no mask), plus a masked draw editing its row in place.
+fn masked_fork_cases() -> Vec<Case> {
+    let vocab: usize = 6000;
+    let words = vocab.div_ceil(32);
+    let mut c = Case::new("masked fork", vocab, rows(3, vocab, 900, 6.0));
+    let mut rng = Rng(4242);
+    for i in 0..8u64 {
+        let mut p = with_top(
+            if i % 4 == 0 {
+                SamplingParams::default()
+            } else {
+                sampled(1.0)
+            },
+            4,
+        );
+        if i % 2 == 1 {
+            p.repetition_penalty = 1.3;
+            p.logit_bias = vec![(rng.below(vocab as u64) as u32, 6.0)];
+            p.bad_words = vec![vec![rng.below(vocab as u64) as u32]];
+        }
+        let mut d = Draw::new(0, p, derive_seed(7, i));
+        d.prompt = rng.tokens(30, vocab);
+        d.output = rng.tokens(i as usize, vocab);
+        if i % 3 != 2 {
+            // Each sequence at its own grammar state: its own mask.
+            let allowed: Vec<u32> = (0..40 + 300 * i)
+                .map(|_| rng.below(vocab as u64) as u32)
+                .chain(d.prompt.iter().copied().take(5))
+                .collect();
+            d.allowed = Some(TokenMask::ready(mask_of(allowed, words)));
+        }
+        c.draws.push(d);
+    }
+    for token in [3u32, 100, 5999] {
+        c.scores.push(RowScore {
+            row: 0,
+            token,
+            top_n: 5,
+        });
+    }
+    // The only draw of row 1: masked, edited in place, every allowed token banned.
+    let mut p = with_top(sampled(0.8), 3);
+    p.bad_words = vec![vec![10], vec![20]];
+    p.presence_penalty = 1.0;
+    let mut d = Draw::masked(1, p, 3, &mask_of([10, 20], words));
+    d.output = vec![10, 10, 30];
+    c.draws.push(d);
+    // Row 2 scored and drawn once (masked, no edits: no copy needed).
+    c.draws.push(Draw::masked(
+        2,
+        with_top(sampled(1.2), 2),
+        9,
+        &mask_of((0..vocab as u32).step_by(3), words),
+    ));
+    c.scores.push(RowScore {
+        row: 2,
+        token: 1,
+        top_n: 3,
+    });
+    vec![c]
+}
+
 // ---- Tests -------------------------------------------------------------------------------------
 
 fn greedy_and_temperature<D: Device>(b: &CudaBackend<D>) {
@@ -530,6 +758,45 @@ fn top_n_and_scores<D: Device>(b: &CudaBackend<D>) {
 
 fn forks<D: Device>(b: &CudaBackend<D>) {
     check_all(b, &fork_cases());
+}
+
+fn masks<D: Device>(b: &CudaBackend<D>) {
+    check_all(b, &mask_cases());
+}
+
+fn masked_processors<D: Device>(b: &CudaBackend<D>) {
+    check_all(b, &masked_processor_cases());
+}
+
+fn masked_forks<D: Device>(b: &CudaBackend<D>) {
+    check_all(b, &masked_fork_cases());
+}
+
+/// A mask still being computed when the step starts (set by another thread), and one whose
+/// computation failed (`None`: drawn unconstrained, as on the CPU).
+fn pending_and_failed_masks<D: Device>(b: &CudaBackend<D>) {
+    let vocab: usize = 2000;
+    let words = vocab.div_ceil(32);
+    let mut c = Case::new("pending masks", vocab, rows(2, vocab, 950, 5.0));
+    for (row, seed) in [(0, 1u64), (1, 2)] {
+        let mut d = Draw::new(row, with_top(sampled(1.0), 3), seed);
+        d.allowed = Some(TokenMask::pending());
+        c.draws.push(d);
+    }
+    c.draws
+        .push(Draw::new(0, with_top(SamplingParams::default(), 3), 0));
+    std::thread::scope(|scope| {
+        let (pending, failed) = (&c.draws[0], &c.draws[1]);
+        scope.spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let bits = mask_of((0..vocab as u32).filter(|t| t % 7 == 1), words);
+            if let (Some(p), Some(f)) = (&pending.allowed, &failed.allowed) {
+                p.set(Some(bits));
+                f.set(None);
+            }
+        });
+        check_case(b, &c);
+    });
 }
 
 fn oversized_top_n_is_an_error<D: Device>(b: &CudaBackend<D>) {
@@ -587,6 +854,26 @@ fn top_n_and_prompt_scores_match_the_cpu() {
 #[test]
 fn forked_rows_match_the_cpu() {
     on_every_device!(forks);
+}
+
+#[test]
+fn masked_draws_match_the_cpu() {
+    on_every_device!(masks);
+}
+
+#[test]
+fn masked_draws_with_penalties_and_bans_match_the_cpu() {
+    on_every_device!(masked_processors);
+}
+
+#[test]
+fn masked_and_unmasked_forks_match_the_cpu() {
+    on_every_device!(masked_forks);
+}
+
+#[test]
+fn pending_and_failed_masks_match_the_cpu() {
+    on_every_device!(pending_and_failed_masks);
 }
 
 #[test]

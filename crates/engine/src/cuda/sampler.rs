@@ -1,20 +1,31 @@
 //! Logits processing on the device: draws and prompt-token scores with the CPU sampler's
-//! semantics (`sampling::sample_seeded`, `sampling::token_logprob`), in one kernel launch
+//! semantics (`sampling::sample_masked`, `sampling::token_logprob`), in one kernel launch
 //! (`sampler_run`, kernels/sampling.cu) between one upload and one download.
 //!
 //! # Per step
-//! The host packs every job (a draw or a score) into one upload: a 64-byte record per job
+//! The host packs every job (a draw or a score) into one upload: a 72-byte record per job
 //! (row, flags, filters, `inv_t = 1 / temperature` and the draw's `u = uniform(seed,
-//! output.len())`, both computed here exactly as the CPU computes them) followed by the
-//! processors as a compact list of per-token edits (bias, repetition, presence/frequency,
-//! ban), produced by `sampling::processors::for_each_edit`, the code the CPU path applies
-//! itself, so the two can never edit different tokens. The edits are sorted by token (stably:
-//! one token's edits keep the CPU's order). One block per job then edits its row (in place when
-//! no other job reads that row, else in a private copy from the step arena), and one download
-//! returns ids, logprobs and top-n pairs. Scratch comes from the step arena; the upload and
-//! result buffers are kept here and grow by powers of two.
+//! output.len())`, both computed here exactly as the CPU computes them, the mask slot)
+//! followed by the processors as a compact list of per-token edits (bias, repetition,
+//! presence/frequency, ban), produced by `sampling::processors::for_each_edit`, the code the
+//! CPU path applies itself, so the two can never edit different tokens, then the token masks
+//! of constrained draws. The edits are sorted by token (stably: one token's edits keep the
+//! CPU's order). A draw's `RowSample::allowed` is waited for after everything else is packed
+//! (it may still be computed while the forward pass runs); each mask adds `ceil(vocab / 32)`
+//! words to the upload, cut or zero-padded to that length (tokens past a mask's end are not
+//! allowed); an unmasked job, or one whose `wait` says `None` (unconstrained, as on the CPU),
+//! adds nothing. One block per job then edits its row (in place when no other job reads that
+//! row, else in a private copy from the step arena), and one download returns ids, logprobs
+//! and top-n pairs. Scratch comes from the step arena; the upload and result buffers are kept
+//! here and grow by powers of two.
 //!
 //! # Kernel (one block of 512 threads per job; the row stays in L2 between passes)
+//! * **Masks** are folded into every read of the row, never written into it: a masked token
+//!   reads as `-inf` (its logit is not even loaded), which is what the CPU's `apply_mask`
+//!   before every processor leaves there, since the edits map `-inf` to `-inf` or NaN (for
+//!   valid parameters: `repetition_penalty > 0`). So masked tokens drop out of the stats,
+//!   every filter, the draw, logprobs and top-n, and a lifted ban cannot bring one back; edits
+//!   skip them and a private copy leaves them out (so no pass ever reads a masked logit).
 //! * **Stats** (every job): one pass for the argmax (lowest id on ties) and an online
 //!   log-sum-exp (f32 exponentials, f64 partial sums). Greedy jobs stop here (plus top-n):
 //!   about one read of the row. If bans leave no finite logit, the saved pre-ban values are put
@@ -41,7 +52,8 @@
 //!
 //! # Exactness
 //! Tokens equal the CPU's whenever the logits agree, except where the two compute the same
-//! quantity with different rounding:
+//! quantity with different rounding (masks involve none: a token is allowed or not, and the
+//! masked row's stats, filters and draw then follow the rules below like any other row's):
 //! * f64 sums (each filter's total, the cumulative masses) are added in a different order
 //!   (tree of per-thread partial sums vs the CPU's sequential walk over a partially sorted
 //!   buffer), so they agree to a few ulps of the total (at most about `n · 2^-53` relative
@@ -55,7 +67,8 @@
 //!   f64 for both (logits closer than about `1e-16 · |max|`, which only logits within about
 //!   `1e-15 · |max|` of zero can be), `w` to underflow to the same subnormal (`w < 1e-307`,
 //!   never drawn in practice), or a temperature above about 1e9.
-//! * `exp` and `log` are CUDA's (at most 1 ulp of error) on a GPU vs the host's libm; they can differ in the last bit, which matters only at such boundaries. The `min_p`
+//! * `exp` and `log` are CUDA's (at most 1 ulp of error) on a GPU vs the host's libm; they can
+//!   differ in the last bit, which matters only at such boundaries. The `min_p`
 //!   cutoff assumes `exp` is monotone, as both libraries are in practice. Under the emulator
 //!   the kernels use the host's libm, so the tests see identical weights.
 //! * Log-probabilities use `expf` and a different summation than the CPU's polynomial `exp`:
@@ -71,9 +84,12 @@
 //! cost at 128K; with top-k (a count search, integer only) or after top-p, later passes
 //! compute weights for the few survivors only. `typical_p` is a slow path (two more passes,
 //! then a search over the score's f64 key, its first level spread evenly over the scores'
-//! analytic range, whose every level evaluates `exp` and `log` per candidate). One block of
-//! 512 threads per job (84 registers on sm_90, 80 on sm_80, no spills; 96 KiB of dynamic and
-//! 1.1 KiB of static shared memory: one block per SM at a time).
+//! analytic range, whose every level evaluates `exp` and `log` per candidate). Every pass of a
+//! masked job also reads its mask (4 bytes per 32 tokens) and loads only the allowed logits,
+//! so a tight mask makes its passes cheaper; unmasked jobs read no mask. One block of 512
+//! threads per job (90 registers on sm_90, 84 on sm_80, no spills; 96 KiB of dynamic and 1.1
+//! KiB of static shared memory: one block per SM at a time, so registers below 128 cost no
+//! occupancy).
 
 use std::sync::{Arc, Mutex};
 
@@ -96,11 +112,12 @@ const SHARED_BYTES: u32 = 16 * 512 * 12;
 pub const MAX_TOP_N: u32 = 4096;
 
 /// Size of one job record (`struct Job`).
-const JOB_BYTES: usize = 64;
+const JOB_BYTES: usize = 72;
 const JOB_GREEDY: u32 = 1;
 const JOB_SCORE: u32 = 2;
 const JOB_COPY: u32 = 4;
 const JOB_BANS: u32 = 8;
+const JOB_MASK: u32 = 16;
 
 /// Words per job of the result header: token, logprob bits, top count, 0.
 const HEADER_WORDS: usize = 4;
@@ -163,6 +180,8 @@ struct JobPlan {
     top_k: u32,
     inv_t: f64,
     u: f64,
+    /// Index of the job's mask among the uploaded ones (with `JOB_MASK`).
+    mask_slot: u32,
 }
 
 impl JobPlan {
@@ -186,6 +205,9 @@ impl JobPlan {
         }
         out.extend_from_slice(&self.inv_t.to_le_bytes());
         out.extend_from_slice(&self.u.to_le_bytes());
+        for w in [self.mask_slot, 0] {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
     }
 
     fn score(row: usize, token: u32, top_n: u32) -> Self {
@@ -204,6 +226,7 @@ impl JobPlan {
             top_k: 0,
             inv_t: 1.0,
             u: 0.0,
+            mask_slot: 0,
         }
     }
 }
@@ -301,6 +324,7 @@ pub fn process<D: Device>(
             top_k: p.top_k,
             inv_t: 1.0 / f64::from(p.temperature),
             u: uniform(s.seed, s.ctx.output.len() as u64),
+            mask_slot: 0,
         });
         top_total += u64::from(top_n);
     }
@@ -317,10 +341,29 @@ pub fn process<D: Device>(
         ));
     }
 
-    // One upload: jobs, then the ops (id, kind, value) at a 16-byte boundary.
+    // Constrained draws: wait for the masks as late as the single upload allows (they may be
+    // computed while the forward pass runs). `None` from `wait` is an unconstrained draw.
+    let masks: Vec<_> = work
+        .samples
+        .iter()
+        .map(|s| s.allowed.and_then(|m| m.wait()))
+        .collect();
+    let mut mask_slots = 0u32;
+    for (job, mask) in jobs.iter_mut().zip(&masks) {
+        if mask.is_some() {
+            job.flags |= JOB_MASK;
+            job.mask_slot = mask_slots;
+            mask_slots += 1;
+        }
+    }
+    let mask_words = vocab.div_ceil(32);
+
+    // One upload: jobs, then the ops (id, kind, value) at a 16-byte boundary, then the masks
+    // (`mask_words` each, in slot order) at a 16-byte boundary.
     st.bytes.clear();
-    st.bytes
-        .reserve(jobs.len() * JOB_BYTES + st.ops.len() * 12 + 16);
+    st.bytes.reserve(
+        jobs.len() * JOB_BYTES + st.ops.len() * 12 + mask_slots as usize * mask_words * 4 + 32,
+    );
     for j in &jobs {
         j.write(&mut st.bytes);
     }
@@ -331,6 +374,18 @@ pub fn process<D: Device>(
         for w in [id, kind, v.to_bits()] {
             st.bytes.extend_from_slice(&w.to_le_bytes());
         }
+    }
+    let masks_at = st.bytes.len().next_multiple_of(16);
+    st.bytes.resize(masks_at, 0);
+    for bits in masks.iter().flatten() {
+        // Exactly `mask_words` words: bits past the vocabulary are never read, and tokens past
+        // a short mask's end are not allowed (zero words).
+        let given = bits.len().min(mask_words);
+        for w in &bits[..given] {
+            st.bytes.extend_from_slice(&w.to_le_bytes());
+        }
+        let end = st.bytes.len() + (mask_words - given) * 4;
+        st.bytes.resize(end, 0);
     }
     let upload = ensure(&sampler.dev, &mut st.upload, st.bytes.len())?;
     b.device().htod(&st.bytes, upload).map_err(cuda_err)?;
@@ -356,6 +411,12 @@ pub fn process<D: Device>(
             (vocab as u32).into(),
             upload.into(),
             upload.offset(ops_at).into(),
+            if mask_slots > 0 {
+                upload.offset(masks_at)
+            } else {
+                DevPtr::NULL
+            }
+            .into(),
             copy_buf.into(),
             saved.into(),
             results.into(),
