@@ -1,10 +1,11 @@
-//! Text handling for the server: tokenizer, incremental detokenizer and chat templates
-//! (the JSON format of TensorRT Edge-LLM, and HuggingFace Jinja templates).
+//! Text handling for the server: tokenizer, incremental detokenizer, chat templates
+//! (the JSON format of TensorRT Edge-LLM, and HuggingFace Jinja templates) and tool calls.
 
 pub mod chat;
 mod detokenizer;
 mod error;
 mod tokenizer;
+pub mod tools;
 
 pub use chat::{
     ChatTemplate, Content, ContentPart, ContentTypeFormat, JinjaChatTemplate, JsonChatTemplate,
@@ -13,3 +14,7 @@ pub use chat::{
 pub use detokenizer::IncrementalDetokenizer;
 pub use error::{Result, TextError};
 pub use tokenizer::Tokenizer;
+pub use tools::{
+    ParsedToolCall, ToolCallFormat, ToolStreamParser, ToolStreamPiece, parse_forced_calls,
+    parse_tool_calls, prepare_messages, tools_system_prompt,
+};

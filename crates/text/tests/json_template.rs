@@ -209,10 +209,10 @@ fn full_export_file_with_extra_fields_parses() {
       "generation_prompt": "A:"
     }"#);
     assert_eq!(tpl.model_path.as_deref(), Some("path/to/model"));
-    let m = vec![Message {
-        role: "user".into(),
-        content: Content::Parts(vec![ContentPart::Text { text: "hi".into() }]),
-    }];
+    let m = vec![Message::with_content(
+        "user",
+        Content::Parts(vec![ContentPart::Text { text: "hi".into() }]),
+    )];
     assert_eq!(tpl.render(&m, true, false).unwrap(), "U:hi\nA:");
 }
 

@@ -322,7 +322,7 @@ fn message(i: usize, j: usize, value: &Value) -> Result<Message, String> {
             ));
         }
     };
-    Ok(Message { role, content })
+    Ok(Message::with_content(role, content))
 }
 
 fn lora_weights(root: &Map<String, Value>) -> Result<BTreeMap<String, PathBuf>, String> {

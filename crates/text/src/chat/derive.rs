@@ -140,10 +140,10 @@ fn media_format(
 ) -> Option<String> {
     let msgs = [
         Message::new("system", SYS),
-        Message {
-            role: "user".into(),
-            content: Content::Parts(vec![media, ContentPart::Text { text: USER.into() }]),
-        },
+        Message::with_content(
+            "user",
+            Content::Parts(vec![media, ContentPart::Text { text: USER.into() }]),
+        ),
     ];
     let with_media = render(&msgs, false, false).ok()?;
     let before_plain = &plain[..plain.find(USER)?];

@@ -1,6 +1,6 @@
 //! HuggingFace Jinja chat templates rendered with minijinja, configured like transformers'
 //! `apply_chat_template` (trim_blocks, lstrip_blocks, Python string methods,
-//! `raise_exception`, `strftime_now`).
+//! `raise_exception`, `strftime_now`, Python's `tojson`, `tools`).
 
 use std::collections::BTreeMap;
 
@@ -9,6 +9,7 @@ use minijinja::{Environment, Error, ErrorKind, Value};
 
 use super::message::{Content, ContentPart, Message};
 use super::strftime::strftime_now;
+use super::tojson::tojson;
 use crate::error::{Result, TextError};
 
 const TEMPLATE_NAME: &str = "chat_template";
@@ -60,6 +61,7 @@ impl JinjaChatTemplate {
             },
         );
         env.add_function("strftime_now", |fmt: String| strftime_now(&fmt));
+        env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|e| template_error(&e))?;
         Ok(Self {
@@ -74,17 +76,37 @@ impl JinjaChatTemplate {
         &self.source
     }
 
-    /// Renders with the variables transformers passes: `messages`, `add_generation_prompt`,
-    /// `bos_token`, `eos_token`, `enable_thinking`.
+    /// True when the template reads a `tools` variable, i.e. renders tool definitions itself.
+    pub fn supports_tools(&self) -> bool {
+        mentions_identifier(&self.source, "tools")
+    }
+
+    /// [`Self::render_with_tools`] without tools.
     pub fn render(
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
         enable_thinking: bool,
     ) -> Result<String> {
+        self.render_with_tools(messages, None, add_generation_prompt, enable_thinking)
+    }
+
+    /// Renders with the variables transformers passes: `messages`, `tools` (the OpenAI tool
+    /// objects as given, or none), `add_generation_prompt`, `bos_token`, `eos_token`,
+    /// `enable_thinking`.
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+        enable_thinking: bool,
+    ) -> Result<String> {
         let messages: Value = messages.iter().map(message_value).collect();
+        // transformers passes `tools=None` when there are none, so `tools is defined` holds.
+        let tools = tools.map_or(Value::from(()), |t| t.iter().map(json_value).collect());
         let ctx = Value::from_object(BTreeMap::from([
             ("messages".to_owned(), messages),
+            ("tools".to_owned(), tools),
             (
                 "add_generation_prompt".to_owned(),
                 Value::from(add_generation_prompt),
@@ -102,16 +124,72 @@ impl JinjaChatTemplate {
 }
 
 /// Content strings stay strings; part lists become HF-style dicts
-/// (`{"type": "text", "text": ..}`, `{"type": "image", "image": ..}`).
+/// (`{"type": "text", "text": ..}`, `{"type": "image", "image": ..}`). Tool fields are
+/// present only when the message has them, since templates test them with `is defined`.
 fn message_value(m: &Message) -> Value {
     let content = match &m.content {
         Content::Text(t) => Value::from(t.clone()),
         Content::Parts(parts) => parts.iter().map(part_value).collect(),
     };
-    Value::from_object(BTreeMap::from([
+    let mut map = BTreeMap::from([
         ("role".to_owned(), Value::from(m.role.clone())),
         ("content".to_owned(), content),
-    ]))
+    ]);
+    if let Some(calls) = &m.tool_calls {
+        let calls = calls.iter().map(|c| json_value(&decoded_arguments(c)));
+        map.insert("tool_calls".to_owned(), calls.collect());
+    }
+    if let Some(id) = &m.tool_call_id {
+        map.insert("tool_call_id".to_owned(), Value::from(id.clone()));
+    }
+    if let Some(name) = &m.name {
+        map.insert("name".to_owned(), Value::from(name.clone()));
+    }
+    Value::from_object(map)
+}
+
+/// OpenAI sends `function.arguments` as a JSON string; HF templates expect a mapping (they
+/// iterate it or pipe it to `tojson`), so a string holding a JSON object is decoded.
+fn decoded_arguments(call: &serde_json::Value) -> serde_json::Value {
+    let mut call = call.clone();
+    if let Some(args) = call.pointer_mut("/function/arguments")
+        && let Some(text) = args.as_str()
+        && let Ok(decoded @ serde_json::Value::Object(_)) = serde_json::from_str(text)
+    {
+        *args = decoded;
+    }
+    call
+}
+
+/// A JSON value as a template value (minijinja's `serde` feature is not enabled).
+pub(super) fn json_value(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value::from(()),
+        J::Bool(b) => Value::from(*b),
+        J::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(u)) => Value::from(u),
+            _ => Value::from(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        J::String(s) => Value::from(s.clone()),
+        J::Array(items) => items.iter().map(json_value).collect(),
+        J::Object(map) => Value::from_object(
+            map.iter()
+                .map(|(k, v)| (k.clone(), json_value(v)))
+                .collect::<BTreeMap<String, Value>>(),
+        ),
+    }
+}
+
+/// `name` occurs in `source` as a whole identifier (not as part of `tools_in_user_message`).
+fn mentions_identifier(source: &str, name: &str) -> bool {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    source.match_indices(name).any(|(at, _)| {
+        let before = source[..at].chars().next_back();
+        let after = source[at + name.len()..].chars().next();
+        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+    })
 }
 
 fn part_value(p: &ContentPart) -> Value {

@@ -4,20 +4,36 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
-/// One conversation turn.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One conversation turn. The tool fields follow OpenAI's chat format, so an OpenAI message
+/// converts by a serde round trip.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     pub role: String,
     /// `null` (OpenAI assistant turns that only carry tool calls) reads as empty text.
     #[serde(default)]
     pub content: Content,
+    /// Assistant turns: `{"id", "type": "function", "function": {"name", "arguments"}}`, with
+    /// `arguments` a JSON-encoded string as OpenAI sends it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
+    /// Tool turns: the id of the call this message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl Message {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self::with_content(role, Content::Text(content.into()))
+    }
+
+    /// A message without tool fields.
+    pub fn with_content(role: impl Into<String>, content: Content) -> Self {
         Self {
             role: role.into(),
-            content: Content::Text(content.into()),
+            content,
+            ..Self::default()
         }
     }
 }
@@ -209,6 +225,36 @@ mod tests {
                 .unwrap_err();
         assert!(err.to_string().contains("\"image\""), "{err}");
         assert!(serde_json::from_str::<Message>(r#"{"content":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn openai_tool_fields_round_trip() {
+        let assistant = serde_json::json!({
+            "role": "assistant",
+            "content": null,
+            "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]
+        });
+        let m: Message = serde_json::from_value(assistant).unwrap();
+        assert_eq!(m.content, Content::Text(String::new()));
+        let calls = m.tool_calls.as_deref().unwrap();
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        assert_eq!(m.tool_call_id, None);
+
+        let tool = serde_json::json!({"role": "tool", "tool_call_id": "call_1",
+            "name": "get_weather", "content": "18C"});
+        let m: Message = serde_json::from_value(tool.clone()).unwrap();
+        assert_eq!(m.tool_call_id.as_deref(), Some("call_1"));
+        assert_eq!(m.name.as_deref(), Some("get_weather"));
+        assert_eq!(serde_json::to_value(&m).unwrap(), tool);
+    }
+
+    #[test]
+    fn absent_tool_fields_are_not_serialized() {
+        assert_eq!(
+            serde_json::to_value(Message::new("user", "hi")).unwrap(),
+            serde_json::json!({"role": "user", "content": "hi"})
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@ mod jinja;
 mod json_template;
 mod message;
 mod strftime;
+mod tojson;
 
 use std::path::Path;
 
@@ -35,9 +36,41 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         enable_thinking: bool,
     ) -> Result<String> {
+        self.render_with_tools(messages, None, add_generation_prompt, enable_thinking)
+    }
+
+    /// Renders with OpenAI tool definitions (`{"type": "function", "function": {..}}`). Only
+    /// a template for which [`Self::supports_tools`] holds shows them; for the others, rewrite
+    /// the conversation first with [`crate::tools::prepare_messages`].
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+        enable_thinking: bool,
+    ) -> Result<String> {
         match self {
             ChatTemplate::Json(t) => t.render(messages, add_generation_prompt, enable_thinking),
-            ChatTemplate::Jinja(t) => t.render(messages, add_generation_prompt, enable_thinking),
+            ChatTemplate::Jinja(t) => {
+                t.render_with_tools(messages, tools, add_generation_prompt, enable_thinking)
+            }
+        }
+    }
+
+    /// Whether the template renders tool definitions itself (a Jinja template reading
+    /// `tools`). The JSON format of seed 003 has no place for them.
+    pub fn supports_tools(&self) -> bool {
+        match self {
+            ChatTemplate::Json(_) => false,
+            ChatTemplate::Jinja(t) => t.supports_tools(),
+        }
+    }
+
+    /// The Jinja source; `None` for a JSON template.
+    pub fn jinja_source(&self) -> Option<&str> {
+        match self {
+            ChatTemplate::Json(_) => None,
+            ChatTemplate::Jinja(t) => Some(t.source()),
         }
     }
 
