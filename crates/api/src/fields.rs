@@ -193,12 +193,17 @@ impl<'a> Fields<'a> {
     }
 
     /// Keys not in `known`, in body order, so the server can log them (LMI drops them with a warning).
+    /// In name order, whatever the map's order (serde_json's `preserve_order` is switched on by
+    /// some dependencies, which would otherwise change the report).
     pub fn unknown(&self, known: &[&str]) -> Vec<String> {
-        self.map
+        let mut names: Vec<String> = self
+            .map
             .keys()
             .filter(|k| !known.contains(&k.as_str()))
             .cloned()
-            .collect()
+            .collect();
+        names.sort();
+        names
     }
 }
 
