@@ -12,6 +12,7 @@
 //! - errors: [`ApiError`] with `status(Schema)` and `body(Schema)` / per-schema stream variants.
 //! - [`openapi::openapi`] for `/api-doc/openapi.json`.
 
+pub mod constraint;
 pub mod error;
 mod fields;
 pub mod invocation;
@@ -24,6 +25,7 @@ pub mod spec;
 pub mod sse;
 pub mod tgi;
 
+pub use constraint::Constraint;
 pub use error::{ApiError, ErrorKind, Schema, lmi_server_error_body};
 pub use invocation::{Invocation, parse_invocation, parse_invocation_bytes, parse_json};
 pub use output::{FinishReason, GenerationOut, SequenceOut, TokenOut, TopTokens};

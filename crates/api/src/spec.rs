@@ -62,6 +62,8 @@ pub struct GenerationSpec {
     pub truncate: Option<usize>,
     pub adapter: Option<String>,
     pub stream: bool,
+    /// What the output must match (JSON schema, regex, ...), enforced while decoding.
+    pub constraint: Option<crate::constraint::Constraint>,
 }
 
 impl Default for GenerationSpec {
@@ -101,6 +103,7 @@ impl Default for GenerationSpec {
             truncate: None,
             adapter: None,
             stream: false,
+            constraint: None,
         }
     }
 }

@@ -51,6 +51,13 @@ pub const KNOWN_PARAMETERS: &[&str] = &[
     "logit_bias",
     "embedding_bias",
     "random_seed",
+    // vLLM guided decoding, as LMI passes it through
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_json_object",
+    "guided_decoding_backend",
     // TGI
     "watermark",
     "grammar",
@@ -252,12 +259,20 @@ pub fn parse_parameters(
         .filter(|s| !s.is_empty())
         .map(str::to_string);
     f.bool("watermark")?; // TGI's watermark: type-checked, then ignored
-    if f.get("grammar").is_some() {
-        return Err(
-            ApiError::not_supported("parameters.grammar is not supported")
-                .with_param("parameters.grammar"),
-        );
+    // TGI's `grammar` or vLLM's `guided_*`, one of them.
+    let grammar = match f.get("grammar") {
+        Some(g) => crate::constraint::response_format(g, "parameters.grammar")?,
+        None => None,
+    };
+    let guided = crate::constraint::guided(&f)?;
+    if grammar.is_some() && guided.is_some() {
+        return Err(ApiError::validation(
+            "parameters.grammar and guided_* both constrain the output: send one of them",
+        )
+        .with_param("parameters.grammar"));
     }
+    spec.constraint = grammar.or(guided);
+    f.str("guided_decoding_backend")?;
     Ok((spec, report))
 }
 

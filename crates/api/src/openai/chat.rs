@@ -1,9 +1,11 @@
 //! `POST /v1/chat/completions` request.
 
+use crate::constraint::Constraint;
 use crate::error::ApiError;
 use crate::fields::{Fields, Res};
 use crate::openai::message::ChatMessage;
-use crate::openai::sampling::{COMMON_FIELDS, check_response_format, read_common, read_max_tokens};
+use crate::openai::sampling::{COMMON_FIELDS, read_common, read_max_tokens};
+use crate::openai::tools::{ToolSpec, read_tools};
 use crate::spec::GenerationSpec;
 use serde_json::Value;
 
@@ -19,9 +21,9 @@ pub struct ChatRequest {
     pub top_logprobs: u32,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
-    /// Passed through to the chat template untouched.
-    pub tools: Option<Vec<Value>>,
-    pub tool_choice: Option<Value>,
+    /// `tools` / `tool_choice` / `parallel_tool_calls`; a forced call is already in
+    /// `spec.constraint`.
+    pub tools: Option<ToolSpec>,
     /// Unknown top-level fields (sorted), ignored.
     pub unknown_fields: Vec<String>,
 }
@@ -32,7 +34,6 @@ const CHAT_FIELDS: &[&str] = &[
     "top_logprobs",
     "tools",
     "tool_choice",
-    "response_format",
     "parallel_tool_calls",
     "tool_prompt",
 ];
@@ -59,7 +60,6 @@ pub fn parse_chat_request(body: &Value) -> Res<ChatRequest> {
     let mut spec = GenerationSpec::default();
     let include_usage = read_common(&f, &mut spec)?;
     read_max_tokens(&f, &mut spec, usize::MAX)?;
-    check_response_format(&f)?;
     let logprobs = f.bool("logprobs")?.unwrap_or(false);
     let top_logprobs = f
         .int_in("top_logprobs", 0, 20, "an integer in [0, 20]")?
@@ -75,11 +75,16 @@ pub fn parse_chat_request(body: &Value) -> Res<ChatRequest> {
         spec.top_n_tokens = top_logprobs;
         spec.details = true;
     }
-    let tools = match f.get("tools") {
-        Some(Value::Array(t)) => Some(t.clone()),
-        Some(v) => return Err(f.type_err("tools", "an array", v)),
-        None => None,
-    };
+    let tools = read_tools(&f)?;
+    if let Some(forced) = tools.as_ref().and_then(ToolSpec::forced_schema) {
+        if spec.constraint.is_some() {
+            return Err(ApiError::validation(
+                "a required or named tool_choice already fixes the output's format: drop response_format",
+            )
+            .with_param("tool_choice"));
+        }
+        spec.constraint = Some(Constraint::JsonSchema(forced));
+    }
     let known: Vec<&str> = COMMON_FIELDS.iter().chain(CHAT_FIELDS).copied().collect();
     Ok(ChatRequest {
         model: f.str("model")?.map(str::to_string),
@@ -89,7 +94,6 @@ pub fn parse_chat_request(body: &Value) -> Res<ChatRequest> {
         top_logprobs,
         include_usage,
         tools,
-        tool_choice: f.get("tool_choice").cloned(),
         unknown_fields: f.unknown(&known),
     })
 }

@@ -106,7 +106,67 @@ fn chat_logprobs<'a>(seq: &'a SequenceOut, spec: &GenerationSpec) -> Option<Chat
 #[derive(Serialize)]
 struct AssistantMessage<'a> {
     role: &'static str,
-    content: &'a str,
+    /// null when the turn is only tool calls.
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<ToolCallJson<'a>>>,
+}
+
+/// A tool call the server found in (or forced on) a reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCallOut {
+    /// `call_<24 hex digits>`, unique per call.
+    pub id: String,
+    pub name: String,
+    /// The arguments object as JSON text, as OpenAI sends it.
+    pub arguments: String,
+}
+
+/// An assistant reply read for tool calls: the text outside the calls and the calls.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ChatTurn {
+    pub content: String,
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+#[derive(Serialize)]
+struct FunctionJson<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+#[derive(Serialize)]
+struct ToolCallJson<'a> {
+    /// Position in the turn's calls; only in stream deltas.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    index: Option<usize>,
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: FunctionJson<'a>,
+}
+
+impl ToolCallOut {
+    fn json(&self, index: Option<usize>) -> ToolCallJson<'_> {
+        ToolCallJson {
+            index,
+            id: &self.id,
+            kind: "function",
+            function: FunctionJson {
+                name: &self.name,
+                arguments: &self.arguments,
+            },
+        }
+    }
+}
+
+/// OpenAI's finish reason for a choice that may have called tools.
+fn finish_with_calls(reason: FinishReason, called: bool) -> &'static str {
+    if called && reason != FinishReason::Length {
+        "tool_calls"
+    } else {
+        reason.as_openai()
+    }
 }
 
 #[derive(Serialize)]
@@ -165,17 +225,39 @@ fn envelope<'a, C>(
 /// Non-streaming `chat.completion`: one choice per sequence (best first), finish_reason
 /// "stop" for EOS and stop sequences, "length" for length.
 pub fn chat_completion(meta: &OpenAiMeta, out: &GenerationOut, spec: &GenerationSpec) -> String {
+    chat_completion_with_tools(meta, out, spec, &[])
+}
+
+/// [`chat_completion`] where `turns[i]`, when present, is sequence `i` read for tool calls:
+/// its calls go in `message.tool_calls` (content null when nothing else was said) and the
+/// finish reason becomes "tool_calls" unless the length ran out.
+pub fn chat_completion_with_tools(
+    meta: &OpenAiMeta,
+    out: &GenerationOut,
+    spec: &GenerationSpec,
+    turns: &[ChatTurn],
+) -> String {
     let choices = out
         .sequences()
         .enumerate()
-        .map(|(index, s)| ChatChoice {
-            index,
-            message: AssistantMessage {
-                role: "assistant",
-                content: &s.text,
-            },
-            logprobs: chat_logprobs(s, spec),
-            finish_reason: s.finish_reason.as_openai(),
+        .map(|(index, s)| {
+            let turn = turns.get(index);
+            let calls = turn.filter(|t| !t.tool_calls.is_empty());
+            let content = match (turn, calls) {
+                (Some(t), Some(_)) if t.content.is_empty() => None,
+                (Some(t), _) => Some(t.content.as_str()),
+                (None, _) => Some(s.text.as_str()),
+            };
+            ChatChoice {
+                index,
+                message: AssistantMessage {
+                    role: "assistant",
+                    content,
+                    tool_calls: calls.map(|t| t.tool_calls.iter().map(|c| c.json(None)).collect()),
+                },
+                logprobs: chat_logprobs(s, spec),
+                finish_reason: finish_with_calls(s.finish_reason, calls.is_some()),
+            }
         })
         .collect();
     compact(&envelope(
@@ -192,6 +274,8 @@ struct Delta<'a> {
     role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<Vec<ToolCallJson<'a>>>,
 }
 
 #[derive(Serialize)]
@@ -217,6 +301,7 @@ pub fn chat_chunk_role(meta: &OpenAiMeta, index: usize, include_usage: bool) -> 
         delta: Delta {
             role: Some("assistant"),
             content: Some(""),
+            tool_calls: None,
         },
         logprobs: None,
         finish_reason: None,
@@ -254,6 +339,7 @@ pub fn chat_chunk_token(
         delta: Delta {
             role: None,
             content: Some(text),
+            tool_calls: None,
         },
         logprobs,
         finish_reason: finish.map(FinishReason::as_openai),
@@ -279,9 +365,65 @@ pub fn chat_chunk_finish(
         delta: Delta {
             role: None,
             content: None,
+            tool_calls: None,
         },
         logprobs: None,
         finish_reason: Some(finish.as_openai()),
+    };
+    compact(&envelope(
+        meta,
+        "chat.completion.chunk",
+        vec![choice],
+        chunk_usage(include_usage),
+    ))
+}
+
+/// What one chunk of a choice whose reply is read for tool calls carries.
+pub enum ToolDelta<'a> {
+    Content(&'a str),
+    /// The call at position `index` of the turn, whole (name and all its arguments).
+    Call(usize, &'a ToolCallOut),
+    /// Nothing but the finish reason.
+    Finish,
+}
+
+/// A chunk of choice `index` when tool calls are read from the reply: content as the parser
+/// releases it, each call as one `tool_calls` delta. `tokens` are the generated tokens since
+/// the previous chunk, for `logprobs`; `finish` is set on the choice's last chunk, with
+/// `called` telling whether the choice made calls.
+#[allow(clippy::too_many_arguments)]
+pub fn chat_chunk_tool_delta(
+    meta: &OpenAiMeta,
+    index: usize,
+    delta: ToolDelta<'_>,
+    tokens: &[(TokenOut, Vec<TokenOut>)],
+    finish: Option<(FinishReason, bool)>,
+    spec: &GenerationSpec,
+    include_usage: bool,
+) -> String {
+    let (content, tool_calls) = match delta {
+        ToolDelta::Content(t) => (Some(t), None),
+        ToolDelta::Call(i, c) => (None, Some(vec![c.json(Some(i))])),
+        ToolDelta::Finish => (None, None),
+    };
+    let logprobs = spec
+        .logprobs
+        .filter(|_| !tokens.is_empty())
+        .map(|k| ChatLogprobs {
+            content: tokens
+                .iter()
+                .map(|(t, top)| token_logprob(t, Some(top), k as usize))
+                .collect(),
+        });
+    let choice = ChunkChoice {
+        index,
+        delta: Delta {
+            role: None,
+            content,
+            tool_calls,
+        },
+        logprobs,
+        finish_reason: finish.map(|(r, called)| finish_with_calls(r, called)),
     };
     compact(&envelope(
         meta,

@@ -5,12 +5,14 @@ pub mod completion;
 pub mod format;
 pub mod message;
 mod sampling;
+pub mod tools;
 
 pub use chat::{ChatRequest, parse_chat_request};
 pub use completion::{
     CompletionRequest, DEFAULT_COMPLETION_MAX_TOKENS, OpenAiConfig, parse_completion_request,
 };
-pub use format::{OpenAiMeta, Usage};
+pub use format::{ChatTurn, OpenAiMeta, ToolCallOut, ToolDelta, Usage};
 pub use message::{
     ChatMessage, ContentPart, FunctionCall, ImageUrl, MessageContent, Role, ToolCall,
 };
+pub use tools::{Tool, ToolChoice, ToolSpec};

@@ -31,6 +31,13 @@ pub(crate) const COMMON_FIELDS: &[&str] = &[
     "best_of",
     "logprobs",
     "adapter_id",
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_json_object",
+    "guided_decoding_backend",
 ];
 
 /// Common fields into `spec`; `max_tokens` handled by the caller. Returns `include_usage`.
@@ -77,6 +84,7 @@ pub(crate) fn read_common(f: &Fields, spec: &mut GenerationSpec) -> Res<bool> {
     f.str("user")?;
     f.str("model")?;
     spec.stream = f.bool("stream")?.unwrap_or(false);
+    read_constraint(f, spec)?;
     let include_usage = match f.object("stream_options")? {
         Some(o) => Fields::new(o, "stream_options")
             .bool("include_usage")?
@@ -98,16 +106,21 @@ pub(crate) fn read_max_tokens(f: &Fields, spec: &mut GenerationSpec, default: us
     Ok(())
 }
 
-/// `response_format`: plain text is fine; structured output is not implemented.
-pub(crate) fn check_response_format(f: &Fields) -> Res<()> {
-    if let Some(o) = f.object("response_format")? {
-        let kind = Fields::new(o, "response_format").str("type")?;
-        if kind != Some("text") {
-            return Err(ApiError::not_supported(
-                "response_format other than {\"type\": \"text\"} is not supported",
-            )
-            .with_param("response_format"));
-        }
+/// `response_format` (OpenAI's and TGI's spellings) or vLLM's `guided_*` fields, at most one
+/// of them, into `spec.constraint`.
+pub(crate) fn read_constraint(f: &Fields, spec: &mut GenerationSpec) -> Res<()> {
+    let format = match f.get("response_format") {
+        Some(v) => crate::constraint::response_format(v, "response_format")?,
+        None => None,
+    };
+    let guided = crate::constraint::guided(f)?;
+    f.str("guided_decoding_backend")?; // vLLM picks a backend; there is one here
+    if format.is_some() && guided.is_some() {
+        return Err(ApiError::validation(
+            "response_format and guided_* both constrain the output: send one of them",
+        )
+        .with_param("response_format"));
     }
+    spec.constraint = format.or(guided);
     Ok(())
 }

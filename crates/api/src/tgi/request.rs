@@ -101,6 +101,7 @@ struct Raw {
     seed: Option<u64>,
     top_n_tokens: Option<i64>,
     adapter_id: Option<String>,
+    grammar: Option<crate::constraint::Constraint>,
 }
 
 fn read(params: Option<&Map<String, Value>>) -> Res<Raw> {
@@ -108,10 +109,6 @@ fn read(params: Option<&Map<String, Value>>) -> Res<Raw> {
     let f = Fields::new(params.unwrap_or(&empty), "parameters");
     let non_neg = |key: &str| f.int_in(key, 0, i64::MAX, "a non-negative integer");
     f.bool("watermark")?; // accepted, no effect
-    if f.get("grammar").is_some() {
-        // TGI's wording when grammar support is disabled.
-        return Err(verr("grammar is not supported", "parameters.grammar"));
-    }
     Ok(Raw {
         best_of: non_neg("best_of")?,
         temperature: f.f32("temperature")?,
@@ -131,6 +128,10 @@ fn read(params: Option<&Map<String, Value>>) -> Res<Raw> {
         seed: f.u64("seed")?,
         top_n_tokens: non_neg("top_n_tokens")?,
         adapter_id: f.str("adapter_id")?.map(str::to_string),
+        grammar: match f.get("grammar") {
+            Some(g) => crate::constraint::response_format(g, "parameters.grammar")?,
+            None => None,
+        },
     })
 }
 
@@ -346,6 +347,7 @@ fn validate(
         truncate: raw.truncate.map(|t| t as usize),
         adapter: raw.adapter_id.clone().filter(|a| !a.is_empty()),
         stream,
+        constraint: raw.grammar.clone(),
         ..GenerationSpec::default()
     };
     push_unique(&mut spec.stop_strings, raw.stop.iter().cloned());

@@ -205,8 +205,12 @@ fn validation_messages() {
             "parameters.truncate must be a positive integer, got 0",
         ),
         (
-            r#"{"grammar":{"type":"regex","value":"a+"}}"#,
-            "parameters.grammar is not supported",
+            r#"{"grammar":{"type":"regex"}}"#,
+            "parameters.grammar of type \"regex\" needs a \"value\" pattern",
+        ),
+        (
+            r#"{"grammar":{"type":"regex","value":"a"},"guided_regex":"b"}"#,
+            "parameters.grammar and guided_* both constrain the output: send one of them",
         ),
         (
             r#"{"num_beams":4}"#,
@@ -231,8 +235,16 @@ fn validation_messages() {
     assert_eq!(
         parse(r#"{"inputs":"x","parameters":{"grammar":{}}}"#)
             .unwrap_err()
-            .kind,
-        ErrorKind::NotSupported
+            .param
+            .as_deref(),
+        Some("parameters.grammar")
+    );
+    let r = parse(r#"{"inputs":"x","parameters":{"guided_json":{"type":"object"}}}"#).unwrap();
+    assert_eq!(
+        r.spec.constraint,
+        Some(lmi_api::Constraint::JsonSchema(
+            serde_json::json!({"type":"object"})
+        ))
     );
 }
 

@@ -1,6 +1,6 @@
 use crate::common::json;
 use lmi_api::openai::{
-    ChatMessage, ContentPart, MessageContent, OpenAiConfig, Role, parse_chat_request,
+    ChatMessage, ContentPart, MessageContent, OpenAiConfig, Role, ToolChoice, parse_chat_request,
     parse_completion_request,
 };
 use lmi_api::{ErrorKind, Schema};
@@ -35,8 +35,10 @@ fn chat_request_fields() {
     assert_eq!(s.logit_bias, vec![(50256, -100.0)]);
     assert!(r.include_usage && r.logprobs);
     assert_eq!(r.top_logprobs, 3);
-    assert_eq!(r.tools.as_ref().map(Vec::len), Some(1));
-    assert_eq!(r.tool_choice, Some(json(r#""auto""#)));
+    let tools = r.tools.as_ref().unwrap();
+    assert_eq!(tools.tools.len(), 1);
+    assert_eq!(tools.choice, ToolChoice::Auto);
+    assert!(r.spec.constraint.is_none());
     assert_eq!(r.unknown_fields, vec!["weird"]);
 }
 
@@ -112,8 +114,16 @@ fn chat_validation_messages() {
             "stop must be a string or an array of strings, got number",
         ),
         (
-            r#""response_format":{"type":"json_object"}"#,
-            "response_format other than {\"type\": \"text\"} is not supported",
+            r#""response_format":{"type":"json_object","value":5}"#,
+            "response_format.value must be a JSON schema object, got number",
+        ),
+        (
+            r#""response_format":{"type":"json_object"},"guided_regex":"a""#,
+            "response_format and guided_* both constrain the output: send one of them",
+        ),
+        (
+            r#""tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required","response_format":{"type":"json_object"}"#,
+            "a required or named tool_choice already fixes the output's format: drop response_format",
         ),
     ];
     for (field, want) in cases {
@@ -181,4 +191,50 @@ fn completion_errors() {
     let e =
         parse_completion_request(&json(r#"{"prompt":"a","n":3,"best_of":2}"#), &cfg).unwrap_err();
     assert_eq!(e.message, "best_of must be >= n (3), got 2");
+}
+
+#[test]
+fn structured_output_and_forced_tools_become_constraints() {
+    use lmi_api::Constraint;
+    let chat = |extra: &str| {
+        parse_chat_request(&json(&format!(
+            r#"{{"messages":[{{"role":"user","content":"hi"}}]{extra}}}"#
+        )))
+        .unwrap()
+    };
+    assert_eq!(
+        chat(r#","response_format":{"type":"json_object"}"#)
+            .spec
+            .constraint,
+        Some(Constraint::JsonObject)
+    );
+    assert_eq!(
+        chat(r#","response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"object"},"strict":true}}"#)
+            .spec
+            .constraint,
+        Some(Constraint::JsonSchema(json(r#"{"type":"object"}"#)))
+    );
+    assert_eq!(
+        chat(r#","guided_choice":["a","b"]"#).spec.constraint,
+        Some(Constraint::Choice(vec!["a".into(), "b".into()]))
+    );
+    let r = chat(
+        r#","tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"x":{"type":"integer"}}}}}],"tool_choice":{"type":"function","function":{"name":"f"}}"#,
+    );
+    match r.spec.constraint {
+        Some(Constraint::JsonSchema(s)) => {
+            assert_eq!(s["properties"]["name"]["const"], "f");
+            assert_eq!(
+                s["properties"]["arguments"]["properties"]["x"]["type"],
+                "integer"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let c = parse_completion_request(
+        &json(r#"{"prompt":"x","guided_regex":"[0-9]+"}"#),
+        &OpenAiConfig::default(),
+    )
+    .unwrap();
+    assert_eq!(c.spec.constraint, Some(Constraint::Regex("[0-9]+".into())));
 }

@@ -75,8 +75,8 @@ fn validation_messages_exact() {
             "`best_of` must be > 0 and <= 2. Given: 3",
         ),
         (
-            r#"{"grammar":{"type":"json","value":{}}}"#,
-            "grammar is not supported",
+            r#"{"grammar":{"type":"xml","value":{}}}"#,
+            "parameters.grammar type \"xml\" is not one of \"text\", \"json_object\", \"json_schema\", \"json\", \"regex\"",
         ),
     ];
     for (params, want) in cases {
