@@ -43,6 +43,10 @@ pub struct LoadedModel {
     pub backend: &'static str,
     /// dtype of the weights in memory ("bf16", ...).
     pub dtype: String,
+    /// Output constraints compiled against the model's vocabulary.
+    pub grammars: crate::grammars::Grammars,
+    /// How the model writes tool calls (option.tool_call_parser or its chat template).
+    pub tool_format: lmi_text::tools::ToolCallFormat,
 }
 
 pub struct AppState {

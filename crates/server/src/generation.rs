@@ -14,8 +14,12 @@ use crate::app::{AppState, LoadedModel};
 /// What the model is asked to continue.
 pub enum Prompt {
     Text(String),
-    /// OpenAI-shaped messages, rendered with the model's chat template.
-    Chat(Vec<lmi_text::Message>),
+    /// OpenAI-shaped messages, rendered with the model's chat template, and the tools
+    /// (OpenAI tool objects) the model is offered.
+    Chat {
+        messages: Vec<lmi_text::Message>,
+        tools: Vec<serde_json::Value>,
+    },
 }
 
 /// A request ready for the scheduler.
@@ -56,15 +60,23 @@ pub fn prepare(
     let tok = &model.tokenizer;
     let (prompt_text, add_special) = match prompt {
         Prompt::Text(t) => (t, true),
-        Prompt::Chat(msgs) => {
+        Prompt::Chat { messages, tools } => {
             let template = model.chat_template.as_ref().ok_or_else(|| {
                 ApiError::validation(
                     "this model has no chat template: send `inputs` text instead of `messages`",
                 )
             })?;
-            let text = template.render(&msgs, true, false).map_err(|e| {
-                ApiError::validation(format!("chat template: {e}")).with_param("messages")
-            })?;
+            // A template that knows tools renders them; for one that does not, the tools and
+            // the tool turns are written into the messages in the model's call format.
+            let native = template.supports_tools();
+            let msgs =
+                lmi_text::tools::prepare_messages(model.tool_format, &messages, &tools, native);
+            let offered = (native && !tools.is_empty()).then_some(tools.as_slice());
+            let text = template
+                .render_with_tools(&msgs, offered, true, false)
+                .map_err(|e| {
+                    ApiError::validation(format!("chat template: {e}")).with_param("messages")
+                })?;
             // Templates write their own BOS; HF tokenizes chat text without special tokens.
             (text, false)
         }
@@ -137,7 +149,11 @@ pub fn prepare(
         prompt_logprobs,
         skip_special_tokens: spec.skip_special_tokens,
         adapter,
-        constraint: None,
+        constraint: spec
+            .constraint
+            .as_ref()
+            .map(|c| model.grammars.compile(c))
+            .transpose()?,
         pin_prefix_tokens: 0,
     };
     Ok(Job {

@@ -6,9 +6,11 @@ mod commands;
 mod config;
 mod dynamic_batch;
 mod generation;
+mod grammars;
 mod metrics;
 mod null_engine;
 mod routes;
+mod tool_calls;
 
 use clap::{Parser, Subcommand};
 

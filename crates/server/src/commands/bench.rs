@@ -25,6 +25,9 @@ pub enum BenchCommand {
     /// Decode throughput with LoRA adapters (one, one per client, churn over many) against
     /// no adapter, through the adapter registry and the scheduler.
     Lora(super::bench_lora::LoraArgs),
+    /// Decode throughput with each request under its own JSON schema against unconstrained,
+    /// and the time to compute one token mask (p50/p99).
+    Structured(super::bench_structured::StructuredArgs),
 }
 
 #[derive(clap::Args)]
@@ -77,6 +80,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Scheduler(a) => scheduler(a),
         BenchCommand::Http(a) => super::bench_http::run(a),
         BenchCommand::Lora(a) => super::bench_lora::run(a),
+        BenchCommand::Structured(a) => super::bench_structured::run(a),
     }
 }
 

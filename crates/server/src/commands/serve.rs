@@ -12,12 +12,15 @@ use anyhow::Context;
 use axum::serve::ListenerExt;
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::model_store;
+use lmi_scheduler::constraint::Guide;
 use lmi_scheduler::{Handle, SchedulerConfig};
+use lmi_text::tools::ToolCallFormat;
 use lmi_text::{ChatTemplate, Tokenizer};
 
 use crate::adapters::{AdapterRegistry, AllowedDirs, Registration};
 use crate::app::{AppState, LoadedModel, router};
 use crate::config::{EngineMode, ServeArgs, ServingConfig};
+use crate::grammars::Grammars;
 use crate::metrics::ServerMetrics;
 use crate::null_engine::NullEngine;
 
@@ -277,7 +280,19 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
             max_loras: config.max_loras,
         },
     );
+    let guide = Guide::new(
+        &dir,
+        tokenizer.clone(),
+        model_config.vocab_size,
+        &handle.limits().eos_token_ids,
+    );
+    let tool_format = config
+        .tool_call_parser
+        .unwrap_or_else(|| ToolCallFormat::detect(chat_template.as_ref()));
+    tracing::info!("tool calls read in the {tool_format} format");
     Ok(LoadedModel {
+        grammars: Grammars::new(guide),
+        tool_format,
         handle,
         tokenizer,
         chat_template,

@@ -225,6 +225,12 @@ pub struct ServingConfig {
     /// Directories adapters may be registered from besides the model directory
     /// (option.adapter_dirs, comma-separated).
     pub adapter_dirs: Vec<PathBuf>,
+    /// `tool_choice: "auto"` allowed (option.enable_auto_tool_choice). Default true, unlike
+    /// LMI/vLLM where it must be turned on: the call format comes from the chat template.
+    pub enable_auto_tool_choice: bool,
+    /// How the model writes tool calls (option.tool_call_parser, vLLM's names); None: read
+    /// from the chat template.
+    pub tool_call_parser: Option<lmi_text::tools::ToolCallFormat>,
     /// option.adapters: (name, path) loaded at start, besides `<model dir>/adapters/<name>/`.
     pub adapters: Vec<(String, PathBuf)>,
     /// Dynamic batching (LMI `batch_size`, alias `max_dynamic_batch_size`) and its delay.
@@ -448,6 +454,21 @@ impl ServingConfig {
             Some(list) => parse_adapters(&list)?,
         };
         let enable_lora = boolean(&raw, "option.enable_lora")? || !adapters.is_empty();
+        let enable_auto_tool_choice = match get("option.enable_auto_tool_choice") {
+            None => true,
+            Some(_) => boolean(&raw, "option.enable_auto_tool_choice")?,
+        };
+        let tool_call_parser = match str_of("option.tool_call_parser") {
+            None => None,
+            Some(name) => Some(
+                lmi_text::tools::ToolCallFormat::from_name(&name).map_err(|e| {
+                    anyhow::anyhow!(
+                        "option.tool_call_parser ({}): {e}",
+                        source_of(&raw, "option.tool_call_parser")
+                    )
+                })?,
+            ),
+        };
         let port = match get("port") {
             None => 8080,
             Some(s) => s.value.trim().parse::<u16>().map_err(|_| {
@@ -476,6 +497,8 @@ impl ServingConfig {
             max_cpu_loras,
             max_lora_rank,
             adapter_dirs,
+            enable_auto_tool_choice,
+            tool_call_parser,
             adapters,
             batch_size,
             max_batch_delay_ms: nonneg(&raw, "max_batch_delay", 100)? as u64,

@@ -8,12 +8,15 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
 use axum::routing::post;
-use lmi_api::openai::{self, ChatRequest, CompletionRequest, OpenAiConfig, OpenAiMeta, Usage};
+use lmi_api::openai::{
+    self, ChatRequest, CompletionRequest, OpenAiConfig, OpenAiMeta, ToolChoice, Usage,
+};
 use lmi_api::{ApiError, Schema, sse};
 
 use super::respond::{self, Frame, SSE};
 use crate::app::{AppState, new_request_id};
 use crate::generation::{self, Accumulator, Prompt};
+use crate::tool_calls::{self, ToolStream};
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -66,8 +69,34 @@ pub async fn chat(
     if !req.unknown_fields.is_empty() {
         tracing::info!(unknown = ?req.unknown_fields, "ignoring unknown fields");
     }
-    let job = generation::chat_messages(&req.messages)
-        .and_then(|msgs| generation::prepare(model, Prompt::Chat(msgs), req.spec.clone()));
+    // Tools the reply is read for; `tool_choice: "none"` shows the model none.
+    let tools = req.tools.clone().filter(|t| t.active());
+    let mut spec = req.spec.clone();
+    if let Some(t) = &tools {
+        if t.choice == ToolChoice::Auto && !state.config.enable_auto_tool_choice {
+            let e = ApiError::validation(
+                "\"auto\" tool choice is turned off on this server \
+                 (option.enable_auto_tool_choice=false): send tool_choice \"required\", \
+                 \"none\" or a named function",
+            )
+            .with_param("tool_choice");
+            return respond::reject(tracker, &e, schema);
+        }
+        if tool_calls::reads_special_tokens(model.tool_format) {
+            spec.skip_special_tokens = false;
+        }
+    }
+    let offered: Vec<serde_json::Value> = tools
+        .iter()
+        .flat_map(|t| t.offered().iter().map(|tool| tool.raw.clone()))
+        .collect();
+    let job = generation::chat_messages(&req.messages).and_then(|messages| {
+        let prompt = Prompt::Chat {
+            messages,
+            tools: offered,
+        };
+        generation::prepare(model, prompt, spec)
+    });
     let job = match job {
         Ok(j) => j,
         Err(e) => return respond::reject(tracker, &e, schema),
@@ -82,6 +111,16 @@ pub async fn chat(
         let spec = job.spec.clone();
         let include_usage = req.include_usage;
         let n = job.request.n;
+        let mut reader = tools.map(|t| {
+            ToolStream::new(
+                meta.clone(),
+                spec.clone(),
+                include_usage,
+                t,
+                model.tool_format,
+                n,
+            )
+        });
         return respond::stream(
             SSE,
             events,
@@ -92,15 +131,18 @@ pub async fn chat(
                 Frame::Start => (0..n)
                     .map(|i| sse::data(&openai::format::chat_chunk_role(&meta, i, include_usage)))
                     .collect(),
-                Frame::Token(t, _) => sse::data(&openai::format::chat_chunk_token(
-                    &meta,
-                    t.index as usize,
-                    &t.token,
-                    &t.top,
-                    t.finish,
-                    &spec,
-                    include_usage,
-                )),
+                Frame::Token(t, _) => match reader.as_mut() {
+                    Some(r) => r.token(t.index as usize, &t.token, &t.top, t.finish),
+                    None => sse::data(&openai::format::chat_chunk_token(
+                        &meta,
+                        t.index as usize,
+                        &t.token,
+                        &t.top,
+                        t.finish,
+                        &spec,
+                        include_usage,
+                    )),
+                },
                 Frame::End(acc) => {
                     let mut out = String::new();
                     if include_usage {
@@ -115,7 +157,18 @@ pub async fn chat(
         );
     }
     match generation::run(model, &job, tracker).await {
-        Ok(out) => respond::ok_json(openai::format::chat_completion(&meta, &out, &job.spec)),
+        Ok(out) => {
+            let turns: Vec<_> = match &tools {
+                Some(t) => out
+                    .sequences()
+                    .map(|s| tool_calls::read_turn(t, model.tool_format, tool_calls::reply_text(s)))
+                    .collect(),
+                None => Vec::new(),
+            };
+            respond::ok_json(openai::format::chat_completion_with_tools(
+                &meta, &out, &job.spec, &turns,
+            ))
+        }
         Err(e) => respond::error(&e, schema),
     }
 }

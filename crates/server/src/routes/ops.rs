@@ -78,6 +78,9 @@ async fn info(State(s): State<Arc<AppState>>) -> Response {
         "validation_workers": 1,
         "max_client_batch_size": c.max_client_batch_size,
         "max_top_n_tokens": c.max_top_n_tokens,
+        // Structured output (`grammar`, `response_format`, forced tool calls).
+        "grammar_support": m.grammars.available(),
+        "max_grammar_bytes": lmi_api::constraint::MAX_GRAMMAR_BYTES,
         "router": "text-generation-router",
         "version": env!("CARGO_PKG_VERSION"),
         "sha": null,

@@ -1,0 +1,292 @@
+//! Reading an assistant reply for tool calls. With `tool_choice` `auto` the model's own format
+//! (from the chat template, or option.tool_call_parser) is parsed; with `required` or a named
+//! function the reply was generated under the call schema, so it is the calls' JSON.
+
+use lmi_api::openai::format::{ToolDelta, chat_chunk_tool_delta};
+use lmi_api::openai::{ChatTurn, OpenAiMeta, ToolCallOut, ToolSpec};
+use lmi_api::{FinishReason, GenerationSpec, SequenceOut, TokenOut, sse};
+use lmi_text::tools::{
+    ParsedToolCall, ToolCallFormat, ToolStreamParser, ToolStreamPiece, parse_forced_calls,
+    parse_tool_calls,
+};
+
+/// `call_` and 24 hex digits, as OpenAI's ids look.
+fn call_id() -> String {
+    let id = crate::app::new_request_id().replace('-', "");
+    format!("call_{}", &id[..24.min(id.len())])
+}
+
+fn out(c: ParsedToolCall) -> ToolCallOut {
+    ToolCallOut {
+        id: call_id(),
+        name: c.name,
+        arguments: c.arguments,
+    }
+}
+
+/// Formats whose call marker is a special token (Mistral's `[TOOL_CALLS]`): the reply is
+/// decoded with special tokens so the parser sees the marker, as vLLM does.
+pub fn reads_special_tokens(format: ToolCallFormat) -> bool {
+    matches!(format, ToolCallFormat::Mistral)
+}
+
+/// The text a parser reads from a finished sequence: its text without the EOS token's text,
+/// which is there when special tokens are kept.
+pub fn reply_text(s: &SequenceOut) -> &str {
+    match s.tokens.last() {
+        Some(t) if t.special && s.finish_reason == FinishReason::EosToken => {
+            s.text.strip_suffix(t.text.as_str()).unwrap_or(&s.text)
+        }
+        _ => &s.text,
+    }
+}
+
+/// A finished reply, read whole.
+pub fn read_turn(tools: &ToolSpec, format: ToolCallFormat, text: &str) -> ChatTurn {
+    if tools.forced() {
+        return match parse_forced_calls(text) {
+            Ok(calls) => ChatTurn {
+                content: String::new(),
+                tool_calls: calls.into_iter().map(out).collect(),
+            },
+            // Cut short by max_tokens: what was written stays, as text.
+            Err(_) => ChatTurn {
+                content: text.to_string(),
+                tool_calls: Vec::new(),
+            },
+        };
+    }
+    let (content, calls) = parse_tool_calls(format, text);
+    ChatTurn {
+        content,
+        tool_calls: calls.into_iter().map(out).collect(),
+    }
+}
+
+/// What a streamed reply releases.
+pub enum Piece {
+    Content(String),
+    Call(ToolCallOut),
+}
+
+/// A reply read as it streams.
+pub enum StreamReader {
+    Parsed(ToolStreamParser),
+    /// A forced call: its JSON is complete only at the end.
+    Forced(String),
+}
+
+impl StreamReader {
+    pub fn new(tools: &ToolSpec, format: ToolCallFormat) -> Self {
+        if tools.forced() {
+            StreamReader::Forced(String::new())
+        } else {
+            StreamReader::Parsed(ToolStreamParser::new(format))
+        }
+    }
+
+    fn pieces(p: Vec<ToolStreamPiece>) -> Vec<Piece> {
+        p.into_iter()
+            .map(|p| match p {
+                ToolStreamPiece::Content(t) => Piece::Content(t),
+                ToolStreamPiece::Call(c) => Piece::Call(out(c)),
+            })
+            .collect()
+    }
+
+    pub fn push(&mut self, delta: &str) -> Vec<Piece> {
+        match self {
+            StreamReader::Parsed(p) => Self::pieces(p.push(delta)),
+            StreamReader::Forced(buf) => {
+                buf.push_str(delta);
+                Vec::new()
+            }
+        }
+    }
+
+    pub fn finish(self) -> Vec<Piece> {
+        match self {
+            StreamReader::Parsed(p) => Self::pieces(p.finish()),
+            StreamReader::Forced(buf) => match parse_forced_calls(&buf) {
+                Ok(calls) => calls.into_iter().map(|c| Piece::Call(out(c))).collect(),
+                Err(_) if buf.is_empty() => Vec::new(),
+                Err(_) => vec![Piece::Content(buf)],
+            },
+        }
+    }
+}
+
+/// A streamed chat whose replies are read for tool calls: each choice's tokens go through
+/// its reader, and what the reader releases becomes OpenAI chunks (content deltas, one
+/// `tool_calls` delta per call). Tokens the reader holds back are reported, with their
+/// logprobs, on the next chunk of their choice.
+pub struct ToolStream {
+    meta: OpenAiMeta,
+    spec: GenerationSpec,
+    include_usage: bool,
+    tools: ToolSpec,
+    format: ToolCallFormat,
+    choices: Vec<ChoiceStream>,
+}
+
+#[derive(Default)]
+struct ChoiceStream {
+    reader: Option<StreamReader>,
+    pending: Vec<(TokenOut, Vec<TokenOut>)>,
+    calls: usize,
+}
+
+impl ToolStream {
+    pub fn new(
+        meta: OpenAiMeta,
+        spec: GenerationSpec,
+        include_usage: bool,
+        tools: ToolSpec,
+        format: ToolCallFormat,
+        n: usize,
+    ) -> Self {
+        let choices = (0..n)
+            .map(|_| ChoiceStream {
+                reader: Some(StreamReader::new(&tools, format)),
+                ..ChoiceStream::default()
+            })
+            .collect();
+        Self {
+            meta,
+            spec,
+            include_usage,
+            tools,
+            format,
+            choices,
+        }
+    }
+
+    /// The SSE events for one generated token of choice `index` (often none while a call is
+    /// being written).
+    pub fn token(
+        &mut self,
+        index: usize,
+        token: &TokenOut,
+        top: &[TokenOut],
+        finish: Option<FinishReason>,
+    ) -> String {
+        if index >= self.choices.len() {
+            self.choices.resize_with(index + 1, || ChoiceStream {
+                reader: Some(StreamReader::new(&self.tools, self.format)),
+                ..ChoiceStream::default()
+            });
+        }
+        let c = &mut self.choices[index];
+        c.pending.push((token.clone(), top.to_vec()));
+        let keep_special = reads_special_tokens(self.format)
+            && finish != Some(FinishReason::EosToken)
+            && !self.spec.skip_special_tokens;
+        let text = if token.special && !keep_special {
+            ""
+        } else {
+            token.text.as_str()
+        };
+        let mut pieces = match c.reader.as_mut() {
+            Some(r) => r.push(text),
+            None => Vec::new(),
+        };
+        if finish.is_some()
+            && let Some(r) = c.reader.take()
+        {
+            pieces.extend(r.finish());
+        }
+        pieces.retain(|p| !matches!(p, Piece::Content(t) if t.is_empty()));
+        let mut out = String::new();
+        let count = pieces.len();
+        for (i, piece) in pieces.iter().enumerate() {
+            let delta = match piece {
+                Piece::Content(t) => ToolDelta::Content(t),
+                Piece::Call(call) => {
+                    c.calls += 1;
+                    ToolDelta::Call(c.calls - 1, call)
+                }
+            };
+            let last = finish.filter(|_| i + 1 == count).map(|r| (r, c.calls > 0));
+            let tokens = std::mem::take(&mut c.pending);
+            out.push_str(&sse::data(&chat_chunk_tool_delta(
+                &self.meta,
+                index,
+                delta,
+                &tokens,
+                last,
+                &self.spec,
+                self.include_usage,
+            )));
+        }
+        if count == 0
+            && let Some(r) = finish
+        {
+            let tokens = std::mem::take(&mut c.pending);
+            out.push_str(&sse::data(&chat_chunk_tool_delta(
+                &self.meta,
+                index,
+                ToolDelta::Finish,
+                &tokens,
+                Some((r, c.calls > 0)),
+                &self.spec,
+                self.include_usage,
+            )));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lmi_api::openai::{Tool, ToolChoice};
+
+    fn spec(choice: ToolChoice) -> ToolSpec {
+        ToolSpec {
+            tools: vec![Tool {
+                name: "f".into(),
+                parameters: serde_json::json!({"type": "object"}),
+                raw: serde_json::json!({}),
+            }],
+            choice,
+            parallel: true,
+        }
+    }
+
+    #[test]
+    fn forced_and_parsed_replies() {
+        let t = read_turn(
+            &spec(ToolChoice::Required),
+            ToolCallFormat::SmolLm,
+            r#"[{"name":"f","arguments":{"a":1}}]"#,
+        );
+        assert_eq!(t.content, "");
+        assert_eq!(t.tool_calls[0].name, "f");
+        assert_eq!(t.tool_calls[0].arguments, r#"{"a":1}"#);
+        assert!(t.tool_calls[0].id.starts_with("call_") && t.tool_calls[0].id.len() == 29);
+        // Cut short: kept as text.
+        let t = read_turn(
+            &spec(ToolChoice::Required),
+            ToolCallFormat::SmolLm,
+            r#"[{"name":"#,
+        );
+        assert!(t.tool_calls.is_empty() && t.content == r#"[{"name":"#);
+        let t = read_turn(
+            &spec(ToolChoice::Auto),
+            ToolCallFormat::SmolLm,
+            r#"Sure. <tool_call>[{"name": "f", "arguments": {}}]</tool_call>"#,
+        );
+        assert_eq!((t.content.as_str(), t.tool_calls.len()), ("Sure.", 1));
+
+        let mut r = StreamReader::new(
+            &spec(ToolChoice::Function("f".into())),
+            ToolCallFormat::Hermes,
+        );
+        assert!(r.push(r#"{"name":"f","#).is_empty());
+        assert!(r.push(r#""arguments":{}}"#).is_empty());
+        match r.finish().as_slice() {
+            [Piece::Call(c)] => assert_eq!(c.name, "f"),
+            _ => panic!("one call expected"),
+        }
+    }
+}
