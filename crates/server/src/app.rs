@@ -1,5 +1,5 @@
-//! The application state shared by every route, and the router with the layers every route
-//! gets: request id + tracing span, request body limit (413).
+//! The application state shared by every route (the router and its layers are in
+//! `router.rs`).
 //!
 //! Readiness: `lmi serve` binds its port at once and loads the model in the background;
 //! until [`AppState::set_loaded`] runs, `/ping` and `/health` answer 503 and generation
@@ -8,18 +8,11 @@
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
 
-use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request};
-use axum::http::{HeaderName, HeaderValue};
-use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::http::HeaderName;
 use lmi_engine::config::ModelConfig;
 use lmi_scheduler::Handle;
 use lmi_text::{ChatTemplate, Tokenizer};
-use tower_http::limit::RequestBodyLimitLayer;
-use tracing::Instrument;
 
 use crate::config::ServingConfig;
 use crate::metrics::ServerMetrics;
@@ -153,92 +146,9 @@ pub fn new_request_id() -> String {
     )
 }
 
-/// An incoming id is echoed when it is short printable ASCII; otherwise a new one is made.
-fn incoming_id(req: &Request) -> Option<String> {
-    let v = req.headers().get(&REQUEST_ID_HEADER)?.to_str().ok()?;
-    let ok = !v.is_empty() && v.len() <= 200 && v.bytes().all(|b| b.is_ascii_graphic());
-    ok.then(|| v.to_string())
-}
-
-async fn request_id_layer(mut req: Request, next: Next) -> Response {
-    let id = incoming_id(&req).unwrap_or_else(new_request_id);
-    req.extensions_mut().insert(RequestId(id.clone()));
-    let span = tracing::info_span!(
-        "request",
-        id = %id,
-        method = %req.method(),
-        path = %req.uri().path()
-    );
-    let started = Instant::now();
-    let mut res = next.run(req).instrument(span.clone()).await;
-    span.in_scope(|| {
-        tracing::debug!(
-            status = res.status().as_u16(),
-            ms = started.elapsed().as_secs_f64() * 1e3,
-            "response"
-        )
-    });
-    if let Ok(v) = HeaderValue::from_str(&id) {
-        res.headers_mut().insert(REQUEST_ID_HEADER, v);
-    }
-    res
-}
-
-/// Every route (ops + generation) with the shared layers.
-pub fn router(state: Arc<AppState>) -> Router {
-    let limit = state.config.max_request_size;
-    Router::new()
-        .merge(crate::routes::ops::routes())
-        .merge(crate::routes::generation_routes())
-        .layer(DefaultBodyLimit::max(limit))
-        .layer(RequestBodyLimitLayer::new(limit))
-        .layer(middleware::from_fn(request_id_layer))
-        .with_state(state)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The generation routes add `POST /` next to the ops routes' `GET /` (TGI): the method
-    /// routers of one path merge.
-    #[tokio::test]
-    async fn post_root_merges_with_get_root() {
-        use axum::body::Body;
-        use axum::http::{Request, StatusCode};
-        use tower::ServiceExt;
-
-        let config = crate::config::ServingConfig::load(
-            &crate::config::ServeArgs::default(),
-            &crate::config::EnvVars::new(),
-            None,
-        )
-        .unwrap();
-        let state = Arc::new(AppState::new(
-            Arc::new(config),
-            Arc::new(ServerMetrics::new()),
-            "m".into(),
-            "m".into(),
-        ));
-        assert_eq!(state.concurrency.available_permits(), 1032);
-        let gen_routes: Router<Arc<AppState>> =
-            Router::new().route("/", axum::routing::post(|| async { "generated" }));
-        let app = Router::new()
-            .merge(crate::routes::ops::routes())
-            .merge(gen_routes)
-            .with_state(state);
-        let call = |method: &str| {
-            Request::builder()
-                .method(method)
-                .uri("/")
-                .body(Body::empty())
-                .unwrap()
-        };
-        let res = app.clone().oneshot(call("POST")).await.unwrap();
-        assert_eq!(res.status(), StatusCode::OK);
-        let res = app.oneshot(call("GET")).await.unwrap();
-        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE); // not loaded
-    }
 
     #[test]
     fn request_ids_are_uuid_shaped_and_distinct() {

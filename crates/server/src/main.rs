@@ -9,6 +9,7 @@ mod generation;
 mod grammars;
 mod metrics;
 mod null_engine;
+mod router;
 mod routes;
 mod tool_calls;
 

@@ -1,5 +1,5 @@
 //! HTTP routes. `ops` holds health, info, models, metrics and the OpenAPI document; the
-//! generation routes (LMI, TGI, OpenAI) are merged in by [`generation_routes`].
+//! generation routes (LMI, TGI, OpenAI) are merged in by [`generation_routes`]; `crate::router` joins them.
 
 use std::sync::Arc;
 

@@ -221,9 +221,10 @@ mod tests {
     use axum::http::{Request, StatusCode};
     use tower::ServiceExt;
 
-    use crate::app::{AppState, router};
+    use crate::app::AppState;
     use crate::config::{EnvVars, ServeArgs, ServingConfig};
     use crate::metrics::ServerMetrics;
+    use crate::router::router;
 
     fn state(limit: usize) -> Arc<AppState> {
         let cli = ServeArgs {
