@@ -28,6 +28,10 @@ pub enum ErrorKind {
     IncompleteGeneration,
     /// Health check failed.
     Unhealthy,
+    /// No API key, or a wrong one, on a server that requires one (401 in every schema).
+    Unauthorized,
+    /// The request ran past the server's time limit (option.request_timeout; 408).
+    Timeout,
     /// Unknown model, adapter or route.
     NotFound,
     /// Anything else on the server side.
@@ -99,6 +103,23 @@ impl ApiError {
     pub fn unhealthy() -> Self {
         Self::new(ErrorKind::Unhealthy, "unhealthy")
     }
+    /// A missing or wrong API key; the message never contains the key that was sent.
+    pub fn unauthorized() -> Self {
+        Self::new(
+            ErrorKind::Unauthorized,
+            "a valid API key is required: send `Authorization: Bearer <key>` or `x-api-key: <key>`",
+        )
+    }
+    pub fn timeout(limit: std::time::Duration) -> Self {
+        Self::new(
+            ErrorKind::Timeout,
+            format!(
+                "the request ran past the server's time limit of {} s (option.request_timeout): \
+                 lower max_new_tokens or retry",
+                limit.as_secs_f64()
+            ),
+        )
+    }
     pub fn not_found(msg: impl Into<String>) -> Self {
         Self::new(ErrorKind::NotFound, msg)
     }
@@ -124,6 +145,8 @@ impl ApiError {
     /// OpenAI routes use TGI's mapping (422 validation, 424 generation, 429 overloaded).
     pub fn status(&self, schema: Schema) -> u16 {
         match schema {
+            _ if self.kind == ErrorKind::Unauthorized => 401,
+            _ if self.kind == ErrorKind::Timeout => 408,
             Schema::Lmi | Schema::LmiDynamicBatch => match self.kind {
                 ErrorKind::Overloaded | ErrorKind::Unhealthy => 503,
                 ErrorKind::NotFound => 404,
@@ -156,6 +179,8 @@ impl ApiError {
             ErrorKind::Overloaded => "overloaded",
             ErrorKind::IncompleteGeneration => "incomplete_generation",
             ErrorKind::Unhealthy => "healthcheck",
+            ErrorKind::Unauthorized => "authentication",
+            ErrorKind::Timeout => "timeout",
             ErrorKind::NotFound => "not_found",
             ErrorKind::Internal => "internal",
         }

@@ -40,6 +40,8 @@ pub struct LoadedModel {
     pub grammars: crate::grammars::Grammars,
     /// How the model writes tool calls (option.tool_call_parser or its chat template).
     pub tool_format: lmi_text::tools::ToolCallFormat,
+    /// Most sequences (n, best_of) one request may ask for (option.max_sequences_per_request).
+    pub max_sequences: usize,
 }
 
 pub struct AppState {
@@ -54,6 +56,8 @@ pub struct AppState {
     /// response (stream).
     #[allow(dead_code)] // API for the generation routes
     pub concurrency: Arc<tokio::sync::Semaphore>,
+    /// Accepted API keys (digests); empty: the server is open.
+    api_keys: crate::guard::auth::Keys,
     /// Groups LMI dynamic-batch requests (batch_size, max_batch_delay).
     batcher: crate::dynamic_batch::DynamicBatcher,
     loaded: OnceLock<LoadedModel>,
@@ -70,6 +74,7 @@ impl AppState {
             .max_concurrent_requests
             .min(tokio::sync::Semaphore::MAX_PERMITS);
         AppState {
+            api_keys: crate::guard::auth::Keys::new(&config.access.api_keys),
             concurrency: Arc::new(tokio::sync::Semaphore::new(permits)),
             batcher: crate::dynamic_batch::DynamicBatcher::new(
                 config.batch_size,
@@ -81,6 +86,17 @@ impl AppState {
             model_id,
             loaded: OnceLock::new(),
         }
+    }
+
+    /// The OpenAI parser's limits from the configuration.
+    pub fn openai_config(&self) -> lmi_api::openai::OpenAiConfig {
+        lmi_api::openai::OpenAiConfig {
+            max_client_batch_size: self.config.max_client_batch_size,
+        }
+    }
+
+    pub fn api_keys(&self) -> &crate::guard::auth::Keys {
+        &self.api_keys
     }
 
     pub fn dynamic_batcher(&self) -> &crate::dynamic_batch::DynamicBatcher {

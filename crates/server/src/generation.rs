@@ -58,6 +58,7 @@ pub fn prepare(
     mut spec: GenerationSpec,
 ) -> Result<Job, ApiError> {
     let tok = &model.tokenizer;
+    check_sequences(&spec, model.max_sequences)?;
     let (prompt_text, add_special) = match prompt {
         Prompt::Text(t) => (t, true),
         Prompt::Chat { messages, tools } => {
@@ -163,6 +164,24 @@ pub fn prepare(
         seed,
         request,
     })
+}
+
+/// n and best_of within option.max_sequences_per_request: each sequence holds KV blocks and a
+/// batch slot, so one request must not take the whole server.
+fn check_sequences(spec: &GenerationSpec, max: usize) -> Result<(), ApiError> {
+    let asked = spec.n.max(spec.best_of) as usize;
+    if asked > max {
+        let param = if spec.best_of > spec.n {
+            "best_of"
+        } else {
+            "n"
+        };
+        return Err(ApiError::validation(format!(
+            "{param} must be at most {max} on this server (option.max_sequences_per_request), got {asked}"
+        ))
+        .with_param(param));
+    }
+    Ok(())
 }
 
 /// Hands a job to the scheduler.

@@ -7,6 +7,7 @@ mod config;
 mod dynamic_batch;
 mod generation;
 mod grammars;
+mod guard;
 mod metrics;
 mod null_engine;
 mod router;

@@ -41,6 +41,8 @@ pub struct ServerMetrics {
     route_requests: IntCounterVec,
     route_failures: IntCounterVec,
     in_flight: IntGauge,
+    auth_refused: IntCounterVec,
+    timed_out: IntCounter,
     request_duration: Histogram,
     queue_duration: Histogram,
     inference_duration: Histogram,
@@ -124,6 +126,17 @@ impl ServerMetrics {
                     "Requests that failed, by route and error kind"
                 ),
                 &["route", "err"]
+            )?),
+            auth_refused: reg!(IntCounterVec::new(
+                Opts::new(
+                    "lmi_auth_refused_total",
+                    "Requests refused for a missing or invalid API key"
+                ),
+                &["reason"]
+            )?),
+            timed_out: reg!(IntCounter::new(
+                "lmi_request_timeouts_total",
+                "Requests ended by option.request_timeout"
             )?),
             in_flight: reg!(IntGauge::new(
                 "lmi_requests_in_flight",
@@ -297,6 +310,15 @@ impl ServerMetrics {
             started: std::time::Instant::now(),
             done: false,
         }
+    }
+
+    /// A request refused by the API-key check (`reason`: missing or invalid).
+    pub fn auth_refused(&self, reason: &str) {
+        self.auth_refused.with_label_values(&[reason]).inc();
+    }
+
+    pub fn request_timed_out(&self) {
+        self.timed_out.inc();
     }
 
     pub fn set_model_ready(&self, ready: bool) {

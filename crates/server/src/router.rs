@@ -1,5 +1,6 @@
 //! The router: every route (ops + generation) with the layers every route gets: request id +
-//! tracing span, request body limit (413).
+//! tracing span, request body limit (413), and the guard layers (CORS, shape limits, API keys,
+//! time limit: `guard/`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -48,9 +49,10 @@ async fn request_id_layer(mut req: Request, next: Next) -> Response {
 /// Every route (ops + generation) with the shared layers.
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.config.max_request_size;
-    Router::new()
+    let routes = Router::new()
         .merge(crate::routes::ops::routes())
-        .merge(crate::routes::generation_routes())
+        .merge(crate::routes::generation_routes());
+    crate::guard::apply(routes, &state)
         .layer(DefaultBodyLimit::max(limit))
         .layer(RequestBodyLimitLayer::new(limit))
         .layer(middleware::from_fn(request_id_layer))

@@ -85,3 +85,41 @@ fn openai_stream_error() {
         "data: {\"error\":{\"message\":\"Input validation error: `temperature` must be strictly positive\",\"http_status_code\":422}}\n\ndata: [DONE]\n\n"
     );
 }
+
+/// A refused API key is 401 in every schema, in that schema's body; the body never echoes a key.
+#[test]
+fn unauthorized_is_401_in_each_schema_shape() {
+    let e = ApiError::unauthorized();
+    for schema in [
+        Schema::Lmi,
+        Schema::LmiDynamicBatch,
+        Schema::Tgi,
+        Schema::OpenAi,
+    ] {
+        assert_eq!(e.status(schema), 401, "{schema:?}");
+    }
+    let lmi: serde_json::Value = serde_json::from_str(&e.body(Schema::Lmi)).unwrap();
+    assert_eq!(lmi["code"], 401);
+    assert!(
+        lmi["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("a valid API key")
+    );
+    let tgi: serde_json::Value = serde_json::from_str(&e.body(Schema::Tgi)).unwrap();
+    assert_eq!(tgi["error_type"], "authentication");
+}
+
+#[test]
+fn timeout_is_408_and_names_the_option() {
+    let e = ApiError::timeout(std::time::Duration::from_millis(2500));
+    assert_eq!(e.status(Schema::OpenAi), 408);
+    assert_eq!(e.status(Schema::Lmi), 408);
+    assert!(
+        e.message.contains("2.5 s (option.request_timeout)"),
+        "{}",
+        e.message
+    );
+    let events = e.openai_stream_events();
+    assert!(events.contains("\"http_status_code\":408") && events.ends_with("data: [DONE]\n\n"));
+}

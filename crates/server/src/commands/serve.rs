@@ -303,6 +303,7 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
         model_dir: dir,
         backend,
         dtype,
+        max_sequences: config.access.max_sequences_per_request,
     })
 }
 

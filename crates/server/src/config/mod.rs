@@ -7,6 +7,7 @@
 //! `--model` / `option.model_id` directory), else `<sagemaker dir>/serving.properties`
 //! (`/opt/ml/model`), else none.
 
+pub mod access;
 pub mod env;
 pub mod properties;
 
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use lmi_engine::{DType, Device};
 
+pub use access::AccessConfig;
 pub use env::EnvVars;
 
 /// Where SageMaker puts the model artifacts.
@@ -83,6 +85,10 @@ pub struct ServeArgs {
     /// Name the model is served under (option.served_model_name).
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// API key clients must send (`Authorization: Bearer KEY` or `x-api-key`); several
+    /// comma-separated (option.api_key; also LMI_API_KEYS, option.api_key_file, LMI_API_KEYS_FILE).
+    #[arg(long)]
+    pub api_key: Option<String>,
     /// Any other key: `-o option.max_loras=8`, `-o max_loras=8`, `-o batch_size=4`.
     #[arg(short = 'o', long = "option", value_name = "KEY=VALUE")]
     pub options: Vec<String>,
@@ -139,6 +145,7 @@ impl ServeArgs {
         );
         set("option.adapters", self.adapters.clone());
         set("option.served_model_name", self.served_model_name.clone());
+        set("option.api_key", self.api_key.clone());
         Ok(out)
     }
 }
@@ -248,6 +255,8 @@ pub struct ServingConfig {
     pub max_stop_sequences: usize,
     pub max_top_n_tokens: usize,
     pub max_client_batch_size: usize,
+    /// API keys, CORS, time and shape limits.
+    pub access: AccessConfig,
     /// Every key, `option.*` and global, with its winning value and source.
     pub raw: BTreeMap<String, Setting>,
 }
@@ -509,6 +518,7 @@ impl ServingConfig {
             max_stop_sequences: nonneg(&raw, "option.max_stop_sequences", 4)?,
             max_top_n_tokens: nonneg(&raw, "option.max_top_n_tokens", 5)?,
             max_client_batch_size: positive(&raw, "option.max_client_batch_size", 4)?,
+            access: AccessConfig::load(&raw, env)?,
             raw,
         })
     }
@@ -593,13 +603,18 @@ impl ServingConfig {
             ),
             ("max_request_size", self.max_request_size.to_string()),
         ];
-        for (k, v) in lines {
+        for (k, v) in lines.into_iter().chain(self.access.summary()) {
             let _ = writeln!(s, "  {k:<34} {v}");
         }
         if !self.raw.is_empty() {
             s.push_str("  set keys (value <- source):\n");
             for (k, set) in &self.raw {
-                let _ = writeln!(s, "    {k} = {} <- {}", set.value, set.source);
+                let value = if access::SECRET_KEYS.contains(&k.as_str()) {
+                    "<hidden>"
+                } else {
+                    set.value.as_str()
+                };
+                let _ = writeln!(s, "    {k} = {value} <- {}", set.source);
             }
         }
         s

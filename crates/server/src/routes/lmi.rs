@@ -12,7 +12,6 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::post;
 use lmi_api::lmi::{self, LmiConfig, LmiRequest};
-use lmi_api::openai::OpenAiConfig;
 use lmi_api::{ApiError, Invocation, Schema, tgi};
 
 use super::respond::{self, Frame, JSONLINES, SSE};
@@ -71,7 +70,7 @@ async fn dispatch(
     let cfg = LmiConfig {
         tgi_compat: state.config.tgi_compat,
     };
-    let inv = match lmi_api::parse_invocation_bytes(&body, &cfg, &OpenAiConfig::default()) {
+    let inv = match lmi_api::parse_invocation_bytes(&body, &cfg, &state.openai_config()) {
         Ok(i) => i,
         Err(e) => return respond::reject(state.metrics.track(route), &e, Schema::Lmi),
     };
@@ -195,6 +194,9 @@ async fn dynamic_batch(state: Arc<AppState>, req: LmiRequest, route: &'static st
             "streaming is not available for a list of inputs: send one input per request",
         )
         .with_param("stream");
+        return respond::error(&e, schema);
+    }
+    if let Err(e) = crate::guard::limits::check_prompts(&state, req.prompts().len()) {
         return respond::error(&e, schema);
     }
     let jobs: Result<Vec<_>, ApiError> = req

@@ -8,9 +8,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
 use axum::routing::post;
-use lmi_api::openai::{
-    self, ChatRequest, CompletionRequest, OpenAiConfig, OpenAiMeta, ToolChoice, Usage,
-};
+use lmi_api::openai::{self, ChatRequest, CompletionRequest, OpenAiMeta, ToolChoice, Usage};
 use lmi_api::{ApiError, Schema, sse};
 
 use super::respond::{self, Frame, SSE};
@@ -45,7 +43,7 @@ async fn chat_route(State(state): State<Arc<AppState>>, body: Bytes) -> Response
 }
 
 async fn completions_route(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let cfg = OpenAiConfig::default();
+    let cfg = state.openai_config();
     let parsed =
         lmi_api::parse_json(&body).and_then(|v| openai::parse_completion_request(&v, &cfg));
     match parsed {

@@ -1,0 +1,70 @@
+//! Which wire schema a path answers in, for errors raised before (or around) its handler.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+use lmi_api::{ApiError, Schema};
+
+/// The error shape of a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// A generation schema: the error is that schema's body.
+    Api(Schema),
+    /// LMI's management API (adapters): DJL's `{"code", "type", "message"}`.
+    Management,
+}
+
+pub fn shape_of(path: &str) -> Shape {
+    if path == "/invocations" || path.starts_with("/predictions/") {
+        Shape::Api(Schema::Lmi)
+    } else if path.starts_with("/v1/") {
+        Shape::Api(Schema::OpenAi)
+    } else if path.starts_with("/models/") || path == "/adapters" || path.starts_with("/adapters/")
+    {
+        Shape::Management
+    } else {
+        // TGI routes, /info, /metrics and anything unknown.
+        Shape::Api(Schema::Tgi)
+    }
+}
+
+/// `e` rendered for the route at `path`.
+pub fn error_response(path: &str, e: &ApiError) -> Response {
+    let (status, body) = match shape_of(path) {
+        Shape::Api(schema) => (e.status(schema), e.body(schema)),
+        Shape::Management => {
+            let status = e.status(Schema::Tgi);
+            let kind = match status {
+                401 => "UnauthorizedException",
+                408 => "TimeoutException",
+                _ => "BadRequestException",
+            };
+            (
+                status,
+                lmi_api::lmi_server_error_body(status, kind, &e.message),
+            )
+        }
+    };
+    let mut r = Response::new(axum::body::Body::from(body));
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_map_to_their_schema() {
+        assert_eq!(shape_of("/invocations"), Shape::Api(Schema::Lmi));
+        assert_eq!(shape_of("/predictions/m"), Shape::Api(Schema::Lmi));
+        assert_eq!(shape_of("/v1/chat/completions"), Shape::Api(Schema::OpenAi));
+        assert_eq!(shape_of("/generate_stream"), Shape::Api(Schema::Tgi));
+        assert_eq!(shape_of("/"), Shape::Api(Schema::Tgi));
+        assert_eq!(shape_of("/models/m/adapters"), Shape::Management);
+        assert_eq!(shape_of("/adapters/a1"), Shape::Management);
+    }
+}
