@@ -3,7 +3,7 @@
 use crate::constraint::Constraint;
 use crate::error::ApiError;
 use crate::fields::{Fields, Res};
-use crate::openai::message::ChatMessage;
+use crate::openai::message::{ChatMessage, Role};
 use crate::openai::sampling::{COMMON_FIELDS, read_common, read_max_tokens};
 use crate::openai::tools::{ToolSpec, read_tools};
 use crate::spec::GenerationSpec;
@@ -57,6 +57,9 @@ pub fn parse_chat_request(body: &Value) -> Res<ChatRequest> {
         Some(v) => return Err(f.type_err("messages", "an array of messages", v)),
         None => return Err(ApiError::invalid_body("messages is required").with_param("messages")),
     };
+    for (i, m) in messages.iter().enumerate() {
+        check_message(i, m)?;
+    }
     let mut spec = GenerationSpec::default();
     let include_usage = read_common(&f, &mut spec)?;
     read_max_tokens(&f, &mut spec, usize::MAX)?;
@@ -96,4 +99,29 @@ pub fn parse_chat_request(body: &Value) -> Res<ChatRequest> {
         tools,
         unknown_fields: f.unknown(&known),
     })
+}
+
+/// A message needs `content`, except an assistant turn that carries `tool_calls` (its content
+/// may be absent or null, as OpenAI sends it). OpenAI and TGI refuse the rest; without this a
+/// `{"role": "user"}` turn would render as an empty message and generate.
+fn check_message(i: usize, m: &ChatMessage) -> Res<()> {
+    let has_calls = m.tool_calls.as_ref().is_some_and(|c| !c.is_empty());
+    if m.content.is_none() && !(m.role == Role::Assistant && has_calls) {
+        let hint = if m.role == Role::Assistant {
+            " (or `tool_calls`)"
+        } else {
+            ""
+        };
+        return Err(ApiError::validation(format!(
+            "messages[{i}].content is required for {} message{hint}",
+            match m.role {
+                Role::System => "a system",
+                Role::User => "a user",
+                Role::Assistant => "an assistant",
+                Role::Tool => "a tool",
+            }
+        ))
+        .with_param(format!("messages[{i}].content")));
+    }
+    Ok(())
 }

@@ -238,3 +238,36 @@ fn structured_output_and_forced_tools_become_constraints() {
     .unwrap();
     assert_eq!(c.spec.constraint, Some(Constraint::Regex("[0-9]+".into())));
 }
+
+/// A message without content is refused (422, naming the message), except an assistant turn
+/// carrying tool calls, whose content may be absent or null.
+#[test]
+fn messages_need_content_unless_they_carry_tool_calls() {
+    for (body, want) in [
+        (
+            r#"{"messages":[{"role":"user"}]}"#,
+            "messages[0].content is required for a user message",
+        ),
+        (
+            r#"{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null}]}"#,
+            "messages[1].content is required for an assistant message (or `tool_calls`)",
+        ),
+        (
+            r#"{"messages":[{"role":"assistant","tool_calls":[]}]}"#,
+            "messages[0].content is required for an assistant message (or `tool_calls`)",
+        ),
+        (
+            r#"{"messages":[{"role":"tool","tool_call_id":"c1"}]}"#,
+            "messages[0].content is required for a tool message",
+        ),
+    ] {
+        let e = parse_chat_request(&json(body)).expect_err(body);
+        assert_eq!(e.message, want);
+        assert_eq!(e.status(Schema::OpenAi), 422);
+        assert_eq!(e.status(Schema::Lmi), 424);
+    }
+    let call = r#"{"messages":[{"role":"user","content":"weather?"},
+        {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"w","arguments":"{}"}}]},
+        {"role":"tool","tool_call_id":"c1","content":"sunny"}]}"#;
+    assert_eq!(parse_chat_request(&json(call)).unwrap().messages.len(), 3);
+}
