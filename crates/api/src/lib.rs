@@ -11,6 +11,7 @@
 //! - responses: [`lmi::format`], [`tgi::format`], [`tgi::info`], [`openai::format`], [`sse`].
 //! - errors: [`ApiError`] with `status(Schema)` and `body(Schema)` / per-schema stream variants.
 //! - [`openapi::openapi`] for `/api-doc/openapi.json`.
+#![recursion_limit = "256"] // the OpenAPI document's json! literals
 
 pub mod constraint;
 pub mod error;

@@ -128,7 +128,7 @@ impl GenerationSpec {
         input_length: usize,
         max_total_tokens: usize,
     ) -> Result<(), ApiError> {
-        if input_length + self.max_new_tokens <= max_total_tokens {
+        if input_length.saturating_add(self.max_new_tokens) <= max_total_tokens {
             return Ok(());
         }
         if !self.max_new_tokens_explicit && input_length < max_total_tokens {

@@ -35,7 +35,7 @@ fn python_clients_against_the_default_model() {
     let deps = Command::new("python3")
         .args([
             "-c",
-            "import huggingface_hub, text_generation, openai, pytest, requests",
+            "import huggingface_hub, text_generation, openai, pytest, requests, schemathesis",
         ])
         .status()
         .expect("python3");
@@ -72,6 +72,8 @@ fn python_clients_against_the_default_model() {
         .args(["-m", "pytest", "-q", "-x", "tests/clients"])
         .current_dir(root)
         .env("LMI_TEST_URL", format!("http://127.0.0.1:{port}"))
+        // For tests that start a server of their own (API keys, schemathesis's short context).
+        .env("LMI_BIN", env!("CARGO_BIN_EXE_lmi"))
         .status()
         .expect("run pytest");
     let _ = Command::new("kill")

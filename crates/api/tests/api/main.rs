@@ -7,5 +7,6 @@ mod lmi_format;
 mod lmi_request;
 mod openai_format;
 mod openai_request;
+mod openapi;
 mod tgi_format;
 mod tgi_request;

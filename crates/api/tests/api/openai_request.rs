@@ -271,3 +271,21 @@ fn messages_need_content_unless_they_carry_tool_calls() {
         {"role":"tool","tool_call_id":"c1","content":"sunny"}]}"#;
     assert_eq!(parse_chat_request(&json(call)).unwrap().messages.len(), 3);
 }
+
+/// Chat without `max_tokens` runs to `max_model_len`: the default is clamped to what the
+/// prompt leaves (it used to overflow `prompt + usize::MAX`).
+#[test]
+fn chat_default_max_tokens_is_clamped_to_the_context() {
+    let mut spec = parse_chat_request(&json(r#"{"messages":[{"role":"user","content":"hi"}]}"#))
+        .unwrap()
+        .spec;
+    assert!(!spec.max_new_tokens_explicit);
+    spec.fit_context(30, 96).unwrap();
+    assert_eq!(spec.max_new_tokens, 66);
+    let mut explicit = parse_chat_request(&json(
+        r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":4294967295}"#,
+    ))
+    .unwrap()
+    .spec;
+    assert!(explicit.fit_context(30, 96).is_err());
+}

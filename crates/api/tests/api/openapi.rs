@@ -1,0 +1,219 @@
+//! The OpenAPI document against the code: every formatter's output and every error body
+//! validates against the schema the document names for it, every `$ref` resolves, and every
+//! request example parses.
+
+use crate::common::*;
+use lmi_api::openai::format::{self as oai, OpenAiMeta, Usage};
+use lmi_api::openapi::{check, component, openapi};
+use lmi_api::tgi::format::{self as tgi, TokenSpan};
+use lmi_api::{ApiError, FinishReason, GenerationOut, GenerationSpec, Schema, lmi};
+use serde_json::Value;
+
+fn doc() -> Value {
+    openapi("0.0.0")
+}
+
+/// Validates the JSON text `body` against component `name`.
+fn conforms(name: &str, body: &str) {
+    let d = doc();
+    let schema = component(&d, name).unwrap_or_else(|| panic!("no schema {name}"));
+    let v: Value = serde_json::from_str(body.trim()).unwrap_or_else(|e| panic!("{e}: {body}"));
+    if let Err(e) = check::validate(&d, schema, &v) {
+        panic!("{name}: {e}\n{body}");
+    }
+}
+
+/// The JSON payloads of `data: ...` events (not `[DONE]`).
+fn events(sse: &str) -> Vec<String> {
+    sse.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: ").or_else(|| e.strip_prefix("data:")))
+        .filter(|d| *d != "[DONE]")
+        .map(str::to_string)
+        .collect()
+}
+
+/// Outputs and specs covering the optional parts: details, prefill, top tokens, best_of.
+fn cases() -> Vec<(GenerationOut, GenerationSpec)> {
+    let plain = GenerationSpec::default();
+    let detailed = GenerationSpec {
+        details: true,
+        decoder_input_details: true,
+        top_n_tokens: 2,
+        logprobs: Some(2),
+        seed: Some(7),
+        ..GenerationSpec::default()
+    };
+    let multi = GenerationSpec {
+        details: true,
+        n: 2,
+        best_of: 2,
+        ..GenerationSpec::default()
+    };
+    let mut rich = hello();
+    rich.prefill = vec![tok(1, "<s>", 0.0), tok(4, "This", -3.5)];
+    rich.prefill[0].logprob = None;
+    rich.best.top_tokens = vec![vec![tok(244, "He", -0.5), tok(9, "Hi", -1.0)]; 3];
+    rich.best.seed = Some(7);
+    let mut two = hello();
+    two.others.push(seq(
+        "Bye",
+        FinishReason::EosToken,
+        vec![tok(77, "Bye", -2.0)],
+    ));
+    vec![(hello(), plain), (rich, detailed), (two, multi)]
+}
+
+fn meta() -> OpenAiMeta {
+    OpenAiMeta {
+        id: "chatcmpl-1".into(),
+        created: 1_700_000_000,
+        model: "smol".into(),
+        system_fingerprint: None,
+    }
+}
+
+#[test]
+fn every_ref_resolves() {
+    fn walk(d: &Value, v: &Value) {
+        match v {
+            Value::Object(m) => {
+                if let Some(Value::String(r)) = m.get("$ref") {
+                    let name = r.trim_start_matches("#/components/schemas/");
+                    assert!(component(d, name).is_some(), "dangling {r}");
+                }
+                m.values().for_each(|x| walk(d, x));
+            }
+            Value::Array(a) => a.iter().for_each(|x| walk(d, x)),
+            _ => {}
+        }
+    }
+    let d = doc();
+    walk(&d, &d);
+}
+
+#[test]
+fn lmi_formatters_conform() {
+    for (o, spec) in cases() {
+        conforms("LmiResponse", &lmi::format::json(&o, &spec));
+        let compat: Value = serde_json::from_str(&lmi::format::tgi_compat_json(&o, &spec)).unwrap();
+        conforms("LmiCompatResponses", &compat.to_string());
+        conforms(
+            "LmiStreamLine",
+            &lmi::format::jsonlines_token(&o.best.tokens[0]),
+        );
+        conforms("LmiStreamLine", &lmi::format::jsonlines_last(&o, &spec));
+        for e in events(&lmi::format::sse_last(&o, &spec)) {
+            conforms("LmiStreamLine", &e);
+        }
+    }
+    conforms("LmiStreamLine", &lmi::format::error_line("boom"));
+    conforms(
+        "DynamicBatchResponse",
+        &lmi::format::dynamic_batch_json(&["a", "b"]),
+    );
+}
+
+#[test]
+fn tgi_formatters_conform() {
+    for (o, spec) in cases() {
+        conforms("GenerateResponse", &tgi::generate_response(&o, &spec));
+        conforms("GenerateResponses", &tgi::compat_response(&o, &spec));
+        let t = &o.best.tokens;
+        let first = tgi::stream_event(1, &t[0], &t[..1], None, &spec);
+        let last = tgi::stream_event(3, &t[2], &[], Some(&o), &spec);
+        for e in events(&first).into_iter().chain(events(&last)) {
+            conforms("StreamResponse", &e);
+        }
+    }
+    let spans = [TokenSpan {
+        id: 1,
+        text: "Hi".into(),
+        start: 0,
+        stop: 2,
+    }];
+    conforms("TokenizeResponse", &tgi::tokenize_response(&spans));
+    let info = lmi_api::tgi::info::InfoIn::new("m", 7, 8, "0.1.0");
+    conforms("Info", &lmi_api::tgi::info::info(&info));
+}
+
+#[test]
+fn openai_formatters_conform() {
+    let m = meta();
+    for (o, spec) in cases() {
+        conforms("ChatCompletion", &oai::chat_completion(&m, &o, &spec));
+        conforms(
+            "TextCompletion",
+            &oai::text_completion(&m, &[o.clone()], &spec),
+        );
+        for usage in [false, true] {
+            conforms("ChatCompletionChunk", &oai::chat_chunk_role(&m, 0, usage));
+            let t = &o.best.tokens[0];
+            let top = o.best.top_tokens.first().cloned().unwrap_or_default();
+            conforms(
+                "ChatCompletionChunk",
+                &oai::chat_chunk_token(&m, 0, t, &top, Some(FinishReason::Length), &spec, usage),
+            );
+            conforms(
+                "ChatCompletionChunk",
+                &oai::chat_chunk_finish(&m, 1, FinishReason::StopSequence, usage),
+            );
+            conforms(
+                "TextCompletion",
+                &oai::completion_chunk(&m, 0, "x", None, usage),
+            );
+        }
+    }
+    conforms(
+        "ChatCompletionChunk",
+        &oai::chat_chunk_usage(&m, Usage::new(3, 4)),
+    );
+    conforms(
+        "TextCompletion",
+        &oai::completion_chunk_usage(&m, Usage::new(3, 4)),
+    );
+    conforms("ModelList", &oai::models_list(&["smol"], "lmi", 0));
+}
+
+#[test]
+fn error_bodies_conform() {
+    let errors = [
+        ApiError::validation("bad"),
+        ApiError::invalid_json("eof"),
+        ApiError::generation("oom"),
+        ApiError::overloaded(),
+        ApiError::unauthorized(),
+        ApiError::timeout(std::time::Duration::from_secs(1)),
+    ];
+    for e in &errors {
+        conforms("ErrorResponse", &e.body(Schema::Tgi));
+        conforms("ErrorResponse", &e.body(Schema::OpenAi));
+        conforms("LmiError", &e.body(Schema::Lmi));
+        conforms("LmiError", &e.body(Schema::LmiDynamicBatch));
+        for ev in events(&e.openai_stream_events()) {
+            conforms("OpenAiStreamError", &ev);
+        }
+    }
+    conforms(
+        "LmiError",
+        &lmi_api::lmi_server_error_body(404, "ModelNotFoundException", "no"),
+    );
+    conforms(
+        "ManagementError",
+        &lmi_api::lmi_server_error_body(401, "UnauthorizedException", "no"),
+    );
+}
+
+#[test]
+fn request_examples_parse() {
+    let d = doc();
+    let example = |name: &str| component(&d, name).unwrap()["example"].clone();
+    let chat = example("ChatRequest");
+    assert!(lmi_api::openai::parse_chat_request(&chat).is_ok());
+    let cfg = lmi_api::openai::OpenAiConfig::default();
+    assert!(lmi_api::openai::parse_completion_request(&example("CompletionRequest"), &cfg).is_ok());
+    let lmi = example("LmiRequest");
+    assert!(
+        lmi_api::parse_invocation(&lmi, &lmi::LmiConfig::default(), &cfg).is_ok(),
+        "{lmi}"
+    );
+}
