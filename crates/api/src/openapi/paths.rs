@@ -381,6 +381,16 @@ pub fn paths() -> Map<String, Value> {
             false,
         ),
     );
+    p.insert(
+        "/chat".into(),
+        get(
+            "Operations",
+            "A chat page for people (streams /v1/chat/completions)",
+            response("The page", "text/html", json!({"type": "string"})),
+            &[],
+            false,
+        ),
+    );
     for with_model in [true, false] {
         for (path, item) in adapter_ops(with_model) {
             p.insert(path, item);

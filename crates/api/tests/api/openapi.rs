@@ -143,7 +143,7 @@ fn openai_formatters_conform() {
         conforms("ChatCompletion", &oai::chat_completion(&m, &o, &spec));
         conforms(
             "TextCompletion",
-            &oai::text_completion(&m, &[o.clone()], &spec),
+            &oai::text_completion(&m, std::slice::from_ref(&o), &spec),
         );
         for usage in [false, true] {
             conforms("ChatCompletionChunk", &oai::chat_chunk_role(&m, 0, usage));

@@ -8,6 +8,7 @@ use axum::Router;
 use crate::app::AppState;
 
 mod adapters;
+mod chat;
 mod lmi;
 mod openai;
 pub mod ops;
@@ -15,7 +16,7 @@ mod respond;
 mod tgi;
 
 /// LMI /invocations, /predictions/{model}; TGI POST /, /generate, /generate_stream, /tokenize;
-/// OpenAI /v1/chat/completions, /v1/completions; LMI's adapter management API. (GET / is
+/// OpenAI /v1/chat/completions, /v1/completions; LMI's adapter management API; the chat page. (GET / is
 /// TGI's health check, in `ops`.)
 pub fn generation_routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -23,4 +24,5 @@ pub fn generation_routes() -> Router<Arc<AppState>> {
         .merge(tgi::routes())
         .merge(openai::routes())
         .merge(adapters::routes())
+        .merge(chat::routes())
 }
