@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use axum::http::HeaderName;
-use lmi_engine::config::ModelConfig;
 use lmi_scheduler::Handle;
 use lmi_text::{ChatTemplate, Tokenizer};
 
@@ -20,14 +19,12 @@ use crate::metrics::ServerMetrics;
 pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Everything that exists once the model is loaded.
-#[allow(dead_code)] // API for the generation routes (routes/{lmi,tgi,openai}.rs)
 pub struct LoadedModel {
     pub handle: Handle,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
     /// Registered LoRA adapters and the host tier of their cache.
     pub adapters: Arc<crate::adapters::AdapterRegistry>,
-    pub model_config: ModelConfig,
     /// Longest prompt + output (the scheduler's max_model_len).
     pub max_model_len: usize,
     /// The directory the model was loaded from.
@@ -54,7 +51,6 @@ pub struct AppState {
     /// `max_concurrent_requests` permits: TGI routes `try_acquire_owned` one per sequence and
     /// answer 429 "Model is overloaded" when none is left; the permit lives as long as the
     /// response (stream).
-    #[allow(dead_code)] // API for the generation routes
     pub concurrency: Arc<tokio::sync::Semaphore>,
     /// Accepted API keys (digests); empty: the server is open.
     api_keys: crate::guard::auth::Keys,

@@ -8,6 +8,7 @@ mod dynamic_batch;
 mod generation;
 mod grammars;
 mod guard;
+mod infer;
 mod metrics;
 mod null_engine;
 mod router;

@@ -14,7 +14,6 @@ use prometheus::{
 };
 
 /// What a finished request reports. `error: None` is a success.
-#[allow(dead_code)] // API for the generation routes (routes/{lmi,tgi,openai}.rs)
 #[derive(Debug, Clone, Default)]
 pub struct RequestOutcome<'a> {
     /// TGI's `err` label: validation, overloaded, generation, incomplete, dropped, template...
@@ -249,7 +248,6 @@ impl ServerMetrics {
         })
     }
 
-    #[allow(dead_code)] // API for the generation routes
     /// A request arrived on `route` (e.g. "/generate").
     pub fn on_request_start(&self, route: &str) {
         self.request_count.inc();
@@ -257,7 +255,6 @@ impl ServerMetrics {
         self.in_flight.inc();
     }
 
-    #[allow(dead_code)] // API for the generation routes
     /// The request started with [`Self::on_request_start`] has finished.
     pub fn on_request_done(&self, route: &str, o: &RequestOutcome<'_>) {
         self.in_flight.dec();
@@ -298,7 +295,6 @@ impl ServerMetrics {
         }
     }
 
-    #[allow(dead_code)] // API for the generation routes
     /// Starts a request and returns a guard that reports it: call
     /// [`RequestTracker::finish`]; dropped unfinished (client went away), it counts as
     /// `err="dropped"`.
@@ -380,7 +376,6 @@ impl Default for ServerMetrics {
 }
 
 /// Reports one request to [`ServerMetrics`] exactly once.
-#[allow(dead_code)] // API for the generation routes (routes/{lmi,tgi,openai}.rs)
 pub struct RequestTracker {
     metrics: Arc<ServerMetrics>,
     route: &'static str,
@@ -388,13 +383,7 @@ pub struct RequestTracker {
     done: bool,
 }
 
-#[allow(dead_code)] // API for the generation routes (routes/{lmi,tgi,openai}.rs)
 impl RequestTracker {
-    /// Time since the request started.
-    pub fn elapsed(&self) -> Duration {
-        self.started.elapsed()
-    }
-
     /// Reports the outcome; `outcome.duration` zero means "measure it here".
     pub fn finish(mut self, mut outcome: RequestOutcome<'_>) {
         if outcome.duration.is_zero() {

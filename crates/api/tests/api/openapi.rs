@@ -132,7 +132,16 @@ fn tgi_formatters_conform() {
         stop: 2,
     }];
     conforms("TokenizeResponse", &tgi::tokenize_response(&spans));
-    let info = lmi_api::tgi::info::InfoIn::new("m", 7, 8, "0.1.0");
+    let mut info = lmi_api::tgi::info::InfoIn::new("m", 7, 8, "0.1.0");
+    conforms("Info", &lmi_api::tgi::info::info(&info));
+    // With every optional field the server fills.
+    info.model_dtype = Some("bf16".into());
+    info.model_device_type = Some("cpu".into());
+    info.max_batch_size = Some(32);
+    info.max_batch_prefill_tokens = Some(4096);
+    info.max_top_n_tokens = Some(5);
+    info.grammar_support = Some(true);
+    info.max_grammar_bytes = Some(1 << 16);
     conforms("Info", &lmi_api::tgi::info::info(&info));
 }
 

@@ -28,6 +28,9 @@ pub enum BenchCommand {
     /// Decode throughput with each request under its own JSON schema against unconstrained,
     /// and the time to compute one token mask (p50/p99).
     Structured(super::bench_structured::StructuredArgs),
+    /// Soak and faults against a running server: a mix of routes, clients that hang up
+    /// mid-stream and malformed bodies; outcomes, KV blocks left and resident memory.
+    Soak(super::bench_soak::SoakArgs),
 }
 
 #[derive(clap::Args)]
@@ -81,6 +84,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Http(a) => super::bench_http::run(a),
         BenchCommand::Lora(a) => super::bench_lora::run(a),
         BenchCommand::Structured(a) => super::bench_structured::run(a),
+        BenchCommand::Soak(a) => super::bench_soak::run(a),
     }
 }
 

@@ -12,8 +12,7 @@
 //! with seed `--seed + i`, and the engine's counter-based RNG makes its tokens independent of
 //! what else is in the batch, so a file gives the same output for any batch_size.
 
-#[path = "../infer/mod.rs"]
-mod parts;
+use crate::infer as parts;
 
 use std::path::PathBuf;
 use std::sync::Arc;

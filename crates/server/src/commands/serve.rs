@@ -298,7 +298,6 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
         tokenizer,
         chat_template,
         adapters,
-        model_config,
         max_model_len,
         model_dir: dir,
         backend,

@@ -532,8 +532,8 @@ impl ServingConfig {
         }
     }
 
-    #[allow(dead_code)] // API for the generation routes
     /// The raw value of any key (`option.foo` or a global key).
+    #[cfg(test)]
     pub fn option(&self, key: &str) -> Option<&str> {
         self.raw.get(key).map(|s| s.value.as_str())
     }

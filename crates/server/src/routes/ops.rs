@@ -56,37 +56,37 @@ async fn health(State(s): State<Arc<AppState>>) -> Response {
     }
 }
 
-/// TGI's Info object (v2.1+ fields, plus the v2.0 dtype/device/batch fields).
+/// TGI's Info object (v2.1+ fields, plus the v2.0 dtype/device/batch fields), from the api
+/// crate's typed `InfoIn` filled with this server's limits.
 async fn info(State(s): State<Arc<AppState>>) -> Response {
     let Some(m) = s.model() else {
         return unhealthy();
     };
     let c = &s.config;
-    Json(json!({
-        "model_id": s.model_id,
-        "model_sha": null,
-        "model_pipeline_tag": "text-generation",
-        "model_dtype": m.dtype,
-        "model_device_type": m.backend,
-        "max_concurrent_requests": c.max_concurrent_requests,
-        "max_best_of": c.max_best_of,
-        "max_stop_sequences": c.max_stop_sequences,
-        "max_input_tokens": m.max_model_len.saturating_sub(1),
-        "max_total_tokens": m.max_model_len,
-        "max_batch_size": c.max_rolling_batch_size,
-        "max_batch_prefill_tokens": c.max_rolling_batch_prefill_tokens,
-        "validation_workers": 1,
-        "max_client_batch_size": c.max_client_batch_size,
-        "max_top_n_tokens": c.max_top_n_tokens,
-        // Structured output (`grammar`, `response_format`, forced tool calls).
-        "grammar_support": m.grammars.available(),
-        "max_grammar_bytes": lmi_api::constraint::MAX_GRAMMAR_BYTES,
-        "router": "text-generation-router",
-        "version": env!("CARGO_PKG_VERSION"),
-        "sha": null,
-        "docker_label": null,
-    }))
-    .into_response()
+    let mut info = lmi_api::tgi::info::InfoIn::new(
+        s.model_id.clone(),
+        m.max_model_len.saturating_sub(1),
+        m.max_model_len,
+        env!("CARGO_PKG_VERSION"),
+    );
+    info.model_dtype = Some(m.dtype.clone());
+    info.model_device_type = Some(m.backend.to_string());
+    info.max_concurrent_requests = c.max_concurrent_requests;
+    info.max_best_of = c.max_best_of;
+    info.max_stop_sequences = c.max_stop_sequences;
+    // Requests are validated on the HTTP threads, not in a worker pool.
+    info.validation_workers = 1;
+    info.max_client_batch_size = c.max_client_batch_size;
+    info.max_batch_size = Some(c.max_rolling_batch_size);
+    info.max_batch_prefill_tokens = Some(c.max_rolling_batch_prefill_tokens);
+    info.max_top_n_tokens = Some(c.max_top_n_tokens);
+    info.grammar_support = Some(m.grammars.available());
+    info.max_grammar_bytes = Some(lmi_api::constraint::MAX_GRAMMAR_BYTES);
+    respond_json(lmi_api::tgi::info::info(&info))
+}
+
+fn respond_json(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// OpenAI model list: the model, then each LoRA adapter (with `parent`).
