@@ -248,7 +248,7 @@ async fn soak(a: Arc<SoakArgs>, addr: String) -> anyhow::Result<()> {
     for c in 0..a.concurrency {
         let (a, addr, tally) = (a.clone(), addr.clone(), tally.clone());
         clients.push(tokio::spawn(async move {
-            let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (c as u64 + 1) * 0x1000_0001);
+            let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((c as u64 + 1) * 0x1000_0001));
             while Instant::now() < end {
                 let shot = pick(&mut rng, &a);
                 let hang_up = shot.stream && rng.next() < a.disconnect_share;
