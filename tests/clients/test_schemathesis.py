@@ -36,7 +36,8 @@ def test_schemathesis_over_the_whole_document(tmp_path):
             "--report", "junit",
             "--report-dir", str(tmp_path),
         ]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        # In tmp_path: schemathesis writes a .schemathesis folder where it runs.
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
         print(r.stdout[-20000:])
         print(r.stderr[-5000:])
         assert r.returncode == 0, "schemathesis found failures (above)"
