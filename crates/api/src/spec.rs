@@ -64,6 +64,17 @@ pub struct GenerationSpec {
     pub stream: bool,
     /// What the output must match (JSON schema, regex, ...), enforced while decoding.
     pub constraint: Option<crate::constraint::Constraint>,
+    /// What the client expects the output to be, for speculative decoding (speed only).
+    pub draft: Option<Draft>,
+}
+
+/// A client's draft of the output: OpenAI's predicted output (text) or TensorRT-LLM's
+/// `draft_input_ids`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Draft {
+    Text(String),
+    Tokens(Vec<u32>),
 }
 
 impl Default for GenerationSpec {
@@ -104,6 +115,7 @@ impl Default for GenerationSpec {
             adapter: None,
             stream: false,
             constraint: None,
+            draft: None,
         }
     }
 }

@@ -108,7 +108,12 @@ impl Handle {
     /// Requests that can never run, or that find the queue full, are refused here with the
     /// reason; a refusal the scheduler finds later arrives as `Event::Error` on the stream.
     pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream, SubmitError> {
-        check_request(&req, &self.limits.config, self.limits.num_blocks)?;
+        check_request(
+            &req,
+            &self.limits.config,
+            self.limits.num_blocks,
+            self.limits.vocab_size,
+        )?;
         let max_waiting = self.limits.config.max_waiting;
         if self.metrics.waiting.load(Relaxed) as usize >= max_waiting {
             return Err(SubmitError::QueueFull(max_waiting));

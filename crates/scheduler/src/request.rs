@@ -101,6 +101,9 @@ pub struct GenerateRequest {
     /// Pin the KV blocks of the first this-many prompt tokens (a system prompt) in the prefix
     /// cache so they survive eviction (Edge-LLM's save_system_prompt_kv_cache).
     pub pin_prefix_tokens: usize,
+    /// Speculative decoding: tokens the client expects the output to be (OpenAI
+    /// `prediction`, TensorRT-LLM `draft_input_ids`); empty for none. Only speed depends on it.
+    pub draft: Vec<u32>,
 }
 
 impl GenerateRequest {
@@ -116,6 +119,7 @@ impl GenerateRequest {
             adapter: None,
             constraint: None,
             pin_prefix_tokens: 0,
+            draft: Vec::new(),
         }
     }
 

@@ -24,6 +24,9 @@ use crate::sequence::{RequestId, RequestState, Sequence};
 use crate::step_plan::{self, Planned, wants_prompt_logprobs};
 use crate::stop::StopMatcher;
 
+mod speculation;
+pub use speculation::{DraftSource, NgramLookup, SpeculativeConfig};
+
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
     /// Sequences running at once (LMI's max_rolling_batch_size).
@@ -37,6 +40,8 @@ pub struct SchedulerConfig {
     pub max_waiting: usize,
     /// LoRA adapters resident in the engine at once (LMI's max_loras).
     pub max_loras: usize,
+    /// Speculative decoding (drafts from clients and, when set, prompt lookup).
+    pub speculative: SpeculativeConfig,
 }
 
 impl Default for SchedulerConfig {
@@ -47,6 +52,7 @@ impl Default for SchedulerConfig {
             max_model_len: 4096,
             max_waiting: 1000,
             max_loras: 4,
+            speculative: SpeculativeConfig::default(),
         }
     }
 }
@@ -155,6 +161,7 @@ impl Scheduler {
             req,
             &self.cfg,
             self.pool.num_blocks() - self.pool.num_pinned(),
+            self.engine.model_config().vocab_size,
         )
     }
 
@@ -200,6 +207,11 @@ impl Scheduler {
                 .constraint
                 .as_ref()
                 .map(|g| Arc::new(Mutex::new(g.start()))),
+            draft_len: 0,
+            draft_source: DraftSource::Client,
+            spec_k: 4,
+            draft_accepted: 0,
+            draft_rejected: 0,
         };
         self.next_arrival += 1;
         self.requests.insert(
@@ -343,15 +355,28 @@ impl Scheduler {
         let mut budget = self.cfg.max_batch_tokens;
         let mut out = Vec::new();
         let mut preempted = false;
+        // Rows speculation may add to this step, shared among the running sequences.
+        let mut spare = self
+            .cfg
+            .speculative
+            .step_rows
+            .saturating_sub(self.running.len());
+        let share = spare.div_ceil(self.running.len().max(1));
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
-            let n = self.running[i].remaining().min(budget);
+            spare -= self.add_draft(i, spare.min(share).min(budget - 1));
             loop {
+                let n = self.running[i].remaining().min(budget);
                 if self.grow(i, n, copies) {
                     out.push((i, n));
                     budget -= n;
                     i += 1;
                     break;
+                }
+                if self.running[i].draft_len > 0 {
+                    // No room for the draft: decode without it before preempting anyone.
+                    speculation::strip_draft(&mut self.running[i]);
+                    continue;
                 }
                 let victim = self.running.len() - 1;
                 if victim == 0 {
@@ -575,6 +600,7 @@ impl Scheduler {
     /// back to the front of the queue.
     fn preempt(&mut self, i: usize) {
         let mut s = self.running.remove(i);
+        speculation::strip_draft(&mut s);
         self.release(&mut s);
         self.metrics.preemptions.fetch_add(1, Relaxed);
         tracing::debug!(request = s.req, index = s.index, "preempted");
@@ -627,8 +653,19 @@ impl Scheduler {
         // sequences forked now last.
         let mut appends: Vec<(usize, Sampled)> = Vec::new();
         let mut forked: Vec<(usize, Sampled)> = Vec::new();
+        let mut drafted: Vec<(usize, Vec<Sampled>)> = Vec::new();
         for p in planned {
             let i = p.running;
+            if self.running[i].draft_len > 0 {
+                // Verified after the others (it may append several tokens).
+                let draws = p
+                    .samples
+                    .clone()
+                    .filter_map(|k| samples[k].take())
+                    .collect();
+                drafted.push((i, draws));
+                continue;
+            }
             self.running[i].num_computed += p.tokens;
             self.register_full_blocks(i);
             if let Some(lp) = p.prompt_logprobs.and_then(|k| prompt_logprobs[k].take()) {
@@ -671,6 +708,11 @@ impl Scheduler {
                             .constraint
                             .as_ref()
                             .map(|c| Arc::new(Mutex::new(lock(c).fork()))),
+                        draft_len: 0,
+                        draft_source: DraftSource::Client,
+                        spec_k: base.spec_k,
+                        draft_accepted: 0,
+                        draft_rejected: 0,
                     };
                     self.running.push(sib);
                     forked.push((self.running.len() - 1, smp));
@@ -683,6 +725,11 @@ impl Scheduler {
         let mut finished: Vec<usize> = Vec::new();
         for (i, smp) in appends {
             if self.append_token(i, smp.token, smp.logprob, smp.top, now) {
+                finished.push(i);
+            }
+        }
+        for (i, draws) in drafted {
+            if self.accept_draft(i, draws, now) {
                 finished.push(i);
             }
         }
@@ -854,6 +901,8 @@ impl Scheduler {
             cached_prompt_tokens: r.cached_prompt_tokens,
             cumulative_logprob: s.cum_logprob,
             timings,
+            accepted_draft_tokens: s.draft_accepted,
+            rejected_draft_tokens: s.draft_rejected,
         }));
         true
     }
@@ -871,9 +920,15 @@ pub(crate) fn check_request(
     req: &GenerateRequest,
     cfg: &SchedulerConfig,
     usable_blocks: usize,
+    vocab_size: usize,
 ) -> Result<(), SubmitError> {
     if req.prompt.is_empty() {
         return Err(SubmitError::EmptyPrompt);
+    }
+    if let Some(t) = req.draft.iter().find(|&&t| t as usize >= vocab_size) {
+        return Err(SubmitError::InvalidParams(format!(
+            "draft token id {t} is not in the vocabulary (size {vocab_size})"
+        )));
     }
     req.sampling
         .validate()

@@ -10,6 +10,7 @@ use crate::block_pool::BlockHash;
 use crate::constraint::SeqConstraint;
 use crate::event::{Event, PromptToken};
 use crate::request::GenerateRequest;
+use crate::scheduler::DraftSource;
 use crate::stop::StopMatcher;
 
 pub type RequestId = u64;
@@ -60,6 +61,13 @@ pub(crate) struct Sequence {
     /// Constrained decoding: where the output stands in the request's grammar (shared with
     /// the worker computing its next mask).
     pub constraint: Option<Arc<Mutex<SeqConstraint>>>,
+    /// Speculative decoding: the last `draft_len` tokens are a draft not verified yet.
+    pub draft_len: usize,
+    pub draft_source: DraftSource,
+    /// The next draft's length (adapted to what was accepted).
+    pub spec_k: usize,
+    pub draft_accepted: usize,
+    pub draft_rejected: usize,
 }
 
 impl Sequence {

@@ -49,6 +49,7 @@ fn spawn(dir: &std::path::Path, blocks: usize, max_batch: usize) -> Handle {
         max_model_len: 2048,
         max_waiting: 100,
         max_loras: 4,
+        ..Default::default()
     };
     Handle::spawn(Box::new(engine), Tokenizer::from_dir(dir).unwrap(), cfg)
 }

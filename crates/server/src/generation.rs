@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use lmi_api::{ApiError, FinishReason, GenerationOut, GenerationSpec, SequenceOut, TokenOut};
+use lmi_api::{
+    ApiError, Draft, FinishReason, GenerationOut, GenerationSpec, SequenceOut, TokenOut,
+};
 use lmi_engine::sampling::SamplingParams;
 use lmi_scheduler::{Event, Finished, GenerateRequest, RequestStream, StoppingParams, SubmitError};
 
@@ -155,6 +157,14 @@ pub fn prepare(
             .map(|c| model.grammars.compile(c))
             .transpose()?,
         pin_prefix_tokens: 0,
+        draft: match &spec.draft {
+            None => Vec::new(),
+            Some(Draft::Tokens(ids)) => ids.clone(),
+            Some(Draft::Text(text)) => tok.encode(text, false).map_err(|e| {
+                ApiError::validation(format!("tokenizing the prediction: {e}"))
+                    .with_param("prediction")
+            })?,
+        },
     };
     Ok(Job {
         prompt_text,
@@ -298,6 +308,15 @@ impl Accumulator {
         self.seqs.iter().map(|s| s.tokens.len()).sum()
     }
 
+    /// Draft tokens (speculative decoding) kept and left out, over the finished sequences.
+    pub fn draft_tokens(&self) -> (usize, usize) {
+        let done = || self.seqs.iter().filter_map(|s| s.finished.as_ref());
+        (
+            done().map(|f| f.accepted_draft_tokens).sum(),
+            done().map(|f| f.rejected_draft_tokens).sum(),
+        )
+    }
+
     /// The result so far for sequence 0 (streams finish one sequence: n = 1).
     pub fn snapshot(&self, finish: FinishReason) -> GenerationOut {
         let s = self.seqs.first();
@@ -313,6 +332,8 @@ impl Accumulator {
                 tokens,
                 top_tokens: s.map(|s| s.top.clone()).unwrap_or_default(),
                 seed: Some(self.seed),
+                accepted_draft_tokens: 0,
+                rejected_draft_tokens: 0,
             },
             others: Vec::new(),
         }
@@ -333,6 +354,8 @@ impl Accumulator {
                     tokens: s.tokens,
                     top_tokens: s.top,
                     seed: Some(self.seed),
+                    accepted_draft_tokens: f.accepted_draft_tokens,
+                    rejected_draft_tokens: f.rejected_draft_tokens,
                 },
             ));
         }

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use lmi_scheduler::MetricsSnapshot;
 use prometheus::{
-    Counter, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Counter, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    Opts, Registry, TextEncoder,
 };
 
 /// What a finished request reports. `error: None` is a success.
@@ -65,6 +65,10 @@ pub struct ServerMetrics {
     steps_total: IntCounter,
     step_seconds_total: Counter,
     forward_seconds_total: Counter,
+    /// Speculative decoding, by draft source: draft tokens proposed, kept, and the share kept.
+    spec_draft_tokens: IntCounterVec,
+    spec_accepted_tokens: IntCounterVec,
+    spec_acceptance_rate: GaugeVec,
     /// The LoRA adapter cache (registry and engine tiers).
     pub adapters: crate::adapters::AdapterMetrics,
 }
@@ -231,6 +235,27 @@ impl ServerMetrics {
                 "lmi_engine_forward_seconds_total",
                 "Wall time of the engine's forward passes (s)"
             )?),
+            spec_draft_tokens: reg!(IntCounterVec::new(
+                Opts::new(
+                    "lmi_spec_draft_tokens_total",
+                    "Speculative decoding: draft tokens proposed, by source"
+                ),
+                &["source"]
+            )?),
+            spec_accepted_tokens: reg!(IntCounterVec::new(
+                Opts::new(
+                    "lmi_spec_accepted_tokens_total",
+                    "Speculative decoding: draft tokens kept in the output, by source"
+                ),
+                &["source"]
+            )?),
+            spec_acceptance_rate: reg!(GaugeVec::new(
+                Opts::new(
+                    "lmi_spec_acceptance_rate",
+                    "Speculative decoding: share of draft tokens kept so far, by source"
+                ),
+                &["source"]
+            )?),
             adapters: crate::adapters::AdapterMetrics::register(&registry)?,
             registry,
         })
@@ -320,6 +345,22 @@ impl ServerMetrics {
         c(&self.computed_tokens_total, s.computed_tokens);
         c(&self.preemptions_total, s.preemptions);
         c(&self.steps_total, s.steps);
+        for src in lmi_scheduler::DraftSource::ALL {
+            let (k, name) = (src as usize, [src.name()]);
+            c(
+                &self.spec_draft_tokens.with_label_values(&name),
+                s.spec_proposed[k],
+            );
+            c(
+                &self.spec_accepted_tokens.with_label_values(&name),
+                s.spec_accepted[k],
+            );
+            if s.spec_proposed[k] > 0 {
+                self.spec_acceptance_rate
+                    .with_label_values(&name)
+                    .set(s.spec_accepted[k] as f64 / s.spec_proposed[k] as f64);
+            }
+        }
         let f = |counter: &Counter, nanos: u64| {
             let v = nanos as f64 * 1e-9;
             let cur = counter.get();

@@ -51,6 +51,7 @@ pub const KNOWN_PARAMETERS: &[&str] = &[
     "logit_bias",
     "embedding_bias",
     "random_seed",
+    "draft_input_ids",
     // vLLM guided decoding, as LMI passes it through
     "guided_json",
     "guided_regex",
@@ -178,6 +179,12 @@ pub fn parse_parameters(
             ApiError::not_supported("parameters.use_beam_search is not supported")
                 .with_param("parameters.use_beam_search"),
         );
+    }
+
+    if let Some(ids) = f.ids("draft_input_ids")?
+        && !ids.is_empty()
+    {
+        spec.draft = Some(crate::spec::Draft::Tokens(ids));
     }
 
     // Stopping.

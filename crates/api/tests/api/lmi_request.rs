@@ -309,3 +309,16 @@ fn output_formatter_override_and_trt_stop_bool() {
     assert!(r.report.ignored.contains(&"stop".to_string()));
     assert!(r.spec.stop_strings.is_empty());
 }
+
+#[test]
+fn draft_input_ids_become_a_draft() {
+    let s = spec(r#"{"inputs":"x","parameters":{"draft_input_ids":[5,6,7]}}"#);
+    assert_eq!(s.draft, Some(lmi_api::Draft::Tokens(vec![5, 6, 7])));
+    assert_eq!(
+        spec(r#"{"inputs":"x","parameters":{"draft_input_ids":[]}}"#).draft,
+        None
+    );
+    assert!(
+        err(r#"{"inputs":"x","parameters":{"draft_input_ids":["a"]}}"#).contains("draft_input_ids")
+    );
+}

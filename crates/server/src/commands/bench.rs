@@ -28,6 +28,9 @@ pub enum BenchCommand {
     /// Decode throughput with each request under its own JSON schema against unconstrained,
     /// and the time to compute one token mask (p50/p99).
     Structured(super::bench_structured::StructuredArgs),
+    /// Decode throughput with speculative decoding (client predictions, prompt lookup)
+    /// against none, on a rewrite and a quoting task; checks the outputs are identical.
+    Speculative(super::bench_speculative::SpeculativeArgs),
 }
 
 #[derive(clap::Args)]
@@ -81,6 +84,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Http(a) => super::bench_http::run(a),
         BenchCommand::Lora(a) => super::bench_lora::run(a),
         BenchCommand::Structured(a) => super::bench_structured::run(a),
+        BenchCommand::Speculative(a) => super::bench_speculative::run(&a),
     }
 }
 
@@ -263,6 +267,7 @@ fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
             max_model_len: a.prompt_len + a.max_new_tokens + 1,
             max_waiting: c,
             max_loras: 4,
+            ..Default::default()
         };
         let handle = Handle::spawn(engine, tokenizer.clone(), cfg);
         let streams = (0..c)

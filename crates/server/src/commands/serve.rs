@@ -278,6 +278,10 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
             max_model_len,
             max_waiting: config.job_queue_size,
             max_loras: config.max_loras,
+            speculative: lmi_scheduler::SpeculativeConfig {
+                ngram: config.speculative_ngram,
+                ..Default::default()
+            },
         },
     );
     let guide = Guide::new(

@@ -231,6 +231,9 @@ pub struct ServingConfig {
     /// How the model writes tool calls (option.tool_call_parser, vLLM's names); None: read
     /// from the chat template.
     pub tool_call_parser: Option<lmi_text::tools::ToolCallFormat>,
+    /// Prompt-lookup speculative decoding (option.speculative_ngram: `true` or `MIN-MAX:K`);
+    /// off by default. Client drafts (`prediction`, `draft_input_ids`) are always used.
+    pub speculative_ngram: Option<lmi_scheduler::NgramLookup>,
     /// option.adapters: (name, path) loaded at start, besides `<model dir>/adapters/<name>/`.
     pub adapters: Vec<(String, PathBuf)>,
     /// Dynamic batching (LMI `batch_size`, alias `max_dynamic_batch_size`) and its delay.
@@ -469,6 +472,24 @@ impl ServingConfig {
                 })?,
             ),
         };
+        let speculative_ngram = match str_of("option.speculative_ngram") {
+            None => None,
+            Some(v) if v.trim().eq_ignore_ascii_case("false") => None,
+            Some(v) => Some(v.parse().map_err(|e| {
+                anyhow::anyhow!(
+                    "option.speculative_ngram ({}): {e}",
+                    source_of(&raw, "option.speculative_ngram")
+                )
+            })?),
+        };
+        if str_of("option.speculative_draft_model").is_some() {
+            anyhow::bail!(
+                "option.speculative_draft_model ({}): a draft model is not supported yet; use \
+                 option.speculative_ngram (prompt lookup) or client drafts (OpenAI `prediction`, \
+                 `draft_input_ids`)",
+                source_of(&raw, "option.speculative_draft_model")
+            );
+        }
         let port = match get("port") {
             None => 8080,
             Some(s) => s.value.trim().parse::<u16>().map_err(|_| {
@@ -499,6 +520,7 @@ impl ServingConfig {
             adapter_dirs,
             enable_auto_tool_choice,
             tool_call_parser,
+            speculative_ngram,
             adapters,
             batch_size,
             max_batch_delay_ms: nonneg(&raw, "max_batch_delay", 100)? as u64,
