@@ -288,3 +288,49 @@ fn vllm_names_count_when_lmi_names_are_unset() {
     let c = ServingConfig::load(&ServeArgs::default(), &e, None).unwrap();
     assert_eq!(c.max_rolling_batch_size, 6);
 }
+
+#[test]
+fn sm_num_gpus_picks_the_gpu_unless_option_device_says_otherwise() {
+    let load =
+        |pairs: &[(&str, &str)]| ServingConfig::load(&ServeArgs::default(), &env(pairs), None);
+    let c = load(&[("SM_NUM_GPUS", "4")]).unwrap();
+    assert_eq!(
+        (c.device, c.tensor_parallel_degree),
+        (Device::Cuda(0), Some(4))
+    );
+    assert_eq!(
+        c.raw["option.tensor_parallel_degree"].source,
+        Source::Env("SM_NUM_GPUS (alias of TENSOR_PARALLEL_DEGREE)".into())
+    );
+    let c = load(&[("SM_NUM_GPUS", "0")]).unwrap();
+    assert_eq!((c.device, c.tensor_parallel_degree), (Device::Cpu, Some(0)));
+    // The CPU image sets OPTION_DEVICE=cpu: a platform-set SM_NUM_GPUS does not override it.
+    let c = load(&[("SM_NUM_GPUS", "1"), ("OPTION_DEVICE", "cpu")]).unwrap();
+    assert_eq!(c.device, Device::Cpu);
+    let c = load(&[("OPTION_TENSOR_PARALLEL_DEGREE", "max")]).unwrap();
+    assert_eq!(
+        (c.device, c.tensor_parallel_degree),
+        (Device::Cuda(0), Some(1))
+    );
+    let e = load(&[("SM_NUM_GPUS", "two")]).unwrap_err().to_string();
+    assert!(
+        e.contains("tensor_parallel_degree") && e.contains("SM_NUM_GPUS"),
+        "{e}"
+    );
+}
+
+#[test]
+fn sagemaker_port_and_drain_timeout() {
+    let c = ServingConfig::load(
+        &ServeArgs::default(),
+        &env(&[
+            ("SAGEMAKER_BIND_TO_PORT", "9123"),
+            ("OPTION_DRAIN_TIMEOUT", "5"),
+        ]),
+        None,
+    )
+    .unwrap();
+    assert_eq!((c.port, c.drain_timeout_secs), (9123, 5));
+    let c = ServingConfig::load(&ServeArgs::default(), &env(&[]), None).unwrap();
+    assert_eq!((c.port, c.drain_timeout_secs), (8080, 60));
+}
