@@ -1,6 +1,6 @@
-# lmi on an NVIDIA GPU (CUDA 13: driver 580 or newer). The runtime base carries cuBLAS; NVRTC
-# compiles the kernels at start (cached in LMI_KERNEL_CACHE). No model is baked in: mount one at
-# /opt/ml/model (with its serving.properties) or set HF_MODEL_ID to a mounted directory.
+# lmi on an NVIDIA GPU (CUDA 13: driver 580 or newer). The runtime base carries cuBLAS and
+# NVRTC, which compiles the kernels at start (cached in LMI_KERNEL_CACHE). No model is baked in:
+# mount one at /opt/ml/model (with its serving.properties) or set HF_MODEL_ID to a directory.
 #
 #   docker build -f deploy/docker/cuda.Dockerfile -t lmi:cuda .
 #   docker run --gpus all -p 8080:8080 -v /models/llama-3.1-8b:/opt/ml/model:ro lmi:cuda serve
@@ -16,11 +16,10 @@ COPY . .
 RUN deploy/docker/build-stage.sh /out
 
 FROM ${RUNTIME_IMAGE}
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# The runtime image has cuBLAS and cudart; NVRTC is a separate package of the same repository.
+# The runtime image's cuda-libraries carry cudart, cuBLAS and NVRTC: all the engine loads.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates "cuda-nvrtc-$(echo "${CUDA_VERSION}" | cut -d. -f1,2 | tr . -)" \
+    && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 lmi \
     && useradd --system --uid 10001 --gid lmi --home-dir /home/lmi --create-home --shell /usr/sbin/nologin lmi \

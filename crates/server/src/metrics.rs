@@ -490,6 +490,10 @@ impl Drop for RequestTracker {
 }
 
 #[cfg(test)]
+#[path = "deploy_assets_tests.rs"]
+mod deploy_assets_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
