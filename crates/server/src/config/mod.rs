@@ -202,6 +202,10 @@ pub struct ServingConfig {
     pub host: String,
     pub port: u16,
     pub device: Device,
+    /// option.tensor_parallel_degree (also TENSOR_PARALLEL_DEGREE, SM_NUM_GPUS): GPUs offered;
+    /// `max` counts as 1. One process uses one GPU, so more than 1 is served on the first
+    /// with a warning at start. When option.device is unset, a positive value means cuda.
+    pub tensor_parallel_degree: Option<usize>,
     pub engine_mode: EngineMode,
     pub dtype: DTypeChoice,
     pub kv_cache_bytes: usize,
@@ -246,6 +250,9 @@ pub struct ServingConfig {
     pub max_concurrent_requests: usize,
     /// Request body limit in bytes (413 beyond).
     pub max_request_size: usize,
+    /// After SIGTERM, how long in-flight requests may run before the server exits anyway
+    /// (option.drain_timeout, seconds, default 60; orchestrators' grace periods must exceed it).
+    pub drain_timeout_secs: u64,
     /// TGI validation limits (tgi.md §1.5 defaults), reported by /info.
     pub max_best_of: usize,
     pub max_stop_sequences: usize,
@@ -349,7 +356,10 @@ impl ServingConfig {
         let get = |k: &str| raw.get(k);
         let str_of = |k: &str| get(k).map(|s| s.value.clone()).filter(|v| !v.is_empty());
 
+        let tensor_parallel_degree = gpu_count(&raw)?;
         let device = match str_of("option.device") {
+            // SM_NUM_GPUS / option.tensor_parallel_degree say GPUs are there to be used.
+            None if tensor_parallel_degree.is_some_and(|n| n > 0) => Device::Cuda(0),
             None => Device::Cpu,
             Some(d) => d.parse::<Device>().map_err(|e| {
                 anyhow::anyhow!("option.device ({}): {e}", source_of(&raw, "option.device"))
@@ -496,6 +506,7 @@ impl ServingConfig {
                 anyhow::anyhow!("port={:?} ({}): expected 0..65535", s.value, s.source)
             })?,
         };
+        let drain_timeout_secs = nonneg(&raw, "option.drain_timeout", 60)? as u64;
         Ok(ServingConfig {
             model_id,
             served_model_name: str_of("option.served_model_name"),
@@ -503,6 +514,7 @@ impl ServingConfig {
             host: str_of("host").unwrap_or_else(|| "0.0.0.0".into()),
             port,
             device,
+            tensor_parallel_degree,
             engine_mode,
             dtype,
             kv_cache_bytes,
@@ -527,6 +539,7 @@ impl ServingConfig {
             job_queue_size,
             max_concurrent_requests,
             max_request_size: positive(&raw, "max_request_size", 2_000_000)?,
+            drain_timeout_secs,
             max_best_of: positive(&raw, "option.max_best_of", 2)?,
             max_stop_sequences: nonneg(&raw, "option.max_stop_sequences", 4)?,
             max_top_n_tokens: nonneg(&raw, "option.max_top_n_tokens", 5)?,
@@ -573,6 +586,12 @@ impl ServingConfig {
             ("listen", format!("{}:{}", self.host, self.port)),
             ("device", self.device.to_string()),
             (
+                "tensor_parallel_degree",
+                self.tensor_parallel_degree
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| "(unset)".into()),
+            ),
+            (
                 "engine_mode",
                 format!("{:?}", self.engine_mode).to_lowercase(),
             ),
@@ -614,6 +633,7 @@ impl ServingConfig {
                 self.max_concurrent_requests.to_string(),
             ),
             ("max_request_size", self.max_request_size.to_string()),
+            ("drain_timeout (s)", self.drain_timeout_secs.to_string()),
         ];
         for (k, v) in lines {
             let _ = writeln!(s, "  {k:<34} {v}");
@@ -632,6 +652,24 @@ fn source_of(raw: &BTreeMap<String, Setting>, key: &str) -> String {
     raw.get(key)
         .map(|s| s.source.to_string())
         .unwrap_or_else(|| "default".into())
+}
+
+/// option.tensor_parallel_degree: a GPU count, or `max` (LMI: every GPU; here one).
+fn gpu_count(raw: &BTreeMap<String, Setting>) -> anyhow::Result<Option<usize>> {
+    let Some(s) = raw.get("option.tensor_parallel_degree") else {
+        return Ok(None);
+    };
+    let v = s.value.trim();
+    if v.eq_ignore_ascii_case("max") {
+        return Ok(Some(1));
+    }
+    v.parse::<usize>().map(Some).map_err(|_| {
+        anyhow::anyhow!(
+            "option.tensor_parallel_degree={:?} ({}): expected a GPU count or max",
+            s.value,
+            s.source
+        )
+    })
 }
 
 fn nonneg(raw: &BTreeMap<String, Setting>, key: &str, default: usize) -> anyhow::Result<usize> {
