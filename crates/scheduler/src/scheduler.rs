@@ -24,7 +24,9 @@ use crate::sequence::{RequestId, RequestState, Sequence};
 use crate::step_plan::{self, Planned, wants_prompt_logprobs};
 use crate::stop::StopMatcher;
 
+mod beams;
 mod speculation;
+pub(crate) use beams::BeamSearch;
 pub use speculation::{DraftSource, NgramLookup, SpeculativeConfig};
 
 #[derive(Debug, Clone)]
@@ -176,6 +178,13 @@ impl Scheduler {
         if self.num_waiting_requests() >= self.cfg.max_waiting {
             return Err(SubmitError::QueueFull(self.cfg.max_waiting));
         }
+        let mut req = req;
+        // Beams draw greedily with 2 * width alternatives: their candidates.
+        let beam = req.beam.clone().map(|b| {
+            let user_top_n = req.sampling.top_logprobs as usize;
+            req.sampling.top_logprobs = req.sampling.top_logprobs.max(2 * b.width as u32);
+            BeamSearch::new(b, user_top_n)
+        });
         let mut stop_ids = req.stopping.stop_token_ids.clone();
         if !req.stopping.ignore_eos {
             stop_ids.extend(self.eos.iter().copied());
@@ -212,6 +221,8 @@ impl Scheduler {
             spec_k: 4,
             draft_accepted: 0,
             draft_rejected: 0,
+            beam_pending: None,
+            beam_scores: Vec::new(),
         };
         self.next_arrival += 1;
         self.requests.insert(
@@ -227,6 +238,7 @@ impl Scheduler {
                 forked: false,
                 cached_prompt_tokens: 0,
                 stop_ids,
+                beam,
             },
         );
         self.waiting.push_back(seq);
@@ -364,6 +376,10 @@ impl Scheduler {
         let share = spare.div_ceil(self.running.len().max(1));
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
+            if self.running[i].remaining() == 0 {
+                i += 1; // a beam waiting for its siblings' draws
+                continue;
+            }
             spare -= self.add_draft(i, spare.min(share).min(budget - 1));
             loop {
                 let n = self.running[i].remaining().min(budget);
@@ -601,6 +617,7 @@ impl Scheduler {
     fn preempt(&mut self, i: usize) {
         let mut s = self.running.remove(i);
         speculation::strip_draft(&mut s);
+        s.beam_pending = None;
         self.release(&mut s);
         self.metrics.preemptions.fetch_add(1, Relaxed);
         tracing::debug!(request = s.req, index = s.index, "preempted");
@@ -674,6 +691,14 @@ impl Scheduler {
             let mut draws = p.samples.clone().filter_map(|k| samples[k].take());
             let Some(first) = draws.next() else { continue };
             let id = self.running[i].req;
+            if let Some(req) = self.requests.get_mut(&id)
+                && req.beam.is_some()
+            {
+                // Beams advance together once all have drawn (beams.rs).
+                req.forked = true;
+                self.running[i].beam_pending = Some(first);
+                continue;
+            }
             if self.running[i].index == 0
                 && let Some(req) = self.requests.get_mut(&id)
                 && !req.forked
@@ -713,6 +738,8 @@ impl Scheduler {
                         spec_k: base.spec_k,
                         draft_accepted: 0,
                         draft_rejected: 0,
+                        beam_pending: None,
+                        beam_scores: Vec::new(),
                     };
                     self.running.push(sib);
                     forked.push((self.running.len() - 1, smp));
@@ -744,6 +771,7 @@ impl Scheduler {
                 }
             }
         }
+        self.advance_beams();
     }
 
     /// Registers newly full blocks of running sequence `i` in the prefix cache, pinning those
@@ -925,6 +953,21 @@ pub(crate) fn check_request(
     if req.prompt.is_empty() {
         return Err(SubmitError::EmptyPrompt);
     }
+    if let Some(b) = &req.beam {
+        if b.width == 0 || b.num_return == 0 || b.num_return > b.width {
+            return Err(SubmitError::InvalidParams(format!(
+                "beam search needs 1 <= num_return_sequences ({}) <= num_beams ({})",
+                b.num_return, b.width
+            )));
+        }
+        if !req.sampling.is_greedy() || req.n > 1 || req.best_of > 1 || req.constraint.is_some() {
+            return Err(SubmitError::InvalidParams(
+                "beam search is deterministic: it cannot be combined with sampling, n, best_of \
+                 or a grammar"
+                    .into(),
+            ));
+        }
+    }
     if let Some(t) = req.draft.iter().find(|&&t| t as usize >= vocab_size) {
         return Err(SubmitError::InvalidParams(format!(
             "draft token id {t} is not in the vocabulary (size {vocab_size})"
@@ -951,7 +994,8 @@ pub(crate) fn check_request(
             max_len: cfg.max_model_len,
         });
     }
-    let needed = blocks_for(total);
+    // Beams may each hold their own blocks.
+    let needed = blocks_for(total) * req.beam.as_ref().map_or(1, |b| b.width);
     if needed > usable_blocks {
         return Err(SubmitError::NeverFits {
             needed,

@@ -29,6 +29,8 @@ pub(crate) struct RequestState {
     pub cached_prompt_tokens: usize,
     /// Stop ids handed to the sampler (masked before min_new_tokens).
     pub stop_ids: Vec<u32>,
+    /// Beam search: finished hypotheses and beam numbering.
+    pub beam: Option<crate::scheduler::BeamSearch>,
 }
 
 impl RequestState {
@@ -68,6 +70,11 @@ pub(crate) struct Sequence {
     pub spec_k: usize,
     pub draft_accepted: usize,
     pub draft_rejected: usize,
+    /// Beam search: this step's draw (its top alternatives are the beam's candidates), held
+    /// until every beam of the request has one.
+    pub beam_pending: Option<lmi_engine::sampling::Sampled>,
+    /// Beam search: logprob and top alternatives of each output token.
+    pub beam_scores: Vec<(f32, Vec<(u32, f32)>)>,
 }
 
 impl Sequence {

@@ -115,7 +115,7 @@ pub(crate) fn requests<'a>(
             } else if s.num_computed + n == s.tokens.len() {
                 // The first sequence of a request with n > 1 forks when its prompt is done:
                 // every parallel sequence draws its first token from these logits.
-                let draws = if s.index == 0 && !r.forked {
+                let draws = if s.index == 0 && !r.forked && r.params.beam.is_none() {
                     r.params.num_seqs()
                 } else {
                     1

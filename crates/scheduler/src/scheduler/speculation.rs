@@ -179,6 +179,7 @@ impl Scheduler {
         if room == 0
             || s.remaining() != 1
             || s.constraint.is_some()
+            || p.beam.is_some()
             || !r.forked
             || (p.draft.is_empty() && self.cfg.speculative.ngram.is_none())
         {
