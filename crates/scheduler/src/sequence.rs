@@ -82,6 +82,39 @@ impl Sequence {
         &self.tokens[self.prompt_len..]
     }
 
+    /// A copy that continues independently: its own grammar state, no draft. The caller
+    /// takes a reference on each block (see `Scheduler::fork_running`).
+    pub fn fork(&self, index: u32, seed: u64) -> Sequence {
+        Sequence {
+            req: self.req,
+            index,
+            seed,
+            arrival: self.arrival,
+            tokens: self.tokens[..self.tokens.len() - self.draft_len].to_vec(),
+            prompt_len: self.prompt_len,
+            num_computed: self.num_computed,
+            block_table: self.block_table.clone(),
+            hashes: self.hashes.clone(),
+            detok: self.detok.clone(),
+            stop: self.stop.clone(),
+            cum_logprob: self.cum_logprob,
+            first_token_at: self.first_token_at,
+            last_token_at: self.last_token_at,
+            inter_token: Vec::new(),
+            constraint: self.constraint.as_ref().map(|c| {
+                let c = c.lock().unwrap_or_else(|e| e.into_inner());
+                Arc::new(Mutex::new(c.fork()))
+            }),
+            draft_len: 0,
+            draft_source: self.draft_source,
+            spec_k: self.spec_k,
+            draft_accepted: 0,
+            draft_rejected: 0,
+            beam_pending: self.beam_pending.clone(),
+            beam_scores: self.beam_scores.clone(),
+        }
+    }
+
     pub fn remaining(&self) -> usize {
         self.tokens.len() - self.num_computed
     }

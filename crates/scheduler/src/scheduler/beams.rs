@@ -187,9 +187,8 @@ impl Scheduler {
             } else {
                 let idx = search.next_index;
                 search.next_index += 1;
-                let fork = self.fork_beam(parent, idx);
-                self.running.push(fork);
-                targets.push((self.running.len() - 1, c));
+                let seed = self.running[parent].seed;
+                targets.push((self.fork_running(parent, idx, seed), c));
             }
         }
         let mut remove: Vec<usize> = beams
@@ -261,39 +260,6 @@ impl Scheduler {
             .as_ref()
             .map(|p| p.top.clone())
             .unwrap_or_default()
-    }
-
-    /// A copy of beam `i` sharing its KV blocks.
-    fn fork_beam(&mut self, i: usize, index: u32) -> Sequence {
-        let base = &self.running[i];
-        for &b in &base.block_table {
-            self.pool.share(b);
-        }
-        Sequence {
-            req: base.req,
-            index,
-            seed: base.seed,
-            arrival: base.arrival,
-            tokens: base.tokens.clone(),
-            prompt_len: base.prompt_len,
-            num_computed: base.num_computed,
-            block_table: base.block_table.clone(),
-            hashes: base.hashes.clone(),
-            detok: base.detok.clone(),
-            stop: base.stop.clone(),
-            cum_logprob: base.cum_logprob,
-            first_token_at: base.first_token_at,
-            last_token_at: base.last_token_at,
-            inter_token: Vec::new(),
-            constraint: None,
-            draft_len: 0,
-            draft_source: base.draft_source,
-            spec_k: base.spec_k,
-            draft_accepted: 0,
-            draft_rejected: 0,
-            beam_pending: base.beam_pending.clone(),
-            beam_scores: base.beam_scores.clone(),
-        }
     }
 
     /// Appends candidate `c` to beam `i`; true when its text hit a stop string.
