@@ -74,7 +74,22 @@ impl Handle {
         tokenizer: Tokenizer,
         config: SchedulerConfig,
     ) -> Handle {
-        let scheduler = Scheduler::new(engine, tokenizer, config);
+        Self::spawn_scheduler(Scheduler::new(engine, tokenizer, config))
+    }
+
+    /// [`Handle::spawn`] with a draft model for speculative decoding; refused when its
+    /// vocabulary differs from the model's.
+    pub fn spawn_with_draft_model(
+        engine: Box<dyn StepEngine>,
+        draft: Box<dyn StepEngine>,
+        tokenizer: Tokenizer,
+        config: SchedulerConfig,
+    ) -> Result<Handle, String> {
+        let scheduler = Scheduler::new(engine, tokenizer, config).with_draft_model(draft)?;
+        Ok(Self::spawn_scheduler(scheduler))
+    }
+
+    fn spawn_scheduler(scheduler: Scheduler) -> Handle {
         let limits = Arc::new(Limits {
             config: scheduler.config().clone(),
             num_blocks: scheduler.pool().num_blocks(),

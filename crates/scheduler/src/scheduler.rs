@@ -24,12 +24,14 @@ use crate::stop::StopMatcher;
 
 mod admission;
 mod beams;
+mod draft_model;
 mod forks;
 mod lora;
 mod masks;
 mod output;
 mod speculation;
 pub(crate) use beams::BeamSearch;
+pub(crate) use draft_model::DraftKv;
 pub use speculation::{DraftSource, NgramLookup, SpeculativeConfig};
 
 #[derive(Debug, Clone)]
@@ -80,6 +82,8 @@ pub struct Scheduler {
     next_arrival: u64,
     adapters: AdapterSlots,
     mask_pool: Option<rayon::ThreadPool>,
+    /// Speculative decoding's draft model, when one is configured.
+    draft_model: Option<draft_model::DraftModel>,
 }
 
 fn blocks_for(tokens: usize) -> usize {
@@ -110,6 +114,7 @@ impl Scheduler {
             .store(pool.num_blocks() as u64, Relaxed);
         Scheduler {
             mask_pool: None,
+            draft_model: None,
             adapters: AdapterSlots::new(cfg.max_loras),
             engine,
             tokenizer,
@@ -122,6 +127,21 @@ impl Scheduler {
             metrics,
             next_arrival: 0,
         }
+    }
+
+    /// Adds a draft model for speculative decoding (option.speculative_draft_model); it must
+    /// share the target's vocabulary (and tokenizer).
+    pub fn with_draft_model(mut self, engine: Box<dyn StepEngine>) -> Result<Self, String> {
+        let dm = draft_model::DraftModel::new(engine);
+        let (d, t) = (dm.vocab_size(), self.engine.model_config().vocab_size);
+        if d != t {
+            return Err(format!(
+                "the draft model's vocabulary ({d} tokens) differs from the model's ({t}): a draft \
+                 model must share the tokenizer"
+            ));
+        }
+        self.draft_model = Some(dm);
+        Ok(self)
     }
 
     pub fn metrics(&self) -> Arc<SchedulerMetrics> {
@@ -218,6 +238,7 @@ impl Scheduler {
             draft_rejected: 0,
             beam_pending: None,
             beam_scores: Vec::new(),
+            draft_kv: Default::default(),
         };
         self.next_arrival += 1;
         self.requests.insert(
@@ -255,26 +276,28 @@ impl Scheduler {
     }
 
     fn drop_request(&mut self, id: RequestId) {
-        let pool = &mut self.pool;
-        let mut release = |s: &Sequence| {
-            for &b in s.block_table.iter().rev() {
-                pool.free(b);
+        let mut gone: Vec<Sequence> = Vec::new();
+        let (running, waiting): (Vec<Sequence>, Vec<Sequence>) = (
+            std::mem::take(&mut self.running),
+            std::mem::take(&mut self.waiting).into(),
+        );
+        for s in running {
+            if s.req == id {
+                gone.push(s)
+            } else {
+                self.running.push(s)
             }
-        };
-        self.running.retain(|s| {
-            let keep = s.req != id;
-            if !keep {
-                release(s);
+        }
+        for s in waiting {
+            if s.req == id {
+                gone.push(s)
+            } else {
+                self.waiting.push_back(s)
             }
-            keep
-        });
-        self.waiting.retain(|s| {
-            let keep = s.req != id;
-            if !keep {
-                release(s);
-            }
-            keep
-        });
+        }
+        for mut s in gone {
+            self.release(&mut s);
+        }
         self.requests.remove(&id);
         self.update_gauges();
     }

@@ -75,6 +75,8 @@ pub(crate) struct Sequence {
     pub beam_pending: Option<lmi_engine::sampling::Sampled>,
     /// Beam search: logprob and top alternatives of each output token.
     pub beam_scores: Vec<(f32, Vec<(u32, f32)>)>,
+    /// Speculative decoding: this sequence in the draft model's cache, and its proposal.
+    pub draft_kv: crate::scheduler::DraftKv,
 }
 
 impl Sequence {
@@ -112,6 +114,7 @@ impl Sequence {
             draft_rejected: 0,
             beam_pending: self.beam_pending.clone(),
             beam_scores: self.beam_scores.clone(),
+            draft_kv: Default::default(),
         }
     }
 

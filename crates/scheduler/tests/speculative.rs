@@ -177,3 +177,66 @@ fn a_right_draft_takes_few_steps_and_a_full_batch_does_not_speculate() {
     );
     h.shutdown();
 }
+
+#[test]
+fn a_draft_model_never_changes_the_output() {
+    use lmi_engine::DType;
+    use lmi_engine::engine::{Engine, EngineOptions};
+    use lmi_engine::testing::{TinySpec, write_tiny_model};
+    let dir = tiny_model();
+    let plain = run_solo(dir.path(), cfg(1, 4096), requests());
+    // The model itself (every greedy draft is right) and another random model (mostly wrong).
+    let other = tempfile::tempdir().unwrap();
+    write_tiny_model(
+        other.path(),
+        &TinySpec {
+            seed: 99,
+            ..TinySpec::llama()
+        },
+    )
+    .unwrap();
+    let load = |d: &std::path::Path, blocks: usize| {
+        let opts = EngineOptions {
+            dtype: Some(DType::F32),
+            kv_blocks: Some(blocks),
+            ..Default::default()
+        };
+        Box::new(Engine::load_cpu(d, &opts).unwrap())
+    };
+    for (name, draft_dir) in [("itself", dir.path()), ("another model", other.path())] {
+        for (blocks, draft_blocks) in [(64, 64), (12, 6)] {
+            let h = lmi_scheduler::Handle::spawn_with_draft_model(
+                load(dir.path(), blocks),
+                load(draft_dir, draft_blocks),
+                lmi_text::Tokenizer::from_dir(dir.path()).unwrap(),
+                cfg(6, 4096),
+            )
+            .unwrap();
+            let streams: Vec<_> = requests()
+                .into_iter()
+                .map(|r| h.submit(r).unwrap())
+                .collect();
+            let out: Vec<Output> = streams.into_iter().map(collect).collect();
+            same(
+                &plain,
+                &out,
+                &format!("draft model: {name}, {blocks} blocks"),
+            );
+            wait_pool_whole(&h, 0);
+            let m = h.metrics().snapshot();
+            let (proposed, kept) = (
+                m.spec_proposed[DraftSource::Model as usize],
+                m.spec_accepted[DraftSource::Model as usize],
+            );
+            assert!(proposed > 0, "{name}: nothing drafted");
+            if name == "itself" && blocks == 64 {
+                // Greedy drafts of the model itself: the greedy requests keep every one.
+                assert!(
+                    kept * 10 >= proposed * 5,
+                    "{name}: kept {kept} of {proposed}"
+                );
+            }
+            h.shutdown();
+        }
+    }
+}

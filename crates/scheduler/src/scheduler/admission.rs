@@ -28,6 +28,9 @@ impl Scheduler {
             .step_rows
             .saturating_sub(self.running.len());
         let share = spare.div_ceil(self.running.len().max(1));
+        if spare > 0 {
+            self.run_draft_model(share);
+        }
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             if self.running[i].remaining() == 0 {
@@ -169,6 +172,7 @@ impl Scheduler {
         for &b in s.block_table.iter().rev() {
             self.pool.free(b);
         }
+        self.release_draft(s);
         s.block_table.clear();
         s.hashes.clear();
         s.num_computed = 0;

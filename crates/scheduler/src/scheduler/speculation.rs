@@ -30,15 +30,22 @@ pub enum DraftSource {
     Client = 0,
     /// N-gram match against the prompt and the output so far.
     PromptLookup = 1,
+    /// The draft model (option.speculative_draft_model).
+    Model = 2,
 }
 
 impl DraftSource {
-    pub const ALL: [DraftSource; 2] = [DraftSource::Client, DraftSource::PromptLookup];
+    pub const ALL: [DraftSource; 3] = [
+        DraftSource::Client,
+        DraftSource::PromptLookup,
+        DraftSource::Model,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             DraftSource::Client => "client",
             DraftSource::PromptLookup => "prompt_lookup",
+            DraftSource::Model => "draft_model",
         }
     }
 }
@@ -142,6 +149,7 @@ pub(crate) fn propose(
     tokens: &[u32],
     prompt_len: usize,
     client: &[u32],
+    model: &[u32],
     ngram: Option<&NgramLookup>,
     k: usize,
 ) -> Option<(DraftSource, Vec<u32>)> {
@@ -160,6 +168,9 @@ pub(crate) fn propose(
         if let Some(d) = draft.filter(|d| !d.is_empty()) {
             return Some((DraftSource::Client, d.to_vec()));
         }
+    }
+    if !model.is_empty() {
+        return Some((DraftSource::Model, model[..k.min(model.len())].to_vec()));
     }
     let g = ngram?;
     lookup(tokens, tokens, g.min, g.max, k.min(g.k))
@@ -181,7 +192,9 @@ impl Scheduler {
             || s.constraint.is_some()
             || p.beam.is_some()
             || !r.forked
-            || (p.draft.is_empty() && self.cfg.speculative.ngram.is_none())
+            || (p.draft.is_empty()
+                && s.draft_kv.proposal.is_empty()
+                && self.cfg.speculative.ngram.is_none())
         {
             return 0;
         }
@@ -195,6 +208,7 @@ impl Scheduler {
             &s.tokens,
             s.prompt_len,
             &p.draft,
+            &s.draft_kv.proposal,
             self.cfg.speculative.ngram.as_ref(),
             k,
         ) else {
@@ -285,27 +299,27 @@ mod tests {
         let client = [1, 2, 3, 4, 5, 6];
         let mut toks = prompt.to_vec();
         assert_eq!(
-            propose(&toks, 2, &client, None, 4),
+            propose(&toks, 2, &client, &[], None, 4),
             Some((DraftSource::Client, vec![1, 2, 3, 4]))
         );
         toks.extend([1, 2]);
         assert_eq!(
-            propose(&toks, 2, &client, None, 8),
+            propose(&toks, 2, &client, &[], None, 8),
             Some((DraftSource::Client, vec![3, 4, 5, 6]))
         );
         // Diverged ([1, 9]): the output's tail [3, 4] is found in the prediction.
         toks = vec![100, 101, 1, 9, 3, 4];
         assert_eq!(
-            propose(&toks, 2, &client, None, 8),
+            propose(&toks, 2, &client, &[], None, 8),
             Some((DraftSource::Client, vec![5, 6]))
         );
         // Nothing left to predict and no prompt lookup: no draft.
         toks = vec![100, 101, 1, 2, 3, 4, 5, 6];
-        assert_eq!(propose(&toks, 2, &client, None, 8), None);
+        assert_eq!(propose(&toks, 2, &client, &[], None, 8), None);
         let g = NgramLookup::default();
         toks = vec![7, 8, 9, 10, 7, 8];
         assert_eq!(
-            propose(&toks, 2, &[], Some(&g), 2),
+            propose(&toks, 2, &[], &[], Some(&g), 2),
             Some((DraftSource::PromptLookup, vec![9, 10]))
         );
     }

@@ -290,21 +290,46 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
         );
     }
     let backend = engine.backend_name();
-    let handle = Handle::spawn(
-        engine,
-        tokenizer.clone(),
-        SchedulerConfig {
-            max_batch_size: config.max_rolling_batch_size,
-            max_batch_tokens: config.max_rolling_batch_prefill_tokens,
-            max_model_len,
-            max_waiting: config.job_queue_size,
-            max_loras: config.max_loras,
-            speculative: lmi_scheduler::SpeculativeConfig {
-                ngram: config.speculative_ngram,
-                ..Default::default()
-            },
+    let draft = match (&config.speculative_draft_model, config.engine_mode) {
+        (Some(name), EngineMode::Model) => {
+            let ddir = model_store::resolve_model(Some(name), true)
+                .with_context(|| format!("option.speculative_draft_model {name:?}"))?;
+            tracing::info!(
+                "loading the draft model {} on {}",
+                ddir.display(),
+                config.device
+            );
+            // Its KV cache takes a quarter of the model's byte budget (sized in bytes on a GPU
+            // too: leave room with option.gpu_memory_utilization).
+            let opts = EngineOptions {
+                dtype: Some(config.engine_dtype()),
+                kv_cache_bytes: config.kv_cache_bytes / 4,
+                kv_blocks: None,
+                memory_fraction: None,
+            };
+            Some(
+                lmi_engine::open(config.device, &ddir, &opts)
+                    .with_context(|| format!("loading the draft model {}", ddir.display()))?,
+            )
+        }
+        _ => None,
+    };
+    let scheduler_config = SchedulerConfig {
+        max_batch_size: config.max_rolling_batch_size,
+        max_batch_tokens: config.max_rolling_batch_prefill_tokens,
+        max_model_len,
+        max_waiting: config.job_queue_size,
+        max_loras: config.max_loras,
+        speculative: lmi_scheduler::SpeculativeConfig {
+            ngram: config.speculative_ngram,
+            ..Default::default()
         },
-    );
+    };
+    let handle = match draft {
+        None => Handle::spawn(engine, tokenizer.clone(), scheduler_config),
+        Some(d) => Handle::spawn_with_draft_model(engine, d, tokenizer.clone(), scheduler_config)
+            .map_err(|e| anyhow::anyhow!("option.speculative_draft_model: {e}"))?,
+    };
     let guide = Guide::new(
         &dir,
         tokenizer.clone(),

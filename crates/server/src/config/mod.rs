@@ -238,6 +238,9 @@ pub struct ServingConfig {
     /// Prompt-lookup speculative decoding (option.speculative_ngram: `true` or `MIN-MAX:K`);
     /// off by default. Client drafts (`prediction`, `draft_input_ids`) are always used.
     pub speculative_ngram: Option<lmi_scheduler::NgramLookup>,
+    /// A smaller model sharing the tokenizer that drafts for speculative decoding
+    /// (option.speculative_draft_model: an HF directory or a GGUF file).
+    pub speculative_draft_model: Option<String>,
     /// option.adapters: (name, path) loaded at start, besides `<model dir>/adapters/<name>/`.
     pub adapters: Vec<(String, PathBuf)>,
     /// Dynamic batching (LMI `batch_size`, alias `max_dynamic_batch_size`) and its delay.
@@ -492,14 +495,7 @@ impl ServingConfig {
                 )
             })?),
         };
-        if str_of("option.speculative_draft_model").is_some() {
-            anyhow::bail!(
-                "option.speculative_draft_model ({}): a draft model is not supported yet; use \
-                 option.speculative_ngram (prompt lookup) or client drafts (OpenAI `prediction`, \
-                 `draft_input_ids`)",
-                source_of(&raw, "option.speculative_draft_model")
-            );
-        }
+        let speculative_draft_model = str_of("option.speculative_draft_model");
         let port = match get("port") {
             None => 8080,
             Some(s) => s.value.trim().parse::<u16>().map_err(|_| {
@@ -533,6 +529,7 @@ impl ServingConfig {
             enable_auto_tool_choice,
             tool_call_parser,
             speculative_ngram,
+            speculative_draft_model,
             adapters,
             batch_size,
             max_batch_delay_ms: nonneg(&raw, "max_batch_delay", 100)? as u64,
