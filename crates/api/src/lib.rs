@@ -30,4 +30,4 @@ pub use constraint::Constraint;
 pub use error::{ApiError, ErrorKind, Schema, lmi_server_error_body};
 pub use invocation::{Invocation, parse_invocation, parse_invocation_bytes, parse_json};
 pub use output::{FinishReason, GenerationOut, SequenceOut, TokenOut, TopTokens};
-pub use spec::GenerationSpec;
+pub use spec::{BeamSpec, Draft, EarlyStop, GenerationSpec};

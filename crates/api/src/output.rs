@@ -65,6 +65,9 @@ pub struct SequenceOut {
     /// One entry per generated position when top_n_tokens/logprobs were asked, else empty.
     pub top_tokens: Vec<TopTokens>,
     pub seed: Option<u64>,
+    /// Speculative decoding: draft tokens kept in, and left out of, the output.
+    pub accepted_draft_tokens: usize,
+    pub rejected_draft_tokens: usize,
 }
 
 /// The finished result of one prompt.

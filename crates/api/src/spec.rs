@@ -64,6 +64,82 @@ pub struct GenerationSpec {
     pub stream: bool,
     /// What the output must match (JSON schema, regex, ...), enforced while decoding.
     pub constraint: Option<crate::constraint::Constraint>,
+    /// What the client expects the output to be, for speculative decoding (speed only).
+    pub draft: Option<Draft>,
+    /// Beam search instead of sampling; `n` and `best_of` are then its `num_return`.
+    pub beam: Option<BeamSpec>,
+}
+
+/// HF `early_stopping`: `false`, `true` or `"never"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EarlyStop {
+    Heuristic,
+    Done,
+    Never,
+}
+
+/// Beam search as HF `generate()` runs it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BeamSpec {
+    pub width: u32,
+    pub length_penalty: f32,
+    pub early_stopping: EarlyStop,
+    pub num_return: u32,
+}
+
+/// Most beams per request.
+pub const MAX_BEAMS: i64 = 64;
+
+/// The beam knobs besides the width: `length_penalty` (default 1.0) and `early_stopping`
+/// (default false), read from `f`. `num_return` defaults to 1 and must not exceed `width`;
+/// beams are greedy, so sampling (`sampling` true) is refused.
+pub(crate) fn read_beam(
+    f: &crate::fields::Fields,
+    width: i64,
+    num_return: Option<i64>,
+    sampling: bool,
+) -> crate::fields::Res<BeamSpec> {
+    let num_return = num_return.unwrap_or(1);
+    if num_return > width {
+        return Err(f.range_err(
+            "num_return_sequences",
+            format!("must be <= the number of beams ({width}), got {num_return}"),
+        ));
+    }
+    if sampling {
+        return Err(crate::error::ApiError::validation(
+            "beam search is deterministic: drop do_sample/temperature, or use one beam",
+        )
+        .with_param(f.path("temperature")));
+    }
+    let length_penalty = f.f32("length_penalty")?.unwrap_or(1.0);
+    if !length_penalty.is_finite() {
+        return Err(f.range_err("length_penalty", "must be a finite number"));
+    }
+    let early_stopping = match f.get("early_stopping") {
+        None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => {
+            EarlyStop::Heuristic
+        }
+        Some(serde_json::Value::Bool(true)) => EarlyStop::Done,
+        Some(serde_json::Value::String(s)) if s == "never" => EarlyStop::Never,
+        Some(v) => return Err(f.type_err("early_stopping", "true, false or \"never\"", v)),
+    };
+    Ok(BeamSpec {
+        width: width as u32,
+        length_penalty,
+        early_stopping,
+        num_return: num_return as u32,
+    })
+}
+
+/// A client's draft of the output: OpenAI's predicted output (text) or TensorRT-LLM's
+/// `draft_input_ids`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Draft {
+    Text(String),
+    Tokens(Vec<u32>),
 }
 
 impl Default for GenerationSpec {
@@ -104,6 +180,8 @@ impl Default for GenerationSpec {
             adapter: None,
             stream: false,
             constraint: None,
+            draft: None,
+            beam: None,
         }
     }
 }

@@ -69,6 +69,9 @@ pub struct Finished {
     pub cached_prompt_tokens: usize,
     pub cumulative_logprob: f64,
     pub timings: Timings,
+    /// Speculative decoding: draft tokens kept and thrown away.
+    pub accepted_draft_tokens: usize,
+    pub rejected_draft_tokens: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -74,7 +74,22 @@ impl Handle {
         tokenizer: Tokenizer,
         config: SchedulerConfig,
     ) -> Handle {
-        let scheduler = Scheduler::new(engine, tokenizer, config);
+        Self::spawn_scheduler(Scheduler::new(engine, tokenizer, config))
+    }
+
+    /// [`Handle::spawn`] with a draft model for speculative decoding; refused when its
+    /// vocabulary differs from the model's.
+    pub fn spawn_with_draft_model(
+        engine: Box<dyn StepEngine>,
+        draft: Box<dyn StepEngine>,
+        tokenizer: Tokenizer,
+        config: SchedulerConfig,
+    ) -> Result<Handle, String> {
+        let scheduler = Scheduler::new(engine, tokenizer, config).with_draft_model(draft)?;
+        Ok(Self::spawn_scheduler(scheduler))
+    }
+
+    fn spawn_scheduler(scheduler: Scheduler) -> Handle {
         let limits = Arc::new(Limits {
             config: scheduler.config().clone(),
             num_blocks: scheduler.pool().num_blocks(),
@@ -108,7 +123,12 @@ impl Handle {
     /// Requests that can never run, or that find the queue full, are refused here with the
     /// reason; a refusal the scheduler finds later arrives as `Event::Error` on the stream.
     pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream, SubmitError> {
-        check_request(&req, &self.limits.config, self.limits.num_blocks)?;
+        check_request(
+            &req,
+            &self.limits.config,
+            self.limits.num_blocks,
+            self.limits.vocab_size,
+        )?;
         let max_waiting = self.limits.config.max_waiting;
         if self.metrics.waiting.load(Relaxed) as usize >= max_waiting {
             return Err(SubmitError::QueueFull(max_waiting));

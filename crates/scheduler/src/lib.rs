@@ -20,7 +20,10 @@ pub use error::SubmitError;
 pub use event::{Event, FinishReason, Finished, PromptToken, Timings, TokenEvent};
 pub use handle::{Handle, Limits, RequestStream};
 pub use metrics::{MetricsSnapshot, SchedulerMetrics};
-pub use request::{AdapterId, AdapterRef, AdapterWeights, GenerateRequest, StoppingParams};
-pub use scheduler::{Scheduler, SchedulerConfig};
+pub use request::{
+    AdapterId, AdapterRef, AdapterWeights, BeamParams, EarlyStopping, GenerateRequest,
+    StoppingParams,
+};
+pub use scheduler::{DraftSource, NgramLookup, Scheduler, SchedulerConfig, SpeculativeConfig};
 pub use sequence::RequestId;
 pub use stop::StopMatcher;

@@ -36,6 +36,9 @@ pub struct SchedulerMetrics {
     pub lora_waiting_requests: AtomicU64,
     /// Constraint masks computed, their total time, and the most recent durations (µs) for
     /// percentiles.
+    /// Speculative decoding, per [`crate::DraftSource`]: draft tokens proposed and kept.
+    pub spec_proposed: [AtomicU64; 3],
+    pub spec_accepted: [AtomicU64; 3],
     pub masks: AtomicU64,
     pub mask_nanos: AtomicU64,
     recent_masks: std::sync::Mutex<std::collections::VecDeque<u32>>,
@@ -66,6 +69,8 @@ pub struct MetricsSnapshot {
     pub lora_engine_loads: u64,
     pub lora_engine_evictions: u64,
     pub lora_waiting_requests: u64,
+    pub spec_proposed: [u64; 3],
+    pub spec_accepted: [u64; 3],
     pub masks: u64,
     pub mask_nanos: u64,
 }
@@ -128,6 +133,8 @@ impl SchedulerMetrics {
             lora_engine_loads: self.lora_engine_loads.load(Relaxed),
             lora_engine_evictions: self.lora_engine_evictions.load(Relaxed),
             lora_waiting_requests: self.lora_waiting_requests.load(Relaxed),
+            spec_proposed: self.spec_proposed.each_ref().map(|a| a.load(Relaxed)),
+            spec_accepted: self.spec_accepted.each_ref().map(|a| a.load(Relaxed)),
             masks: self.masks.load(Relaxed),
             mask_nanos: self.mask_nanos.load(Relaxed),
         }

@@ -83,6 +83,28 @@ impl Default for StoppingParams {
     }
 }
 
+/// When beam search stops (HF `early_stopping`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EarlyStopping {
+    /// `false`: stop once no live beam can beat the worst kept hypothesis at the current
+    /// length (HF's heuristic).
+    Heuristic,
+    /// `true`: stop as soon as `width` hypotheses are finished.
+    Done,
+    /// `"never"`: stop once no live beam can beat them at any length (the canonical rule).
+    Never,
+}
+
+/// Beam search (HF `generate()` semantics): `width` beams, hypotheses scored by cumulative
+/// log-probability / generated length ^ `length_penalty`, the best `num_return` returned.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BeamParams {
+    pub width: usize,
+    pub length_penalty: f32,
+    pub early_stopping: EarlyStopping,
+    pub num_return: usize,
+}
+
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
     pub prompt: Vec<u32>,
@@ -101,6 +123,11 @@ pub struct GenerateRequest {
     /// Pin the KV blocks of the first this-many prompt tokens (a system prompt) in the prefix
     /// cache so they survive eviction (Edge-LLM's save_system_prompt_kv_cache).
     pub pin_prefix_tokens: usize,
+    /// Speculative decoding: tokens the client expects the output to be (OpenAI
+    /// `prediction`, TensorRT-LLM `draft_input_ids`); empty for none. Only speed depends on it.
+    pub draft: Vec<u32>,
+    /// Beam search instead of sampling (greedy scores; `n`/`best_of` stay 1).
+    pub beam: Option<BeamParams>,
 }
 
 impl GenerateRequest {
@@ -116,12 +143,17 @@ impl GenerateRequest {
             adapter: None,
             constraint: None,
             pin_prefix_tokens: 0,
+            draft: Vec::new(),
+            beam: None,
         }
     }
 
     /// Parallel sequences this request runs.
     pub fn num_seqs(&self) -> usize {
-        self.best_of.max(self.n).max(1)
+        match &self.beam {
+            Some(b) => b.width.max(1),
+            None => self.best_of.max(self.n).max(1),
+        }
     }
 
     pub fn adapter_id(&self) -> Option<AdapterId> {

@@ -41,9 +41,10 @@ pub(crate) fn chunks(
             let s = &running[i];
             let r = requests.get(&s.req);
             let end = s.num_computed + n;
-            let logits = if r.is_some_and(|r| wants_prompt_logprobs(s, r))
-                && s.num_computed < s.prompt_len
+            let logits = if s.draft_len > 0
+                || (r.is_some_and(|r| wants_prompt_logprobs(s, r)) && s.num_computed < s.prompt_len)
             {
+                // A draft is verified at every position; prompt logprobs score every one.
                 LogitsWanted::All
             } else if end == s.tokens.len() {
                 LogitsWanted::Last
@@ -82,7 +83,7 @@ pub(crate) fn requests<'a>(
         let first = samples.len();
         let mut prompt_logprobs = None;
         if let Some(r) = requests.get(&s.req) {
-            if chunk.logits == LogitsWanted::All {
+            if chunk.logits == LogitsWanted::All && s.draft_len == 0 {
                 let end = (s.num_computed + n + 1).min(s.prompt_len);
                 let from = (s.num_computed + 1).min(end);
                 prompt_logprobs = Some(scores.len());
@@ -92,10 +93,29 @@ pub(crate) fn requests<'a>(
                     top_n: r.params.prompt_logprobs.unwrap_or(0),
                 });
             }
-            if s.num_computed + n == s.tokens.len() {
+            if s.draft_len > 0 {
+                // One draw after the last sampled token and after each draft token, each
+                // with the context (and output position) it would have without the draft.
+                let d = s.draft_len;
+                let end = s.tokens.len() - d;
+                for j in 0..=d {
+                    samples.push(SampleRequest {
+                        chunk: k,
+                        position: n - 1 - d + j,
+                        params: &r.params.sampling,
+                        seed: s.seed,
+                        ctx: lmi_engine::sampling::SequenceContext {
+                            prompt: &s.tokens[..s.prompt_len],
+                            output: &s.tokens[s.prompt_len..end + j],
+                            stop_ids: &r.stop_ids,
+                        },
+                        allowed: None,
+                    });
+                }
+            } else if s.num_computed + n == s.tokens.len() {
                 // The first sequence of a request with n > 1 forks when its prompt is done:
                 // every parallel sequence draws its first token from these logits.
-                let draws = if s.index == 0 && !r.forked {
+                let draws = if s.index == 0 && !r.forked && r.params.beam.is_none() {
                     r.params.num_seqs()
                 } else {
                     1

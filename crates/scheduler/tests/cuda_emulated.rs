@@ -46,6 +46,7 @@ fn spawn(dir: &Path, blocks: usize, max_batch: usize, budget: usize) -> Handle {
         max_model_len: 256,
         max_waiting: 100,
         max_loras: 4,
+        ..Default::default()
     };
     Handle::spawn(Box::new(engine), Tokenizer::from_dir(dir).unwrap(), cfg)
 }

@@ -49,6 +49,7 @@ fn spawn(dir: &std::path::Path, blocks: usize, max_batch: usize) -> Handle {
         max_model_len: 2048,
         max_waiting: 100,
         max_loras: 4,
+        ..Default::default()
     };
     Handle::spawn(Box::new(engine), Tokenizer::from_dir(dir).unwrap(), cfg)
 }
@@ -81,4 +82,34 @@ fn concurrent_equals_alone_on_the_default_model() {
         }
         wait_pool_whole(&h, 0);
     }
+}
+
+/// One beam is greedy decoding; a prediction of the output (speculative decoding) changes
+/// nothing either, on the real model.
+#[test]
+fn one_beam_and_drafts_equal_greedy_on_the_default_model() {
+    use lmi_scheduler::{BeamParams, EarlyStopping};
+    let dir = model_store::default_model_dir(false).expect("provision the default model");
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let h = spawn(&dir, 64, 4);
+    for r in requests(&tok).into_iter().step_by(2) {
+        let plain = collect(h.submit(r.clone()).unwrap());
+        let mut b = r.clone();
+        b.beam = Some(BeamParams {
+            width: 1,
+            length_penalty: 1.0,
+            early_stopping: EarlyStopping::Heuristic,
+            num_return: 1,
+        });
+        let beamed = collect(h.submit(b).unwrap());
+        assert_eq!(plain.tokens(), beamed.tokens());
+        let mut d = r.clone();
+        d.draft = plain.seqs[0].tokens.clone();
+        let drafted = collect(h.submit(d).unwrap());
+        assert_eq!(plain.tokens(), drafted.tokens());
+        assert_eq!(plain.seqs[0].logprobs, drafted.seqs[0].logprobs);
+        let f = drafted.seqs[0].finished.as_ref().unwrap();
+        assert!(f.accepted_draft_tokens > 16, "{f:?}");
+    }
+    wait_pool_whole(&h, 0);
 }

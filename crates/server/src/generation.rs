@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use lmi_api::{ApiError, FinishReason, GenerationOut, GenerationSpec, SequenceOut, TokenOut};
+use lmi_api::{
+    ApiError, Draft, EarlyStop, FinishReason, GenerationOut, GenerationSpec, SequenceOut, TokenOut,
+};
 use lmi_engine::sampling::SamplingParams;
 use lmi_scheduler::{Event, Finished, GenerateRequest, RequestStream, StoppingParams, SubmitError};
 
@@ -94,6 +96,13 @@ pub fn prepare(
     {
         ids.drain(..ids.len() - t);
     }
+    if spec.beam.is_some() && spec.stream {
+        // As LMI: beams change until the search ends, so there is nothing to stream.
+        return Err(ApiError::validation(
+            "beam search cannot stream: send the request with \"stream\": false, or without beams",
+        )
+        .with_param("stream"));
+    }
     let max_len = model.max_model_len;
     spec.fit_context(ids.len(), max_len)?;
     let adapter = model
@@ -145,8 +154,17 @@ pub fn prepare(
             include_stop_str_in_output: spec.include_stop_str_in_output,
             ignore_eos: spec.ignore_eos,
         },
-        n: spec.n.max(1) as usize,
-        best_of: spec.best_of.max(spec.n).max(1) as usize,
+        // Beams return their hypotheses as sequences 0..num_return themselves.
+        n: if spec.beam.is_some() {
+            1
+        } else {
+            spec.n.max(1) as usize
+        },
+        best_of: if spec.beam.is_some() {
+            1
+        } else {
+            spec.best_of.max(spec.n).max(1) as usize
+        },
         prompt_logprobs,
         skip_special_tokens: spec.skip_special_tokens,
         adapter,
@@ -156,6 +174,24 @@ pub fn prepare(
             .map(|c| model.grammars.compile(c))
             .transpose()?,
         pin_prefix_tokens: 0,
+        beam: spec.beam.as_ref().map(|b| lmi_scheduler::BeamParams {
+            width: b.width as usize,
+            length_penalty: b.length_penalty,
+            early_stopping: match b.early_stopping {
+                EarlyStop::Heuristic => lmi_scheduler::EarlyStopping::Heuristic,
+                EarlyStop::Done => lmi_scheduler::EarlyStopping::Done,
+                EarlyStop::Never => lmi_scheduler::EarlyStopping::Never,
+            },
+            num_return: b.num_return as usize,
+        }),
+        draft: match &spec.draft {
+            None => Vec::new(),
+            Some(Draft::Tokens(ids)) => ids.clone(),
+            Some(Draft::Text(text)) => tok.encode(text, false).map_err(|e| {
+                ApiError::validation(format!("tokenizing the prediction: {e}"))
+                    .with_param("prediction")
+            })?,
+        },
     };
     Ok(Job {
         prompt_text,
@@ -247,7 +283,11 @@ impl Accumulator {
             prompt_text: job.prompt_text.clone(),
             prompt_tokens: job.prompt_ids.len(),
             seed: job.seed,
-            keep: job.request.n,
+            keep: job
+                .request
+                .beam
+                .as_ref()
+                .map_or(job.request.n, |b| b.num_return),
             want_top: job.request.sampling.top_logprobs > 0,
             prefill: Vec::new(),
             seqs: Vec::new(),
@@ -317,6 +357,15 @@ impl Accumulator {
         self.seqs.iter().map(|s| s.tokens.len()).sum()
     }
 
+    /// Draft tokens (speculative decoding) kept and left out, over the finished sequences.
+    pub fn draft_tokens(&self) -> (usize, usize) {
+        let done = || self.seqs.iter().filter_map(|s| s.finished.as_ref());
+        (
+            done().map(|f| f.accepted_draft_tokens).sum(),
+            done().map(|f| f.rejected_draft_tokens).sum(),
+        )
+    }
+
     /// The result so far for sequence 0 (streams finish one sequence: n = 1).
     pub fn snapshot(&self, finish: FinishReason) -> GenerationOut {
         let s = self.seqs.first();
@@ -332,6 +381,8 @@ impl Accumulator {
                 tokens,
                 top_tokens: s.map(|s| s.top.clone()).unwrap_or_default(),
                 seed: Some(self.seed),
+                accepted_draft_tokens: 0,
+                rejected_draft_tokens: 0,
             },
             others: Vec::new(),
         }
@@ -352,6 +403,8 @@ impl Accumulator {
                     tokens: s.tokens,
                     top_tokens: s.top,
                     seed: Some(self.seed),
+                    accepted_draft_tokens: f.accepted_draft_tokens,
+                    rejected_draft_tokens: f.rejected_draft_tokens,
                 },
             ));
         }

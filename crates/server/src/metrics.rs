@@ -3,14 +3,17 @@
 //! [`ServerMetrics::on_request_start`] / [`ServerMetrics::on_request_done`] (or the
 //! [`RequestTracker`] guard, which reports a dropped request as `err="dropped"`); scheduler
 //! gauges are refreshed from a [`MetricsSnapshot`] on each scrape.
+//!
+//! The `vllm:*` gauges repeat queue, running and KV-cache values under vLLM's names, which the
+//! Gateway API inference extension's endpoint picker reads by default (deploy/k8s, docs/deploy.md).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use lmi_scheduler::MetricsSnapshot;
 use prometheus::{
-    Counter, Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Counter, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec,
+    IntGauge, Opts, Registry, TextEncoder,
 };
 
 /// What a finished request reports. `error: None` is a success.
@@ -66,6 +69,11 @@ pub struct ServerMetrics {
     steps_total: IntCounter,
     step_seconds_total: Counter,
     forward_seconds_total: Counter,
+    /// Speculative decoding, by draft source: draft tokens proposed, kept, and the share kept.
+    spec_draft_tokens: IntCounterVec,
+    spec_accepted_tokens: IntCounterVec,
+    spec_acceptance_rate: GaugeVec,
+    vllm: VllmGauges,
     /// The LoRA adapter cache (registry and engine tiers).
     pub adapters: crate::adapters::AdapterMetrics,
 }
@@ -243,7 +251,29 @@ impl ServerMetrics {
                 "lmi_engine_forward_seconds_total",
                 "Wall time of the engine's forward passes (s)"
             )?),
+            spec_draft_tokens: reg!(IntCounterVec::new(
+                Opts::new(
+                    "lmi_spec_draft_tokens_total",
+                    "Speculative decoding: draft tokens proposed, by source"
+                ),
+                &["source"]
+            )?),
+            spec_accepted_tokens: reg!(IntCounterVec::new(
+                Opts::new(
+                    "lmi_spec_accepted_tokens_total",
+                    "Speculative decoding: draft tokens kept in the output, by source"
+                ),
+                &["source"]
+            )?),
+            spec_acceptance_rate: reg!(GaugeVec::new(
+                Opts::new(
+                    "lmi_spec_acceptance_rate",
+                    "Speculative decoding: share of draft tokens kept so far, by source"
+                ),
+                &["source"]
+            )?),
             adapters: crate::adapters::AdapterMetrics::register(&registry)?,
+            vllm: VllmGauges::register(&registry)?,
             registry,
         })
     }
@@ -338,6 +368,22 @@ impl ServerMetrics {
         c(&self.computed_tokens_total, s.computed_tokens);
         c(&self.preemptions_total, s.preemptions);
         c(&self.steps_total, s.steps);
+        for src in lmi_scheduler::DraftSource::ALL {
+            let (k, name) = (src as usize, [src.name()]);
+            c(
+                &self.spec_draft_tokens.with_label_values(&name),
+                s.spec_proposed[k],
+            );
+            c(
+                &self.spec_accepted_tokens.with_label_values(&name),
+                s.spec_accepted[k],
+            );
+            if s.spec_proposed[k] > 0 {
+                self.spec_acceptance_rate
+                    .with_label_values(&name)
+                    .set(s.spec_accepted[k] as f64 / s.spec_proposed[k] as f64);
+            }
+        }
         let f = |counter: &Counter, nanos: u64| {
             let v = nanos as f64 * 1e-9;
             let cur = counter.get();
@@ -348,6 +394,13 @@ impl ServerMetrics {
         f(&self.step_seconds_total, s.step_nanos);
         f(&self.forward_seconds_total, s.forward_nanos);
         self.adapters.update_from_scheduler(s);
+        self.vllm.update_from_scheduler(s);
+    }
+
+    /// Sets vLLM's LoRA info gauge: adapters with requests being served (`running`), those
+    /// whose requests wait for the weights (`waiting`), and the engine's slot count.
+    pub fn update_lora_info(&self, running: &[String], waiting: &[String], max_lora: usize) {
+        self.vllm.set_lora_info(running, waiting, max_lora);
     }
 
     /// The Prometheus text exposition of every metric.
@@ -358,6 +411,85 @@ impl ServerMetrics {
             tracing::warn!("encoding metrics: {e}");
         }
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// vLLM's gauge names for the values the inference extension's endpoint picker scores.
+struct VllmGauges {
+    waiting: IntGauge,
+    running: IntGauge,
+    /// vLLM ≤ 0.9's name; newer vLLM (and newer pickers) use `kv_cache_usage_perc`.
+    gpu_cache_usage: Gauge,
+    kv_cache_usage: Gauge,
+    lora_info: GaugeVec,
+}
+
+impl VllmGauges {
+    fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let int = |name: &str, help: &str| -> prometheus::Result<IntGauge> {
+            let g = IntGauge::new(name, help)?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let frac = |name: &str| -> prometheus::Result<Gauge> {
+            let g = Gauge::new(
+                name,
+                "KV cache usage as a fraction of the block pool (0 to 1), vLLM's name",
+            )?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let lora_info = GaugeVec::new(
+            Opts::new(
+                "vllm:lora_requests_info",
+                "Running and waiting LoRA adapters (comma-separated) and the engine's slots; the value is the Unix time of the scrape, as vLLM reports it",
+            ),
+            &["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
+        )?;
+        registry.register(Box::new(lora_info.clone()))?;
+        Ok(VllmGauges {
+            waiting: int(
+                "vllm:num_requests_waiting",
+                "Sequences waiting (tgi_queue_size), vLLM's name",
+            )?,
+            running: int(
+                "vllm:num_requests_running",
+                "Sequences running (tgi_batch_current_size), vLLM's name",
+            )?,
+            gpu_cache_usage: frac("vllm:gpu_cache_usage_perc")?,
+            kv_cache_usage: frac("vllm:kv_cache_usage_perc")?,
+            lora_info,
+        })
+    }
+
+    fn update_from_scheduler(&self, s: &MetricsSnapshot) {
+        let g = |gauge: &IntGauge, v: u64| gauge.set(i64::try_from(v).unwrap_or(i64::MAX));
+        g(&self.waiting, s.waiting);
+        g(&self.running, s.running);
+        let usage = if s.kv_blocks_total == 0 {
+            0.0
+        } else {
+            s.kv_blocks_used as f64 / s.kv_blocks_total as f64
+        };
+        self.gpu_cache_usage.set(usage);
+        self.kv_cache_usage.set(usage);
+    }
+
+    /// One series only: the picker reads the newest (largest value) series, and stale label
+    /// sets would otherwise stay in the exposition.
+    fn set_lora_info(&self, running: &[String], waiting: &[String], max_lora: usize) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        self.lora_info.reset();
+        self.lora_info
+            .with_label_values(&[
+                running.join(",").as_str(),
+                waiting.join(",").as_str(),
+                max_lora.to_string().as_str(),
+            ])
+            .set(now);
     }
 }
 
@@ -408,6 +540,10 @@ impl Drop for RequestTracker {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "deploy_assets_tests.rs"]
+mod deploy_assets_tests;
 
 #[cfg(test)]
 mod tests {
@@ -505,6 +641,43 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(sample(&m.render(), "lmi_prompt_tokens_total "), Some(150.0));
+    }
+
+    #[test]
+    fn vllm_gauges_for_the_endpoint_picker() {
+        let m = ServerMetrics::new();
+        m.update_from_scheduler(&MetricsSnapshot {
+            running: 3,
+            waiting: 7,
+            kv_blocks_used: 16,
+            kv_blocks_total: 64,
+            ..Default::default()
+        });
+        m.update_lora_info(&["a".into(), "b".into()], &[], 4);
+        m.update_lora_info(&["b".into()], &["c".into()], 4);
+        let text = m.render();
+        assert_eq!(sample(&text, "vllm:num_requests_waiting "), Some(7.0));
+        assert_eq!(sample(&text, "vllm:num_requests_running "), Some(3.0));
+        assert_eq!(sample(&text, "vllm:gpu_cache_usage_perc "), Some(0.25));
+        assert_eq!(sample(&text, "vllm:kv_cache_usage_perc "), Some(0.25));
+        // Only the latest label set (labels sorted by name); the value is a timestamp.
+        let info: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("vllm:lora_requests_info{"))
+            .collect();
+        assert_eq!(info.len(), 1, "{text}");
+        assert!(
+            info[0].starts_with(
+                "vllm:lora_requests_info{max_lora=\"4\",running_lora_adapters=\"b\",waiting_lora_adapters=\"c\"}"
+            ),
+            "{}",
+            info[0]
+        );
+        let ts = sample(&text, "vllm:lora_requests_info{").unwrap_or(0.0);
+        assert!(ts > 1.6e9, "{ts}");
+        // An empty pool reports zero usage rather than NaN.
+        m.update_from_scheduler(&MetricsSnapshot::default());
+        assert_eq!(sample(&m.render(), "vllm:kv_cache_usage_perc "), Some(0.0));
     }
 
     #[test]

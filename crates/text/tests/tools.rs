@@ -137,7 +137,7 @@ fn smollm2_template_renders_a_prepared_tool_conversation() {
         out,
         "<|im_start|>system\nBe brief.\n\n\
          You can call these functions, described in JSON:\n<tools>\n\
-         {\"description\":\"Get the city's weather\",\"name\":\"get_weather\",\"parameters\":{\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"],\"type\":\"object\"}}\n\
+         {\"name\":\"get_weather\",\"description\":\"Get the city's weather\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}\n\
          </tools>\n\n\
          To call functions, reply with only a list of calls inside <tool_call></tool_call>, for example:\n\
          <tool_call>[{\"name\": \"function_name\", \"arguments\": {\"argument\": \"value\"}}]</tool_call>\n\

@@ -31,6 +31,8 @@ pub const KNOWN_PARAMETERS: &[&str] = &[
     "n",
     "best_of",
     "num_beams",
+    "num_return_sequences",
+    "beam_width",
     "length_penalty",
     "early_stopping",
     "use_beam_search",
@@ -51,6 +53,7 @@ pub const KNOWN_PARAMETERS: &[&str] = &[
     "logit_bias",
     "embedding_bias",
     "random_seed",
+    "draft_input_ids",
     // vLLM guided decoding, as LMI passes it through
     "guided_json",
     "guided_regex",
@@ -165,19 +168,36 @@ pub fn parse_parameters(
             format!("must be >= n ({}), got {}", spec.n, spec.best_of),
         ));
     }
-    if let Some(b) = f.int_in("num_beams", 1, 1024, "an integer >= 1")?
-        && b > 1
-    {
-        return Err(ApiError::not_supported(
-            "parameters.num_beams > 1 (beam search) is not supported",
-        )
-        .with_param("parameters.num_beams"));
+    // Beam search: HF's num_beams (TensorRT-LLM's beam_width), or vLLM's use_beam_search
+    // with best_of beams. One beam is greedy decoding.
+    let what = "an integer in [1, 64]";
+    let width = match f.first_key(&["num_beams", "beam_width"]) {
+        Some(k) => f.int_in(k, 1, crate::spec::MAX_BEAMS, what)?,
+        None => None,
+    };
+    let width = match (width, f.bool("use_beam_search")? == Some(true)) {
+        (Some(w), _) => Some(w),
+        (None, true) => Some(i64::from(spec.best_of)),
+        (None, false) => None,
+    };
+    if let Some(w) = width.filter(|&w| w > 1) {
+        let num_return = match f.int_in("num_return_sequences", 1, crate::spec::MAX_BEAMS, what)? {
+            Some(k) => Some(k),
+            None => n,
+        };
+        let b = crate::spec::read_beam(&f, w, num_return, !greedy)?;
+        spec.n = b.num_return;
+        spec.best_of = b.num_return;
+        spec.beam = Some(b);
+        report
+            .ignored
+            .retain(|k| k != "length_penalty" && k != "early_stopping");
     }
-    if f.bool("use_beam_search")? == Some(true) {
-        return Err(
-            ApiError::not_supported("parameters.use_beam_search is not supported")
-                .with_param("parameters.use_beam_search"),
-        );
+
+    if let Some(ids) = f.ids("draft_input_ids")?
+        && !ids.is_empty()
+    {
+        spec.draft = Some(crate::spec::Draft::Tokens(ids));
     }
 
     // Stopping.

@@ -80,6 +80,20 @@ pub fn parse_completion_request(body: &Value, cfg: &OpenAiConfig) -> Res<Complet
         }
         spec.best_of = b as u32;
     }
+    // vLLM's use_beam_search: best_of beams, the best n returned. Beams are greedy: an
+    // explicit temperature above 0 is refused, the default one is dropped.
+    if f.bool("use_beam_search")? == Some(true) && spec.best_of > 1 {
+        let sampling = f.f32("temperature")?.is_some_and(|t| t > 0.0);
+        let b = crate::spec::read_beam(
+            &f,
+            i64::from(spec.best_of),
+            Some(i64::from(spec.n)),
+            sampling,
+        )?;
+        spec.temperature = 0.0;
+        spec.best_of = spec.n;
+        spec.beam = Some(b);
+    }
     let echo = f.bool("echo")?.unwrap_or(false);
     spec.return_full_text = echo;
     let logprobs = f
@@ -92,7 +106,14 @@ pub fn parse_completion_request(body: &Value, cfg: &OpenAiConfig) -> Res<Complet
     }
     let known: Vec<&str> = COMMON_FIELDS
         .iter()
-        .chain(&["prompt", "echo", "suffix"])
+        .chain(&[
+            "prompt",
+            "echo",
+            "suffix",
+            "use_beam_search",
+            "length_penalty",
+            "early_stopping",
+        ])
         .copied()
         .collect();
     Ok(CompletionRequest {

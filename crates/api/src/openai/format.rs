@@ -23,6 +23,17 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    /// Present when the request carried a `prediction`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<PredictionUsage>,
+}
+
+/// OpenAI's `usage.completion_tokens_details` for predicted outputs: draft tokens that were
+/// (and were not) kept in the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PredictionUsage {
+    pub accepted_prediction_tokens: usize,
+    pub rejected_prediction_tokens: usize,
 }
 
 impl Usage {
@@ -31,7 +42,34 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            completion_tokens_details: None,
         }
+    }
+
+    /// Adds the prediction counts when the request had a draft.
+    pub fn with_predictions(
+        mut self,
+        spec: &GenerationSpec,
+        accepted: usize,
+        rejected: usize,
+    ) -> Self {
+        if spec.draft.is_some() {
+            self.completion_tokens_details = Some(PredictionUsage {
+                accepted_prediction_tokens: accepted,
+                rejected_prediction_tokens: rejected,
+            });
+        }
+        self
+    }
+
+    /// [`Usage::of`] with the prediction counts of `outs` when the request had a draft.
+    pub fn of_request(outs: &[&GenerationOut], spec: &GenerationSpec) -> Self {
+        let seqs = || outs.iter().flat_map(|o| o.sequences());
+        Self::of(outs).with_predictions(
+            spec,
+            seqs().map(|s| s.accepted_draft_tokens).sum(),
+            seqs().map(|s| s.rejected_draft_tokens).sum(),
+        )
     }
     /// Usage of finished results (all prompts, all sequences).
     pub fn of(outs: &[&GenerationOut]) -> Self {
@@ -264,7 +302,7 @@ pub fn chat_completion_with_tools(
         meta,
         "chat.completion",
         choices,
-        UsageField::Some(Usage::of(&[out])),
+        UsageField::Some(Usage::of_request(&[out], spec)),
     ))
 }
 
@@ -516,7 +554,7 @@ pub fn text_completion(meta: &OpenAiMeta, outs: &[GenerationOut], spec: &Generat
         meta,
         "text_completion",
         choices,
-        UsageField::Some(Usage::of(&refs)),
+        UsageField::Some(Usage::of_request(&refs, spec)),
     ))
 }
 

@@ -38,6 +38,7 @@ pub(crate) const COMMON_FIELDS: &[&str] = &[
     "guided_grammar",
     "guided_json_object",
     "guided_decoding_backend",
+    "prediction",
 ];
 
 /// Common fields into `spec`; `max_tokens` handled by the caller. Returns `include_usage`.
@@ -85,6 +86,7 @@ pub(crate) fn read_common(f: &Fields, spec: &mut GenerationSpec) -> Res<bool> {
     f.str("model")?;
     spec.stream = f.bool("stream")?.unwrap_or(false);
     read_constraint(f, spec)?;
+    spec.draft = read_prediction(f)?;
     let include_usage = match f.object("stream_options")? {
         Some(o) => Fields::new(o, "stream_options")
             .bool("include_usage")?
@@ -123,4 +125,49 @@ pub(crate) fn read_constraint(f: &Fields, spec: &mut GenerationSpec) -> Res<()> 
     }
     spec.constraint = format.or(guided);
     Ok(())
+}
+
+/// OpenAI predicted outputs: `prediction: {"type": "content", "content": "..." | [text parts]}`.
+fn read_prediction(f: &Fields) -> Res<Option<crate::spec::Draft>> {
+    let Some(p) = f.object("prediction")? else {
+        return Ok(None);
+    };
+    let p = Fields::new(p, "prediction");
+    match p.str("type")? {
+        Some("content") => {}
+        other => {
+            return Err(ApiError::validation(format!(
+                "prediction.type must be \"content\", got {}",
+                other.map_or("nothing".to_string(), |t| format!("\"{t}\""))
+            ))
+            .with_param("prediction.type"));
+        }
+    }
+    let text = match p.get("content") {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(serde_json::Value::Array(parts)) => {
+            let mut text = String::new();
+            for (i, part) in parts.iter().enumerate() {
+                match part.get("text").and_then(|t| t.as_str()) {
+                    Some(t) if part.get("type").and_then(|t| t.as_str()) == Some("text") => {
+                        text.push_str(t)
+                    }
+                    _ => {
+                        return Err(ApiError::validation(format!(
+                            "prediction.content[{i}] must be {{\"type\": \"text\", \"text\": string}}"
+                        ))
+                        .with_param(format!("prediction.content[{i}]")));
+                    }
+                }
+            }
+            text
+        }
+        _ => {
+            return Err(ApiError::validation(
+                "prediction.content must be a string or a list of text parts",
+            )
+            .with_param("prediction.content"));
+        }
+    };
+    Ok((!text.is_empty()).then_some(crate::spec::Draft::Text(text)))
 }

@@ -12,6 +12,8 @@ pub fn seq(text: &str, finish: FinishReason, tokens: Vec<TokenOut>) -> SequenceO
         tokens,
         top_tokens: Vec::new(),
         seed: None,
+        accepted_draft_tokens: 0,
+        rejected_draft_tokens: 0,
     }
 }
 

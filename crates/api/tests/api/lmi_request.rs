@@ -213,8 +213,8 @@ fn validation_messages() {
             "parameters.grammar and guided_* both constrain the output: send one of them",
         ),
         (
-            r#"{"num_beams":4}"#,
-            "parameters.num_beams > 1 (beam search) is not supported",
+            r#"{"num_beams":4,"temperature":0.5}"#,
+            "beam search is deterministic: drop do_sample/temperature, or use one beam",
         ),
         (
             r#"{"logit_bias":{"abc":1}}"#,
@@ -308,4 +308,65 @@ fn output_formatter_override_and_trt_stop_bool() {
     assert_eq!(r.report.output_formatter.as_deref(), Some("sse"));
     assert!(r.report.ignored.contains(&"stop".to_string()));
     assert!(r.spec.stop_strings.is_empty());
+}
+
+#[test]
+fn draft_input_ids_become_a_draft() {
+    let s = spec(r#"{"inputs":"x","parameters":{"draft_input_ids":[5,6,7]}}"#);
+    assert_eq!(s.draft, Some(lmi_api::Draft::Tokens(vec![5, 6, 7])));
+    assert_eq!(
+        spec(r#"{"inputs":"x","parameters":{"draft_input_ids":[]}}"#).draft,
+        None
+    );
+    assert!(
+        err(r#"{"inputs":"x","parameters":{"draft_input_ids":["a"]}}"#).contains("draft_input_ids")
+    );
+}
+
+#[test]
+fn beams_from_lmi_trtllm_and_vllm_names() {
+    use lmi_api::{BeamSpec, EarlyStop};
+    let s = spec(
+        r#"{"inputs":"x","parameters":{"num_beams":4,"num_return_sequences":2,"length_penalty":0.5,"early_stopping":"never"}}"#,
+    );
+    assert_eq!(
+        s.beam,
+        Some(BeamSpec {
+            width: 4,
+            length_penalty: 0.5,
+            early_stopping: EarlyStop::Never,
+            num_return: 2
+        })
+    );
+    assert_eq!((s.n, s.best_of), (2, 2));
+    let s = spec(r#"{"inputs":"x","parameters":{"beam_width":3,"early_stopping":true}}"#);
+    assert_eq!(
+        s.beam
+            .as_ref()
+            .map(|b| (b.width, b.early_stopping, b.num_return)),
+        Some((3, EarlyStop::Done, 1))
+    );
+    let s = spec(r#"{"inputs":"x","parameters":{"use_beam_search":true,"best_of":3,"n":2}}"#);
+    assert_eq!(
+        s.beam.as_ref().map(|b| (b.width, b.num_return)),
+        Some((3, 2))
+    );
+    // One beam is greedy decoding.
+    assert_eq!(
+        spec(r#"{"inputs":"x","parameters":{"num_beams":1}}"#).beam,
+        None
+    );
+    assert!(
+        err(r#"{"inputs":"x","parameters":{"num_beams":2,"num_return_sequences":3}}"#)
+            .contains("num_return_sequences")
+    );
+    assert!(
+        err(r#"{"inputs":"x","parameters":{"num_beams":2,"do_sample":true}}"#)
+            .contains("deterministic")
+    );
+    assert!(
+        err(r#"{"inputs":"x","parameters":{"num_beams":2,"early_stopping":"sometimes"}}"#)
+            .contains("early_stopping")
+    );
+    assert!(err(r#"{"inputs":"x","parameters":{"num_beams":65}}"#).contains("num_beams"));
 }

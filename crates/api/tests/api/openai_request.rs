@@ -289,3 +289,40 @@ fn chat_default_max_tokens_is_clamped_to_the_context() {
     .spec;
     assert!(explicit.fit_context(30, 96).is_err());
 }
+
+#[test]
+fn predictions_become_drafts() {
+    use lmi_api::Draft;
+    let chat = |extra: &str| {
+        parse_chat_request(&json(&format!(
+            r#"{{"messages":[{{"role":"user","content":"hi"}}]{extra}}}"#
+        )))
+    };
+    let text = |extra: &str| chat(extra).unwrap().spec.draft;
+    assert_eq!(
+        text(r#","prediction":{"type":"content","content":"abc"}"#),
+        Some(Draft::Text("abc".into()))
+    );
+    assert_eq!(
+        text(
+            r#","prediction":{"type":"content","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}"#
+        ),
+        Some(Draft::Text("ab".into()))
+    );
+    assert_eq!(
+        text(r#","prediction":{"type":"content","content":""}"#),
+        None
+    );
+    assert_eq!(text(""), None);
+    let e = chat(r#","prediction":{"type":"file","content":"x"}"#).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("prediction.type"));
+    let e =
+        chat(r#","prediction":{"type":"content","content":[{"type":"image_url"}]}"#).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("prediction.content[0]"));
+    let c = parse_completion_request(
+        &json(r#"{"prompt":"x","prediction":{"type":"content","content":"y"}}"#),
+        &OpenAiConfig::default(),
+    )
+    .unwrap();
+    assert_eq!(c.spec.draft, Some(Draft::Text("y".into())));
+}

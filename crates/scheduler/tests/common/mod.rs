@@ -37,12 +37,14 @@ pub fn cfg(max_batch: usize, budget: usize) -> SchedulerConfig {
         max_model_len: 512,
         max_waiting: 1000,
         max_loras: 4,
+        ..Default::default()
     }
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SeqOut {
     pub tokens: Vec<u32>,
+    pub logprobs: Vec<f32>,
     pub text: String,
     pub finished: Option<Finished>,
 }
@@ -77,11 +79,13 @@ pub fn collect(mut s: RequestStream) -> Output {
                 while out.seqs.len() <= i {
                     out.seqs.push(SeqOut {
                         tokens: vec![],
+                        logprobs: vec![],
                         text: String::new(),
                         finished: None,
                     });
                 }
                 out.seqs[i].tokens.push(t.id);
+                out.seqs[i].logprobs.push(t.logprob);
                 out.seqs[i].text.push_str(&t.text);
             }
             Event::Finished(f) => {

@@ -118,6 +118,9 @@ struct Entry {
     /// The weights' cell while loading or loaded; None when cold (not read, or evicted).
     host: Option<Arc<AdapterWeights>>,
     last_used: u64,
+    /// Shared by every [`AdapterRef`] handed out: its count of holders beyond this one is the
+    /// number of requests (queued, running or pinning) that use the adapter now.
+    name: Arc<str>,
 }
 
 impl Entry {
@@ -252,6 +255,7 @@ impl AdapterRegistry {
                     info,
                     host,
                     last_used: tick,
+                    name: Arc::from(name),
                 },
             );
             self.evict_host(&mut st, Some(name));
@@ -352,6 +356,22 @@ impl AdapterRegistry {
             .collect()
     }
 
+    /// Adapters that requests hold now, split as vLLM's `lora_requests_info` reports them:
+    /// weights ready (running, or admissible at once) and weights still loading (waiting).
+    pub fn in_use(&self) -> (Vec<String>, Vec<String>) {
+        let (mut running, mut waiting) = (Vec::new(), Vec::new());
+        for (n, e) in &self.state().entries {
+            if Arc::strong_count(&e.name) <= 1 {
+                continue;
+            }
+            match e.host.as_ref().and_then(|c| c.get()) {
+                Some(Ok(_)) => running.push(n.clone()),
+                _ => waiting.push(n.clone()),
+            }
+        }
+        (running, waiting)
+    }
+
     pub fn names(&self) -> Vec<String> {
         self.state().entries.keys().cloned().collect()
     }
@@ -397,7 +417,7 @@ impl AdapterRegistry {
         };
         Some(AdapterRef {
             id: e.id,
-            name: Arc::from(name),
+            name: e.name.clone(),
             weights,
         })
     }

@@ -250,3 +250,25 @@ fn a_disabled_registry_refuses_everything() {
     assert_eq!(RegistryError::NoFreeSlots.status(), 507);
     assert!(off.resolve(Some("a")).is_err());
 }
+
+#[test]
+fn in_use_lists_adapters_that_requests_hold() {
+    let f = fixture(4);
+    let a = f.adapter("a1", &PeftSpec::new(4, 1));
+    let b = f.adapter("b1", &PeftSpec::new(4, 2));
+    f.register("a1", &a, true).unwrap();
+    f.register("b1", &b, false).unwrap();
+    assert_eq!(f.registry.in_use(), (vec![], vec![]));
+    let ra = f.registry.resolve(Some("a1")).unwrap().unwrap();
+    let ra2 = ra.clone();
+    let rb = f.registry.resolve(Some("b1")).unwrap().unwrap();
+    wait_ready(&rb);
+    assert_eq!(
+        f.registry.in_use(),
+        (vec!["a1".to_string(), "b1".to_string()], vec![])
+    );
+    drop((ra, rb));
+    assert_eq!(f.registry.in_use(), (vec!["a1".to_string()], vec![]));
+    drop(ra2);
+    assert_eq!(f.registry.in_use(), (vec![], vec![]));
+}

@@ -31,6 +31,9 @@ pub enum BenchCommand {
     /// Soak and faults against a running server: a mix of routes, clients that hang up
     /// mid-stream and malformed bodies; outcomes, KV blocks left and resident memory.
     Soak(super::bench_soak::SoakArgs),
+    /// Decode throughput with speculative decoding (client predictions, prompt lookup)
+    /// against none, on a rewrite and a quoting task; checks the outputs are identical.
+    Speculative(super::bench_speculative::SpeculativeArgs),
 }
 
 #[derive(clap::Args)]
@@ -85,6 +88,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Lora(a) => super::bench_lora::run(a),
         BenchCommand::Structured(a) => super::bench_structured::run(a),
         BenchCommand::Soak(a) => super::bench_soak::run(a),
+        BenchCommand::Speculative(a) => super::bench_speculative::run(&a),
     }
 }
 
@@ -267,6 +271,7 @@ fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
             max_model_len: a.prompt_len + a.max_new_tokens + 1,
             max_waiting: c,
             max_loras: 4,
+            ..Default::default()
         };
         let handle = Handle::spawn(engine, tokenizer.clone(), cfg);
         let streams = (0..c)

@@ -193,6 +193,7 @@ fn run_case(
             max_model_len: a.prompt_len + a.max_new_tokens + 1,
             max_waiting: a.concurrency * 2,
             max_loras: 0,
+            ..Default::default()
         },
     );
     let started = Instant::now();

@@ -147,6 +147,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             max_model_len: config.max_position_embeddings,
             max_waiting: input.requests.len() + 1,
             max_loras: input.available_lora_weights.len().max(1),
+            ..Default::default()
         },
     );
 

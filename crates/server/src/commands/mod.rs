@@ -2,6 +2,7 @@ pub mod bench;
 pub mod bench_http;
 pub mod bench_lora;
 pub mod bench_soak;
+pub mod bench_speculative;
 pub mod bench_structured;
 pub mod convert;
 pub mod generate;

@@ -2,7 +2,8 @@
 //! background, so `/ping` answers 503 ("PENDING") until it is ready rather than refusing
 //! connections (LMI's `wait_model_loading=true` would bind only after loading; SageMaker and
 //! Kubernetes probes both handle 503 better than connection refused). SIGTERM / SIGINT stop
-//! accepting, finish in-flight requests, stop the scheduler, and exit 0.
+//! accepting, finish in-flight requests (for at most option.drain_timeout), stop the
+//! scheduler, and exit 0.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -38,6 +39,11 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let config = ServingConfig::from_process(&a.serve)?;
     eprintln!("{}", config.summary());
+    if let Some(n) = config.tensor_parallel_degree.filter(|n| *n > 1) {
+        tracing::warn!(
+            "tensor_parallel_degree {n} (SM_NUM_GPUS or option.tensor_parallel_degree): one process serves on one GPU; run one replica per GPU"
+        );
+    }
     // Before the port is bound: a GPU that cannot be used is a configuration error.
     lmi_engine::check_device(config.device)
         .with_context(|| format!("option.device={}", config.device))?;
@@ -136,18 +142,33 @@ async fn serve(config: ServingConfig) -> anyhow::Result<()> {
             tracing::warn!("TCP_NODELAY: {e}");
         }
     });
-    let shutdown = async move {
-        tokio::select! {
-            _ = shutdown_signal() => {
-                tracing::info!("shutting down: no new connections, finishing in-flight requests");
+    // Set once a signal starts the drain, so the drain can be bounded.
+    let draining = Arc::new(tokio::sync::Notify::new());
+    let shutdown = {
+        let draining = draining.clone();
+        async move {
+            tokio::select! {
+                _ = shutdown_signal() => {
+                    tracing::info!("shutting down: no new connections, finishing in-flight requests");
+                    draining.notify_one();
+                }
+                Ok(()) = failed_rx => {}
             }
-            Ok(()) = failed_rx => {}
         }
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .context("HTTP server")?;
+    let drain_limit = Duration::from_secs(config.drain_timeout_secs);
+    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
+    tokio::select! {
+        r = server => r.context("HTTP server")?,
+        _ = async {
+            draining.notified().await;
+            tokio::time::sleep(drain_limit).await;
+        } => {
+            tracing::warn!(
+                "requests still in flight after option.drain_timeout ({drain_limit:?}); exiting"
+            );
+        }
+    }
 
     if let Some(e) = load_error.lock().ok().and_then(|mut e| e.take()) {
         return Err(e.context("loading the model"));
@@ -270,17 +291,46 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
         );
     }
     let backend = engine.backend_name();
-    let handle = Handle::spawn(
-        engine,
-        tokenizer.clone(),
-        SchedulerConfig {
-            max_batch_size: config.max_rolling_batch_size,
-            max_batch_tokens: config.max_rolling_batch_prefill_tokens,
-            max_model_len,
-            max_waiting: config.job_queue_size,
-            max_loras: config.max_loras,
+    let draft = match (&config.speculative_draft_model, config.engine_mode) {
+        (Some(name), EngineMode::Model) => {
+            let ddir = model_store::resolve_model(Some(name), true)
+                .with_context(|| format!("option.speculative_draft_model {name:?}"))?;
+            tracing::info!(
+                "loading the draft model {} on {}",
+                ddir.display(),
+                config.device
+            );
+            // Its KV cache takes a quarter of the model's byte budget (sized in bytes on a GPU
+            // too: leave room with option.gpu_memory_utilization).
+            let opts = EngineOptions {
+                dtype: Some(config.engine_dtype()),
+                kv_cache_bytes: config.kv_cache_bytes / 4,
+                kv_blocks: None,
+                memory_fraction: None,
+            };
+            Some(
+                lmi_engine::open(config.device, &ddir, &opts)
+                    .with_context(|| format!("loading the draft model {}", ddir.display()))?,
+            )
+        }
+        _ => None,
+    };
+    let scheduler_config = SchedulerConfig {
+        max_batch_size: config.max_rolling_batch_size,
+        max_batch_tokens: config.max_rolling_batch_prefill_tokens,
+        max_model_len,
+        max_waiting: config.job_queue_size,
+        max_loras: config.max_loras,
+        speculative: lmi_scheduler::SpeculativeConfig {
+            ngram: config.speculative_ngram,
+            ..Default::default()
         },
-    );
+    };
+    let handle = match draft {
+        None => Handle::spawn(engine, tokenizer.clone(), scheduler_config),
+        Some(d) => Handle::spawn_with_draft_model(engine, d, tokenizer.clone(), scheduler_config)
+            .map_err(|e| anyhow::anyhow!("option.speculative_draft_model: {e}"))?,
+    };
     let guide = Guide::new(
         &dir,
         tokenizer.clone(),

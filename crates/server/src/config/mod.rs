@@ -209,6 +209,10 @@ pub struct ServingConfig {
     pub host: String,
     pub port: u16,
     pub device: Device,
+    /// option.tensor_parallel_degree (also TENSOR_PARALLEL_DEGREE, SM_NUM_GPUS): GPUs offered;
+    /// `max` counts as 1. One process uses one GPU, so more than 1 is served on the first
+    /// with a warning at start. When option.device is unset, a positive value means cuda.
+    pub tensor_parallel_degree: Option<usize>,
     pub engine_mode: EngineMode,
     pub dtype: DTypeChoice,
     pub kv_cache_bytes: usize,
@@ -238,6 +242,12 @@ pub struct ServingConfig {
     /// How the model writes tool calls (option.tool_call_parser, vLLM's names); None: read
     /// from the chat template.
     pub tool_call_parser: Option<lmi_text::tools::ToolCallFormat>,
+    /// Prompt-lookup speculative decoding (option.speculative_ngram: `true` or `MIN-MAX:K`);
+    /// off by default. Client drafts (`prediction`, `draft_input_ids`) are always used.
+    pub speculative_ngram: Option<lmi_scheduler::NgramLookup>,
+    /// A smaller model sharing the tokenizer that drafts for speculative decoding
+    /// (option.speculative_draft_model: an HF directory or a GGUF file).
+    pub speculative_draft_model: Option<String>,
     /// option.adapters: (name, path) loaded at start, besides `<model dir>/adapters/<name>/`.
     pub adapters: Vec<(String, PathBuf)>,
     /// Dynamic batching (LMI `batch_size`, alias `max_dynamic_batch_size`) and its delay.
@@ -250,6 +260,9 @@ pub struct ServingConfig {
     pub max_concurrent_requests: usize,
     /// Request body limit in bytes (413 beyond).
     pub max_request_size: usize,
+    /// After SIGTERM, how long in-flight requests may run before the server exits anyway
+    /// (option.drain_timeout, seconds, default 60; orchestrators' grace periods must exceed it).
+    pub drain_timeout_secs: u64,
     /// TGI validation limits (tgi.md §1.5 defaults), reported by /info.
     pub max_best_of: usize,
     pub max_stop_sequences: usize,
@@ -355,7 +368,10 @@ impl ServingConfig {
         let get = |k: &str| raw.get(k);
         let str_of = |k: &str| get(k).map(|s| s.value.clone()).filter(|v| !v.is_empty());
 
+        let tensor_parallel_degree = gpu_count(&raw)?;
         let device = match str_of("option.device") {
+            // SM_NUM_GPUS / option.tensor_parallel_degree say GPUs are there to be used.
+            None if tensor_parallel_degree.is_some_and(|n| n > 0) => Device::Cuda(0),
             None => Device::Cpu,
             Some(d) => d.parse::<Device>().map_err(|e| {
                 anyhow::anyhow!("option.device ({}): {e}", source_of(&raw, "option.device"))
@@ -478,12 +494,24 @@ impl ServingConfig {
                 })?,
             ),
         };
+        let speculative_ngram = match str_of("option.speculative_ngram") {
+            None => None,
+            Some(v) if v.trim().eq_ignore_ascii_case("false") => None,
+            Some(v) => Some(v.parse().map_err(|e| {
+                anyhow::anyhow!(
+                    "option.speculative_ngram ({}): {e}",
+                    source_of(&raw, "option.speculative_ngram")
+                )
+            })?),
+        };
+        let speculative_draft_model = str_of("option.speculative_draft_model");
         let port = match get("port") {
             None => 8080,
             Some(s) => s.value.trim().parse::<u16>().map_err(|_| {
                 anyhow::anyhow!("port={:?} ({}): expected 0..65535", s.value, s.source)
             })?,
         };
+        let drain_timeout_secs = nonneg(&raw, "option.drain_timeout", 60)? as u64;
         Ok(ServingConfig {
             model_id,
             served_model_name: str_of("option.served_model_name"),
@@ -491,6 +519,7 @@ impl ServingConfig {
             host: str_of("host").unwrap_or_else(|| "0.0.0.0".into()),
             port,
             device,
+            tensor_parallel_degree,
             engine_mode,
             dtype,
             kv_cache_bytes,
@@ -508,12 +537,15 @@ impl ServingConfig {
             adapter_dirs,
             enable_auto_tool_choice,
             tool_call_parser,
+            speculative_ngram,
+            speculative_draft_model,
             adapters,
             batch_size,
             max_batch_delay_ms: nonneg(&raw, "max_batch_delay", 100)? as u64,
             job_queue_size,
             max_concurrent_requests,
             max_request_size: positive(&raw, "max_request_size", 2_000_000)?,
+            drain_timeout_secs,
             max_best_of: positive(&raw, "option.max_best_of", 2)?,
             max_stop_sequences: nonneg(&raw, "option.max_stop_sequences", 4)?,
             max_top_n_tokens: nonneg(&raw, "option.max_top_n_tokens", 5)?,
@@ -561,6 +593,12 @@ impl ServingConfig {
             ("listen", format!("{}:{}", self.host, self.port)),
             ("device", self.device.to_string()),
             (
+                "tensor_parallel_degree",
+                self.tensor_parallel_degree
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| "(unset)".into()),
+            ),
+            (
                 "engine_mode",
                 format!("{:?}", self.engine_mode).to_lowercase(),
             ),
@@ -602,6 +640,7 @@ impl ServingConfig {
                 self.max_concurrent_requests.to_string(),
             ),
             ("max_request_size", self.max_request_size.to_string()),
+            ("drain_timeout (s)", self.drain_timeout_secs.to_string()),
         ];
         for (k, v) in lines.into_iter().chain(self.access.summary()) {
             let _ = writeln!(s, "  {k:<34} {v}");
@@ -625,6 +664,24 @@ fn source_of(raw: &BTreeMap<String, Setting>, key: &str) -> String {
     raw.get(key)
         .map(|s| s.source.to_string())
         .unwrap_or_else(|| "default".into())
+}
+
+/// option.tensor_parallel_degree: a GPU count, or `max` (LMI: every GPU; here one).
+fn gpu_count(raw: &BTreeMap<String, Setting>) -> anyhow::Result<Option<usize>> {
+    let Some(s) = raw.get("option.tensor_parallel_degree") else {
+        return Ok(None);
+    };
+    let v = s.value.trim();
+    if v.eq_ignore_ascii_case("max") {
+        return Ok(Some(1));
+    }
+    v.parse::<usize>().map(Some).map_err(|_| {
+        anyhow::anyhow!(
+            "option.tensor_parallel_degree={:?} ({}): expected a GPU count or max",
+            s.value,
+            s.source
+        )
+    })
 }
 
 fn nonneg(raw: &BTreeMap<String, Setting>, key: &str, default: usize) -> anyhow::Result<usize> {

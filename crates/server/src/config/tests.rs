@@ -288,3 +288,114 @@ fn vllm_names_count_when_lmi_names_are_unset() {
     let c = ServingConfig::load(&ServeArgs::default(), &e, None).unwrap();
     assert_eq!(c.max_rolling_batch_size, 6);
 }
+
+#[test]
+fn sm_num_gpus_picks_the_gpu_unless_option_device_says_otherwise() {
+    let load =
+        |pairs: &[(&str, &str)]| ServingConfig::load(&ServeArgs::default(), &env(pairs), None);
+    let c = load(&[("SM_NUM_GPUS", "4")]).unwrap();
+    assert_eq!(
+        (c.device, c.tensor_parallel_degree),
+        (Device::Cuda(0), Some(4))
+    );
+    assert_eq!(
+        c.raw["option.tensor_parallel_degree"].source,
+        Source::Env("SM_NUM_GPUS (alias of TENSOR_PARALLEL_DEGREE)".into())
+    );
+    let c = load(&[("SM_NUM_GPUS", "0")]).unwrap();
+    assert_eq!((c.device, c.tensor_parallel_degree), (Device::Cpu, Some(0)));
+    // The CPU image sets OPTION_DEVICE=cpu: a platform-set SM_NUM_GPUS does not override it.
+    let c = load(&[("SM_NUM_GPUS", "1"), ("OPTION_DEVICE", "cpu")]).unwrap();
+    assert_eq!(c.device, Device::Cpu);
+    let c = load(&[("OPTION_TENSOR_PARALLEL_DEGREE", "max")]).unwrap();
+    assert_eq!(
+        (c.device, c.tensor_parallel_degree),
+        (Device::Cuda(0), Some(1))
+    );
+    let e = load(&[("SM_NUM_GPUS", "two")]).unwrap_err().to_string();
+    assert!(
+        e.contains("tensor_parallel_degree") && e.contains("SM_NUM_GPUS"),
+        "{e}"
+    );
+}
+
+#[test]
+fn sagemaker_port_and_drain_timeout() {
+    let c = ServingConfig::load(
+        &ServeArgs::default(),
+        &env(&[
+            ("SAGEMAKER_BIND_TO_PORT", "9123"),
+            ("OPTION_DRAIN_TIMEOUT", "5"),
+        ]),
+        None,
+    )
+    .unwrap();
+    assert_eq!((c.port, c.drain_timeout_secs), (9123, 5));
+    let c = ServingConfig::load(&ServeArgs::default(), &env(&[]), None).unwrap();
+    assert_eq!((c.port, c.drain_timeout_secs), (8080, 60));
+}
+
+/// Every example in config/, loaded the way `lmi serve --properties FILE` loads it.
+#[test]
+fn example_serving_properties_load_through_the_real_path() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config");
+    let load = |name: &str| {
+        let cli = ServeArgs {
+            properties: Some(dir.join(name)),
+            ..Default::default()
+        };
+        ServingConfig::load(&cli, &env(&[]), None)
+            .unwrap_or_else(|e| panic!("config/{name}: {e:#}"))
+    };
+    let mut examples: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".serving.properties"))
+        .collect();
+    examples.sort();
+    assert_eq!(
+        examples,
+        [
+            "cpu-default.serving.properties",
+            "gpu-llama3-8b.serving.properties",
+            "lora.serving.properties",
+            "tgi-compat.serving.properties",
+        ],
+        "a new example needs its assertions here"
+    );
+
+    let c = load("cpu-default.serving.properties");
+    assert_eq!((c.device, c.model_id.as_deref()), (Device::Cpu, None));
+    assert_eq!((c.engine_dtype(), c.kv_cache_bytes), (DType::BF16, 1 << 30));
+    assert_eq!(c.output_formatter.as_deref(), Some("json"));
+
+    let c = load("gpu-llama3-8b.serving.properties");
+    assert_eq!(c.device, Device::Cuda(0));
+    assert_eq!(c.model_id.as_deref(), Some("/opt/ml/model"));
+    assert_eq!(c.tensor_parallel_degree, Some(1));
+    assert_eq!(c.gpu_memory_utilization, Some(0.9));
+    assert_eq!(
+        (c.max_rolling_batch_size, c.max_model_len),
+        (128, Some(8192))
+    );
+    assert_eq!(
+        c.served_model_name.as_deref(),
+        Some("llama-3.1-8b-instruct")
+    );
+
+    let c = load("lora.serving.properties");
+    assert!(c.enable_lora);
+    let names: Vec<&str> = c.adapters.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["sql", "support", "summarize"]);
+    assert_eq!(c.adapters[0].1, PathBuf::from("/opt/ml/adapters/sql"));
+    assert_eq!((c.max_loras, c.max_cpu_loras, c.max_lora_rank), (4, 16, 16));
+    assert_eq!(c.adapter_dirs, [PathBuf::from("/opt/ml/adapters")]);
+
+    let c = load("tgi-compat.serving.properties");
+    assert!(c.tgi_compat);
+    assert_eq!(c.max_concurrent_requests, 128);
+    assert_eq!(
+        c.raw["option.tgi_compat"].source,
+        Source::Properties(dir.join("tgi-compat.serving.properties"))
+    );
+}

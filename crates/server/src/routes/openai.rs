@@ -107,6 +107,7 @@ pub async fn chat(
         };
         let acc = Accumulator::new(model, &job);
         let spec = job.spec.clone();
+        let usage_spec = job.spec.clone();
         let include_usage = req.include_usage;
         let n = job.request.n;
         let mut reader = tools.map(|t| {
@@ -144,7 +145,9 @@ pub async fn chat(
                 Frame::End(acc) => {
                     let mut out = String::new();
                     if include_usage {
-                        let usage = Usage::new(acc.prompt_tokens(), acc.generated_tokens());
+                        let (kept, left) = acc.draft_tokens();
+                        let usage = Usage::new(acc.prompt_tokens(), acc.generated_tokens())
+                            .with_predictions(&usage_spec, kept, left);
                         out.push_str(&sse::data(&openai::format::chat_chunk_usage(&meta, usage)));
                     }
                     out.push_str(sse::DONE);
@@ -211,6 +214,7 @@ pub async fn completions(
         };
         let acc = Accumulator::new(model, job);
         let include_usage = req.include_usage;
+        let usage_spec = job.spec.clone();
         let echo = req.echo.then(|| job.prompt_text.clone());
         return respond::stream(
             SSE,
@@ -246,7 +250,9 @@ pub async fn completions(
                 Frame::End(acc) => {
                     let mut out = String::new();
                     if include_usage {
-                        let usage = Usage::new(acc.prompt_tokens(), acc.generated_tokens());
+                        let (kept, left) = acc.draft_tokens();
+                        let usage = Usage::new(acc.prompt_tokens(), acc.generated_tokens())
+                            .with_predictions(&usage_spec, kept, left);
                         out.push_str(&sse::data(&openai::format::completion_chunk_usage(
                             &meta, usage,
                         )));

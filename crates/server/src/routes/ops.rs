@@ -115,6 +115,10 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
     if let Some(h) = s.handle() {
         s.metrics.update_from_scheduler(&h.metrics().snapshot());
     }
+    // The LoRA info series is there from the start: the endpoint picker expects it.
+    let (running, waiting) = s.model().map(|m| m.adapters.in_use()).unwrap_or_default();
+    s.metrics
+        .update_lora_info(&running, &waiting, s.config.max_loras);
     (
         [(
             header::CONTENT_TYPE,
@@ -201,6 +205,7 @@ mod tests {
         let (st, body, _) = call(&s, "GET", "/metrics", vec![], None).await;
         assert_eq!(st, StatusCode::OK);
         assert!(body.contains("lmi_model_ready 0"), "{body}");
+        assert!(body.contains("vllm:lora_requests_info{max_lora=\"4\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"}"), "{body}");
         let (st, body, _) = call(&s, "GET", "/v1/models", vec![], None).await;
         assert_eq!(st, StatusCode::OK);
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
