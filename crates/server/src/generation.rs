@@ -202,16 +202,20 @@ pub fn prepare(
     })
 }
 
-/// n and best_of within option.max_sequences_per_request: each sequence holds KV blocks and a
-/// batch slot, so one request must not take the whole server.
+/// n, best_of and the beam width within option.max_sequences_per_request: each sequence holds
+/// KV blocks and a batch slot, so one request must not take the whole server.
 fn check_sequences(spec: &GenerationSpec, max: usize) -> Result<(), ApiError> {
-    let asked = spec.n.max(spec.best_of) as usize;
+    let beams = spec.beam.as_ref().map_or(0, |b| b.width as usize);
+    let (param, asked) = [
+        ("n", spec.n as usize),
+        ("best_of", spec.best_of as usize),
+        ("num_beams", beams),
+    ]
+    .into_iter()
+    .rev() // max_by_key keeps the last of equals: name n before best_of
+    .max_by_key(|&(_, v)| v)
+    .unwrap_or(("n", 0));
     if asked > max {
-        let param = if spec.best_of > spec.n {
-            "best_of"
-        } else {
-            "n"
-        };
         return Err(ApiError::validation(format!(
             "{param} must be at most {max} on this server (option.max_sequences_per_request), got {asked}"
         ))
