@@ -68,3 +68,27 @@ def test_request_timeout_ends_a_stream_and_frees_its_blocks(guarded):
         assert time.time() < deadline, "KV blocks still in use after the time limit"
         time.sleep(0.1)
     assert re.search(r"^lmi_request_timeouts_total [1-9]", requests.get(f"{guarded}/metrics").text, re.M)
+
+
+def test_request_limits_and_validation_holes(guarded):
+    h = {"Authorization": f"Bearer {KEY}"}
+    msgs = [{"role": "user", "content": "Hi"}]
+    r = requests.post(f"{guarded}/v1/chat/completions", headers=h, timeout=30,
+                      json={"messages": msgs, "n": 17, "max_tokens": 2})
+    assert r.status_code == 422 and "option.max_sequences_per_request" in r.json()["error"], r.text
+    r = requests.post(f"{guarded}/v1/completions", headers=h, timeout=30,
+                      json={"prompt": ["a", "b", "c", "d", "e"], "max_tokens": 2})
+    assert r.status_code == 422 and r.json()["error_type"] == "batch size exceeded", r.text
+    r = requests.post(f"{guarded}/invocations", headers=h, timeout=30,
+                      json={"inputs": ["a"] * 5, "parameters": {"max_new_tokens": 2}})
+    assert r.status_code == 424 and "max_client_batch_size" in r.text, r.text
+    # A message without content is refused in each schema's shape (it used to generate).
+    r = requests.post(f"{guarded}/v1/chat/completions", headers=h, timeout=30,
+                      json={"messages": [{"role": "user"}], "max_tokens": 2})
+    assert r.status_code == 422 and "messages[0].content is required" in r.json()["error"], r.text
+    r = requests.post(f"{guarded}/invocations", headers=h, timeout=30,
+                      json={"messages": [{"role": "user"}], "max_tokens": 2})
+    assert r.status_code == 424 and r.json()["code"] == 424, r.text
+    # A request target over option.max_uri_bytes: a clean 414.
+    r = requests.post(f"{guarded}/generate?x={'a' * 9000}", headers=h, json={"inputs": "x"}, timeout=30)
+    assert r.status_code == 414, r.status_code
