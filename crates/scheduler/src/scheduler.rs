@@ -172,14 +172,10 @@ impl Scheduler {
         self.waiting.iter().filter(|s| s.num_computed == 0).count()
     }
 
-    /// Checks that a request can ever run; the error says what to change.
-    pub fn check(&self, req: &GenerateRequest) -> Result<(), SubmitError> {
-        check_request(
-            req,
-            &self.cfg,
-            self.pool.num_blocks() - self.pool.num_pinned(),
-            self.engine.model_config().vocab_size,
-        )
+    /// Checks that a request fits the pool as it is now (pinned prefixes take blocks for
+    /// good). Everything else was checked once by `Handle::submit` ([`check_request`]).
+    fn check_fits_now(&self, req: &GenerateRequest) -> Result<(), SubmitError> {
+        check_fits(req, self.pool.num_blocks() - self.pool.num_pinned())
     }
 
     /// Queues a request whose events go to `tx`.
@@ -189,7 +185,7 @@ impl Scheduler {
         req: GenerateRequest,
         tx: Sender<Event>,
     ) -> Result<(), SubmitError> {
-        self.check(&req)?;
+        self.check_fits_now(&req)?;
         if self.num_waiting_requests() >= self.cfg.max_waiting {
             return Err(SubmitError::QueueFull(self.cfg.max_waiting));
         }
@@ -386,7 +382,8 @@ impl Scheduler {
     }
 }
 
-/// The submit-time checks, shared by the scheduler and its handle.
+/// The submit-time checks (`Handle::submit`): the one place a request's parameters are
+/// validated; the front end turns the error into its schema's message.
 pub(crate) fn check_request(
     req: &GenerateRequest,
     cfg: &SchedulerConfig,
@@ -437,7 +434,12 @@ pub(crate) fn check_request(
             max_len: cfg.max_model_len,
         });
     }
-    // Beams may each hold their own blocks.
+    check_fits(req, usable_blocks)
+}
+
+/// Whether the request's longest output fits `usable_blocks` (beams may each hold their own).
+fn check_fits(req: &GenerateRequest, usable_blocks: usize) -> Result<(), SubmitError> {
+    let total = req.prompt.len() + req.stopping.max_new_tokens;
     let needed = blocks_for(total) * req.beam.as_ref().map_or(1, |b| b.width);
     if needed > usable_blocks {
         return Err(SubmitError::NeverFits {

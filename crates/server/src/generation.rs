@@ -54,10 +54,17 @@ pub fn chat_messages<T: serde::Serialize>(msgs: &[T]) -> Result<Vec<lmi_text::Me
 
 /// Renders and tokenizes the prompt, checks it against the model's limits, and builds the
 /// scheduler request. Errors are validation errors that say what to change.
-pub fn prepare(
+pub fn prepare(model: &LoadedModel, prompt: Prompt, spec: GenerationSpec) -> Result<Job, ApiError> {
+    prepare_with(model, prompt, spec, |_, _| Ok(()))
+}
+
+/// [`prepare`] with a schema's own length rule, `check(prompt_tokens, spec)`, applied to the
+/// spec before the request is built from it (the spec is the one owner of the parameters).
+pub fn prepare_with(
     model: &LoadedModel,
     prompt: Prompt,
     mut spec: GenerationSpec,
+    check: impl FnOnce(usize, &mut GenerationSpec) -> Result<(), ApiError>,
 ) -> Result<Job, ApiError> {
     let tok = &model.tokenizer;
     check_sequences(&spec, model.max_sequences)?;
@@ -105,6 +112,7 @@ pub fn prepare(
     }
     let max_len = model.max_model_len;
     spec.fit_context(ids.len(), max_len)?;
+    check(ids.len(), &mut spec)?;
     let adapter = model
         .adapters
         .resolve(spec.adapter.as_deref())
@@ -136,9 +144,6 @@ pub fn prepare(
         seed,
         top_logprobs: top_n,
     };
-    sampling.validate().map_err(|m| {
-        ApiError::validation(m.clone()).with_param(m.split(' ').next().unwrap_or(""))
-    })?;
     let prompt_logprobs = if spec.decoder_input_details || spec.prompt_logprobs.is_some() {
         Some(spec.prompt_logprobs.unwrap_or(0).max(top_n))
     } else {
@@ -236,6 +241,12 @@ pub fn submit_error(e: SubmitError) -> ApiError {
     match e {
         SubmitError::QueueFull(_) => ApiError::overloaded(),
         SubmitError::Stopped => ApiError::unhealthy(),
+        // Sampling parameters are validated once, here (Handle::submit), before anything
+        // is queued; the message starts with the field's name.
+        SubmitError::InvalidParams(m) => {
+            let field = m.split(' ').next().unwrap_or("").to_string();
+            ApiError::validation(m).with_param(field)
+        }
         other => ApiError::validation(other.to_string()),
     }
 }

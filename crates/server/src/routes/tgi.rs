@@ -70,10 +70,10 @@ async fn handle(state: Arc<AppState>, body: Bytes, route: TgiRoute) -> Response 
         if !req.unknown_parameters.is_empty() {
             tracing::info!(unknown = ?req.unknown_parameters, "ignoring unknown parameters");
         }
-        let mut job = generation::prepare(model, Prompt::Text(req.inputs), req.spec)?;
-        tgi::validate_input_length(job.prompt_ids.len(), &mut job.spec, &limits(&state, model))?;
-        job.request.stopping.max_new_tokens = job.spec.max_new_tokens;
-        Ok::<_, ApiError>(job)
+        let lim = limits(&state, model);
+        generation::prepare_with(model, Prompt::Text(req.inputs), req.spec, |n, spec| {
+            tgi::validate_input_length(n, spec, &lim).map(|_| ())
+        })
     })();
     let job = match prepared {
         Ok(j) => j,
