@@ -36,17 +36,35 @@ pub enum BenchCommand {
     Speculative(super::bench_speculative::SpeculativeArgs),
 }
 
+/// Joins a benchmark's client threads, in order.
+pub fn join_clients<T>(threads: Vec<std::thread::JoinHandle<T>>) -> anyhow::Result<Vec<T>> {
+    threads
+        .into_iter()
+        .map(|t| {
+            t.join()
+                .map_err(|_| anyhow::anyhow!("a client thread panicked"))
+        })
+        .collect()
+}
+
+/// The model a benchmark loads, and where (flattened into each benchmark's arguments).
 #[derive(clap::Args)]
-pub struct SchedulerArgs {
+pub struct ModelArgs {
     /// HF model directory or GGUF file; the default model when absent.
     #[arg(long)]
-    model: Option<String>,
+    pub model: Option<String>,
     /// Device: cpu, cuda or cuda:<ordinal>.
     #[arg(long, default_value = "cpu")]
-    device: Device,
+    pub device: Device,
     /// Weight dtype in memory.
     #[arg(long, default_value = "bf16")]
-    dtype: DType,
+    pub dtype: DType,
+}
+
+#[derive(clap::Args)]
+pub struct SchedulerArgs {
+    #[command(flatten)]
+    m: ModelArgs,
     /// Concurrent requests to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
     concurrency: Vec<usize>,
@@ -60,15 +78,8 @@ pub struct SchedulerArgs {
 
 #[derive(clap::Args)]
 pub struct EngineArgs {
-    /// HF model directory or GGUF file; the default model when absent.
-    #[arg(long)]
-    model: Option<String>,
-    /// Device: cpu, cuda or cuda:<ordinal>.
-    #[arg(long, default_value = "cpu")]
-    device: Device,
-    /// Weight dtype in memory.
-    #[arg(long, default_value = "bf16")]
-    dtype: DType,
+    #[command(flatten)]
+    m: ModelArgs,
     /// Batch sizes to measure (default 1,4,16,64 on the CPU; 1,8,64,256 on a GPU).
     #[arg(long, value_delimiter = ',')]
     batch: Vec<usize>,
@@ -119,8 +130,8 @@ pub fn measure_read_bandwidth() -> f64 {
 }
 
 fn engine(a: EngineArgs) -> anyhow::Result<()> {
-    let dir = model_store::resolve_model(a.model.as_deref(), true)?;
-    let batches = match (a.batch.is_empty(), a.device) {
+    let dir = model_store::resolve_model(a.m.model.as_deref(), true)?;
+    let batches = match (a.batch.is_empty(), a.m.device) {
         (false, _) => a.batch.clone(),
         (true, Device::Cpu) => vec![1, 4, 16, 64],
         (true, Device::Cuda(_)) => vec![1, 8, 64, 256],
@@ -128,13 +139,13 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
     let max_batch = batches.iter().copied().max().unwrap_or(1);
     let per_seq = (a.prompt_len + a.decode_steps + 1).div_ceil(BLOCK_SIZE);
     let opts = EngineOptions {
-        dtype: Some(a.dtype),
+        dtype: Some(a.m.dtype),
         kv_blocks: Some(per_seq * max_batch),
         ..Default::default()
     };
-    let mut engine = lmi_engine::open(a.device, &dir, &opts)?;
+    let mut engine = lmi_engine::open(a.m.device, &dir, &opts)?;
     let vocab = engine.model_config().vocab_size as u32;
-    let (bw, what) = match a.device {
+    let (bw, what) = match a.m.device {
         Device::Cpu => (
             measure_read_bandwidth(),
             "memory read bandwidth".to_string(),
@@ -150,7 +161,7 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
     };
     let weight_bytes = engine.weight_bytes();
     let c = engine.model_config();
-    let kv_elem = if a.dtype == DType::F32 && a.device == Device::Cpu {
+    let kv_elem = if a.m.dtype == DType::F32 && a.m.device == Device::Cpu {
         4
     } else {
         2
@@ -162,8 +173,8 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
     println!(
         "model {} on {} ({} weights, {:.1} MB of weights and {:.1} KB of K/V per token of context read per decode step), {} host threads, {what} {:.2} GB/s",
         dir.display(),
-        a.device,
-        a.dtype,
+        a.m.device,
+        a.m.dtype,
         weight_bytes as f64 / 1e6,
         kv_per_token as f64 / 1e3,
         rayon::current_num_threads(),
@@ -242,12 +253,12 @@ fn greedy_step(engine: &mut dyn StepEngine, chunks: &[SeqChunk]) -> anyhow::Resu
 }
 
 fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
-    let dir = model_store::resolve_model(a.model.as_deref(), true)?;
+    let dir = model_store::resolve_model(a.m.model.as_deref(), true)?;
     let tokenizer = lmi_text::Tokenizer::from_dir(&dir)?;
     println!(
         "model {} ({} weights), prompt {} tokens, {} new tokens per request, {} threads\n",
         dir.display(),
-        a.dtype,
+        a.m.dtype,
         a.prompt_len,
         a.max_new_tokens,
         rayon::current_num_threads()
@@ -259,11 +270,11 @@ fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     for &c in &a.concurrency {
         let per_seq = (a.prompt_len + a.max_new_tokens).div_ceil(BLOCK_SIZE);
         let opts = EngineOptions {
-            dtype: Some(a.dtype),
+            dtype: Some(a.m.dtype),
             kv_blocks: Some(per_seq * c + 8),
             ..Default::default()
         };
-        let engine = lmi_engine::open(a.device, &dir, &opts)?;
+        let engine = lmi_engine::open(a.m.device, &dir, &opts)?;
         let vocab = engine.model_config().vocab_size as u32;
         let cfg = SchedulerConfig {
             max_batch_size: c,

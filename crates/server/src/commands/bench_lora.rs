@@ -13,21 +13,18 @@ use std::time::Instant;
 use anyhow::Context;
 use lmi_engine::engine::EngineOptions;
 use lmi_engine::lora::Target;
+use lmi_engine::model_store;
 use lmi_engine::testing::{PeftSpec, write_peft_adapter};
-use lmi_engine::{DType, Device, model_store};
+
+use super::bench::ModelArgs;
 use lmi_scheduler::{Event, GenerateRequest, Handle, SchedulerConfig};
 
 use crate::adapters::{AdapterMetrics, AdapterRegistry, AllowedDirs, Registration};
 
 #[derive(clap::Args)]
 pub struct LoraArgs {
-    /// HF model directory or GGUF file; the default model when absent.
-    #[arg(long)]
-    model: Option<String>,
-    #[arg(long, default_value = "cpu")]
-    device: Device,
-    #[arg(long, default_value = "bf16")]
-    dtype: DType,
+    #[command(flatten)]
+    m: ModelArgs,
     #[arg(long, default_value_t = 16)]
     rank: usize,
     /// Projections adapted: `qv` (PEFT's default for Llama) or `all` (every linear layer).
@@ -60,7 +57,7 @@ enum Pick {
 }
 
 pub fn run(a: LoraArgs) -> anyhow::Result<()> {
-    let dir = model_store::resolve_model(a.model.as_deref(), true)?;
+    let dir = model_store::resolve_model(a.m.model.as_deref(), true)?;
     let config = lmi_engine::ModelConfig::from_file(&dir.join("config.json"))?;
     let targets: Vec<&'static str> = match a.targets.as_str() {
         "qv" => vec!["self_attn.q_proj", "self_attn.v_proj"],
@@ -80,8 +77,8 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
     println!(
         "model {} on {} ({} weights), rank-{} adapters on {}, {} clients x {} requests, prompt {} tokens, {} new tokens\n",
         dir.display(),
-        a.device,
-        a.dtype,
+        a.m.device,
+        a.m.dtype,
         a.rank,
         a.targets,
         a.concurrency,
@@ -142,11 +139,11 @@ fn run_case(
 ) -> anyhow::Result<CaseResult> {
     let per_seq = (a.prompt_len + a.max_new_tokens).div_ceil(lmi_engine::BLOCK_SIZE);
     let opts = EngineOptions {
-        dtype: Some(a.dtype),
+        dtype: Some(a.m.dtype),
         kv_blocks: Some(per_seq * a.concurrency + 8),
         ..Default::default()
     };
-    let engine = lmi_engine::open(a.device, dir, &opts)?;
+    let engine = lmi_engine::open(a.m.device, dir, &opts)?;
     let tokenizer = lmi_text::Tokenizer::from_dir(dir)?;
     let vocab = config.vocab_size as u32;
     let handle = Handle::spawn(
@@ -231,10 +228,7 @@ fn run_case(
         })
         .collect();
     let (mut tokens, mut failed) = (0, 0);
-    for t in threads {
-        let (n, f) = t
-            .join()
-            .map_err(|_| anyhow::anyhow!("a client thread panicked"))?;
+    for (n, f) in super::bench::join_clients(threads)? {
         tokens += n;
         failed += f;
     }

@@ -12,7 +12,9 @@ use std::time::Instant;
 
 use anyhow::Context;
 use lmi_engine::engine::EngineOptions;
-use lmi_engine::{DType, Device, model_store};
+use lmi_engine::model_store;
+
+use super::bench::ModelArgs;
 use lmi_scheduler::{
     DraftSource, Event, GenerateRequest, Handle, NgramLookup, SchedulerConfig, SpeculativeConfig,
 };
@@ -20,13 +22,8 @@ use lmi_text::{ChatTemplate, Message, Tokenizer};
 
 #[derive(clap::Args)]
 pub struct SpeculativeArgs {
-    /// HF model directory or GGUF file; the default model when absent.
-    #[arg(long)]
-    model: Option<String>,
-    #[arg(long, default_value = "cpu")]
-    device: Device,
-    #[arg(long, default_value = "bf16")]
-    dtype: DType,
+    #[command(flatten)]
+    m: ModelArgs,
     /// Concurrent clients, one run per value.
     #[arg(long, value_delimiter = ',', default_value = "1,8,16")]
     batch: Vec<usize>,
@@ -129,14 +126,14 @@ fn prompts(task: Task, tok: &Tokenizer, tpl: Option<&ChatTemplate>) -> anyhow::R
 }
 
 pub fn run(a: &SpeculativeArgs) -> anyhow::Result<()> {
-    let dir = model_store::resolve_model(a.model.as_deref(), true)?;
+    let dir = model_store::resolve_model(a.m.model.as_deref(), true)?;
     let tokenizer = Tokenizer::from_dir(&dir)?;
     let template = ChatTemplate::from_model_dir(&dir).ok().flatten();
     println!(
         "lmi bench speculative: {} ({}, {}), {} request(s) per client, prompt lookup {}-{}:{}",
         dir.display(),
-        a.device,
-        a.dtype,
+        a.m.device,
+        a.m.dtype,
         a.requests,
         a.ngram.min,
         a.ngram.max,
@@ -209,11 +206,11 @@ fn run_case(
         .max()
         .unwrap_or(0);
     let opts = EngineOptions {
-        dtype: Some(a.dtype),
+        dtype: Some(a.m.dtype),
         kv_blocks: Some(longest.div_ceil(lmi_engine::BLOCK_SIZE) * clients + 8),
         ..Default::default()
     };
-    let engine = lmi_engine::open(a.device, dir, &opts)
+    let engine = lmi_engine::open(a.m.device, dir, &opts)
         .with_context(|| format!("loading {}", dir.display()))?;
     let handle = Handle::spawn(
         engine,
@@ -280,10 +277,7 @@ fn run_case(
         })
         .collect();
     let (mut tok_s, mut failed, mut outputs) = (0.0, 0, Vec::new());
-    for t in threads {
-        let (r, f, o) = t
-            .join()
-            .map_err(|_| anyhow::anyhow!("a client thread panicked"))?;
+    for (r, f, o) in super::bench::join_clients(threads)? {
         tok_s += r;
         failed += f;
         outputs.push(o);

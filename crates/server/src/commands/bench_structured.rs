@@ -12,20 +12,17 @@ use std::time::Instant;
 
 use anyhow::Context;
 use lmi_engine::engine::EngineOptions;
-use lmi_engine::{DType, Device, model_store};
+use lmi_engine::model_store;
+
+use super::bench::ModelArgs;
 use lmi_scheduler::constraint::{Grammar, GrammarSpec, Guide};
 use lmi_scheduler::{Event, GenerateRequest, Handle, SchedulerConfig};
 use serde_json::{Value, json};
 
 #[derive(clap::Args)]
 pub struct StructuredArgs {
-    /// HF model directory or GGUF file; the default model when absent.
-    #[arg(long)]
-    model: Option<String>,
-    #[arg(long, default_value = "cpu")]
-    device: Device,
-    #[arg(long, default_value = "bf16")]
-    dtype: DType,
+    #[command(flatten)]
+    m: ModelArgs,
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
     /// Requests each client thread runs back to back.
@@ -79,7 +76,7 @@ pub fn schema(i: usize) -> Value {
 }
 
 pub fn run(a: StructuredArgs) -> anyhow::Result<()> {
-    let dir = model_store::resolve_model(a.model.as_deref(), true)?;
+    let dir = model_store::resolve_model(a.m.model.as_deref(), true)?;
     let tokenizer = lmi_text::Tokenizer::from_dir(&dir)?;
     let config = lmi_engine::ModelConfig::from_file(&dir.join("config.json"))?;
     let mut eos = config.eos_token_ids.clone();
@@ -99,8 +96,8 @@ pub fn run(a: StructuredArgs) -> anyhow::Result<()> {
         "model {} on {} ({} weights), {} clients x {} requests, prompt {} tokens, {} new tokens; \
          {} schemas compiled in {compile_ms:.1} ms each\n",
         dir.display(),
-        a.device,
-        a.dtype,
+        a.m.device,
+        a.m.dtype,
         a.concurrency,
         a.requests,
         a.prompt_len,
@@ -177,11 +174,11 @@ fn run_case(
 ) -> anyhow::Result<CaseResult> {
     let per_seq = (a.prompt_len + a.max_new_tokens).div_ceil(lmi_engine::BLOCK_SIZE);
     let opts = EngineOptions {
-        dtype: Some(a.dtype),
+        dtype: Some(a.m.dtype),
         kv_blocks: Some(per_seq * a.concurrency + 8),
         ..Default::default()
     };
-    let engine = lmi_engine::open(a.device, dir, &opts)
+    let engine = lmi_engine::open(a.m.device, dir, &opts)
         .with_context(|| format!("loading {}", dir.display()))?;
     let vocab = engine.model_config().vocab_size as u32;
     let handle = Handle::spawn(
@@ -237,10 +234,7 @@ fn run_case(
         })
         .collect();
     let (mut tokens, mut failed, mut outputs) = (0, 0, Vec::new());
-    for t in threads {
-        let (n, f, first) = t
-            .join()
-            .map_err(|_| anyhow::anyhow!("a client thread panicked"))?;
+    for (n, f, first) in super::bench::join_clients(threads)? {
         tokens += n;
         failed += f;
         outputs.push(first);
