@@ -26,7 +26,12 @@ def _driver(profile_dir):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")
     if not browser or not driver:
-        pytest.fail("chromium and chromedriver are missing: apt-get install chromium chromium-driver (.ci/run does it)")
+        # CI (LMI_REQUIRE_BROWSER=1, set by .ci/run, which installs them) fails here; a
+        # developer machine without a browser skips the page test.
+        msg = "chromium and chromedriver are missing: apt-get install chromium chromium-driver"
+        if os.environ.get("LMI_REQUIRE_BROWSER") == "1":
+            pytest.fail(msg + " (.ci/run does it)")
+        pytest.skip(msg)
     opts = webdriver.ChromeOptions()
     opts.binary_location = browser
     for flag in ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
