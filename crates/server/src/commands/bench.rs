@@ -47,6 +47,23 @@ pub fn join_clients<T>(threads: Vec<std::thread::JoinHandle<T>>) -> anyhow::Resu
         .collect()
 }
 
+/// A closed-loop load: client threads each running requests back to back.
+#[derive(clap::Args)]
+pub struct LoadArgs {
+    /// Client threads.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Requests each client thread runs back to back.
+    #[arg(long, default_value_t = 3)]
+    pub requests: usize,
+    /// Prompt tokens per request.
+    #[arg(long, default_value_t = 64)]
+    pub prompt_len: usize,
+    /// Tokens generated per request.
+    #[arg(long, default_value_t = 64)]
+    pub max_new_tokens: usize,
+}
+
 /// The model a benchmark loads, and where (flattened into each benchmark's arguments).
 #[derive(clap::Args)]
 pub struct ModelArgs {

@@ -16,7 +16,7 @@ use lmi_engine::lora::Target;
 use lmi_engine::model_store;
 use lmi_engine::testing::{PeftSpec, write_peft_adapter};
 
-use super::bench::ModelArgs;
+use super::bench::{LoadArgs, ModelArgs};
 use lmi_scheduler::{Event, GenerateRequest, Handle, SchedulerConfig};
 
 use crate::adapters::{AdapterMetrics, AdapterRegistry, AllowedDirs, Registration};
@@ -30,15 +30,8 @@ pub struct LoraArgs {
     /// Projections adapted: `qv` (PEFT's default for Llama) or `all` (every linear layer).
     #[arg(long, default_value = "qv")]
     targets: String,
-    #[arg(long, default_value_t = 16)]
-    concurrency: usize,
-    /// Requests each client thread runs back to back.
-    #[arg(long, default_value_t = 3)]
-    requests: usize,
-    #[arg(long, default_value_t = 64)]
-    prompt_len: usize,
-    #[arg(long, default_value_t = 64)]
-    max_new_tokens: usize,
+    #[command(flatten)]
+    load: LoadArgs,
     /// Adapters registered for the churn case.
     #[arg(long, default_value_t = 100)]
     adapters: usize,
@@ -65,7 +58,7 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         other => anyhow::bail!("--targets {other}: expected qv or all"),
     };
     let root = tempfile::tempdir()?;
-    let count = a.adapters.max(a.concurrency);
+    let count = a.adapters.max(a.load.concurrency);
     for i in 0..count {
         let spec = PeftSpec {
             targets: targets.clone(),
@@ -81,22 +74,22 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         a.m.dtype,
         a.rank,
         a.targets,
-        a.concurrency,
-        a.requests,
-        a.prompt_len,
-        a.max_new_tokens
+        a.load.concurrency,
+        a.load.requests,
+        a.load.prompt_len,
+        a.load.max_new_tokens
     );
     println!(
         "| case | max_loras | decode tok/s (aggregate) | vs no adapter | engine loads | engine evictions | host loads | failed |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let cases = [
-        ("no adapter", Pick::None, a.concurrency),
-        ("one adapter", Pick::One, a.concurrency),
+        ("no adapter", Pick::None, a.load.concurrency),
+        ("one adapter", Pick::One, a.load.concurrency),
         (
             "a different adapter per client",
             Pick::PerClient,
-            a.concurrency,
+            a.load.concurrency,
         ),
         (
             "churn: uniform over the registered",
@@ -137,10 +130,10 @@ fn run_case(
     pick: Pick,
     max_loras: usize,
 ) -> anyhow::Result<CaseResult> {
-    let per_seq = (a.prompt_len + a.max_new_tokens).div_ceil(lmi_engine::BLOCK_SIZE);
+    let per_seq = (a.load.prompt_len + a.load.max_new_tokens).div_ceil(lmi_engine::BLOCK_SIZE);
     let opts = EngineOptions {
         dtype: Some(a.m.dtype),
-        kv_blocks: Some(per_seq * a.concurrency + 8),
+        kv_blocks: Some(per_seq * a.load.concurrency + 8),
         ..Default::default()
     };
     let engine = lmi_engine::open(a.m.device, dir, &opts)?;
@@ -150,10 +143,10 @@ fn run_case(
         engine,
         tokenizer,
         SchedulerConfig {
-            max_batch_size: a.concurrency,
-            max_batch_tokens: (a.prompt_len * a.concurrency).max(512),
-            max_model_len: a.prompt_len + a.max_new_tokens + 1,
-            max_waiting: a.concurrency * 2,
+            max_batch_size: a.load.concurrency,
+            max_batch_tokens: (a.load.prompt_len * a.load.concurrency).max(512),
+            max_model_len: a.load.prompt_len + a.load.max_new_tokens + 1,
+            max_waiting: a.load.concurrency * 2,
             max_loras,
             ..Default::default()
         },
@@ -170,7 +163,7 @@ fn run_case(
     let registered = match pick {
         Pick::None => 0,
         Pick::One => 1,
-        Pick::PerClient => a.concurrency,
+        Pick::PerClient => a.load.concurrency,
         Pick::Uniform(n) => n,
     };
     let lazy = Registration {
@@ -184,10 +177,10 @@ fn run_case(
             .with_context(|| format!("registering adapter a{i}"))?;
     }
     let started = Instant::now();
-    let threads: Vec<_> = (0..a.concurrency)
+    let threads: Vec<_> = (0..a.load.concurrency)
         .map(|c| {
             let (handle, registry) = (handle.clone(), registry.clone());
-            let (reqs, plen, max_new) = (a.requests, a.prompt_len, a.max_new_tokens);
+            let (reqs, plen, max_new) = (a.load.requests, a.load.prompt_len, a.load.max_new_tokens);
             std::thread::spawn(move || -> (usize, usize) {
                 let (mut tokens, mut failed) = (0, 0);
                 for r in 0..reqs {

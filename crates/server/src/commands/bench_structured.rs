@@ -14,7 +14,7 @@ use anyhow::Context;
 use lmi_engine::engine::EngineOptions;
 use lmi_engine::model_store;
 
-use super::bench::ModelArgs;
+use super::bench::{LoadArgs, ModelArgs};
 use lmi_scheduler::constraint::{Grammar, GrammarSpec, Guide};
 use lmi_scheduler::{Event, GenerateRequest, Handle, SchedulerConfig};
 use serde_json::{Value, json};
@@ -23,15 +23,8 @@ use serde_json::{Value, json};
 pub struct StructuredArgs {
     #[command(flatten)]
     m: ModelArgs,
-    #[arg(long, default_value_t = 16)]
-    concurrency: usize,
-    /// Requests each client thread runs back to back.
-    #[arg(long, default_value_t = 3)]
-    requests: usize,
-    #[arg(long, default_value_t = 64)]
-    prompt_len: usize,
-    #[arg(long, default_value_t = 64)]
-    max_new_tokens: usize,
+    #[command(flatten)]
+    load: LoadArgs,
 }
 
 /// Client `i`'s schema: the same shape with its own names, enums and bounds.
@@ -84,25 +77,25 @@ pub fn run(a: StructuredArgs) -> anyhow::Result<()> {
     let guide = Guide::new(&dir, tokenizer.clone(), config.vocab_size, &eos)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let t = Instant::now();
-    let grammars: Vec<Grammar> = (0..a.concurrency)
+    let grammars: Vec<Grammar> = (0..a.load.concurrency)
         .map(|i| {
             guide
                 .compile(&GrammarSpec::JsonSchema(schema(i)))
                 .map_err(|e| anyhow::anyhow!("schema {i}: {e}"))
         })
         .collect::<anyhow::Result<_>>()?;
-    let compile_ms = t.elapsed().as_secs_f64() * 1e3 / a.concurrency as f64;
+    let compile_ms = t.elapsed().as_secs_f64() * 1e3 / a.load.concurrency as f64;
     println!(
         "model {} on {} ({} weights), {} clients x {} requests, prompt {} tokens, {} new tokens; \
          {} schemas compiled in {compile_ms:.1} ms each\n",
         dir.display(),
         a.m.device,
         a.m.dtype,
-        a.concurrency,
-        a.requests,
-        a.prompt_len,
-        a.max_new_tokens,
-        a.concurrency,
+        a.load.concurrency,
+        a.load.requests,
+        a.load.prompt_len,
+        a.load.max_new_tokens,
+        a.load.concurrency,
     );
     println!(
         "| case | decode tok/s (aggregate) | vs unconstrained | masks | mask p50 (µs) | mask p99 (µs) | mask mean (µs) | failed |"
@@ -172,10 +165,10 @@ fn run_case(
     tokenizer: &lmi_text::Tokenizer,
     grammars: Option<&Vec<Grammar>>,
 ) -> anyhow::Result<CaseResult> {
-    let per_seq = (a.prompt_len + a.max_new_tokens).div_ceil(lmi_engine::BLOCK_SIZE);
+    let per_seq = (a.load.prompt_len + a.load.max_new_tokens).div_ceil(lmi_engine::BLOCK_SIZE);
     let opts = EngineOptions {
         dtype: Some(a.m.dtype),
-        kv_blocks: Some(per_seq * a.concurrency + 8),
+        kv_blocks: Some(per_seq * a.load.concurrency + 8),
         ..Default::default()
     };
     let engine = lmi_engine::open(a.m.device, dir, &opts)
@@ -185,20 +178,20 @@ fn run_case(
         engine,
         tokenizer.clone(),
         SchedulerConfig {
-            max_batch_size: a.concurrency,
-            max_batch_tokens: (a.prompt_len * a.concurrency).max(512),
-            max_model_len: a.prompt_len + a.max_new_tokens + 1,
-            max_waiting: a.concurrency * 2,
+            max_batch_size: a.load.concurrency,
+            max_batch_tokens: (a.load.prompt_len * a.load.concurrency).max(512),
+            max_model_len: a.load.prompt_len + a.load.max_new_tokens + 1,
+            max_waiting: a.load.concurrency * 2,
             max_loras: 0,
             ..Default::default()
         },
     );
     let started = Instant::now();
-    let threads: Vec<_> = (0..a.concurrency)
+    let threads: Vec<_> = (0..a.load.concurrency)
         .map(|c| {
             let handle = handle.clone();
             let grammar = grammars.map(|g| g[c].clone());
-            let (reqs, plen, max_new) = (a.requests, a.prompt_len, a.max_new_tokens);
+            let (reqs, plen, max_new) = (a.load.requests, a.load.prompt_len, a.load.max_new_tokens);
             std::thread::spawn(move || -> (usize, usize, Vec<u32>) {
                 let (mut tokens, mut failed, mut first) = (0, 0, Vec::new());
                 for r in 0..reqs {

@@ -107,7 +107,6 @@ pub async fn chat(
         };
         let acc = Accumulator::new(model, &job);
         let spec = job.spec.clone();
-        let usage_spec = job.spec.clone();
         let include_usage = req.include_usage;
         let n = job.request.n;
         let mut reader = tools.map(|t| {
@@ -147,7 +146,7 @@ pub async fn chat(
                     if include_usage {
                         let (kept, left) = acc.draft_tokens();
                         let usage = Usage::new(acc.prompt_tokens(), acc.generated_tokens())
-                            .with_predictions(&usage_spec, kept, left);
+                            .with_predictions(&spec, kept, left);
                         out.push_str(&sse::data(&openai::format::chat_chunk_usage(&meta, usage)));
                     }
                     out.push_str(sse::DONE);
