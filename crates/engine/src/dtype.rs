@@ -7,6 +7,8 @@ pub enum DType {
     F32,
     F16,
     BF16,
+    /// Per-channel int8 weight matrices (quantized at load; activations stay f32/bf16).
+    I8,
 }
 
 impl DType {
@@ -14,6 +16,7 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
+            DType::I8 => 1,
         }
     }
 
@@ -22,6 +25,7 @@ impl DType {
             DType::F32 => "float32",
             DType::F16 => "float16",
             DType::BF16 => "bfloat16",
+            DType::I8 => "int8",
         }
     }
 }
@@ -32,6 +36,7 @@ impl fmt::Display for DType {
             DType::F32 => "f32",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
+            DType::I8 => "int8",
         })
     }
 }
@@ -43,8 +48,9 @@ impl FromStr for DType {
             "f32" | "fp32" | "float32" | "float" => Ok(DType::F32),
             "f16" | "fp16" | "float16" | "half" => Ok(DType::F16),
             "bf16" | "bfloat16" => Ok(DType::BF16),
+            "int8" | "i8" | "q8" => Ok(DType::I8),
             other => Err(format!(
-                "unknown dtype {other:?}: expected f32, f16 or bf16"
+                "unknown dtype {other:?}: expected f32, f16, bf16 or int8"
             )),
         }
     }

@@ -28,6 +28,9 @@ pub struct EngineOptions {
     /// and the KV cache, which gets what the weights and an activation reserve leave). When
     /// None, or on the CPU, `kv_cache_bytes` sizes the cache.
     pub memory_fraction: Option<f32>,
+    /// Read the weights from this GGUF (the model directory is its conversion: config and
+    /// tokenizer); with `dtype` None its quantized blocks are used as they are.
+    pub gguf: Option<std::path::PathBuf>,
 }
 
 impl Default for EngineOptions {
@@ -37,6 +40,7 @@ impl Default for EngineOptions {
             kv_cache_bytes: 1 << 30,
             kv_blocks: None,
             memory_fraction: None,
+            gguf: None,
         }
     }
 }
@@ -65,6 +69,10 @@ impl Logits {
 pub trait StepEngine: Send {
     fn model_config(&self) -> &ModelConfig;
     fn backend_name(&self) -> &'static str;
+    /// The weights' formats, as `/info` reports them (`bf16`, `q4_1`, `q4_k+q6_k`, ...).
+    fn weights_format(&self) -> &str {
+        "none"
+    }
     fn num_blocks(&self) -> usize;
     /// Runs one ragged step: writes the chunks' K/V, then draws the requested tokens and
     /// scores the requested prompt tokens. Logits stay inside the engine.
@@ -101,7 +109,11 @@ impl Engine<CpuBackend> {
 
 impl<B: Backend> Engine<B> {
     pub fn load(backend: B, dir: &Path, opts: &EngineOptions) -> Result<Self> {
-        let model = Model::load(&backend, dir, LoadOptions { dtype: opts.dtype })?;
+        let load = LoadOptions {
+            dtype: opts.dtype,
+            gguf: opts.gguf.clone(),
+        };
+        let model = Model::load(&backend, dir, &load)?;
         let c = &model.config;
         let kv_dtype = KvCacheConfig::dtype_for_weights(model.dtype);
         let num_blocks = match opts.kv_blocks {
@@ -201,6 +213,10 @@ impl<B: Backend> StepEngine for Engine<B> {
         self.backend.name()
     }
 
+    fn weights_format(&self) -> &str {
+        &self.model.weights
+    }
+
     fn num_blocks(&self) -> usize {
         self.kv.cfg.num_blocks
     }
@@ -250,7 +266,11 @@ impl<B: Backend> StepEngine for Engine<B> {
                 self.model.config.num_layers
             )));
         }
-        let a = LoraAdapter::upload(&self.backend, weights, self.model.dtype)?;
+        let dtype = match self.model.dtype {
+            DType::I8 => DType::BF16,
+            d => d,
+        };
+        let a = LoraAdapter::upload(&self.backend, weights, dtype)?;
         self.adapters.insert(id, a);
         Ok(())
     }

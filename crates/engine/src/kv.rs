@@ -32,7 +32,8 @@ impl KvCacheConfig {
     /// The KV element type for a model whose matrices are `weights`.
     pub fn dtype_for_weights(weights: DType) -> DType {
         match weights {
-            DType::BF16 => DType::BF16,
+            // Quantized weights compute in f32 and keep K/V in bf16 (half the memory).
+            DType::BF16 | DType::I8 => DType::BF16,
             DType::F32 | DType::F16 => DType::F32,
         }
     }

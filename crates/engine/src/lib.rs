@@ -20,6 +20,7 @@ pub mod lora;
 pub mod model;
 pub mod model_store;
 pub mod open;
+pub mod quant;
 pub mod sampling;
 pub mod step;
 #[doc(hidden)]

@@ -80,6 +80,32 @@ pub fn default_model_dir(progress: bool) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// A resolved `--model`: the HF directory (config, tokenizer, and weights converted to f32),
+/// and for a GGUF the file itself, whose quantized blocks the engine can use as they are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedModel {
+    pub dir: PathBuf,
+    pub gguf: Option<PathBuf>,
+}
+
+/// Like [`resolve_model`], keeping the GGUF file a model came from.
+pub fn resolve(spec: Option<&str>, progress: bool) -> Result<ResolvedModel> {
+    let dir = resolve_model(spec, progress)?;
+    let gguf = match spec {
+        None => Some(default_gguf_path(progress)?),
+        Some(s) if is_gguf_file(Path::new(s)) => Some(PathBuf::from(s)),
+        Some(_) => None,
+    };
+    Ok(ResolvedModel { dir, gguf })
+}
+
+fn is_gguf_file(path: &Path) -> bool {
+    path.is_file()
+        && path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
 /// Resolves a `--model` argument: None → the default model; a directory with config.json →
 /// itself; a `.gguf` file → converted once into the cache.
 pub fn resolve_model(spec: Option<&str>, progress: bool) -> Result<PathBuf> {
@@ -95,10 +121,7 @@ pub fn resolve_model(spec: Option<&str>, progress: bool) -> Result<PathBuf> {
             "model directory {spec:?} has no config.json: expected an HF checkpoint directory (config.json, *.safetensors, tokenizer.json) or a .gguf file"
         )));
     }
-    let is_gguf = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-    if is_gguf && path.is_file() {
+    if is_gguf_file(path) {
         let dir = cache_root()?.join(format!("gguf-{}", gguf_cache_key(path)?));
         if !is_complete(&dir) {
             convert_cached(path, &dir, progress)?;

@@ -493,7 +493,7 @@ fn check_weights(m: &Model, dir: &Path, dtype: DType) {
         let t = st.tensor(name).unwrap();
         assert_eq!(t.shape(), shape.as_slice(), "{name}");
         let got: Vec<f32> = match dtype {
-            DType::F32 => t
+            DType::F32 | DType::I8 => t
                 .data()
                 .chunks(4)
                 .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
@@ -510,7 +510,7 @@ fn check_weights(m: &Model, dir: &Path, dtype: DType) {
                 .collect(),
         };
         let want: Vec<f32> = match dtype {
-            DType::F32 => values.clone(),
+            DType::F32 | DType::I8 => values.clone(),
             DType::BF16 => values.iter().map(|&v| bf16::from_f32(v).to_f32()).collect(),
             DType::F16 => values.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
         };

@@ -31,7 +31,8 @@ pub fn upload_pair(a: HostTensor, b: HostTensor, dtype: DType) -> Result<(CpuWei
         }
     }
     let plain = |t: HostTensor| {
-        let t = t.to_dtype(dtype);
+        // Adapters stay in a float type beside quantized base weights.
+        let t = t.to_dtype(if dtype == DType::I8 { DType::BF16 } else { dtype });
         match t.data {
             HostData::F32(data) => CpuWeight::F32 {
                 data,
@@ -39,6 +40,10 @@ pub fn upload_pair(a: HostTensor, b: HostTensor, dtype: DType) -> Result<(CpuWei
             },
             HostData::BF16(data) => CpuWeight::BF16 {
                 data,
+                shape: t.shape,
+            },
+            HostData::Quant(_) => CpuWeight::F32 {
+                data: t.to_f32_vec(),
                 shape: t.shape,
             },
         }
@@ -57,8 +62,8 @@ fn rows(w: &CpuWeight) -> Result<Rows<'_>> {
     match w {
         CpuWeight::F32 { data, .. } => Ok(Rows::F32(data)),
         CpuWeight::BF16 { data, .. } => Ok(Rows::BF16(data)),
-        CpuWeight::Amx { .. } => Err(EngineError::Backend(
-            "LoRA weights are kept plain on the CPU, not in AMX tiles".into(),
+        CpuWeight::Amx { .. } | CpuWeight::Quant { .. } => Err(EngineError::Backend(
+            "LoRA weights are kept plain on the CPU, not in AMX tiles or quantized".into(),
         )),
     }
 }

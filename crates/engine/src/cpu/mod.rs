@@ -2,6 +2,8 @@
 //! fixed reduction order (batch invariant, see `simd.rs`), threads through rayon.
 
 mod amx;
+mod qact;
+pub mod qlinear;
 mod attention;
 mod linear;
 mod lora;
@@ -34,6 +36,11 @@ pub enum CpuWeight {
         packed: amx::AmxWeight,
         shape: Vec<usize>,
     },
+    /// Quantized blocks (GGUF formats or per-channel int8), row ranges in order.
+    Quant {
+        parts: Vec<crate::quant::QMatrix>,
+        shape: Vec<usize>,
+    },
 }
 
 impl CpuWeight {
@@ -41,7 +48,8 @@ impl CpuWeight {
         match self {
             CpuWeight::F32 { shape, .. }
             | CpuWeight::BF16 { shape, .. }
-            | CpuWeight::Amx { shape, .. } => shape,
+            | CpuWeight::Amx { shape, .. }
+            | CpuWeight::Quant { shape, .. } => shape,
         }
     }
 
@@ -51,6 +59,7 @@ impl CpuWeight {
             CpuWeight::F32 { data, .. } => data.len() * 4,
             CpuWeight::BF16 { data, .. } => data.len() * 2,
             CpuWeight::Amx { packed, .. } => packed.bytes(),
+            CpuWeight::Quant { parts, .. } => parts.iter().map(|p| p.bytes()).sum(),
         }
     }
 
@@ -58,7 +67,7 @@ impl CpuWeight {
     fn as_f32(&self) -> &[f32] {
         match self {
             CpuWeight::F32 { data, .. } => data,
-            CpuWeight::BF16 { .. } | CpuWeight::Amx { .. } => {
+            CpuWeight::BF16 { .. } | CpuWeight::Amx { .. } | CpuWeight::Quant { .. } => {
                 panic!("vector weights are uploaded as f32")
             }
         }
@@ -103,6 +112,17 @@ impl Backend for CpuBackend {
         let shape = t.shape;
         Ok(match t.data {
             HostData::F32(data) => CpuWeight::F32 { data, shape },
+            HostData::Quant(parts) if shape.len() == 2 && qlinear::supports(&parts) => {
+                CpuWeight::Quant { parts, shape }
+            }
+            HostData::Quant(parts) => {
+                // A width no kernel tiles (not a multiple of 32): held in bf16 instead.
+                let t = HostTensor {
+                    shape,
+                    data: HostData::Quant(parts),
+                };
+                return self.upload_weight(t.to_dtype(DType::BF16));
+            }
             HostData::BF16(data) if shape.len() == 2 && amx::available() => CpuWeight::Amx {
                 packed: amx::AmxWeight::pack(&data, shape[0], shape[1]),
                 shape,
@@ -148,7 +168,7 @@ impl Backend for CpuBackend {
             Ok(v)
         }
         Ok(match cfg.dtype {
-            DType::BF16 => CpuKv::BF16(zeroed(cfg)?),
+            DType::BF16 | DType::I8 => CpuKv::BF16(zeroed(cfg)?),
             DType::F32 | DType::F16 => CpuKv::F32(zeroed(cfg)?),
         })
     }
@@ -192,6 +212,11 @@ impl Backend for CpuBackend {
                     packed.row_into(id as usize, o);
                 }
             }
+            CpuWeight::Quant { parts, .. } => {
+                for (o, &id) in out.chunks_mut(width).zip(&step.token_ids) {
+                    qlinear::row_into(parts, id as usize, o);
+                }
+            }
         }
         Ok(())
     }
@@ -210,6 +235,7 @@ impl Backend for CpuBackend {
             CpuWeight::F32 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
             CpuWeight::BF16 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
             CpuWeight::Amx { packed, .. } => amx::linear(x, rows, packed, bias, out),
+            CpuWeight::Quant { parts, .. } => qlinear::qlinear(x, rows, parts, bias, out),
         }
         Ok(())
     }

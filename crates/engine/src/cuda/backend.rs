@@ -272,7 +272,9 @@ impl<D: Device> Backend for CudaBackend<D> {
         let (bytes, dtype): (Vec<u8>, ElemType) = if shape.len() >= 2 {
             let bits: Vec<u16> = match t.to_dtype(DType::BF16).data {
                 HostData::BF16(v) => v,
-                HostData::F32(_) => unreachable!("to_dtype(BF16) gives bf16"),
+                HostData::F32(_) | HostData::Quant(_) => {
+                    unreachable!("to_dtype(BF16) gives bf16")
+                }
             };
             (lmi_cuda::device::as_bytes(&bits).to_vec(), ElemType::BF16)
         } else {

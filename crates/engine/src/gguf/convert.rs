@@ -24,6 +24,11 @@ use crate::gguf::tokenizer;
 /// Everything is written into a temporary sibling directory that is renamed into place at the
 /// end, so a failed conversion leaves nothing behind. `out_dir` must not exist, or be empty.
 pub fn convert_gguf(gguf: &Path, out_dir: &Path, dtype: DType, progress: bool) -> Result<()> {
+    if dtype == DType::I8 {
+        return Err(EngineError::Gguf(
+            "lmi convert writes f32, f16 or bf16 checkpoints; int8 is a format the engine makes at load (serve with --dtype int8)".into(),
+        ));
+    }
     let g = GgufFile::open(gguf)?;
     let h = hparams::read(&g)?;
     let tok = tokenizer::build(&g, h.context_length)?;
@@ -190,7 +195,7 @@ impl LazyTensor<'_> {
 impl View for LazyTensor<'_> {
     fn dtype(&self) -> Dtype {
         match self.plan.dtype {
-            DType::F32 => Dtype::F32,
+            DType::F32 | DType::I8 => Dtype::F32,
             DType::F16 => Dtype::F16,
             DType::BF16 => Dtype::BF16,
         }
@@ -220,7 +225,7 @@ impl View for LazyTensor<'_> {
 /// f32 → little-endian bytes of `dtype` (bf16/f16 rounded to nearest even by `half`).
 fn encode(x: &[f32], dtype: DType) -> Vec<u8> {
     match dtype {
-        DType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::F32 | DType::I8 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
         DType::F16 => x
             .iter()
             .flat_map(|&v| f16::from_f32(v).to_le_bytes())

@@ -4,6 +4,7 @@ use half::{bf16, f16};
 
 use crate::error::{EngineError, Result};
 use crate::gguf::ggml_type::GgmlType;
+use crate::quant::{QType, dequantize_block};
 
 /// Dequantizes `n` elements of type `ty` from `data`; `name` is only for error messages.
 pub fn dequantize(name: &str, ty: GgmlType, data: &[u8], n: usize) -> Result<Vec<f32>> {
@@ -17,7 +18,7 @@ pub fn dequantize_into(name: &str, ty: GgmlType, data: &[u8], out: &mut [f32]) -
     let n = out.len();
     let Some((block, bytes)) = ty.block_layout().filter(|_| ty.can_dequantize()) else {
         return Err(EngineError::Gguf(format!(
-            "tensor {name:?} has type {ty}, which cannot be dequantized; supported types are F32, F16, BF16, Q8_0, Q4_0, Q4_1 (re-quantize the model with one of these)"
+            "tensor {name:?} has type {ty}, which cannot be dequantized; supported types are F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (re-quantize the model with one of these)"
         )));
     };
     let (block, bytes) = (block as usize, bytes as usize);
@@ -36,44 +37,12 @@ pub fn dequantize_into(name: &str, ty: GgmlType, data: &[u8], out: &mut [f32]) -
         GgmlType::BF16 => {
             blocks.for_each(|(b, o)| o[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32())
         }
-        GgmlType::Q8_0 => blocks.for_each(|(b, o)| q8_0(b, o)),
-        GgmlType::Q4_0 => blocks.for_each(|(b, o)| q4_0(b, o)),
-        GgmlType::Q4_1 => blocks.for_each(|(b, o)| q4_1(b, o)),
-        _ => unreachable!("can_dequantize covers exactly the types above"),
+        _ => {
+            let qt = QType::from_ggml(ty).expect("can_dequantize covers the float and block types");
+            blocks.for_each(|(b, o)| dequantize_block(qt, b, o))
+        }
     }
     Ok(())
-}
-
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-}
-
-/// 34 bytes: f16 scale d, then 32 signed bytes; x = q·d.
-fn q8_0(b: &[u8], out: &mut [f32]) {
-    let d = f16_at(b, 0);
-    for (o, &q) in out.iter_mut().zip(&b[2..34]) {
-        *o = f32::from(q as i8) * d;
-    }
-}
-
-/// 18 bytes: f16 d, 16 bytes of nibbles; element j is the low nibble of qs[j], element j+16
-/// the high nibble; x = (q − 8)·d.
-fn q4_0(b: &[u8], out: &mut [f32]) {
-    let d = f16_at(b, 0);
-    for (j, &q) in b[2..18].iter().enumerate() {
-        out[j] = (f32::from(q & 0x0f) - 8.0) * d;
-        out[j + 16] = (f32::from(q >> 4) - 8.0) * d;
-    }
-}
-
-/// 20 bytes: f16 d, f16 m, 16 bytes of nibbles laid out as in Q4_0; x = q·d + m.
-fn q4_1(b: &[u8], out: &mut [f32]) {
-    let d = f16_at(b, 0);
-    let m = f16_at(b, 2);
-    for (j, &q) in b[4..20].iter().enumerate() {
-        out[j] = f32::from(q & 0x0f) * d + m;
-        out[j + 16] = f32::from(q >> 4) * d + m;
-    }
 }
 
 #[cfg(test)]
@@ -141,11 +110,11 @@ mod tests {
 
     #[test]
     fn unsupported_type_names_tensor_and_type() {
-        let e = dequantize("blk.0.attn_q.weight", GgmlType(12), &[0; 144], 256)
+        let e = dequantize("blk.0.attn_q.weight", GgmlType(13), &[0; 176], 256)
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("blk.0.attn_q.weight") && e.contains("Q4_K"),
+            e.contains("blk.0.attn_q.weight") && e.contains("Q5_K"),
             "{e}"
         );
     }

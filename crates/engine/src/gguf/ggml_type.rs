@@ -13,6 +13,8 @@ impl GgmlType {
     pub const Q4_0: GgmlType = GgmlType(2);
     pub const Q4_1: GgmlType = GgmlType(3);
     pub const Q8_0: GgmlType = GgmlType(8);
+    pub const Q4_K: GgmlType = GgmlType(12);
+    pub const Q6_K: GgmlType = GgmlType(14);
     pub const BF16: GgmlType = GgmlType(30);
 
     pub fn name(self) -> &'static str {
@@ -88,6 +90,8 @@ impl GgmlType {
                 | GgmlType::Q8_0
                 | GgmlType::Q4_0
                 | GgmlType::Q4_1
+                | GgmlType::Q4_K
+                | GgmlType::Q6_K
         )
     }
 }

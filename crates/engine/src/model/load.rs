@@ -1,29 +1,47 @@
-use std::path::Path;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 
 use super::{Layer, Model};
 use crate::backend::Backend;
 use crate::config::ModelConfig;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::weights::{HostTensor, SafetensorsDir};
+use crate::weights::{GgufWeights, HostData, HostTensor, SafetensorsDir, WeightSource};
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
-    /// dtype of matrices in memory; None keeps the checkpoint's (`torch_dtype`, f16 → f32).
+    /// dtype of matrices in memory; None keeps the checkpoint's: a GGUF's block formats as
+    /// they are, else `torch_dtype` (f16 → f32).
     pub dtype: Option<DType>,
+    /// Read the weights from this GGUF file (the directory still gives config.json).
+    pub gguf: Option<PathBuf>,
 }
 
 impl<B: Backend> Model<B> {
     /// Loads an HF model directory (config.json + safetensors).
-    pub fn load(backend: &B, dir: &Path, opts: LoadOptions) -> Result<Self> {
+    pub fn load(backend: &B, dir: &Path, opts: &LoadOptions) -> Result<Self> {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
-        let st = SafetensorsDir::open(dir)?;
-        let dtype = match opts.dtype {
-            Some(DType::BF16) => DType::BF16,
-            // f16 checkpoints are computed in f32 on the CPU.
-            Some(DType::F32 | DType::F16) => DType::F32,
-            None if config.torch_dtype.as_deref() == Some("bfloat16") => DType::BF16,
-            None => DType::F32,
+        let (st, dtype) = match (&opts.gguf, opts.dtype) {
+            // As stored: block formats stay; float matrices are held in bf16.
+            (Some(path), None) => (
+                WeightSource::Gguf(GgufWeights::open(path, true)?),
+                DType::BF16,
+            ),
+            (Some(path), Some(d)) => (WeightSource::Gguf(GgufWeights::open(path, false)?), d),
+            (None, d) => {
+                let d = match d {
+                    Some(d) => d,
+                    None if config.torch_dtype.as_deref() == Some("bfloat16") => DType::BF16,
+                    None => DType::F32,
+                };
+                (WeightSource::Safetensors(SafetensorsDir::open(dir)?), d)
+            }
+        };
+        // f16 checkpoints are computed in f32 on the CPU.
+        let dtype = if dtype == DType::F16 {
+            DType::F32
+        } else {
+            dtype
         };
         Self::from_tensors(backend, config, &st, dtype)
     }
@@ -31,12 +49,28 @@ impl<B: Backend> Model<B> {
     fn from_tensors(
         backend: &B,
         config: ModelConfig,
-        st: &SafetensorsDir,
+        st: &WeightSource,
         dtype: DType,
     ) -> Result<Self> {
         let c = &config;
         let h = c.hidden_size;
-        let mat = |name: &str, shape: &[usize]| st.load(name, shape, dtype);
+        let formats = std::cell::RefCell::new(BTreeSet::new());
+        let mat = |name: &str, shape: &[usize]| -> Result<HostTensor> {
+            let t = st.load(name, shape, dtype)?;
+            let mut f = formats.borrow_mut();
+            match &t.data {
+                HostData::Quant(parts) => parts.iter().for_each(|p| {
+                    f.insert(p.qtype.name());
+                }),
+                HostData::BF16(_) => {
+                    f.insert("bf16");
+                }
+                HostData::F32(_) => {
+                    f.insert("f32");
+                }
+            }
+            Ok(t)
+        };
         let vec = |name: &str, len: usize| -> Result<B::Weight> {
             backend.upload_weight(st.load(name, &[len], DType::F32)?)
         };
@@ -97,9 +131,18 @@ impl<B: Backend> Model<B> {
         }
         let final_norm = vec("model.norm.weight", h)?;
         let rope = backend.rope_table(&c.rope_inv_freq())?;
+        let weights = formats.into_inner().into_iter().collect::<Vec<_>>().join("+");
+        // Quantized matrices compute in f32 beside bf16 K/V and bf16 LoRA adapters.
+        let quantized = weights.split('+').any(|f| f != "bf16" && f != "f32");
+        let dtype = if quantized && dtype != DType::F32 {
+            DType::I8
+        } else {
+            dtype
+        };
         Ok(Model {
             config,
             dtype,
+            weights,
             embed,
             lm_head,
             final_norm,

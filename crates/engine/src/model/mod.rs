@@ -30,8 +30,11 @@ pub(crate) struct Layer<B: Backend> {
 
 pub struct Model<B: Backend> {
     pub config: ModelConfig,
-    /// Element type of the matrices in memory.
+    /// Element type of the matrices in memory (`I8` for any quantized format: then K/V and
+    /// LoRA adapters are bf16).
     pub dtype: DType,
+    /// The formats of the matrices, e.g. `bf16`, `q4_1`, `q4_k+q6_k`, `int8`.
+    pub weights: String,
     embed: B::Weight,
     /// None when the embeddings are tied (the LM head reads `embed`).
     lm_head: Option<B::Weight>,

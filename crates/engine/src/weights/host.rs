@@ -1,13 +1,17 @@
 use half::{bf16, f16};
 
 use crate::dtype::DType;
+use crate::quant::QMatrix;
 
-/// Tensor data on the host in the dtype a backend will keep it in.
+/// Tensor data on the host in the form a backend will keep it in.
 #[derive(Debug, Clone, PartialEq)]
 pub enum HostData {
     F32(Vec<f32>),
     /// bf16 bit patterns.
     BF16(Vec<u16>),
+    /// A quantized matrix: row ranges in order, each in one block format (a fused QKV of a
+    /// Q4_K_M file mixes Q4_K and Q6_K).
+    Quant(Vec<QMatrix>),
 }
 
 /// A row-major host tensor.
@@ -26,27 +30,44 @@ impl HostTensor {
         }
     }
 
-    pub fn len(&self) -> usize {
-        match &self.data {
-            HostData::F32(v) => v.len(),
-            HostData::BF16(v) => v.len(),
+    /// A quantized `[rows, cols]` matrix.
+    pub fn quant(m: QMatrix) -> Self {
+        HostTensor {
+            shape: vec![m.rows, m.cols],
+            data: HostData::Quant(vec![m]),
         }
+    }
+
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    pub fn dtype(&self) -> DType {
-        match self.data {
-            HostData::F32(_) => DType::F32,
-            HostData::BF16(_) => DType::BF16,
-        }
-    }
-
-    /// Converts to `dtype` (F16 is held as F32: backends compute f16 checkpoints in f32).
+    /// Converts to `dtype`: quantized data is dequantized for a float dtype, float data is
+    /// quantized per channel for `I8` (F16 is held as F32: backends compute f16 checkpoints in
+    /// f32).
     pub fn to_dtype(self, dtype: DType) -> Self {
         let data = match (self.data, dtype) {
+            (HostData::Quant(parts), DType::I8) => HostData::Quant(parts),
+            (HostData::Quant(parts), d) => {
+                let v = parts.iter().flat_map(QMatrix::dequantize).collect();
+                return HostTensor::f32(self.shape, v).to_dtype(d);
+            }
+            (d, DType::I8) if self.shape.len() == 2 => {
+                let (rows, cols) = (self.shape[0], self.shape[1]);
+                let v = HostTensor {
+                    shape: self.shape.clone(),
+                    data: d,
+                }
+                .to_f32_vec();
+                match QMatrix::quantize(crate::quant::QType::I8, rows, cols, &v) {
+                    Ok(m) => HostData::Quant(vec![m]),
+                    Err(_) => HostData::F32(v),
+                }
+            }
             (HostData::F32(v), DType::BF16) => {
                 HostData::BF16(v.into_iter().map(|x| bf16::from_f32(x).to_bits()).collect())
             }
@@ -65,25 +86,50 @@ impl HostTensor {
         match &self.data {
             HostData::F32(v) => v.clone(),
             HostData::BF16(v) => v.iter().map(|&b| bf16::from_bits(b).to_f32()).collect(),
+            HostData::Quant(parts) => parts.iter().flat_map(QMatrix::dequantize).collect(),
         }
     }
 
-    /// Concatenates tensors along dim 0 (fusing q/k/v or gate/up projections).
-    /// All parts must share the trailing dims and the dtype.
+    /// Concatenates tensors along dim 0 (fusing q/k/v or gate/up projections). All parts
+    /// share the trailing dims; the result has the first part's form (quantized parts stay
+    /// quantized when every part is).
     pub fn concat_rows(parts: Vec<HostTensor>) -> HostTensor {
         let cols: usize = parts[0].shape[1..].iter().product();
         let rows: usize = parts.iter().map(|p| p.shape[0]).sum();
         let mut shape = parts[0].shape.clone();
         shape[0] = rows;
-        let data = match parts[0].dtype() {
-            DType::BF16 => {
+        let all_quant = parts.iter().all(|p| matches!(p.data, HostData::Quant(_)));
+        let data = match &parts[0].data {
+            HostData::Quant(_) if all_quant => {
+                let mut out: Vec<QMatrix> = Vec::new();
+                for p in parts {
+                    let HostData::Quant(ms) = p.data else {
+                        unreachable!("all parts are quantized")
+                    };
+                    for m in ms {
+                        match out.last_mut() {
+                            // Same format: one longer matrix (fewer, larger tiles).
+                            Some(last) if last.qtype == m.qtype => {
+                                last.rows += m.rows;
+                                last.data.extend_from_slice(&m.data);
+                                last.row_scale.extend_from_slice(&m.row_scale);
+                            }
+                            _ => out.push(m),
+                        }
+                    }
+                }
+                HostData::Quant(out)
+            }
+            HostData::BF16(_) => {
                 let mut out = Vec::with_capacity(rows * cols);
                 for p in parts {
                     match p.data {
                         HostData::BF16(v) => out.extend(v),
-                        HostData::F32(v) => {
-                            out.extend(v.into_iter().map(|x| bf16::from_f32(x).to_bits()))
-                        }
+                        _ => out.extend(
+                            p.to_f32_vec()
+                                .into_iter()
+                                .map(|x| bf16::from_f32(x).to_bits()),
+                        ),
                     }
                 }
                 HostData::BF16(out)

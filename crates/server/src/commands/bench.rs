@@ -2,6 +2,7 @@
 //! sizes, and batch-1 decode against the memory roofline (weight bytes per step over a
 //! bandwidth measured here).
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use lmi_engine::engine::{EngineOptions, StepEngine};
@@ -73,9 +74,27 @@ pub struct ModelArgs {
     /// Device: cpu, cuda or cuda:<ordinal>.
     #[arg(long, default_value = "cpu")]
     pub device: Device,
-    /// Weight dtype in memory.
-    #[arg(long, default_value = "bf16")]
-    pub dtype: DType,
+    /// Weight dtype in memory (f32, bf16, int8); when absent a GGUF's quantized blocks as
+    /// they are on the CPU, else bf16.
+    #[arg(long)]
+    pub dtype: Option<DType>,
+}
+
+impl ModelArgs {
+    /// The model directory, the dtype to ask the engine for, and the GGUF it came from.
+    pub fn resolve(&self) -> anyhow::Result<(PathBuf, Option<DType>, Option<PathBuf>)> {
+        let r = model_store::resolve(self.model.as_deref(), true)?;
+        let dtype = match self.dtype {
+            Some(d) => Some(d),
+            None if r.gguf.is_some() && self.device == Device::Cpu => None,
+            None => Some(DType::BF16),
+        };
+        Ok((r.dir, dtype, r.gguf))
+    }
+
+    pub fn dtype_name(dtype: Option<DType>) -> String {
+        dtype.map_or_else(|| "GGUF blocks as stored".to_string(), |d| d.to_string())
+    }
 }
 
 #[derive(clap::Args)]
@@ -147,7 +166,7 @@ pub fn measure_read_bandwidth() -> f64 {
 }
 
 fn engine(a: EngineArgs) -> anyhow::Result<()> {
-    let dir = model_store::resolve_model(a.m.model.as_deref(), true)?;
+    let (dir, dtype, gguf) = a.m.resolve()?;
     let batches = match (a.batch.is_empty(), a.m.device) {
         (false, _) => a.batch.clone(),
         (true, Device::Cpu) => vec![1, 4, 16, 64],
@@ -156,7 +175,8 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
     let max_batch = batches.iter().copied().max().unwrap_or(1);
     let per_seq = (a.prompt_len + a.decode_steps + 1).div_ceil(BLOCK_SIZE);
     let opts = EngineOptions {
-        dtype: Some(a.m.dtype),
+        dtype,
+        gguf: gguf.clone(),
         kv_blocks: Some(per_seq * max_batch),
         ..Default::default()
     };
@@ -178,7 +198,7 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
     };
     let weight_bytes = engine.weight_bytes();
     let c = engine.model_config();
-    let kv_elem = if a.m.dtype == DType::F32 && a.m.device == Device::Cpu {
+    let kv_elem = if dtype == Some(DType::F32) && a.m.device == Device::Cpu {
         4
     } else {
         2
@@ -191,7 +211,7 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
         "model {} on {} ({} weights, {:.1} MB of weights and {:.1} KB of K/V per token of context read per decode step), {} host threads, {what} {:.2} GB/s",
         dir.display(),
         a.m.device,
-        a.m.dtype,
+        ModelArgs::dtype_name(dtype),
         weight_bytes as f64 / 1e6,
         kv_per_token as f64 / 1e3,
         rayon::current_num_threads(),
@@ -270,12 +290,12 @@ fn greedy_step(engine: &mut dyn StepEngine, chunks: &[SeqChunk]) -> anyhow::Resu
 }
 
 fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
-    let dir = model_store::resolve_model(a.m.model.as_deref(), true)?;
+    let (dir, dtype, gguf) = a.m.resolve()?;
     let tokenizer = lmi_text::Tokenizer::from_dir(&dir)?;
     println!(
         "model {} ({} weights), prompt {} tokens, {} new tokens per request, {} threads\n",
         dir.display(),
-        a.m.dtype,
+        ModelArgs::dtype_name(dtype),
         a.prompt_len,
         a.max_new_tokens,
         rayon::current_num_threads()
@@ -287,7 +307,8 @@ fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     for &c in &a.concurrency {
         let per_seq = (a.prompt_len + a.max_new_tokens).div_ceil(BLOCK_SIZE);
         let opts = EngineOptions {
-            dtype: Some(a.m.dtype),
+            dtype,
+        gguf: gguf.clone(),
             kv_blocks: Some(per_seq * c + 8),
             ..Default::default()
         };

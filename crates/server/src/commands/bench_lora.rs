@@ -13,7 +13,6 @@ use std::time::Instant;
 use anyhow::Context;
 use lmi_engine::engine::EngineOptions;
 use lmi_engine::lora::Target;
-use lmi_engine::model_store;
 use lmi_engine::testing::{PeftSpec, write_peft_adapter};
 
 use super::bench::{LoadArgs, ModelArgs};
@@ -50,7 +49,7 @@ enum Pick {
 }
 
 pub fn run(a: LoraArgs) -> anyhow::Result<()> {
-    let dir = model_store::resolve_model(a.m.model.as_deref(), true)?;
+    let (dir, dtype, _) = a.m.resolve()?;
     let config = lmi_engine::ModelConfig::from_file(&dir.join("config.json"))?;
     let targets: Vec<&'static str> = match a.targets.as_str() {
         "qv" => vec!["self_attn.q_proj", "self_attn.v_proj"],
@@ -71,7 +70,7 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         "model {} on {} ({} weights), rank-{} adapters on {}, {} clients x {} requests, prompt {} tokens, {} new tokens\n",
         dir.display(),
         a.m.device,
-        a.m.dtype,
+        ModelArgs::dtype_name(dtype),
         a.rank,
         a.targets,
         a.load.concurrency,
@@ -131,8 +130,10 @@ fn run_case(
     max_loras: usize,
 ) -> anyhow::Result<CaseResult> {
     let per_seq = (a.load.prompt_len + a.load.max_new_tokens).div_ceil(lmi_engine::BLOCK_SIZE);
+    let (_, dtype, gguf) = a.m.resolve()?;
     let opts = EngineOptions {
-        dtype: Some(a.m.dtype),
+        dtype,
+        gguf: gguf.clone(),
         kv_blocks: Some(per_seq * a.load.concurrency + 8),
         ..Default::default()
     };

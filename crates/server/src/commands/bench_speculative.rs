@@ -12,7 +12,6 @@ use std::time::Instant;
 
 use anyhow::Context;
 use lmi_engine::engine::EngineOptions;
-use lmi_engine::model_store;
 
 use super::bench::ModelArgs;
 use lmi_scheduler::{
@@ -126,14 +125,14 @@ fn prompts(task: Task, tok: &Tokenizer, tpl: Option<&ChatTemplate>) -> anyhow::R
 }
 
 pub fn run(a: &SpeculativeArgs) -> anyhow::Result<()> {
-    let dir = model_store::resolve_model(a.m.model.as_deref(), true)?;
+    let (dir, dtype, _) = a.m.resolve()?;
     let tokenizer = Tokenizer::from_dir(&dir)?;
     let template = ChatTemplate::from_model_dir(&dir).ok().flatten();
     println!(
         "lmi bench speculative: {} ({}, {}), {} request(s) per client, prompt lookup {}-{}:{}",
         dir.display(),
         a.m.device,
-        a.m.dtype,
+        ModelArgs::dtype_name(dtype),
         a.requests,
         a.ngram.min,
         a.ngram.max,
@@ -205,8 +204,10 @@ fn run_case(
         .map(|p| p.ids.len() + p.max_new)
         .max()
         .unwrap_or(0);
+    let (_, dtype, gguf) = a.m.resolve()?;
     let opts = EngineOptions {
-        dtype: Some(a.m.dtype),
+        dtype,
+        gguf: gguf.clone(),
         kv_blocks: Some(longest.div_ceil(lmi_engine::BLOCK_SIZE) * clients + 8),
         ..Default::default()
     };

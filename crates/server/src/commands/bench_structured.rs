@@ -12,7 +12,6 @@ use std::time::Instant;
 
 use anyhow::Context;
 use lmi_engine::engine::EngineOptions;
-use lmi_engine::model_store;
 
 use super::bench::{LoadArgs, ModelArgs};
 use lmi_scheduler::constraint::{Grammar, GrammarSpec, Guide};
@@ -69,7 +68,7 @@ pub fn schema(i: usize) -> Value {
 }
 
 pub fn run(a: StructuredArgs) -> anyhow::Result<()> {
-    let dir = model_store::resolve_model(a.m.model.as_deref(), true)?;
+    let (dir, dtype, _) = a.m.resolve()?;
     let tokenizer = lmi_text::Tokenizer::from_dir(&dir)?;
     let config = lmi_engine::ModelConfig::from_file(&dir.join("config.json"))?;
     let mut eos = config.eos_token_ids.clone();
@@ -90,7 +89,7 @@ pub fn run(a: StructuredArgs) -> anyhow::Result<()> {
          {} schemas compiled in {compile_ms:.1} ms each\n",
         dir.display(),
         a.m.device,
-        a.m.dtype,
+        ModelArgs::dtype_name(dtype),
         a.load.concurrency,
         a.load.requests,
         a.load.prompt_len,
@@ -166,8 +165,10 @@ fn run_case(
     grammars: Option<&Vec<Grammar>>,
 ) -> anyhow::Result<CaseResult> {
     let per_seq = (a.load.prompt_len + a.load.max_new_tokens).div_ceil(lmi_engine::BLOCK_SIZE);
+    let (_, dtype, gguf) = a.m.resolve()?;
     let opts = EngineOptions {
-        dtype: Some(a.m.dtype),
+        dtype,
+        gguf: gguf.clone(),
         kv_blocks: Some(per_seq * a.load.concurrency + 8),
         ..Default::default()
     };

@@ -20,7 +20,8 @@ pub struct Args {
     /// Device: cpu, cuda or cuda:<ordinal>.
     #[arg(long, default_value = "cpu")]
     device: Device,
-    /// Weight dtype in memory (f32 or bf16); the checkpoint's when absent.
+    /// Weight dtype in memory (f32, bf16 or int8); when absent the checkpoint's (a GGUF's
+    /// quantized blocks as they are).
     #[arg(long)]
     dtype: Option<DType>,
     /// The prompt text.
@@ -46,7 +47,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let dir = model_store::resolve_model(a.model.as_deref(), true)?;
+    let resolved = model_store::resolve(a.model.as_deref(), true)?;
+    let dir = resolved.dir.clone();
     let tokenizer = Tokenizer::from_dir(&dir).context("loading the tokenizer")?;
     let prompt_text = if a.chat {
         let template = lmi_text::ChatTemplate::from_model_dir(&dir)?
@@ -64,6 +66,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let blocks = total.div_ceil(BLOCK_SIZE);
     let opts = EngineOptions {
         dtype: a.dtype,
+        gguf: resolved.gguf.clone(),
         kv_blocks: Some(blocks),
         ..Default::default()
     };

@@ -49,7 +49,8 @@ pub struct Args {
     /// Device: cpu, cuda or cuda:<ordinal>.
     #[arg(long, default_value = "cpu")]
     device: Device,
-    /// Weight dtype in memory (f32 or bf16); the checkpoint's when absent.
+    /// Weight dtype in memory (f32, bf16 or int8); when absent the checkpoint's (a GGUF's
+    /// quantized blocks as they are).
     #[arg(long)]
     dtype: Option<DType>,
     /// Request i samples with seed `seed + i`.
@@ -73,7 +74,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     input.check_lora_paths().map_err(anyhow::Error::msg)?;
 
     // 2. The model's description, checked against the file before any weight is loaded.
-    let dir = model_store::resolve_model(a.model.as_deref(), true)?;
+    let resolved = model_store::resolve(a.model.as_deref(), true)?;
+    let dir = resolved.dir.clone();
     let config = ModelConfig::from_file(&dir.join("config.json"))?;
     let model_name = dir
         .file_name()
@@ -108,6 +110,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let load_started = Instant::now();
     let opts = EngineOptions {
         dtype: a.dtype,
+        gguf: resolved.gguf.clone(),
         kv_cache_bytes: a.kv_cache_mib << 20,
         kv_blocks: None,
         memory_fraction: None,

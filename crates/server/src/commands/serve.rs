@@ -224,28 +224,32 @@ async fn shutdown_signal() {
 
 /// Resolves, loads and starts everything the routes need (blocking: run off the runtime).
 pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Result<LoadedModel> {
-    let dir = model_store::resolve_model(config.model_id.as_deref(), true)?;
+    let resolved = model_store::resolve(config.model_id.as_deref(), true)?;
+    let dir = resolved.dir.clone();
     let tokenizer = Tokenizer::from_dir(&dir)
         .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
     let chat_template = ChatTemplate::from_model_dir(&dir)
         .with_context(|| format!("loading the chat template of {}", dir.display()))?;
     let (engine, dtype): (Box<dyn StepEngine>, String) = match config.engine_mode {
         EngineMode::Model => {
-            let dtype = config.engine_dtype();
-            tracing::info!(
-                "loading {} on {}, weights in {dtype}",
-                dir.display(),
-                config.device
-            );
+            let dtype = config.engine_dtype_for(resolved.gguf.is_some());
+            let source = resolved.gguf.as_deref().unwrap_or(&dir);
             let opts = EngineOptions {
-                dtype: Some(dtype),
+                dtype,
                 kv_cache_bytes: config.kv_cache_bytes,
                 kv_blocks: None,
                 memory_fraction: config.gpu_memory_utilization,
+                gguf: resolved.gguf.clone(),
             };
             let engine = lmi_engine::open(config.device, &dir, &opts)
-                .with_context(|| format!("loading the model {}", dir.display()))?;
-            (engine, dtype.to_string())
+                .with_context(|| format!("loading the model {}", source.display()))?;
+            let weights = engine.weights_format().to_string();
+            tracing::info!(
+                "loaded {} on {}, weights in {weights}",
+                source.display(),
+                config.device
+            );
+            (engine, weights)
         }
         EngineMode::Null => {
             tracing::info!(
@@ -293,8 +297,9 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
     let backend = engine.backend_name();
     let draft = match (&config.speculative_draft_model, config.engine_mode) {
         (Some(name), EngineMode::Model) => {
-            let ddir = model_store::resolve_model(Some(name), true)
+            let draft = model_store::resolve(Some(name), true)
                 .with_context(|| format!("option.speculative_draft_model {name:?}"))?;
+            let ddir = draft.dir.clone();
             tracing::info!(
                 "loading the draft model {} on {}",
                 ddir.display(),
@@ -303,10 +308,11 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
             // Its KV cache takes a quarter of the model's byte budget (sized in bytes on a GPU
             // too: leave room with option.gpu_memory_utilization).
             let opts = EngineOptions {
-                dtype: Some(config.engine_dtype()),
+                dtype: config.engine_dtype_for(draft.gguf.is_some()),
                 kv_cache_bytes: config.kv_cache_bytes / 4,
                 kv_blocks: None,
                 memory_fraction: None,
+                gguf: draft.gguf,
             };
             Some(
                 lmi_engine::open(config.device, &ddir, &opts)

@@ -394,6 +394,12 @@ impl ServingConfig {
                 )
             })?),
         };
+        if let (Device::Cuda(_), DTypeChoice::Fixed(DType::I8)) = (device, dtype) {
+            bail!(
+                "option.dtype=int8 ({}): the CUDA engine keeps weights in bf16; use bf16, fp16 or auto",
+                source_of(&raw, "option.dtype")
+            );
+        }
         if let (Device::Cuda(_), DTypeChoice::Fixed(DType::F32)) = (device, dtype) {
             bail!(
                 "option.dtype=fp32 ({}): the CUDA engine keeps weights in bf16; use bf16, fp16 or auto",
@@ -555,12 +561,21 @@ impl ServingConfig {
         })
     }
 
-    /// The weight dtype the engine loads: `auto` is bf16 (on the CPU 2x faster decode than
-    /// f32; the CUDA engine keeps every matrix in bf16).
+    /// The weight dtype the engine loads for an HF checkpoint: `auto` is bf16 (on the CPU 2x
+    /// faster decode than f32; the CUDA engine keeps every matrix in bf16).
     pub fn engine_dtype(&self) -> DType {
         match self.dtype {
             DTypeChoice::Auto => DType::BF16,
             DTypeChoice::Fixed(d) => d,
+        }
+    }
+
+    /// The dtype to ask the engine for, given whether the model is a GGUF file: on the CPU,
+    /// `auto` serves a GGUF's quantized blocks as they are (None).
+    pub fn engine_dtype_for(&self, gguf: bool) -> Option<DType> {
+        match (self.dtype, gguf, self.device) {
+            (DTypeChoice::Auto, true, Device::Cpu) => None,
+            _ => Some(self.engine_dtype()),
         }
     }
 
@@ -580,6 +595,9 @@ impl ServingConfig {
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "(none)".into());
         let dtype = match self.dtype {
+            DTypeChoice::Auto if self.device == Device::Cpu => {
+                "auto (a GGUF's blocks as stored, else bf16)".to_string()
+            }
             DTypeChoice::Auto => format!("{} (auto)", self.engine_dtype()),
             DTypeChoice::Fixed(d) => d.to_string(),
         };

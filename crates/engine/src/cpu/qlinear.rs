@@ -1,0 +1,711 @@
+//! `out[m, n] = x[m, k] · w[n, k]ᵀ` for quantized weights ([`QMatrix`]): activations are
+//! quantized to int8 per block of 32 (`qact.rs`), each 32-value sub-block's integer dot
+//! product runs on `vpdpbusd` (AVX512-VNNI, AVX-VNNI) or `vpmaddubsw` + `vpmaddwd` (AVX-512BW,
+//! AVX2), and is scaled into f32 accumulators by the weight's and the activation's scales.
+//!
+//! Weights are decoded to unsigned bytes in registers straight from ggml's block layouts:
+//! value = scale·u + min per lane of 4 values, so the min term is `min · d·Σq` over the
+//! activation lane (`QAct::s`). Q8_0 and I8 are signed: |w| times x with w's sign.
+//!
+//! Batch invariance (see `simd.rs`): every output element goes through the same instructions
+//! whatever the tile shape or the batch. Integer dot products are exact, so the VNNI and
+//! non-VNNI instructions of one width give the same bits; the 512- and 256-bit paths sum
+//! their lanes in another order, and a process uses one path (`qpath`).
+
+use rayon::prelude::*;
+
+use super::qact::{LANES, QAct, QK};
+use crate::quant::{QMatrix, QType, dequantize_block};
+
+/// Which instructions run the products: decided once per process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QPath {
+    Avx512Vnni,
+    Avx512,
+    AvxVnni,
+    Avx2,
+    Scalar,
+}
+
+impl QPath {
+    /// Every path this CPU can run (tests compare them).
+    pub fn available() -> Vec<QPath> {
+        let mut v = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            let has = |f: &str| match f {
+                "avx512" => {
+                    std::arch::is_x86_feature_detected!("avx512f")
+                        && std::arch::is_x86_feature_detected!("avx512bw")
+                        && std::arch::is_x86_feature_detected!("avx512vl")
+                        && std::arch::is_x86_feature_detected!("avx512dq")
+                        && std::arch::is_x86_feature_detected!("f16c")
+                }
+                "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
+                "avxvnni" => std::arch::is_x86_feature_detected!("avxvnni"),
+                _ => {
+                    std::arch::is_x86_feature_detected!("avx2")
+                        && std::arch::is_x86_feature_detected!("fma")
+                        && std::arch::is_x86_feature_detected!("f16c")
+                }
+            };
+            if has("avx512") && has("avx512vnni") {
+                v.push(QPath::Avx512Vnni);
+            }
+            if has("avx512") {
+                v.push(QPath::Avx512);
+            }
+            if has("avx2") && has("avxvnni") {
+                v.push(QPath::AvxVnni);
+            }
+            if has("avx2") {
+                v.push(QPath::Avx2);
+            }
+        }
+        v.push(QPath::Scalar);
+        v
+    }
+
+    fn is_512(self) -> bool {
+        matches!(self, QPath::Avx512Vnni | QPath::Avx512)
+    }
+}
+
+/// The path this process uses: the widest available, less what `LMI_CPU_NO_AVX512` and
+/// `LMI_CPU_NO_VNNI` turn off.
+pub fn qpath() -> QPath {
+    static PATH: std::sync::OnceLock<QPath> = std::sync::OnceLock::new();
+    *PATH.get_or_init(|| {
+        let no512 = std::env::var_os("LMI_CPU_NO_AVX512").is_some();
+        let novnni = std::env::var_os("LMI_CPU_NO_VNNI").is_some();
+        QPath::available()
+            .into_iter()
+            .find(|p| {
+                !(no512 && p.is_512()) && !(novnni && matches!(p, QPath::Avx512Vnni | QPath::AvxVnni))
+            })
+            .unwrap_or(QPath::Scalar)
+    })
+}
+
+/// Input rows per tile at most.
+const MR_MAX: usize = 4;
+/// Up to this many rows, weight tiles are the outer loop (each is decoded once per row tile
+/// while in L1); beyond, row tiles are (the chunk's weights stay in L2).
+const SMALL_M: usize = 64;
+
+/// `out[m, n] = x[m, k] · wᵀ (+ bias)` where `w` is the row-wise concatenation of `parts`
+/// (a fused QKV may mix formats, as Q4_K_M files do).
+pub fn qlinear(x: &[f32], m: usize, parts: &[QMatrix], bias: Option<&[f32]>, out: &mut [f32]) {
+    qlinear_with(qpath(), x, m, parts, bias, out)
+}
+
+/// Whether the kernels take these parts: one width, a whole number of 32-value sub-blocks.
+pub fn supports(parts: &[QMatrix]) -> bool {
+    parts
+        .first()
+        .is_some_and(|p| p.cols.is_multiple_of(QK) && parts.iter().all(|q| q.cols == p.cols))
+}
+
+/// Row `r` of the concatenated parts, dequantized (embedding lookups).
+pub fn row_into(parts: &[QMatrix], mut r: usize, out: &mut [f32]) {
+    for p in parts {
+        if r < p.rows {
+            return p.dequantize_row(r, out);
+        }
+        r -= p.rows;
+    }
+    out.fill(0.0);
+}
+
+#[derive(Clone, Copy)]
+struct Tile {
+    part: usize,
+    /// First weight row in the part.
+    row: usize,
+    /// First output column.
+    col: usize,
+    nr: usize,
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: tasks write disjoint column ranges of the output.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+pub fn qlinear_with(
+    path: QPath,
+    x: &[f32],
+    m: usize,
+    parts: &[QMatrix],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    let k = parts[0].cols;
+    let n: usize = parts.iter().map(|p| p.rows).sum();
+    assert!(parts.iter().all(|p| p.cols == k) && k.is_multiple_of(QK));
+    assert!(x.len() >= m * k && out.len() >= m * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    let a = QAct::new(x, m, k);
+    let nrm = match (path.is_512(), m) {
+        (true, 1) => 8,
+        (true, _) | (false, 1) => 4,
+        (false, _) => 2,
+    };
+    let mut tiles = Vec::with_capacity(n / nrm + parts.len() * 2);
+    let mut col = 0;
+    for (pi, p) in parts.iter().enumerate() {
+        let mut r = 0;
+        while r < p.rows {
+            let left = p.rows - r;
+            let nr = if left >= nrm {
+                nrm
+            } else if left >= 4 && nrm > 4 {
+                4
+            } else {
+                1
+            };
+            tiles.push(Tile {
+                part: pi,
+                row: r,
+                col,
+                nr,
+            });
+            r += nr;
+            col += nr;
+        }
+    }
+    let mut rows = Vec::with_capacity(m / MR_MAX + MR_MAX);
+    let mut i = 0;
+    while i < m {
+        let mr = if m - i >= MR_MAX { MR_MAX } else { 1 };
+        rows.push((i, mr));
+        i += mr;
+    }
+    let threads = rayon::current_num_threads().max(1);
+    let per = if m * n * k < 1 << 16 || threads == 1 {
+        tiles.len()
+    } else {
+        tiles.len().div_ceil(threads * 4).max(1)
+    };
+    let o = SendPtr(out.as_mut_ptr());
+    let run = |chunk: &[Tile]| {
+        let o = o;
+        let one = |t: &Tile, i: usize, mr: usize| {
+            // SAFETY: the tile's weight rows exist in its part, its input rows in `a`, and
+            // its output columns are this chunk's alone.
+            unsafe { tile(path, &a, &parts[t.part], t.row, t.nr, i, mr, o.0.add(i * n + t.col), n) }
+        };
+        if m <= SMALL_M {
+            for t in chunk {
+                for &(i, mr) in &rows {
+                    one(t, i, mr);
+                }
+            }
+        } else {
+            for &(i, mr) in &rows {
+                for t in chunk {
+                    one(t, i, mr);
+                }
+            }
+        }
+    };
+    if per >= tiles.len() {
+        run(&tiles);
+    } else {
+        tiles.par_chunks(per).for_each(run);
+    }
+    if let Some(b) = bias {
+        for row in out[..m * n].chunks_exact_mut(n) {
+            for (v, &bv) in row.iter_mut().zip(b) {
+                *v += bv;
+            }
+        }
+    }
+}
+
+/// One `mr × nr` tile: rows `i..i+mr` of the activations against weight rows `row..row+nr`
+/// of `w`, into `out[(i + r)·ldo + c]` for c in 0..nr.
+///
+/// # Safety
+/// Rows and output extents as described must exist.
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile(
+    path: QPath,
+    a: &QAct,
+    w: &QMatrix,
+    row: usize,
+    nr: usize,
+    i: usize,
+    mr: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let rb = w.row_bytes();
+    let args = TileArgs {
+        a,
+        i0: i,
+        w: unsafe { w.data.as_ptr().add(row * rb) },
+        rb,
+        rs: if w.qtype == QType::I8 {
+            unsafe { w.row_scale.as_ptr().add(row) }
+        } else {
+            std::ptr::null()
+        },
+        nsub: w.cols / QK,
+        out,
+        ldo,
+    };
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        use x86::*;
+        macro_rules! by_fmt {
+            ($kernel:ident) => {
+                match w.qtype {
+                    QType::Q8_0 => by_shape!($kernel, Q8_0),
+                    QType::Q4_0 => by_shape!($kernel, Q4_0),
+                    QType::Q4_1 => by_shape!($kernel, Q4_1),
+                    QType::Q4_K => by_shape!($kernel, Q4K),
+                    QType::Q6_K => by_shape!($kernel, Q6K),
+                    QType::I8 => by_shape!($kernel, I8),
+                }
+            };
+        }
+        macro_rules! by_shape {
+            ($kernel:ident, $f:ty) => {
+                match (mr, nr) {
+                    (1, 8) => $kernel::<$f, 1, 8>(&args),
+                    (1, 4) => $kernel::<$f, 1, 4>(&args),
+                    (1, 2) => $kernel::<$f, 1, 2>(&args),
+                    (4, 4) => $kernel::<$f, 4, 4>(&args),
+                    (4, 2) => $kernel::<$f, 4, 2>(&args),
+                    (4, 1) => $kernel::<$f, 4, 1>(&args),
+                    _ => {
+                        for r in 0..mr {
+                            for c in 0..nr {
+                                let one = TileArgs {
+                                    i0: i + r,
+                                    w: args.w.add(c * rb),
+                                    rs: if args.rs.is_null() {
+                                        args.rs
+                                    } else {
+                                        args.rs.add(c)
+                                    },
+                                    out: out.add(r * ldo + c),
+                                    ..args
+                                };
+                                $kernel::<$f, 1, 1>(&one);
+                            }
+                        }
+                    }
+                }
+            };
+        }
+        match path {
+            QPath::Avx512Vnni => return by_fmt!(k512_vnni),
+            QPath::Avx512 => return by_fmt!(k512_bw),
+            QPath::AvxVnni => return by_fmt!(k256_vnni),
+            QPath::Avx2 => return by_fmt!(k256_avx2),
+            QPath::Scalar => {}
+        }
+    }
+    unsafe { scalar_tile(&args, w.qtype, mr, nr) }
+}
+
+#[derive(Clone, Copy)]
+struct TileArgs<'a> {
+    a: &'a QAct,
+    /// First activation row.
+    i0: usize,
+    /// First weight row's bytes.
+    w: *const u8,
+    /// Bytes per weight row.
+    rb: usize,
+    /// I8 row scales from the first weight row (null for the other formats).
+    rs: *const f32,
+    /// 32-value sub-blocks per row.
+    nsub: usize,
+    out: *mut f32,
+    ldo: usize,
+}
+
+/// Any CPU: dequantized weight blocks against the int8 activations, one element at a time.
+unsafe fn scalar_tile(t: &TileArgs, qtype: QType, mr: usize, nr: usize) {
+    let (b, bb) = (qtype.block(), qtype.block_bytes());
+    let mut wf = vec![0f32; b];
+    for c in 0..nr {
+        let row = unsafe { std::slice::from_raw_parts(t.w.add(c * t.rb), t.rb) };
+        let scale = if t.rs.is_null() {
+            1.0
+        } else {
+            unsafe { *t.rs.add(c) }
+        };
+        for r in 0..mr {
+            let ar = t.i0 + r;
+            let mut acc = 0f32;
+            for (blk, wb) in row.chunks_exact(bb).enumerate() {
+                dequantize_block(qtype, wb, &mut wf);
+                for (s, wf) in wf.chunks_exact(QK).enumerate() {
+                    let xb = ar * t.a.nb + blk * b / QK + s;
+                    let d = t.a.dl[xb * LANES];
+                    let q = &t.a.q[xb * QK..(xb + 1) * QK];
+                    let dot: f32 = wf.iter().zip(q).map(|(w, &q)| w * f32::from(q)).sum();
+                    acc += dot * scale * d;
+                }
+            }
+            unsafe { *t.out.add(r * t.ldo + c) = acc };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{LANES, QK, TileArgs};
+    use crate::quant::QType;
+
+    /// A weight format decoded one 32-value sub-block at a time.
+    pub trait Fmt {
+        const QTYPE: QType;
+        /// Q8_0 and I8: the bytes are signed values, no min term.
+        const SIGNED: bool;
+        /// Sub-block `sb` of a row: 32 unsigned (or signed) values in order, the scale of
+        /// each lane of 4 values, and the min added per value.
+        ///
+        /// # Safety
+        /// `row` must hold the row; the caller runs with AVX2, FMA and F16C.
+        unsafe fn decode(row: *const u8, sb: usize, rs: f32) -> (__m256i, __m256, __m256);
+        /// Byte offset of the block holding sub-block `sb`.
+        #[inline(always)]
+        fn offset(sb: usize) -> usize {
+            sb * QK / Self::QTYPE.block() * Self::QTYPE.block_bytes()
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn f16_at(p: *const u8) -> f32 {
+        unsafe {
+            let bits = u16::from_le_bytes([*p, *p.add(1)]);
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+        }
+    }
+
+    /// 16 bytes of nibbles → 32 values: low nibbles first, then high (Q4_0 and Q4_1).
+    #[inline(always)]
+    unsafe fn nibbles16(p: *const u8) -> __m256i {
+        unsafe {
+            let v = _mm_loadu_si128(p as *const __m128i);
+            let m4 = _mm_set1_epi8(0x0f);
+            let lo = _mm_and_si128(v, m4);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m4);
+            _mm256_set_m128i(hi, lo)
+        }
+    }
+
+    pub struct Q8_0;
+    pub struct I8;
+    pub struct Q4_0;
+    pub struct Q4_1;
+    pub struct Q4K;
+    pub struct Q6K;
+
+    impl Fmt for Q8_0 {
+        const QTYPE: QType = QType::Q8_0;
+        const SIGNED: bool = true;
+        #[inline(always)]
+        unsafe fn decode(row: *const u8, sb: usize, _: f32) -> (__m256i, __m256, __m256) {
+            unsafe {
+                let b = row.add(sb * 34);
+                let q = _mm256_loadu_si256(b.add(2) as *const __m256i);
+                (q, _mm256_set1_ps(f16_at(b)), _mm256_setzero_ps())
+            }
+        }
+    }
+
+    impl Fmt for I8 {
+        const QTYPE: QType = QType::I8;
+        const SIGNED: bool = true;
+        #[inline(always)]
+        unsafe fn decode(row: *const u8, sb: usize, rs: f32) -> (__m256i, __m256, __m256) {
+            unsafe {
+                let q = _mm256_loadu_si256(row.add(sb * 32) as *const __m256i);
+                (q, _mm256_set1_ps(rs), _mm256_setzero_ps())
+            }
+        }
+    }
+
+    impl Fmt for Q4_0 {
+        const QTYPE: QType = QType::Q4_0;
+        const SIGNED: bool = false;
+        #[inline(always)]
+        unsafe fn decode(row: *const u8, sb: usize, _: f32) -> (__m256i, __m256, __m256) {
+            unsafe {
+                let b = row.add(sb * 18);
+                let d = f16_at(b);
+                (
+                    nibbles16(b.add(2)),
+                    _mm256_set1_ps(d),
+                    _mm256_set1_ps(-8.0 * d),
+                )
+            }
+        }
+    }
+
+    impl Fmt for Q4_1 {
+        const QTYPE: QType = QType::Q4_1;
+        const SIGNED: bool = false;
+        #[inline(always)]
+        unsafe fn decode(row: *const u8, sb: usize, _: f32) -> (__m256i, __m256, __m256) {
+            unsafe {
+                let b = row.add(sb * 20);
+                (
+                    nibbles16(b.add(4)),
+                    _mm256_set1_ps(f16_at(b)),
+                    _mm256_set1_ps(f16_at(b.add(2))),
+                )
+            }
+        }
+    }
+
+    impl Fmt for Q4K {
+        const QTYPE: QType = QType::Q4_K;
+        const SIGNED: bool = false;
+        #[inline(always)]
+        unsafe fn decode(row: *const u8, sb: usize, _: f32) -> (__m256i, __m256, __m256) {
+            unsafe {
+                let b = row.add(sb / 8 * 144);
+                let s = sb % 8;
+                let v = _mm256_loadu_si256(b.add(16 + 32 * (s / 2)) as *const __m256i);
+                let m4 = _mm256_set1_epi8(0x0f);
+                let q = if s % 2 == 0 {
+                    _mm256_and_si256(v, m4)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4)
+                };
+                let scales = std::slice::from_raw_parts(b.add(4), 12);
+                let (sc, mn) = crate::quant::scale_min_k4(s, scales);
+                let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
+                (
+                    q,
+                    _mm256_set1_ps(d * f32::from(sc)),
+                    _mm256_set1_ps(-(dmin * f32::from(mn))),
+                )
+            }
+        }
+    }
+
+    impl Fmt for Q6K {
+        const QTYPE: QType = QType::Q6_K;
+        const SIGNED: bool = false;
+        #[inline(always)]
+        unsafe fn decode(row: *const u8, sb: usize, _: f32) -> (__m256i, __m256, __m256) {
+            unsafe {
+                let b = row.add(sb / 8 * 210);
+                let (h, t) = (sb % 8 / 4, sb % 4);
+                let ql = _mm256_loadu_si256(b.add(64 * h + 32 * (t & 1)) as *const __m256i);
+                let m4 = _mm256_set1_epi8(0x0f);
+                let lo = if t < 2 {
+                    _mm256_and_si256(ql, m4)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql), m4)
+                };
+                let qh = _mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i);
+                let hb = _mm256_and_si256(
+                    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t as i32)),
+                    _mm256_set1_epi8(3),
+                );
+                let q = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hb));
+                let d = f16_at(b.add(208));
+                let sc = b.add(192 + 8 * h + 2 * t);
+                let s0 = d * f32::from(*sc as i8);
+                let s1 = d * f32::from(*sc.add(1) as i8);
+                let scale = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+                (q, scale, _mm256_mul_ps(scale, _mm256_set1_ps(-32.0)))
+            }
+        }
+    }
+
+    // The integer dot products: lane l gets Σ u[4l..4l+4]·s[4l..4l+4], exactly (the operands
+    // stay below vpmaddubsw's saturation: |u| ≤ 128 against |s| ≤ 127 sums to ≤ 32512).
+
+    #[inline(always)]
+    unsafe fn dot512_vnni(u: __m512i, s: __m512i) -> __m512i {
+        unsafe { _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s) }
+    }
+
+    #[inline(always)]
+    unsafe fn dot512_bw(u: __m512i, s: __m512i) -> __m512i {
+        unsafe { _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)) }
+    }
+
+    #[inline(always)]
+    unsafe fn dot256_vnni(u: __m256i, s: __m256i) -> __m256i {
+        unsafe { _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s) }
+    }
+
+    #[inline(always)]
+    unsafe fn dot256_avx2(u: __m256i, s: __m256i) -> __m256i {
+        unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)) }
+    }
+
+    /// Two sub-blocks per step in 512-bit registers (the second zero past an odd end).
+    macro_rules! kernel512 {
+        ($name:ident, $features:literal, $dot:ident) => {
+            #[target_feature(enable = $features)]
+            pub unsafe fn $name<F: Fmt, const MR: usize, const NR: usize>(t: &TileArgs) {
+                unsafe {
+                    let zero = _mm512_setzero_si512();
+                    let zf = _mm512_setzero_ps();
+                    let mut acc = [[zf; NR]; MR];
+                    let (q, dl, s) = (t.a.q.as_ptr(), t.a.dl.as_ptr(), t.a.s.as_ptr());
+                    let mut sb = 0;
+                    while sb < t.nsub {
+                        let two = sb + 1 < t.nsub;
+                        let mut wq = [zero; NR];
+                        let mut wneg = [0u64; NR];
+                        let mut ws = [zf; NR];
+                        let mut wm = [zf; NR];
+                        for j in 0..NR {
+                            let row = t.w.add(j * t.rb);
+                            let rs = if t.rs.is_null() { 1.0 } else { *t.rs.add(j) };
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                row.wrapping_add(NR * t.rb + F::offset(sb)) as *const i8,
+                            );
+                            let (qa, sa, ma) = F::decode(row, sb, rs);
+                            let (qb, sb2, mb) = if two {
+                                F::decode(row, sb + 1, rs)
+                            } else {
+                                (_mm256_setzero_si256(), _mm256_setzero_ps(), _mm256_setzero_ps())
+                            };
+                            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qa), qb);
+                            if F::SIGNED {
+                                wneg[j] = _mm512_movepi8_mask(v);
+                                wq[j] = _mm512_abs_epi8(v);
+                            } else {
+                                wq[j] = v;
+                            }
+                            ws[j] = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(sa), sb2);
+                            wm[j] = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(ma), mb);
+                        }
+                        for (i, acc) in acc.iter_mut().enumerate() {
+                            let xb = (t.i0 + i) * t.a.nb + sb;
+                            let (xq, xd, xs) = if two {
+                                (
+                                    _mm512_loadu_si512(q.add(xb * QK) as *const _),
+                                    _mm512_loadu_ps(dl.add(xb * LANES)),
+                                    _mm512_loadu_ps(s.add(xb * LANES)),
+                                )
+                            } else {
+                                (
+                                    _mm512_zextsi256_si512(_mm256_loadu_si256(
+                                        q.add(xb * QK) as *const __m256i,
+                                    )),
+                                    _mm512_zextps256_ps512(_mm256_loadu_ps(dl.add(xb * LANES))),
+                                    _mm512_zextps256_ps512(_mm256_loadu_ps(s.add(xb * LANES))),
+                                )
+                            };
+                            for j in 0..NR {
+                                let x = if F::SIGNED {
+                                    _mm512_mask_sub_epi8(xq, wneg[j], zero, xq)
+                                } else {
+                                    xq
+                                };
+                                let d = _mm512_cvtepi32_ps($dot(wq[j], x));
+                                acc[j] = _mm512_fmadd_ps(d, _mm512_mul_ps(ws[j], xd), acc[j]);
+                                if !F::SIGNED {
+                                    acc[j] = _mm512_fmadd_ps(wm[j], xs, acc[j]);
+                                }
+                            }
+                        }
+                        sb += 2;
+                    }
+                    for (i, acc) in acc.iter().enumerate() {
+                        for (j, a) in acc.iter().enumerate() {
+                            *t.out.add(i * t.ldo + j) = _mm512_reduce_add_ps(*a);
+                        }
+                    }
+                }
+            }
+        };
+    }
+
+    /// One sub-block per step in 256-bit registers.
+    macro_rules! kernel256 {
+        ($name:ident, $features:literal, $dot:ident) => {
+            #[target_feature(enable = $features)]
+            pub unsafe fn $name<F: Fmt, const MR: usize, const NR: usize>(t: &TileArgs) {
+                unsafe {
+                    let zf = _mm256_setzero_ps();
+                    let zero = _mm256_setzero_si256();
+                    let mut acc = [[zf; NR]; MR];
+                    let (q, dl, s) = (t.a.q.as_ptr(), t.a.dl.as_ptr(), t.a.s.as_ptr());
+                    for sb in 0..t.nsub {
+                        let mut wq = [zero; NR];
+                        let mut wsign = [zero; NR];
+                        let mut ws = [zf; NR];
+                        let mut wm = [zf; NR];
+                        for j in 0..NR {
+                            let row = t.w.add(j * t.rb);
+                            let rs = if t.rs.is_null() { 1.0 } else { *t.rs.add(j) };
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                row.wrapping_add(NR * t.rb + F::offset(sb)) as *const i8,
+                            );
+                            let (v, sc, mn) = F::decode(row, sb, rs);
+                            if F::SIGNED {
+                                wsign[j] = v;
+                                wq[j] = _mm256_sign_epi8(v, v);
+                            } else {
+                                wq[j] = v;
+                            }
+                            ws[j] = sc;
+                            wm[j] = mn;
+                        }
+                        for (i, acc) in acc.iter_mut().enumerate() {
+                            let xb = (t.i0 + i) * t.a.nb + sb;
+                            let xq = _mm256_loadu_si256(q.add(xb * QK) as *const __m256i);
+                            let xd = _mm256_loadu_ps(dl.add(xb * LANES));
+                            let xs = _mm256_loadu_ps(s.add(xb * LANES));
+                            for j in 0..NR {
+                                let x = if F::SIGNED { _mm256_sign_epi8(xq, wsign[j]) } else { xq };
+                                let d = _mm256_cvtepi32_ps($dot(wq[j], x));
+                                acc[j] = _mm256_fmadd_ps(d, _mm256_mul_ps(ws[j], xd), acc[j]);
+                                if !F::SIGNED {
+                                    acc[j] = _mm256_fmadd_ps(wm[j], xs, acc[j]);
+                                }
+                            }
+                        }
+                    }
+                    for (i, acc) in acc.iter().enumerate() {
+                        for (j, a) in acc.iter().enumerate() {
+                            let hi = _mm256_extractf128_ps::<1>(*a);
+                            let lo = _mm256_castps256_ps128(*a);
+                            let q4 = _mm_add_ps(lo, hi);
+                            let d2 = _mm_add_ps(q4, _mm_movehl_ps(q4, q4));
+                            *t.out.add(i * t.ldo + j) =
+                                _mm_cvtss_f32(_mm_add_ss(d2, _mm_shuffle_ps::<1>(d2, d2)));
+                        }
+                    }
+                }
+            }
+        };
+    }
+
+    kernel512!(
+        k512_vnni,
+        "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
+        dot512_vnni
+    );
+    kernel512!(
+        k512_bw,
+        "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c",
+        dot512_bw
+    );
+    kernel256!(k256_vnni, "avx2,fma,f16c,avxvnni", dot256_vnni);
+    kernel256!(k256_avx2, "avx2,fma,f16c", dot256_avx2);
+}
+
+#[cfg(test)]
+mod tests;
