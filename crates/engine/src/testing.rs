@@ -453,3 +453,152 @@ pub fn write_tiny_tokenizer(dir: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+/// Writes the llama-architecture model in `hf_dir` (from [`write_tiny_model`]) as a GGUF
+/// whose matrices are all `qtype`, laid out as llama.cpp's converter does (GGUF names, Q/K
+/// rows interleaved per head), with the hyper-parameters the engine reads (no tokenizer: the
+/// directory keeps that).
+pub fn write_tiny_gguf(
+    hf_dir: &Path,
+    spec: &TinySpec,
+    path: &Path,
+    qtype: crate::quant::QType,
+) -> Result<()> {
+    use crate::dtype::DType;
+    use crate::gguf::writer::{TensorOut, write};
+    use crate::gguf::{GgmlType, GgufValue};
+    use crate::quant::QMatrix;
+    use crate::weights::SafetensorsDir;
+
+    assert_eq!(spec.architecture, Architecture::Llama, "llama only");
+    let st = SafetensorsDir::open(hf_dir)?;
+    let h = spec.hidden_size;
+    let d = spec.head_dim();
+    let mut tensors = Vec::new();
+    let mut add = |gguf: String, hf: String, shape: Vec<usize>, heads: Option<usize>| {
+        let x = st.load(&hf, &shape, DType::F32)?.to_f32_vec();
+        let (rows, cols) = (shape[0], shape.get(1).copied().unwrap_or(1));
+        let x = match heads {
+            // llama.cpp's permute: gguf[h·D + 2j + a] = hf[h·D + a·D/2 + j].
+            Some(n) => {
+                let dd = rows / n;
+                let mut out = vec![0f32; x.len()];
+                for hh in 0..n {
+                    for j in 0..dd / 2 {
+                        for a in 0..2 {
+                            let (g, f) = (hh * dd + 2 * j + a, hh * dd + a * dd / 2 + j);
+                            out[g * cols..(g + 1) * cols]
+                                .copy_from_slice(&x[f * cols..(f + 1) * cols]);
+                        }
+                    }
+                }
+                out
+            }
+            None => x,
+        };
+        let (ggml_type, data) = if shape.len() == 2 {
+            let m = QMatrix::quantize(qtype, rows, cols, &x).map_err(EngineError::Gguf)?;
+            (qtype.ggml().expect("a GGUF block type"), m.data)
+        } else {
+            (
+                GgmlType::F32,
+                x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            )
+        };
+        tensors.push(TensorOut {
+            name: gguf,
+            dims: shape.iter().rev().map(|&v| v as u64).collect(),
+            ggml_type,
+            data,
+        });
+        Ok::<(), EngineError>(())
+    };
+    add(
+        "token_embd.weight".into(),
+        "model.embed_tokens.weight".into(),
+        vec![spec.vocab_size, h],
+        None,
+    )?;
+    if !spec.tie_word_embeddings {
+        add(
+            "output.weight".into(),
+            "lm_head.weight".into(),
+            vec![spec.vocab_size, h],
+            None,
+        )?;
+    }
+    add(
+        "output_norm.weight".into(),
+        "model.norm.weight".into(),
+        vec![h],
+        None,
+    )?;
+    let (q, kv, inter) = (
+        spec.num_heads * d,
+        spec.num_kv_heads * d,
+        spec.intermediate_size,
+    );
+    for i in 0..spec.num_layers {
+        let (g, p) = (format!("blk.{i}"), format!("model.layers.{i}"));
+        let pairs = [
+            ("attn_norm", "input_layernorm", vec![h], None),
+            ("ffn_norm", "post_attention_layernorm", vec![h], None),
+            (
+                "attn_q",
+                "self_attn.q_proj",
+                vec![q, h],
+                Some(spec.num_heads),
+            ),
+            (
+                "attn_k",
+                "self_attn.k_proj",
+                vec![kv, h],
+                Some(spec.num_kv_heads),
+            ),
+            ("attn_v", "self_attn.v_proj", vec![kv, h], None),
+            ("attn_output", "self_attn.o_proj", vec![h, q], None),
+            ("ffn_gate", "mlp.gate_proj", vec![inter, h], None),
+            ("ffn_up", "mlp.up_proj", vec![inter, h], None),
+            ("ffn_down", "mlp.down_proj", vec![h, inter], None),
+        ];
+        for (gn, hn, shape, heads) in pairs {
+            add(
+                format!("{g}.{gn}.weight"),
+                format!("{p}.{hn}.weight"),
+                shape,
+                heads,
+            )?;
+        }
+    }
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(hf_dir.join("config.json"))
+            .map_err(|e| EngineError::io(hf_dir, e))?,
+    )
+    .map_err(|e| EngineError::Gguf(e.to_string()))?;
+    let num = |k: &str| config[k].as_f64().unwrap_or(0.0);
+    let u = |v: usize| GgufValue::U32(v as u32);
+    let meta = vec![
+        (
+            "general.architecture".to_string(),
+            GgufValue::String("llama".into()),
+        ),
+        ("llama.embedding_length".into(), u(h)),
+        ("llama.feed_forward_length".into(), u(inter)),
+        ("llama.block_count".into(), u(spec.num_layers)),
+        ("llama.attention.head_count".into(), u(spec.num_heads)),
+        ("llama.attention.head_count_kv".into(), u(spec.num_kv_heads)),
+        (
+            "llama.attention.layer_norm_rms_epsilon".into(),
+            GgufValue::F32(num("rms_norm_eps") as f32),
+        ),
+        (
+            "llama.rope.freq_base".into(),
+            GgufValue::F32(num("rope_theta") as f32),
+        ),
+        (
+            "llama.context_length".into(),
+            u(num("max_position_embeddings") as usize),
+        ),
+    ];
+    write(path, &meta, &tensors)
+}

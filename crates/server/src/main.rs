@@ -44,6 +44,8 @@ enum Command {
     Generate(commands::generate::Args),
     /// Import a GGUF file into an HF model directory (safetensors, config, tokenizer).
     Convert(commands::convert::Args),
+    /// Re-quantize a GGUF's weight matrices into one block type (q8_0, q4_0, q4_1, q4_k, q6_k).
+    Quantize(commands::quantize::Args),
     /// Benchmarks: `lmi bench engine` measures the engine alone.
     #[command(subcommand)]
     Bench(commands::bench::BenchCommand),
@@ -63,6 +65,7 @@ fn main() -> std::process::ExitCode {
         Command::Infer(a) => commands::infer::run(a),
         Command::Generate(a) => commands::generate::run(a),
         Command::Convert(a) => commands::convert::run(a),
+        Command::Quantize(a) => commands::quantize::run(a),
         Command::Bench(b) => commands::bench::run(b),
     };
     match result {

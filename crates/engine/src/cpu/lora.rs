@@ -32,7 +32,11 @@ pub fn upload_pair(a: HostTensor, b: HostTensor, dtype: DType) -> Result<(CpuWei
     }
     let plain = |t: HostTensor| {
         // Adapters stay in a float type beside quantized base weights.
-        let t = t.to_dtype(if dtype == DType::I8 { DType::BF16 } else { dtype });
+        let t = t.to_dtype(if dtype == DType::I8 {
+            DType::BF16
+        } else {
+            dtype
+        });
         match t.data {
             HostData::F32(data) => CpuWeight::F32 {
                 data,

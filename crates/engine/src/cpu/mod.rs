@@ -2,12 +2,13 @@
 //! fixed reduction order (batch invariant, see `simd.rs`), threads through rayon.
 
 mod amx;
-mod qact;
-pub mod qlinear;
 mod attention;
 mod linear;
 mod lora;
 mod ops;
+mod qact;
+pub mod qlinear;
+mod qpack;
 pub mod simd;
 
 use crate::backend::{Backend, LoraGroup, QkvLayout};
@@ -38,7 +39,7 @@ pub enum CpuWeight {
     },
     /// Quantized blocks (GGUF formats or per-channel int8), row ranges in order.
     Quant {
-        parts: Vec<crate::quant::QMatrix>,
+        w: qlinear::QWeight,
         shape: Vec<usize>,
     },
 }
@@ -59,7 +60,7 @@ impl CpuWeight {
             CpuWeight::F32 { data, .. } => data.len() * 4,
             CpuWeight::BF16 { data, .. } => data.len() * 2,
             CpuWeight::Amx { packed, .. } => packed.bytes(),
-            CpuWeight::Quant { parts, .. } => parts.iter().map(|p| p.bytes()).sum(),
+            CpuWeight::Quant { w, .. } => w.bytes(),
         }
     }
 
@@ -112,8 +113,11 @@ impl Backend for CpuBackend {
         let shape = t.shape;
         Ok(match t.data {
             HostData::F32(data) => CpuWeight::F32 { data, shape },
-            HostData::Quant(parts) if shape.len() == 2 && qlinear::supports(&parts) => {
-                CpuWeight::Quant { parts, shape }
+            HostData::Quant(parts) if shape.len() == 2 && qlinear::QWeight::supports(&parts) => {
+                CpuWeight::Quant {
+                    w: qlinear::QWeight::new(parts),
+                    shape,
+                }
             }
             HostData::Quant(parts) => {
                 // A width no kernel tiles (not a multiple of 32): held in bf16 instead.
@@ -212,9 +216,9 @@ impl Backend for CpuBackend {
                     packed.row_into(id as usize, o);
                 }
             }
-            CpuWeight::Quant { parts, .. } => {
+            CpuWeight::Quant { w, .. } => {
                 for (o, &id) in out.chunks_mut(width).zip(&step.token_ids) {
-                    qlinear::row_into(parts, id as usize, o);
+                    w.row_into(id as usize, o);
                 }
             }
         }
@@ -235,7 +239,7 @@ impl Backend for CpuBackend {
             CpuWeight::F32 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
             CpuWeight::BF16 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
             CpuWeight::Amx { packed, .. } => amx::linear(x, rows, packed, bias, out),
-            CpuWeight::Quant { parts, .. } => qlinear::qlinear(x, rows, parts, bias, out),
+            CpuWeight::Quant { w, .. } => qlinear::qlinear(x, rows, w, bias, out),
         }
         Ok(())
     }

@@ -15,6 +15,7 @@
 use rayon::prelude::*;
 
 use super::qact::{LANES, QAct, QK};
+use super::qpack::Packed;
 use crate::quant::{QMatrix, QType, dequantize_block};
 
 /// Which instructions run the products: decided once per process.
@@ -81,7 +82,8 @@ pub fn qpath() -> QPath {
         QPath::available()
             .into_iter()
             .find(|p| {
-                !(no512 && p.is_512()) && !(novnni && matches!(p, QPath::Avx512Vnni | QPath::AvxVnni))
+                !(no512 && p.is_512())
+                    && !(novnni && matches!(p, QPath::Avx512Vnni | QPath::AvxVnni))
             })
             .unwrap_or(QPath::Scalar)
     })
@@ -93,28 +95,73 @@ const MR_MAX: usize = 4;
 /// while in L1); beyond, row tiles are (the chunk's weights stay in L2).
 const SMALL_M: usize = 64;
 
-/// `out[m, n] = x[m, k] · wᵀ (+ bias)` where `w` is the row-wise concatenation of `parts`
-/// (a fused QKV may mix formats, as Q4_K_M files do).
-pub fn qlinear(x: &[f32], m: usize, parts: &[QMatrix], bias: Option<&[f32]>, out: &mut [f32]) {
-    qlinear_with(qpath(), x, m, parts, bias, out)
+/// A quantized matrix in the form the process's path reads: the file's blocks for the
+/// 256-bit and scalar paths, [`Packed`] for AVX-512. Row ranges in order: a fused QKV may mix
+/// formats, as Q4_K_M files do.
+pub enum QWeight {
+    Native(Vec<QMatrix>),
+    Packed(Vec<Packed>),
 }
 
-/// Whether the kernels take these parts: one width, a whole number of 32-value sub-blocks.
-pub fn supports(parts: &[QMatrix]) -> bool {
-    parts
-        .first()
-        .is_some_and(|p| p.cols.is_multiple_of(QK) && parts.iter().all(|q| q.cols == p.cols))
-}
-
-/// Row `r` of the concatenated parts, dequantized (embedding lookups).
-pub fn row_into(parts: &[QMatrix], mut r: usize, out: &mut [f32]) {
-    for p in parts {
-        if r < p.rows {
-            return p.dequantize_row(r, out);
-        }
-        r -= p.rows;
+impl QWeight {
+    pub fn new(parts: Vec<QMatrix>) -> QWeight {
+        QWeight::for_path(parts, qpath())
     }
-    out.fill(0.0);
+
+    pub fn for_path(parts: Vec<QMatrix>, path: QPath) -> QWeight {
+        if path.is_512() {
+            QWeight::Packed(parts.iter().map(Packed::new).collect())
+        } else {
+            QWeight::Native(parts)
+        }
+    }
+
+    /// Whether the kernels take these parts: one width, a whole number of 32-value blocks.
+    pub fn supports(parts: &[QMatrix]) -> bool {
+        parts
+            .first()
+            .is_some_and(|p| p.cols.is_multiple_of(QK) && parts.iter().all(|q| q.cols == p.cols))
+    }
+
+    pub fn bytes(&self) -> usize {
+        match self {
+            QWeight::Native(p) => p.iter().map(QMatrix::bytes).sum(),
+            QWeight::Packed(p) => p.iter().map(Packed::bytes).sum(),
+        }
+    }
+
+    fn part_rows(&self) -> Vec<usize> {
+        match self {
+            QWeight::Native(p) => p.iter().map(|m| m.rows).collect(),
+            QWeight::Packed(p) => p.iter().map(|m| m.rows).collect(),
+        }
+    }
+
+    fn cols(&self) -> usize {
+        match self {
+            QWeight::Native(p) => p.first().map_or(0, |m| m.cols),
+            QWeight::Packed(p) => p.first().map_or(0, |m| m.cols),
+        }
+    }
+
+    /// Row `r` of the concatenated parts, dequantized (embedding lookups).
+    pub fn row_into(&self, mut r: usize, out: &mut [f32]) {
+        for (i, n) in self.part_rows().into_iter().enumerate() {
+            if r < n {
+                return match self {
+                    QWeight::Native(p) => p[i].dequantize_row(r, out),
+                    QWeight::Packed(p) => p[i].dequantize_row(r, out),
+                };
+            }
+            r -= n;
+        }
+        out.fill(0.0);
+    }
+}
+
+/// `out[m, n] = x[m, k] · wᵀ (+ bias)`.
+pub fn qlinear(x: &[f32], m: usize, w: &QWeight, bias: Option<&[f32]>, out: &mut [f32]) {
+    qlinear_with(qpath(), x, m, w, bias, out)
 }
 
 #[derive(Clone, Copy)]
@@ -133,33 +180,46 @@ struct SendPtr(*mut f32);
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
+/// [`qlinear`] on a given path; `w` must be in that path's form ([`QWeight::for_path`]).
 pub fn qlinear_with(
     path: QPath,
     x: &[f32],
     m: usize,
-    parts: &[QMatrix],
+    w: &QWeight,
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    let k = parts[0].cols;
-    let n: usize = parts.iter().map(|p| p.rows).sum();
-    assert!(parts.iter().all(|p| p.cols == k) && k.is_multiple_of(QK));
-    assert!(x.len() >= m * k && out.len() >= m * n);
+    let k = w.cols();
+    let part_rows = w.part_rows();
+    let n: usize = part_rows.iter().sum();
+    assert!(k.is_multiple_of(QK) && x.len() >= m * k && out.len() >= m * n);
+    assert_eq!(
+        matches!(w, QWeight::Packed(_)),
+        path.is_512(),
+        "weights packed for another path"
+    );
     if m == 0 || n == 0 {
         return;
     }
-    let a = QAct::new(x, m, k);
-    let nrm = match (path.is_512(), m) {
-        (true, 1) => 8,
-        (true, _) | (false, 1) => 4,
-        (false, _) => 2,
+    let a = if path.is_512() {
+        QAct::paired(x, m, k)
+    } else {
+        QAct::new(x, m, k)
     };
-    let mut tiles = Vec::with_capacity(n / nrm + parts.len() * 2);
+    // Weight rows × input rows per tile: a single input row streams many weight rows; larger
+    // batches share each decoded weight pair across up to 8 rows.
+    let (nrm, mr_max) = match (path.is_512(), m) {
+        (true, 1) => (8, 1),
+        (true, m) if m >= 8 => (2, 8),
+        (true, _) | (false, 1) => (4, MR_MAX),
+        (false, _) => (2, MR_MAX),
+    };
+    let mut tiles = Vec::with_capacity(n / nrm + part_rows.len() * 2);
     let mut col = 0;
-    for (pi, p) in parts.iter().enumerate() {
+    for (pi, &rows) in part_rows.iter().enumerate() {
         let mut r = 0;
-        while r < p.rows {
-            let left = p.rows - r;
+        while r < rows {
+            let left = rows - r;
             let nr = if left >= nrm {
                 nrm
             } else if left >= 4 && nrm > 4 {
@@ -180,7 +240,11 @@ pub fn qlinear_with(
     let mut rows = Vec::with_capacity(m / MR_MAX + MR_MAX);
     let mut i = 0;
     while i < m {
-        let mr = if m - i >= MR_MAX { MR_MAX } else { 1 };
+        let mr = match m - i {
+            left if left >= mr_max => mr_max,
+            left if left >= MR_MAX => MR_MAX,
+            _ => 1,
+        };
         rows.push((i, mr));
         i += mr;
     }
@@ -196,7 +260,15 @@ pub fn qlinear_with(
         let one = |t: &Tile, i: usize, mr: usize| {
             // SAFETY: the tile's weight rows exist in its part, its input rows in `a`, and
             // its output columns are this chunk's alone.
-            unsafe { tile(path, &a, &parts[t.part], t.row, t.nr, i, mr, o.0.add(i * n + t.col), n) }
+            unsafe {
+                let out = o.0.add(i * n + t.col);
+                match w {
+                    QWeight::Native(p) => tile(path, &a, &p[t.part], t.row, t.nr, i, mr, out, n),
+                    QWeight::Packed(p) => {
+                        packed_tile(path, &a, &p[t.part], t.row, t.nr, i, mr, out, n)
+                    }
+                }
+            }
         };
         if m <= SMALL_M {
             for t in chunk {
@@ -223,6 +295,97 @@ pub fn qlinear_with(
                 *v += bv;
             }
         }
+    }
+}
+
+/// One tile of packed weights on an AVX-512 path.
+///
+/// # Safety
+/// As [`tile`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn packed_tile(
+    path: QPath,
+    a: &QAct,
+    w: &Packed,
+    row: usize,
+    nr: usize,
+    i: usize,
+    mr: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        use super::qpack::x86::*;
+        use x86::{PArgs, kp_bw, kp_vnni};
+        let args = PArgs {
+            a,
+            i0: i,
+            w: w.data.as_ptr().add(row * w.row_bytes),
+            rb: w.row_bytes,
+            rs: if w.qtype == QType::I8 {
+                w.row_scale.as_ptr().add(row)
+            } else {
+                std::ptr::null()
+            },
+            nsub: w.nsub,
+            out,
+            ldo,
+        };
+        macro_rules! by_fmt {
+            ($kernel:ident) => {
+                match w.qtype {
+                    QType::Q8_0 => by_shape!($kernel, Q8_0),
+                    QType::Q4_0 => by_shape!($kernel, Q4_0),
+                    QType::Q4_1 => by_shape!($kernel, Q4_1),
+                    QType::Q4_K => by_shape!($kernel, Q4K),
+                    QType::Q6_K => by_shape!($kernel, Q6K),
+                    QType::I8 => by_shape!($kernel, I8),
+                }
+            };
+        }
+        macro_rules! by_shape {
+            ($kernel:ident, $f:ty) => {
+                match (mr, nr) {
+                    (1, 8) => $kernel::<$f, 1, 8>(&args),
+                    (1, 4) => $kernel::<$f, 1, 4>(&args),
+                    (4, 4) => $kernel::<$f, 4, 4>(&args),
+                    (4, 1) => $kernel::<$f, 4, 1>(&args),
+                    (8, 2) => $kernel::<$f, 8, 2>(&args),
+                    (8, 1) => $kernel::<$f, 8, 1>(&args),
+                    (4, 2) => $kernel::<$f, 4, 2>(&args),
+                    (1, 2) => $kernel::<$f, 1, 2>(&args),
+                    _ => {
+                        for r in 0..mr {
+                            for c in 0..nr {
+                                let one = PArgs {
+                                    i0: i + r,
+                                    w: args.w.add(c * args.rb),
+                                    rs: if args.rs.is_null() {
+                                        args.rs
+                                    } else {
+                                        args.rs.add(c)
+                                    },
+                                    out: out.add(r * ldo + c),
+                                    ..args
+                                };
+                                $kernel::<$f, 1, 1>(&one);
+                            }
+                        }
+                    }
+                }
+            };
+        }
+        match path {
+            QPath::Avx512Vnni => by_fmt!(kp_vnni),
+            QPath::Avx512 => by_fmt!(kp_bw),
+            _ => unreachable!("packed weights are read on AVX-512 paths"),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (path, a, w, row, nr, i, mr, out, ldo);
+        unreachable!("packed weights are read on AVX-512 paths");
     }
 }
 
@@ -304,8 +467,9 @@ unsafe fn tile(
             };
         }
         match path {
-            QPath::Avx512Vnni => return by_fmt!(k512_vnni),
-            QPath::Avx512 => return by_fmt!(k512_bw),
+            QPath::Avx512Vnni | QPath::Avx512 => {
+                unreachable!("AVX-512 paths read packed weights")
+            }
             QPath::AvxVnni => return by_fmt!(k256_vnni),
             QPath::Avx2 => return by_fmt!(k256_avx2),
             QPath::Scalar => {}
@@ -349,10 +513,12 @@ unsafe fn scalar_tile(t: &TileArgs, qtype: QType, mr: usize, nr: usize) {
                 dequantize_block(qtype, wb, &mut wf);
                 for (s, wf) in wf.chunks_exact(QK).enumerate() {
                     let xb = ar * t.a.nb + blk * b / QK + s;
-                    let d = t.a.dl[xb * LANES];
                     let q = &t.a.q[xb * QK..(xb + 1) * QK];
-                    let dot: f32 = wf.iter().zip(q).map(|(w, &q)| w * f32::from(q)).sum();
-                    acc += dot * scale * d;
+                    for l in 0..LANES {
+                        let d = t.a.dl[xb * LANES + l];
+                        let dot: f32 = (4 * l..4 * l + 4).map(|v| wf[v] * f32::from(q[v])).sum();
+                        acc += dot * scale * d;
+                    }
                 }
             }
             unsafe { *t.out.add(r * t.ldo + c) = acc };
@@ -551,87 +717,6 @@ mod x86 {
         unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)) }
     }
 
-    /// Two sub-blocks per step in 512-bit registers (the second zero past an odd end).
-    macro_rules! kernel512 {
-        ($name:ident, $features:literal, $dot:ident) => {
-            #[target_feature(enable = $features)]
-            pub unsafe fn $name<F: Fmt, const MR: usize, const NR: usize>(t: &TileArgs) {
-                unsafe {
-                    let zero = _mm512_setzero_si512();
-                    let zf = _mm512_setzero_ps();
-                    let mut acc = [[zf; NR]; MR];
-                    let (q, dl, s) = (t.a.q.as_ptr(), t.a.dl.as_ptr(), t.a.s.as_ptr());
-                    let mut sb = 0;
-                    while sb < t.nsub {
-                        let two = sb + 1 < t.nsub;
-                        let mut wq = [zero; NR];
-                        let mut wneg = [0u64; NR];
-                        let mut ws = [zf; NR];
-                        let mut wm = [zf; NR];
-                        for j in 0..NR {
-                            let row = t.w.add(j * t.rb);
-                            let rs = if t.rs.is_null() { 1.0 } else { *t.rs.add(j) };
-                            _mm_prefetch::<_MM_HINT_T0>(
-                                row.wrapping_add(NR * t.rb + F::offset(sb)) as *const i8,
-                            );
-                            let (qa, sa, ma) = F::decode(row, sb, rs);
-                            let (qb, sb2, mb) = if two {
-                                F::decode(row, sb + 1, rs)
-                            } else {
-                                (_mm256_setzero_si256(), _mm256_setzero_ps(), _mm256_setzero_ps())
-                            };
-                            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qa), qb);
-                            if F::SIGNED {
-                                wneg[j] = _mm512_movepi8_mask(v);
-                                wq[j] = _mm512_abs_epi8(v);
-                            } else {
-                                wq[j] = v;
-                            }
-                            ws[j] = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(sa), sb2);
-                            wm[j] = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(ma), mb);
-                        }
-                        for (i, acc) in acc.iter_mut().enumerate() {
-                            let xb = (t.i0 + i) * t.a.nb + sb;
-                            let (xq, xd, xs) = if two {
-                                (
-                                    _mm512_loadu_si512(q.add(xb * QK) as *const _),
-                                    _mm512_loadu_ps(dl.add(xb * LANES)),
-                                    _mm512_loadu_ps(s.add(xb * LANES)),
-                                )
-                            } else {
-                                (
-                                    _mm512_zextsi256_si512(_mm256_loadu_si256(
-                                        q.add(xb * QK) as *const __m256i,
-                                    )),
-                                    _mm512_zextps256_ps512(_mm256_loadu_ps(dl.add(xb * LANES))),
-                                    _mm512_zextps256_ps512(_mm256_loadu_ps(s.add(xb * LANES))),
-                                )
-                            };
-                            for j in 0..NR {
-                                let x = if F::SIGNED {
-                                    _mm512_mask_sub_epi8(xq, wneg[j], zero, xq)
-                                } else {
-                                    xq
-                                };
-                                let d = _mm512_cvtepi32_ps($dot(wq[j], x));
-                                acc[j] = _mm512_fmadd_ps(d, _mm512_mul_ps(ws[j], xd), acc[j]);
-                                if !F::SIGNED {
-                                    acc[j] = _mm512_fmadd_ps(wm[j], xs, acc[j]);
-                                }
-                            }
-                        }
-                        sb += 2;
-                    }
-                    for (i, acc) in acc.iter().enumerate() {
-                        for (j, a) in acc.iter().enumerate() {
-                            *t.out.add(i * t.ldo + j) = _mm512_reduce_add_ps(*a);
-                        }
-                    }
-                }
-            }
-        };
-    }
-
     /// One sub-block per step in 256-bit registers.
     macro_rules! kernel256 {
         ($name:ident, $features:literal, $dot:ident) => {
@@ -669,7 +754,11 @@ mod x86 {
                             let xd = _mm256_loadu_ps(dl.add(xb * LANES));
                             let xs = _mm256_loadu_ps(s.add(xb * LANES));
                             for j in 0..NR {
-                                let x = if F::SIGNED { _mm256_sign_epi8(xq, wsign[j]) } else { xq };
+                                let x = if F::SIGNED {
+                                    _mm256_sign_epi8(xq, wsign[j])
+                                } else {
+                                    xq
+                                };
                                 let d = _mm256_cvtepi32_ps($dot(wq[j], x));
                                 acc[j] = _mm256_fmadd_ps(d, _mm256_mul_ps(ws[j], xd), acc[j]);
                                 if !F::SIGNED {
@@ -693,16 +782,121 @@ mod x86 {
         };
     }
 
-    kernel512!(
-        k512_vnni,
+    /// A tile of packed weights (`qpack.rs`) against paired activations (`QAct::paired`).
+    #[derive(Clone, Copy)]
+    pub struct PArgs<'a> {
+        pub a: &'a crate::cpu::qact::QAct,
+        pub i0: usize,
+        pub w: *const u8,
+        pub rb: usize,
+        pub rs: *const f32,
+        pub nsub: usize,
+        pub out: *mut f32,
+        pub ldo: usize,
+    }
+
+    /// A pair of 32-value sub-blocks per step: each group's scales are loaded once per
+    /// weight row and spread to the pair's lanes with one permute.
+    macro_rules! packed512 {
+        ($name:ident, $features:literal, $dot:ident, $offset:literal) => {
+            #[target_feature(enable = $features)]
+            pub unsafe fn $name<
+                F: crate::cpu::qpack::x86::PFmt,
+                const MR: usize,
+                const NR: usize,
+            >(
+                t: &PArgs,
+            ) {
+                unsafe {
+                    let zero = _mm512_setzero_si512();
+                    let zf = _mm512_setzero_ps();
+                    let mut acc = [[zf; NR]; MR];
+                    let (q, dl) = (t.a.q.as_ptr(), t.a.dl.as_ptr());
+                    let npairs = t.nsub / 2;
+                    let apairs = t.a.nb / 2;
+                    // Signed values: offset to unsigned (exact in vpdpbusd's 32-bit sums), or
+                    // |w| against x with w's sign where vpmaddubsw would saturate.
+                    let offset = F::SIGNED && $offset;
+                    let signed = F::SIGNED && !$offset;
+                    let mut g = 0;
+                    while g * F::GROUP < npairs {
+                        let mut gs = [zf; NR];
+                        let mut gm = [zf; NR];
+                        for j in 0..NR {
+                            let rs = if t.rs.is_null() { 1.0 } else { *t.rs.add(j) };
+                            (gs[j], gm[j]) = F::group(t.w.add(j * t.rb), g, rs, t.nsub);
+                            if offset {
+                                gm[j] = _mm512_mul_ps(gs[j], _mm512_set1_ps(-128.0));
+                            }
+                        }
+                        if !signed {
+                            // The min term of the whole group, once per weight row.
+                            for (i, acc) in acc.iter_mut().enumerate() {
+                                let xs = F::min_sums(t.a, t.i0 + i, g);
+                                for j in 0..NR {
+                                    acc[j] = _mm512_fmadd_ps(gm[j], xs, acc[j]);
+                                }
+                            }
+                        }
+                        let pairs = (npairs - g * F::GROUP).min(F::GROUP);
+                        for pp in 0..pairs {
+                            let p = g * F::GROUP + pp;
+                            let idx = F::index(pp);
+                            let mut wq = [zero; NR];
+                            let mut wneg = [0u64; NR];
+                            let mut ws = [zf; NR];
+                            for j in 0..NR {
+                                let v = F::quants(t.w.add(j * t.rb), p, t.nsub);
+                                if signed {
+                                    wneg[j] = _mm512_movepi8_mask(v);
+                                    wq[j] = _mm512_abs_epi8(v);
+                                } else if offset {
+                                    wq[j] = _mm512_xor_si512(v, _mm512_set1_epi8(-128));
+                                } else {
+                                    wq[j] = v;
+                                }
+                                ws[j] = _mm512_permutexvar_ps(idx, gs[j]);
+                            }
+                            for (i, acc) in acc.iter_mut().enumerate() {
+                                let xp = (t.i0 + i) * apairs + p;
+                                let xq = _mm512_loadu_si512(q.add(xp * 2 * QK) as *const _);
+                                let xd = _mm512_loadu_ps(dl.add(xp * 2 * LANES));
+                                for j in 0..NR {
+                                    let x = if signed {
+                                        _mm512_mask_sub_epi8(xq, wneg[j], zero, xq)
+                                    } else {
+                                        xq
+                                    };
+                                    let d = _mm512_cvtepi32_ps($dot(wq[j], x));
+                                    acc[j] = _mm512_fmadd_ps(d, _mm512_mul_ps(ws[j], xd), acc[j]);
+                                }
+                            }
+                        }
+                        g += 1;
+                    }
+                    for (i, acc) in acc.iter().enumerate() {
+                        for (j, a) in acc.iter().enumerate() {
+                            *t.out.add(i * t.ldo + j) = _mm512_reduce_add_ps(*a);
+                        }
+                    }
+                }
+            }
+        };
+    }
+
+    packed512!(
+        kp_vnni,
         "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c",
-        dot512_vnni
+        dot512_vnni,
+        true
     );
-    kernel512!(
-        k512_bw,
+    packed512!(
+        kp_bw,
         "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c",
-        dot512_bw
+        dot512_bw,
+        false
     );
+
     kernel256!(k256_vnni, "avx2,fma,f16c,avxvnni", dot256_vnni);
     kernel256!(k256_avx2, "avx2,fma,f16c", dot256_avx2);
 }

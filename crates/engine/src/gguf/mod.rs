@@ -9,6 +9,7 @@ pub mod hparams;
 pub mod reader;
 pub mod tensor_names;
 pub mod tokenizer;
+pub mod writer;
 
 pub use convert::convert_gguf;
 pub use ggml_type::GgmlType;

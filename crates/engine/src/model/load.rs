@@ -131,7 +131,11 @@ impl<B: Backend> Model<B> {
         }
         let final_norm = vec("model.norm.weight", h)?;
         let rope = backend.rope_table(&c.rope_inv_freq())?;
-        let weights = formats.into_inner().into_iter().collect::<Vec<_>>().join("+");
+        let weights = formats
+            .into_inner()
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join("+");
         // Quantized matrices compute in f32 beside bf16 K/V and bf16 LoRA adapters.
         let quantized = weights.split('+').any(|f| f != "bf16" && f != "f32");
         let dtype = if quantized && dtype != DType::F32 {

@@ -106,7 +106,10 @@ pub fn quantize_row(qtype: QType, x: &[f32], out: &mut Vec<u8>) -> Option<f32> {
             let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            out.extend(x.iter().map(|v| (v * id).round().clamp(-127.0, 127.0) as i8 as u8));
+            out.extend(
+                x.iter()
+                    .map(|v| (v * id).round().clamp(-127.0, 127.0) as i8 as u8),
+            );
             return Some(d);
         }
         QType::Q8_0 => x.chunks_exact(b).for_each(|x| q8_0(x, out)),
@@ -125,12 +128,17 @@ fn inv(d: f32) -> f32 {
 fn q8_0(x: &[f32], out: &mut Vec<u8>) {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let id = inv(put_f16(out, amax / 127.0));
-    out.extend(x.iter().map(|v| (v * id).round().clamp(-128.0, 127.0) as i8 as u8));
+    out.extend(
+        x.iter()
+            .map(|v| (v * id).round().clamp(-128.0, 127.0) as i8 as u8),
+    );
 }
 
 fn q4_0(x: &[f32], out: &mut Vec<u8>) {
     // The value of largest magnitude maps to -8, as ggml does.
-    let max = x.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+    let max = x
+        .iter()
+        .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
     let id = inv(put_f16(out, max / -8.0));
     let q = |v: f32| ((v * id + 8.5) as i32).clamp(0, 15) as u8;
     out.extend((0..16).map(|j| q(x[j]) | (q(x[j + 16]) << 4)));
@@ -191,7 +199,9 @@ fn q6_k(x: &[f32], out: &mut Vec<u8>) {
     // Per sub-block of 16: x ≈ scale·q with q in -32..31 (the largest magnitude maps to -32).
     let mut scale = [0f32; 16];
     for (j, s) in x.chunks_exact(16).enumerate() {
-        let max = s.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let max = s
+            .iter()
+            .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
         scale[j] = max / -32.0;
     }
     let amax = scale.iter().fold(0f32, |m, v| m.max(v.abs()));

@@ -8,8 +8,8 @@
 
 mod blocks;
 
-pub use blocks::{dequantize_block, quantize_row};
 pub(crate) use blocks::scale_min_k4;
+pub use blocks::{dequantize_block, quantize_row};
 
 use crate::gguf::GgmlType;
 
@@ -87,6 +87,19 @@ impl QType {
             QType::Q6_K => "q6_k",
             QType::I8 => "int8",
         }
+    }
+}
+
+impl std::str::FromStr for QType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.to_ascii_lowercase();
+        QType::ALL
+            .into_iter()
+            .find(|q| q.name() == s || (s == "i8" && *q == QType::I8))
+            .ok_or_else(|| {
+                format!("unknown block type {s:?}: expected q8_0, q4_0, q4_1, q4_k, q6_k or int8")
+            })
     }
 }
 
@@ -177,7 +190,10 @@ impl QMatrix {
         let rb = self.row_bytes();
         let row = &self.data[r * rb..(r + 1) * rb];
         let (b, bb) = (self.qtype.block(), self.qtype.block_bytes());
-        for (blk, o) in row.chunks_exact(bb).zip(out[..self.cols].chunks_exact_mut(b)) {
+        for (blk, o) in row
+            .chunks_exact(bb)
+            .zip(out[..self.cols].chunks_exact_mut(b))
+        {
             dequantize_block(self.qtype, blk, o);
         }
         if self.qtype == QType::I8 {

@@ -66,18 +66,27 @@ fn k_quants_dequantize_as_gguf_py_does() {
             1320.1004447937012,
         ),
     ];
-    let at = [0, 1, 15, 16, 31, 32, 63, 64, 100, 127, 128, 150, 191, 200, 255];
+    let at = [
+        0, 1, 15, 16, 31, 32, 63, 64, 100, 127, 128, 150, 191, 200, 255,
+    ];
     for (qt, bytes, want, sum, abs) in cases {
         let b = hex(bytes);
         assert_eq!(b.len(), qt.block_bytes());
         let mut v = [0f32; 256];
         dequantize_block(qt, &b, &mut v);
         for (&i, &w) in at.iter().zip(&want) {
-            assert!((f64::from(v[i]) - w).abs() < 1e-5, "{qt:?}[{i}] {} vs {w}", v[i]);
+            assert!(
+                (f64::from(v[i]) - w).abs() < 1e-5,
+                "{qt:?}[{i}] {} vs {w}",
+                v[i]
+            );
         }
         let s: f64 = v.iter().map(|&x| f64::from(x)).sum();
         let a: f64 = v.iter().map(|&x| f64::from(x).abs()).sum();
-        assert!((s - sum).abs() < 1e-3 && (a - abs).abs() < 1e-3, "{qt:?}: {s} {a}");
+        assert!(
+            (s - sum).abs() < 1e-3 && (a - abs).abs() < 1e-3,
+            "{qt:?}: {s} {a}"
+        );
     }
 }
 
@@ -117,7 +126,10 @@ fn permuting_rows_moves_whole_rows() {
     let p = m.permute_rows(&[2, 0, 3, 1]);
     let (a, b) = (m.dequantize(), p.dequantize());
     for (dst, src) in [2, 0, 3, 1].iter().enumerate() {
-        assert_eq!(&b[dst * 256..(dst + 1) * 256], &a[src * 256..(src + 1) * 256]);
+        assert_eq!(
+            &b[dst * 256..(dst + 1) * 256],
+            &a[src * 256..(src + 1) * 256]
+        );
     }
 }
 

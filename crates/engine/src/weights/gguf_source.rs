@@ -78,7 +78,12 @@ impl GgufWeights {
             };
             return Ok(HostTensor::quant(m));
         }
-        let x = dequantize(&info.name, info.ggml_type, bytes, info.n_elements() as usize)?;
+        let x = dequantize(
+            &info.name,
+            info.ggml_type,
+            bytes,
+            info.n_elements() as usize,
+        )?;
         let x = match heads {
             Some(h) => unpermute_rows(&x, h, expected.get(1..).map_or(1, |s| s.iter().product())),
             None => x,

@@ -308,7 +308,7 @@ fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         let per_seq = (a.prompt_len + a.max_new_tokens).div_ceil(BLOCK_SIZE);
         let opts = EngineOptions {
             dtype,
-        gguf: gguf.clone(),
+            gguf: gguf.clone(),
             kv_blocks: Some(per_seq * c + 8),
             ..Default::default()
         };

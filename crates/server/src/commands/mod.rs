@@ -7,4 +7,5 @@ pub mod bench_structured;
 pub mod convert;
 pub mod generate;
 pub mod infer;
+pub mod quantize;
 pub mod serve;
