@@ -153,7 +153,7 @@ mod x86 {
             let dl = a.dl.as_mut_ptr().add(at * 2 * LANES);
             for which in 0..2 {
                 let mut sums = [0f32; 2];
-                for h in 0..2 {
+                for (h, sum) in sums.iter_mut().enumerate() {
                     let x = _mm512_loadu_ps(p.add(which * 32 + h * 16));
                     // The largest magnitude of each group of 4, in all four of its lanes.
                     let ax = _mm512_abs_ps(x);
@@ -168,7 +168,7 @@ mod x86 {
                     _mm_storeu_si128(dst, _mm512_cvtepi32_epi8(qi));
                     let d4 = _mm512_maskz_compress_ps(0x1111, d);
                     _mm_storeu_ps(dl.add(h * 8 + which * 4), _mm512_castps512_ps128(d4));
-                    sums[h] = _mm512_reduce_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(qi)));
+                    *sum = _mm512_reduce_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(qi)));
                 }
                 let b = at * 2 + which;
                 a.b32[b] = sums[0] + sums[1];
@@ -247,10 +247,10 @@ mod tests {
             assert!((f - s).abs() <= 1e-5 * (1.0 + s.abs()), "{f} vs {s}");
         }
         // Value t of block a lands where the kernels read it, within half its lane's step.
-        for t in 0..32 {
+        for (t, &xv) in x.iter().take(32).enumerate() {
             let d = fast.dl[(t / 16) * 8 + (t % 16) / 4];
             let back = f32::from(fast.q[pair_pos(0, t)]) * d;
-            assert!((back - x[t]).abs() <= d / 2.0 + 1e-6);
+            assert!((back - xv).abs() <= d / 2.0 + 1e-6);
         }
     }
 }

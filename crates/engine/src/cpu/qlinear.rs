@@ -82,8 +82,8 @@ pub fn qpath() -> QPath {
         QPath::available()
             .into_iter()
             .find(|p| {
-                !(no512 && p.is_512())
-                    && !(novnni && matches!(p, QPath::Avx512Vnni | QPath::AvxVnni))
+                let vnni = matches!(p, QPath::Avx512Vnni | QPath::AvxVnni);
+                !(no512 && p.is_512() || novnni && vnni)
             })
             .unwrap_or(QPath::Scalar)
     })
@@ -180,6 +180,16 @@ struct SendPtr(*mut f32);
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
+impl SendPtr {
+    /// The output at `offset` (a method, so closures capture the whole `Sync` wrapper).
+    ///
+    /// # Safety
+    /// `offset` must lie inside the output.
+    unsafe fn at(&self, offset: usize) -> *mut f32 {
+        unsafe { self.0.add(offset) }
+    }
+}
+
 /// [`qlinear`] on a given path; `w` must be in that path's form ([`QWeight::for_path`]).
 pub fn qlinear_with(
     path: QPath,
@@ -256,12 +266,11 @@ pub fn qlinear_with(
     };
     let o = SendPtr(out.as_mut_ptr());
     let run = |chunk: &[Tile]| {
-        let o = o;
         let one = |t: &Tile, i: usize, mr: usize| {
             // SAFETY: the tile's weight rows exist in its part, its input rows in `a`, and
             // its output columns are this chunk's alone.
             unsafe {
-                let out = o.0.add(i * n + t.col);
+                let out = o.at(i * n + t.col);
                 match w {
                     QWeight::Native(p) => tile(path, &a, &p[t.part], t.row, t.nr, i, mr, out, n),
                     QWeight::Packed(p) => {
@@ -646,7 +655,7 @@ mod x86 {
                 let s = sb % 8;
                 let v = _mm256_loadu_si256(b.add(16 + 32 * (s / 2)) as *const __m256i);
                 let m4 = _mm256_set1_epi8(0x0f);
-                let q = if s % 2 == 0 {
+                let q = if s.is_multiple_of(2) {
                     _mm256_and_si256(v, m4)
                 } else {
                     _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4)
