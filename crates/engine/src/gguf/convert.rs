@@ -24,6 +24,18 @@ use crate::gguf::tokenizer;
 /// Everything is written into a temporary sibling directory that is renamed into place at the
 /// end, so a failed conversion leaves nothing behind. `out_dir` must not exist, or be empty.
 pub fn convert_gguf(gguf: &Path, out_dir: &Path, dtype: DType, progress: bool) -> Result<()> {
+    convert_gguf_with(gguf, out_dir, dtype, true, progress)
+}
+
+/// Like [`convert_gguf`]; without `weights` only config, generation config and tokenizer files
+/// are written (what serving a GGUF as it is needs beside the file itself).
+pub fn convert_gguf_with(
+    gguf: &Path,
+    out_dir: &Path,
+    dtype: DType,
+    weights: bool,
+    progress: bool,
+) -> Result<()> {
     if dtype == DType::I8 {
         return Err(EngineError::Gguf(
             "lmi convert writes f32, f16 or bf16 checkpoints; int8 is a format the engine makes at load (serve with --dtype int8)".into(),
@@ -48,6 +60,34 @@ pub fn convert_gguf(gguf: &Path, out_dir: &Path, dtype: DType, progress: bool) -
     }
     let tmp = TempDir::new_beside(out_dir)?;
 
+    if weights {
+        write_weights(&g, tensors, &tmp.path, gguf, progress)?;
+    }
+
+    write_json(
+        &tmp.path.join("config.json"),
+        &hparams::config_json(&h, dtype),
+    )?;
+    write_json(
+        &tmp.path.join("generation_config.json"),
+        &hparams::generation_config_json(&h),
+    )?;
+    write_json(&tmp.path.join("tokenizer.json"), &tok.tokenizer_json)?;
+    write_json(
+        &tmp.path.join("tokenizer_config.json"),
+        &tok.tokenizer_config_json,
+    )?;
+    tmp.persist(out_dir)
+}
+
+/// Writes `model.safetensors` into `dir`, one dequantized tensor in memory at a time.
+fn write_weights(
+    g: &GgufFile,
+    tensors: BTreeMap<String, TensorPlan<'_>>,
+    dir: &Path,
+    gguf: &Path,
+    progress: bool,
+) -> Result<()> {
     let bar = if progress {
         let bar = ProgressBar::new(tensors.len() as u64);
         if let Ok(style) =
@@ -65,7 +105,7 @@ pub fn convert_gguf(gguf: &Path, out_dir: &Path, dtype: DType, progress: bool) -
         .into_iter()
         .map(|p| {
             let view = LazyTensor {
-                g: &g,
+                g,
                 plan: p.1,
                 bar: &bar,
                 failure: &failure,
@@ -73,7 +113,7 @@ pub fn convert_gguf(gguf: &Path, out_dir: &Path, dtype: DType, progress: bool) -
             (p.0, view)
         })
         .collect();
-    let st_path = tmp.path.join("model.safetensors");
+    let st_path = dir.join("model.safetensors");
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
     safetensors::serialize_to_file(views, Some(metadata), &st_path).map_err(|e| {
         EngineError::Safetensors {
@@ -92,21 +132,7 @@ pub fn convert_gguf(gguf: &Path, out_dir: &Path, dtype: DType, progress: bool) -
             .map_err(|e| EngineError::io(&st_path, e))?;
     }
     bar.finish_and_clear();
-
-    write_json(
-        &tmp.path.join("config.json"),
-        &hparams::config_json(&h, dtype),
-    )?;
-    write_json(
-        &tmp.path.join("generation_config.json"),
-        &hparams::generation_config_json(&h),
-    )?;
-    write_json(&tmp.path.join("tokenizer.json"), &tok.tokenizer_json)?;
-    write_json(
-        &tmp.path.join("tokenizer_config.json"),
-        &tok.tokenizer_config_json,
-    )?;
-    tmp.persist(out_dir)
+    Ok(())
 }
 
 /// One output tensor, checked up front so that producing its bytes cannot fail.

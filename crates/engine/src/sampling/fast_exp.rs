@@ -31,6 +31,23 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
 /// `Σ exp(clean(x) - max)` over the row, with `clean` as in `logprobs` (NaN → -inf,
 /// +inf → f32::MAX).
 pub(crate) fn sum_exp_shifted_clean(row: &[f32], max: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the feature was detected. The same lanes and order as below, 8 at a time
+        // in one register instead of two: the same bits.
+        return unsafe { sum_exp_avx2(row, max) };
+    }
+    sum_exp_lanes(row, max)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sum_exp_avx2(row: &[f32], max: f32) -> f64 {
+    sum_exp_lanes(row, max)
+}
+
+#[inline(always)]
+fn sum_exp_lanes(row: &[f32], max: f32) -> f64 {
     const CHUNK: usize = 256;
     let mut total = 0.0f64;
     for chunk in row.chunks(CHUNK) {

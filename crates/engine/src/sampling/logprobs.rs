@@ -51,14 +51,7 @@ impl RowStats {
     /// Scans a row that may hold NaN / inf without modifying it: one pass for the argmax
     /// (lowest id on ties), one vectorized pass for `Σ exp(x - max)`.
     pub(crate) fn scan_raw(row: &[f32]) -> Self {
-        let (mut argmax, mut max) = (0u32, f32::NEG_INFINITY);
-        for (i, &x) in row.iter().enumerate() {
-            let x = clean(x);
-            if x > max {
-                max = x;
-                argmax = i as u32;
-            }
-        }
+        let (argmax, max) = max_argmax(row);
         let log_norm = if max == f32::NEG_INFINITY {
             f64::NEG_INFINITY
         } else {
@@ -140,4 +133,67 @@ pub fn token_logprob(logits: &[f32], token: u32, top_n: u32) -> (f32, Vec<(u32, 
         None => f32::NEG_INFINITY,
     };
     (logprob, self::top_n(logits, top_n, &stats))
+}
+
+/// The largest cleaned logit and its lowest index (`(0, -inf)` for a row of `-inf`).
+pub(crate) fn max_argmax(row: &[f32]) -> (u32, f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the feature was detected.
+        return unsafe { max_argmax512(row) };
+    }
+    max_argmax_scalar(row, 0, (0, f32::NEG_INFINITY))
+}
+
+pub(crate) fn max_argmax_scalar(
+    row: &[f32],
+    offset: usize,
+    (mut argmax, mut max): (u32, f32),
+) -> (u32, f32) {
+    for (i, &x) in row.iter().enumerate() {
+        let x = clean(x);
+        if x > max {
+            max = x;
+            argmax = (offset + i) as u32;
+        }
+    }
+    (argmax, max)
+}
+
+/// Sixteen lanes, each keeping its first maximum; then the lowest index among the lanes that
+/// hold the overall maximum: the scalar scan's answer.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn max_argmax512(row: &[f32]) -> (u32, f32) {
+    use std::arch::x86_64::*;
+    let main = row.len() / 16 * 16;
+    let (mut best, mut arg) = (f32::NEG_INFINITY, 0u32);
+    if main > 0 {
+        let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+        let fmax = _mm512_set1_ps(f32::MAX);
+        let mut vmax = ninf;
+        let mut vidx = _mm512_setzero_si512();
+        let mut idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let step = _mm512_set1_epi32(16);
+        let mut i = 0;
+        while i < main {
+            // SAFETY: i + 16 <= main <= row.len().
+            let x = unsafe { _mm512_loadu_ps(row.as_ptr().add(i)) };
+            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+            let x = _mm512_mask_mov_ps(_mm512_min_ps(x, fmax), nan, ninf);
+            let gt = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, vmax);
+            vmax = _mm512_mask_mov_ps(vmax, gt, x);
+            vidx = _mm512_mask_mov_epi32(vidx, gt, idx);
+            idx = _mm512_add_epi32(idx, step);
+            i += 16;
+        }
+        let m = _mm512_reduce_max_ps(vmax);
+        if m > f32::NEG_INFINITY {
+            let at = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(vmax, _mm512_set1_ps(m));
+            let big = _mm512_set1_epi32(i32::MAX);
+            best = m;
+            arg = _mm512_reduce_min_epi32(_mm512_mask_mov_epi32(big, at, vidx)) as u32;
+        }
+    }
+    max_argmax_scalar(&row[main..], main, (arg, best))
 }

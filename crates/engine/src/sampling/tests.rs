@@ -958,3 +958,31 @@ fn a_mask_restricts_draws_and_bans_never_lift_it() {
     let t = sample_masked(&mut row.clone(), &banned, 0, &ctx, Some(&mask)).token;
     assert_eq!(t as usize, best);
 }
+
+#[test]
+fn vector_argmax_is_the_first_maximum_as_the_scalar_scan_finds_it() {
+    use super::logprobs::{max_argmax, max_argmax_scalar};
+    let mut seed = 7u64;
+    for len in [0usize, 1, 15, 16, 17, 100, 49152] {
+        for case in 0..4 {
+            let mut row: Vec<f32> = (0..len)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((seed >> 40) % 50) as f32 // many ties
+                })
+                .collect();
+            if len > 3 {
+                match case {
+                    1 => row[len / 2] = f32::NAN,
+                    2 => row[len - 1] = f32::INFINITY,
+                    3 => row.iter_mut().for_each(|x| *x = f32::NEG_INFINITY),
+                    _ => {}
+                }
+            }
+            let want = max_argmax_scalar(&row, 0, (0, f32::NEG_INFINITY));
+            assert_eq!(max_argmax(&row), want, "len {len} case {case}");
+        }
+    }
+}

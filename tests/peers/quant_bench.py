@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Quantized GGUF weights side by side with llama.cpp's llama-server (built by
+../shared/peers/setup.sh): each GGUF is served by both servers in turn, as it is, and driven
+the same way through /v1/completions by ../shared/peers/openai_bench.py.
+
+  python3 tests/peers/quant_bench.py --lmi target/release/lmi \
+      --llama ~/.cache/lmi-peers/llama.cpp/bin/llama-server --gguf A.gguf [--gguf B.gguf]
+
+Per server and file: batch-1 decode tok/s (64-token prompt, 128 greedy tokens, median of 3),
+prefill tok/s (one 512-token prompt, 1 token: prompt / time to first token, median of 3),
+aggregate tok/s of 16 and 64 concurrent streams (end to end, prefill included), and resident
+memory (VmRSS after the runs, VmHWM peak). Prints a markdown table and RESULT json.
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "shared", "peers"))
+import bench_common as bc  # noqa: E402
+import openai_bench as ob  # noqa: E402
+
+
+def wait_ready(url, path, proc, timeout=600):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + path, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except Exception:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("server not ready")
+
+
+def mem(pid):
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "VmHWM"):
+                out[k] = int(v.split()[0]) / 1024  # MiB
+    return out
+
+
+def prefill(client, pool, n_tokens, reps=3):
+    rates = []
+    for i in range(reps):
+        prompt = bc.make_prompts(pool, 1, n_tokens, seed=99 + i)[0]
+        rec = {}
+        client.stream_completion(prompt, 1, rec)
+        ttft = rec["times"][0] - rec["t_submit"]
+        rates.append(n_tokens / ttft)
+    return sorted(rates)[len(rates) // 2]
+
+
+def start(kind, a, gguf, port):
+    log = open(f"/tmp/quant-bench-{kind}-{port}.log", "w")
+    if kind == "llama":
+        ctx = 64 * 768
+        cmd = [a.llama, "-m", gguf, "-t", "2", "-tb", "2", "-np", "64", "-cb", "-c", str(ctx),
+               "--port", str(port), "--no-webui"]
+        env = os.environ.copy()
+    else:
+        cmd = [a.lmi, "serve", "--model", gguf, "--port", str(port), "--host", "127.0.0.1"]
+        env = dict(os.environ, OPTION_MAX_ROLLING_BATCH_SIZE="64", RUST_LOG="warn")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    wait_ready(f"http://127.0.0.1:{port}", "/health" if kind == "llama" else "/ping", proc)
+    return proc
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lmi", required=True)
+    ap.add_argument("--llama", required=True)
+    ap.add_argument("--gguf", action="append", required=True)
+    ap.add_argument("--concurrency", default="16,64")
+    ap.add_argument("--port", type=int, default=8391)
+    a = ap.parse_args()
+    conc = [int(c) for c in a.concurrency.split(",")]
+    pool = bc.word_pool(bc.default_gguf())
+    rows = []
+    for gguf in a.gguf:
+        size = os.path.getsize(gguf) / 2**20
+        for kind in ("llama", "lmi"):
+            proc = start(kind, a, gguf, a.port)
+            try:
+                client = ob.Client(f"http://127.0.0.1:{a.port}")
+                quiet = lambda *x, **k: None  # noqa: E731
+                r = {"file": os.path.basename(gguf), "file_mib": round(size), "server": kind}
+                single = ob.run(client, 64, 128, 1, 3, mode="single", log=quiet)
+                r["b1"] = single["batch1"]["decode_tok_s_median"]
+                r["prefill"] = prefill(client, pool, 512)
+                for c in conc:
+                    res = ob.run(client, 64, 128, c, 1, mode="concurrent", warmup=False, log=quiet)
+                    r[f"c{c}"] = res["concurrent"]["e2e_agg_tok_s"]
+                r.update(mem(proc.pid))
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            time.sleep(2)
+    cols = ["b1", "prefill"] + [f"c{c}" for c in conc]
+    print("\n| file | server | " + " | ".join(cols) + " | RSS MiB | peak MiB |")
+    print("|---|---|" + "---:|" * (len(cols) + 2))
+    for r in rows:
+        print(f"| {r['file']} ({r['file_mib']} MiB) | {r['server']} | "
+              + " | ".join(f"{r[c]:.0f}" for c in cols)
+              + f" | {r['VmRSS']:.0f} | {r['VmHWM']:.0f} |")
+    for f in dict.fromkeys(r["file"] for r in rows):
+        pair = {r["server"]: r for r in rows if r["file"] == f}
+        if len(pair) == 2:
+            print(f"| {f} | lmi / llama | " + " | ".join(
+                f"{pair['lmi'][c] / pair['llama'][c]:.2f}x" for c in cols) + " | | |")
+    print("RESULT " + json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
