@@ -832,6 +832,16 @@ mod x86 {
                         let mut gs = [zf; NR];
                         let mut gm = [zf; NR];
                         for j in 0..NR {
+                            // A few groups ahead, each span's cache lines (past the row's
+                            // end they are the next rows', read next).
+                            for (off, len) in F::spans(g + F::AHEAD, t.nsub) {
+                                let mut l = 0;
+                                while l < len {
+                                    let at = t.w.wrapping_add(j * t.rb + off + l);
+                                    _mm_prefetch::<_MM_HINT_T0>(at as *const i8);
+                                    l += 64;
+                                }
+                            }
                             let rs = if t.rs.is_null() { 1.0 } else { *t.rs.add(j) };
                             (gs[j], gm[j]) = F::group(t.w.add(j * t.rb), g, rs, t.nsub);
                             if offset {
