@@ -216,13 +216,12 @@ pub fn qlinear_with(
     } else {
         QAct::new(x, m, k)
     };
-    // Weight rows × input rows per tile: a single input row streams many weight rows; larger
-    // batches share each decoded weight pair across up to 8 rows.
-    let (nrm, mr_max) = match (path.is_512(), m) {
-        (true, 1) => (8, 1),
-        (true, m) if m >= 8 => (2, 8),
-        (true, _) | (false, 1) => (4, MR_MAX),
-        (false, _) => (2, MR_MAX),
+    // Weight rows per tile: a single input row streams many weight rows at once; batches
+    // share each decoded pair across MR_MAX rows (8×2 tiles measured no faster than 4×4).
+    let nrm = match (path.is_512(), m) {
+        (true, 1) => 8,
+        (true, _) | (false, 1) => 4,
+        (false, _) => 2,
     };
     let mut tiles = Vec::with_capacity(n / nrm + part_rows.len() * 2);
     let mut col = 0;
@@ -250,11 +249,7 @@ pub fn qlinear_with(
     let mut rows = Vec::with_capacity(m / MR_MAX + MR_MAX);
     let mut i = 0;
     while i < m {
-        let mr = match m - i {
-            left if left >= mr_max => mr_max,
-            left if left >= MR_MAX => MR_MAX,
-            _ => 1,
-        };
+        let mr = if m - i >= MR_MAX { MR_MAX } else { 1 };
         rows.push((i, mr));
         i += mr;
     }
@@ -360,8 +355,6 @@ unsafe fn packed_tile(
                     (1, 4) => $kernel::<$f, 1, 4>(&args),
                     (4, 4) => $kernel::<$f, 4, 4>(&args),
                     (4, 1) => $kernel::<$f, 4, 1>(&args),
-                    (8, 2) => $kernel::<$f, 8, 2>(&args),
-                    (8, 1) => $kernel::<$f, 8, 1>(&args),
                     (4, 2) => $kernel::<$f, 4, 2>(&args),
                     (1, 2) => $kernel::<$f, 1, 2>(&args),
                     _ => {
