@@ -27,6 +27,46 @@ fn log_softmax_at(row: &[f32], token: u32) -> f64 {
     row[token as usize] as f64 - max - z.ln()
 }
 
+fn argmax(row: &[f32]) -> u32 {
+    row.iter()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+        )
+        .0 as u32
+}
+
+/// Prefills `prompt` (logits of every position) and decodes `n` greedy ids after it.
+fn prompt_and_greedy(
+    engine: &mut Engine<lmi_engine::cpu::CpuBackend>,
+    prompt: &[u32],
+    n: usize,
+) -> (lmi_engine::engine::Logits, Vec<u32>) {
+    let table: Vec<u32> = (0..64).collect();
+    let chunk = |tokens: Vec<u32>, start_pos: usize, logits| SeqChunk {
+        tokens,
+        start_pos,
+        block_table: table.clone(),
+        logits,
+        adapter: None,
+    };
+    let out = engine
+        .forward_logits(&[chunk(prompt.to_vec(), 0, LogitsWanted::All)])
+        .unwrap();
+    let mut ids = vec![argmax(out.row(prompt.len() - 1))];
+    while ids.len() < n {
+        let pos = prompt.len() + ids.len() - 1;
+        assert!(pos < 64 * BLOCK_SIZE);
+        let last = *ids.last().unwrap();
+        let o = engine
+            .forward_logits(&[chunk(vec![last], pos, LogitsWanted::Last)])
+            .unwrap();
+        ids.push(argmax(o.row(0)));
+    }
+    (out, ids)
+}
+
 #[test]
 fn greedy_ids_and_prompt_logprobs_match_the_reference() {
     let dir = model_store::default_model_dir(false).expect("provision the default model");
@@ -39,20 +79,11 @@ fn greedy_ids_and_prompt_logprobs_match_the_reference() {
     let fx = fixture();
     let cases = fx["cases"].as_array().unwrap();
     assert_eq!(cases.len(), 6);
-    let table: Vec<u32> = (0..64).collect();
     let mut worst_lp = 0.0f64;
     for (ci, case) in cases.iter().enumerate() {
         let prompt = ids(&case["prompt_ids"]);
         let expected = ids(&case["greedy_ids"]);
-        let out = engine
-            .forward_logits(&[SeqChunk {
-                tokens: prompt.clone(),
-                start_pos: 0,
-                block_table: table.clone(),
-                logits: LogitsWanted::All,
-                adapter: None,
-            }])
-            .unwrap();
+        let (out, got) = prompt_and_greedy(&mut engine, &prompt, expected.len());
         for (t, lp) in case["prompt_logprobs"]
             .as_array()
             .unwrap()
@@ -67,33 +98,6 @@ fn greedy_ids_and_prompt_logprobs_match_the_reference() {
                 (got - want).abs() < 2e-3,
                 "case {ci} prompt token {t}: logprob {got} vs {want}"
             );
-        }
-        let argmax = |row: &[f32]| {
-            row.iter()
-                .enumerate()
-                .fold(
-                    (0, f32::NEG_INFINITY),
-                    |b, (i, &x)| if x > b.1 { (i, x) } else { b },
-                )
-                .0 as u32
-        };
-        let mut next = argmax(out.row(prompt.len() - 1));
-        let mut got = vec![next];
-        let mut pos = prompt.len();
-        while got.len() < expected.len() {
-            assert!(pos < 64 * BLOCK_SIZE);
-            let o = engine
-                .forward_logits(&[SeqChunk {
-                    tokens: vec![next],
-                    start_pos: pos,
-                    block_table: table.clone(),
-                    logits: LogitsWanted::Last,
-                    adapter: None,
-                }])
-                .unwrap();
-            next = argmax(o.row(0));
-            got.push(next);
-            pos += 1;
         }
         assert_eq!(
             got, expected,
@@ -122,20 +126,11 @@ fn quantized_as_stored_agrees_with_the_dequantized_reference() {
     let mut engine = Engine::load_cpu(&dir, &opts).unwrap();
     assert_eq!(engine.model().weights, "q4_1+q8_0");
     let fx = fixture();
-    let table: Vec<u32> = (0..64).collect();
     let (mut agree, mut worst_lp) = (0, 0f64);
     for case in fx["cases"].as_array().unwrap() {
         let prompt = ids(&case["prompt_ids"]);
         let expected = ids(&case["greedy_ids"]);
-        let out = engine
-            .forward_logits(&[SeqChunk {
-                tokens: prompt.clone(),
-                start_pos: 0,
-                block_table: table.clone(),
-                logits: LogitsWanted::All,
-                adapter: None,
-            }])
-            .unwrap();
+        let (out, got) = prompt_and_greedy(&mut engine, &prompt, expected.len());
         for (t, lp) in case["prompt_logprobs"]
             .as_array()
             .unwrap()
@@ -145,30 +140,6 @@ fn quantized_as_stored_agrees_with_the_dequantized_reference() {
         {
             let got = log_softmax_at(out.row(t - 1), prompt[t]);
             worst_lp = worst_lp.max((got - lp.as_f64().unwrap()).abs());
-        }
-        let argmax = |row: &[f32]| {
-            row.iter()
-                .enumerate()
-                .fold(
-                    (0, f32::NEG_INFINITY),
-                    |b, (i, &x)| if x > b.1 { (i, x) } else { b },
-                )
-                .0 as u32
-        };
-        let mut next = argmax(out.row(prompt.len() - 1));
-        let mut got = vec![next];
-        while got.len() < expected.len() {
-            let o = engine
-                .forward_logits(&[SeqChunk {
-                    tokens: vec![next],
-                    start_pos: prompt.len() + got.len() - 1,
-                    block_table: table.clone(),
-                    logits: LogitsWanted::Last,
-                    adapter: None,
-                }])
-                .unwrap();
-            next = argmax(o.row(0));
-            got.push(next);
         }
         agree += usize::from(got == expected);
     }

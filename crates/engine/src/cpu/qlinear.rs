@@ -302,6 +302,54 @@ pub fn qlinear_with(
     }
 }
 
+/// Runs `$kernel::<Format, MR, NR>(&$args)` for the tile's format and shape (the format
+/// types of the caller's path in scope); other shapes run as 1×1 tiles.
+#[cfg(target_arch = "x86_64")]
+macro_rules! dispatch {
+    ($kernel:ident, $args_ty:ident, $args:expr, $qtype:expr, $mr:expr, $nr:expr) => {{
+        let args = $args;
+        let (mr, nr) = ($mr, $nr);
+        macro_rules! by_shape {
+            ($f:ty) => {
+                match (mr, nr) {
+                    (1, 8) => $kernel::<$f, 1, 8>(&args),
+                    (1, 4) => $kernel::<$f, 1, 4>(&args),
+                    (1, 2) => $kernel::<$f, 1, 2>(&args),
+                    (4, 4) => $kernel::<$f, 4, 4>(&args),
+                    (4, 2) => $kernel::<$f, 4, 2>(&args),
+                    (4, 1) => $kernel::<$f, 4, 1>(&args),
+                    _ => {
+                        for r in 0..mr {
+                            for c in 0..nr {
+                                let one = $args_ty {
+                                    i0: args.i0 + r,
+                                    w: args.w.add(c * args.rb),
+                                    rs: if args.rs.is_null() {
+                                        args.rs
+                                    } else {
+                                        args.rs.add(c)
+                                    },
+                                    out: args.out.add(r * args.ldo + c),
+                                    ..args
+                                };
+                                $kernel::<$f, 1, 1>(&one);
+                            }
+                        }
+                    }
+                }
+            };
+        }
+        match $qtype {
+            QType::Q8_0 => by_shape!(Q8_0),
+            QType::Q4_0 => by_shape!(Q4_0),
+            QType::Q4_1 => by_shape!(Q4_1),
+            QType::Q4_K => by_shape!(Q4K),
+            QType::Q6_K => by_shape!(Q6K),
+            QType::I8 => by_shape!(I8),
+        }
+    }};
+}
+
 /// One tile of packed weights on an AVX-512 path.
 ///
 /// # Safety
@@ -336,51 +384,9 @@ unsafe fn packed_tile(
             out,
             ldo,
         };
-        macro_rules! by_fmt {
-            ($kernel:ident) => {
-                match w.qtype {
-                    QType::Q8_0 => by_shape!($kernel, Q8_0),
-                    QType::Q4_0 => by_shape!($kernel, Q4_0),
-                    QType::Q4_1 => by_shape!($kernel, Q4_1),
-                    QType::Q4_K => by_shape!($kernel, Q4K),
-                    QType::Q6_K => by_shape!($kernel, Q6K),
-                    QType::I8 => by_shape!($kernel, I8),
-                }
-            };
-        }
-        macro_rules! by_shape {
-            ($kernel:ident, $f:ty) => {
-                match (mr, nr) {
-                    (1, 8) => $kernel::<$f, 1, 8>(&args),
-                    (1, 4) => $kernel::<$f, 1, 4>(&args),
-                    (4, 4) => $kernel::<$f, 4, 4>(&args),
-                    (4, 1) => $kernel::<$f, 4, 1>(&args),
-                    (4, 2) => $kernel::<$f, 4, 2>(&args),
-                    (1, 2) => $kernel::<$f, 1, 2>(&args),
-                    _ => {
-                        for r in 0..mr {
-                            for c in 0..nr {
-                                let one = PArgs {
-                                    i0: i + r,
-                                    w: args.w.add(c * args.rb),
-                                    rs: if args.rs.is_null() {
-                                        args.rs
-                                    } else {
-                                        args.rs.add(c)
-                                    },
-                                    out: out.add(r * ldo + c),
-                                    ..args
-                                };
-                                $kernel::<$f, 1, 1>(&one);
-                            }
-                        }
-                    }
-                }
-            };
-        }
         match path {
-            QPath::Avx512Vnni => by_fmt!(kp_vnni),
-            QPath::Avx512 => by_fmt!(kp_bw),
+            QPath::Avx512Vnni => dispatch!(kp_vnni, PArgs, args, w.qtype, mr, nr),
+            QPath::Avx512 => dispatch!(kp_bw, PArgs, args, w.qtype, mr, nr),
             _ => unreachable!("packed weights are read on AVX-512 paths"),
         }
     }
@@ -426,54 +432,12 @@ unsafe fn tile(
     #[cfg(target_arch = "x86_64")]
     unsafe {
         use x86::*;
-        macro_rules! by_fmt {
-            ($kernel:ident) => {
-                match w.qtype {
-                    QType::Q8_0 => by_shape!($kernel, Q8_0),
-                    QType::Q4_0 => by_shape!($kernel, Q4_0),
-                    QType::Q4_1 => by_shape!($kernel, Q4_1),
-                    QType::Q4_K => by_shape!($kernel, Q4K),
-                    QType::Q6_K => by_shape!($kernel, Q6K),
-                    QType::I8 => by_shape!($kernel, I8),
-                }
-            };
-        }
-        macro_rules! by_shape {
-            ($kernel:ident, $f:ty) => {
-                match (mr, nr) {
-                    (1, 8) => $kernel::<$f, 1, 8>(&args),
-                    (1, 4) => $kernel::<$f, 1, 4>(&args),
-                    (1, 2) => $kernel::<$f, 1, 2>(&args),
-                    (4, 4) => $kernel::<$f, 4, 4>(&args),
-                    (4, 2) => $kernel::<$f, 4, 2>(&args),
-                    (4, 1) => $kernel::<$f, 4, 1>(&args),
-                    _ => {
-                        for r in 0..mr {
-                            for c in 0..nr {
-                                let one = TileArgs {
-                                    i0: i + r,
-                                    w: args.w.add(c * rb),
-                                    rs: if args.rs.is_null() {
-                                        args.rs
-                                    } else {
-                                        args.rs.add(c)
-                                    },
-                                    out: out.add(r * ldo + c),
-                                    ..args
-                                };
-                                $kernel::<$f, 1, 1>(&one);
-                            }
-                        }
-                    }
-                }
-            };
-        }
         match path {
             QPath::Avx512Vnni | QPath::Avx512 => {
                 unreachable!("AVX-512 paths read packed weights")
             }
-            QPath::AvxVnni => return by_fmt!(k256_vnni),
-            QPath::Avx2 => return by_fmt!(k256_avx2),
+            QPath::AvxVnni => return dispatch!(k256_vnni, TileArgs, args, w.qtype, mr, nr),
+            QPath::Avx2 => return dispatch!(k256_avx2, TileArgs, args, w.qtype, mr, nr),
             QPath::Scalar => {}
         }
     }
