@@ -89,6 +89,17 @@ pub struct ResolvedModel {
     pub gguf: Option<PathBuf>,
 }
 
+impl ResolvedModel {
+    /// The weight dtype `auto` means for this model on `device`: a GGUF's blocks as stored on
+    /// the CPU (None); bf16 otherwise (the CUDA engine keeps every matrix in bf16).
+    pub fn auto_dtype(&self, device: crate::Device) -> Option<DType> {
+        match (&self.gguf, device) {
+            (Some(_), crate::Device::Cpu) => None,
+            _ => Some(DType::BF16),
+        }
+    }
+}
+
 /// Like [`resolve_model`], keeping the GGUF file a model came from.
 pub fn resolve(spec: Option<&str>, progress: bool) -> Result<ResolvedModel> {
     let dir = resolve_model(spec, progress)?;

@@ -80,6 +80,8 @@ impl QAct {
             b32: vec![0.0; rows * pairs * 2 + 16],
             b16: vec![0.0; rows * pairs * 4 + 16],
         };
+        #[cfg(target_arch = "x86_64")]
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
         for r in 0..rows {
             let row = &x[r * k..(r + 1) * k];
             for p in 0..pairs {
@@ -88,7 +90,7 @@ impl QAct {
                 v[..n].copy_from_slice(&row[p * 2 * QK..p * 2 * QK + n]);
                 let at = r * pairs + p;
                 #[cfg(target_arch = "x86_64")]
-                if std::arch::is_x86_feature_detected!("avx512f") {
+                if avx512 {
                     // SAFETY: the feature was detected; the destinations hold a pair each.
                     unsafe { x86::pair(&v, &mut a, at) };
                     continue;

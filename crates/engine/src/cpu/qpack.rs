@@ -92,7 +92,8 @@ impl Packed {
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let row = &self.data[r * self.row_bytes..(r + 1) * self.row_bytes];
         let qt = self.qtype;
-        let mut blk = vec![0u8; qt.block_bytes()];
+        let mut buf = [0u8; 210]; // the largest block (Q6_K)
+        let blk = &mut buf[..qt.block_bytes()];
         for (b, o) in out[..self.cols].chunks_exact_mut(qt.block()).enumerate() {
             match qt {
                 QType::Q4_0 | QType::Q4_1 | QType::Q8_0 => {
@@ -119,7 +120,7 @@ impl Packed {
                 }
                 QType::Q6_K => blk.copy_from_slice(&row[210 * b..210 * (b + 1)]),
             }
-            dequantize_block(qt, &blk, o);
+            dequantize_block(qt, blk, o);
         }
         if qt == QType::I8 {
             let s = self.row_scale[r];

@@ -84,11 +84,7 @@ impl ModelArgs {
     /// The model directory, the dtype to ask the engine for, and the GGUF it came from.
     pub fn resolve(&self) -> anyhow::Result<(PathBuf, Option<DType>, Option<PathBuf>)> {
         let r = model_store::resolve(self.model.as_deref(), true)?;
-        let dtype = match self.dtype {
-            Some(d) => Some(d),
-            None if r.gguf.is_some() && self.device == Device::Cpu => None,
-            None => Some(DType::BF16),
-        };
+        let dtype = self.dtype.or_else(|| r.auto_dtype(self.device));
         Ok((r.dir, dtype, r.gguf))
     }
 

@@ -232,7 +232,7 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
         .with_context(|| format!("loading the chat template of {}", dir.display()))?;
     let (engine, dtype): (Box<dyn StepEngine>, String) = match config.engine_mode {
         EngineMode::Model => {
-            let dtype = config.engine_dtype_for(resolved.gguf.is_some());
+            let dtype = config.engine_dtype_for(&resolved);
             let source = resolved.gguf.as_deref().unwrap_or(&dir);
             let opts = EngineOptions {
                 dtype,
@@ -308,7 +308,7 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
             // Its KV cache takes a quarter of the model's byte budget (sized in bytes on a GPU
             // too: leave room with option.gpu_memory_utilization).
             let opts = EngineOptions {
-                dtype: config.engine_dtype_for(draft.gguf.is_some()),
+                dtype: config.engine_dtype_for(&draft),
                 kv_cache_bytes: config.kv_cache_bytes / 4,
                 kv_blocks: None,
                 memory_fraction: None,

@@ -16,6 +16,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use lmi_engine::model_store::ResolvedModel;
 use lmi_engine::{DType, Device};
 
 pub use access::AccessConfig;
@@ -570,12 +571,12 @@ impl ServingConfig {
         }
     }
 
-    /// The dtype to ask the engine for, given whether the model is a GGUF file: on the CPU,
-    /// `auto` serves a GGUF's quantized blocks as they are (None).
-    pub fn engine_dtype_for(&self, gguf: bool) -> Option<DType> {
-        match (self.dtype, gguf, self.device) {
-            (DTypeChoice::Auto, true, Device::Cpu) => None,
-            _ => Some(self.engine_dtype()),
+    /// The dtype to ask the engine for `model`: `auto` as the model's kind and the device
+    /// decide ([`ResolvedModel::auto_dtype`]).
+    pub fn engine_dtype_for(&self, model: &ResolvedModel) -> Option<DType> {
+        match self.dtype {
+            DTypeChoice::Auto => model.auto_dtype(self.device),
+            DTypeChoice::Fixed(d) => Some(d),
         }
     }
 
