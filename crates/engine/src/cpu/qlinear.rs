@@ -748,6 +748,12 @@ mod x86 {
         };
     }
 
+    /// How many tiles ahead the packed kernel prefetches. Reading 1B-shaped matrices from
+    /// memory at batch 1 (A/B in one process, against a plain read of the same bytes): 85–94%
+    /// of the read rate one tile ahead with the prefetches spread over the pairs; 65–92% with
+    /// them issued in bursts per group; two tiles ahead no better; no prefetch about 45%.
+    const PREFETCH_TILES: usize = 1;
+
     /// A tile of packed weights (`qpack.rs`) against paired activations (`QAct::paired`).
     #[derive(Clone, Copy)]
     pub struct PArgs<'a> {
@@ -784,21 +790,19 @@ mod x86 {
                     // |w| against x with w's sign where vpmaddubsw would saturate.
                     let offset = F::SIGNED && $offset;
                     let signed = F::SIGNED && !$offset;
+                    // A tile's rows are contiguous, and the next tiles follow: each pair step
+                    // prefetches its share of the bytes PREFETCH_TILES tiles ahead, one
+                    // steady sequential stream. (Eight rows read at once outrun the hardware
+                    // prefetcher. Past a chunk's end the lines are another thread's, and
+                    // prefetches never fault.)
+                    let tile_bytes = NR * t.rb;
+                    let per_pair = tile_bytes.div_ceil(npairs).next_multiple_of(64);
+                    let ahead = t.w.wrapping_add(PREFETCH_TILES * tile_bytes);
                     let mut g = 0;
                     while g * F::GROUP < npairs {
                         let mut gs = [zf; NR];
                         let mut gm = [zf; NR];
                         for j in 0..NR {
-                            // A few groups ahead, each span's cache lines (past the row's
-                            // end they are the next rows', read next).
-                            for (off, len) in F::spans(g + F::AHEAD, t.nsub) {
-                                let mut l = 0;
-                                while l < len {
-                                    let at = t.w.wrapping_add(j * t.rb + off + l);
-                                    _mm_prefetch::<_MM_HINT_T0>(at as *const i8);
-                                    l += 64;
-                                }
-                            }
                             let rs = if t.rs.is_null() { 1.0 } else { *t.rs.add(j) };
                             (gs[j], gm[j]) = F::group(t.w.add(j * t.rb), g, rs, t.nsub);
                             if offset {
@@ -817,6 +821,12 @@ mod x86 {
                         let pairs = (npairs - g * F::GROUP).min(F::GROUP);
                         for pp in 0..pairs {
                             let p = g * F::GROUP + pp;
+                            let at = ahead.wrapping_add(p * per_pair);
+                            let mut l = 0;
+                            while l < per_pair {
+                                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(l) as *const i8);
+                                l += 64;
+                            }
                             let idx = F::index(pp);
                             let mut wq = [zero; NR];
                             let mut wneg = [0u64; NR];

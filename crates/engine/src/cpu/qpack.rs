@@ -142,17 +142,12 @@ pub(crate) mod x86 {
         const SIGNED: bool;
         /// Pairs that share one load of scales.
         const GROUP: usize;
-        /// How many groups ahead to prefetch (about 0.6–2.5 KiB per row).
-        const AHEAD: usize = if Self::GROUP == 4 { 4 } else { 8 };
         /// Scales and mins (per lane of 4 values after `index`) of group `g`.
         unsafe fn group(row: *const u8, g: usize, rs: f32, nsub: usize) -> (__m512, __m512);
         /// Pair `p`'s 64 values in the activations' order (`qact::pair_pos`).
         unsafe fn quants(row: *const u8, p: usize, nsub: usize) -> __m512i;
         /// Lane → scale index for pair `pp` of a group.
         unsafe fn index(pp: usize) -> __m512i;
-        /// Byte ranges `(offset, len)` of group `g` in a row (for software prefetch: eight
-        /// rows streamed at once outrun the hardware prefetcher).
-        fn spans(g: usize, nsub: usize) -> [(usize, usize); 2];
         /// The activation sums the group's mins multiply, lane for lane (`QAct::b32`/`b16`).
         #[inline(always)]
         unsafe fn min_sums(_a: &crate::cpu::qact::QAct, _row: usize, _g: usize) -> __m512 {
@@ -222,11 +217,6 @@ pub(crate) mod x86 {
         const SIGNED: bool = false;
         const GROUP: usize = 8;
         #[inline(always)]
-        fn spans(g: usize, nsub: usize) -> [(usize, usize); 2] {
-            let _ = nsub;
-            [(32 * g, 32), (2 * nsub + 256 * g, 256)]
-        }
-        #[inline(always)]
         unsafe fn min_sums(a: &crate::cpu::qact::QAct, row: usize, g: usize) -> __m512 {
             unsafe { block_sums(a, row, 16 * g) }
         }
@@ -251,11 +241,6 @@ pub(crate) mod x86 {
         const SIGNED: bool = false;
         const GROUP: usize = 8;
         #[inline(always)]
-        fn spans(g: usize, nsub: usize) -> [(usize, usize); 2] {
-            let _ = nsub;
-            [(32 * g, 32 + 2 * nsub), (4 * nsub + 256 * g, 256)]
-        }
-        #[inline(always)]
         unsafe fn min_sums(a: &crate::cpu::qact::QAct, row: usize, g: usize) -> __m512 {
             unsafe { block_sums(a, row, 16 * g) }
         }
@@ -277,11 +262,6 @@ pub(crate) mod x86 {
         const SIGNED: bool = true;
         const GROUP: usize = 8;
         #[inline(always)]
-        fn spans(g: usize, nsub: usize) -> [(usize, usize); 2] {
-            let _ = nsub;
-            [(32 * g, 32), (2 * nsub + 512 * g, 512)]
-        }
-        #[inline(always)]
         unsafe fn min_sums(a: &crate::cpu::qact::QAct, row: usize, g: usize) -> __m512 {
             unsafe { block_sums(a, row, 16 * g) }
         }
@@ -302,11 +282,6 @@ pub(crate) mod x86 {
     impl PFmt for I8 {
         const SIGNED: bool = true;
         const GROUP: usize = 8;
-        #[inline(always)]
-        fn spans(g: usize, nsub: usize) -> [(usize, usize); 2] {
-            let _ = nsub;
-            [(512 * g, 512), (0, 0)]
-        }
         #[inline(always)]
         unsafe fn group(_: *const u8, g: usize, rs: f32, nsub: usize) -> (__m512, __m512) {
             unsafe {
@@ -336,11 +311,6 @@ pub(crate) mod x86 {
     impl PFmt for Q4K {
         const SIGNED: bool = false;
         const GROUP: usize = 4;
-        #[inline(always)]
-        fn spans(g: usize, nsub: usize) -> [(usize, usize); 2] {
-            let _ = nsub;
-            [(Q4K_PACKED * g, Q4K_PACKED), (0, 0)]
-        }
         #[inline(always)]
         unsafe fn min_sums(a: &crate::cpu::qact::QAct, row: usize, g: usize) -> __m512 {
             unsafe { block_sums(a, row, 8 * g) }
@@ -381,11 +351,6 @@ pub(crate) mod x86 {
     impl PFmt for Q6K {
         const SIGNED: bool = false;
         const GROUP: usize = 4;
-        #[inline(always)]
-        fn spans(g: usize, nsub: usize) -> [(usize, usize); 2] {
-            let _ = nsub;
-            [(210 * g, 210), (0, 0)]
-        }
         #[inline(always)]
         unsafe fn min_sums(a: &crate::cpu::qact::QAct, row: usize, g: usize) -> __m512 {
             unsafe { _mm512_loadu_ps(a.b16.as_ptr().add(row * 2 * a.nb + 16 * g)) }
