@@ -146,7 +146,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         tokenizer,
         SchedulerConfig {
             max_batch_size: input.batch_size,
-            max_batch_tokens: 4096,
+            max_batch_tokens: crate::config::default_step_tokens(a.device),
             max_model_len: config.max_position_embeddings,
             max_waiting: input.requests.len() + 1,
             max_loras: input.available_lora_weights.len().max(1),

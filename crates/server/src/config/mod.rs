@@ -56,7 +56,8 @@ pub struct ServeArgs {
     /// Sequences in the rolling batch (option.max_rolling_batch_size, default 32).
     #[arg(long, alias = "max-rolling-batch-size")]
     pub max_batch_size: Option<usize>,
-    /// Tokens per step (option.max_rolling_batch_prefill_tokens, default 4096).
+    /// Tokens per step (option.max_rolling_batch_prefill_tokens; default 512 on the CPU, 4096
+    /// on a GPU).
     #[arg(long, alias = "max-rolling-batch-prefill-tokens")]
     pub max_batch_prefill_tokens: Option<usize>,
     /// Longest prompt + output (option.max_model_len; default the model's).
@@ -224,6 +225,7 @@ pub struct ServingConfig {
     /// option.rolling_batch (recorded; every value runs the built-in rolling batch scheduler).
     pub rolling_batch: String,
     pub max_rolling_batch_size: usize,
+    /// Tokens per engine step; see [`default_step_tokens`].
     pub max_rolling_batch_prefill_tokens: usize,
     /// None: the model's max_position_embeddings.
     pub max_model_len: Option<usize>,
@@ -452,7 +454,7 @@ impl ServingConfig {
                 "option.max_rolling_batch_prefill_tokens",
                 "option.max_num_batched_tokens",
             ),
-            4096,
+            default_step_tokens(device),
         )?;
         let max_model_len = match get("option.max_model_len") {
             None => None,
@@ -713,6 +715,18 @@ fn nonneg(raw: &BTreeMap<String, Setting>, key: &str, default: usize) -> anyhow:
                 s.source
             )
         }),
+    }
+}
+
+/// Tokens per step when option.max_rolling_batch_prefill_tokens is unset. On the CPU 512:
+/// the engine's step buffers grow with the step (about 140 KB a token for a 1B model, so
+/// 4096 tokens held 570 MiB beyond the weights and the KV cache), and a step holds every
+/// stream's next token (4096 prompt tokens of a 1B model are about 20 s on two cores), while
+/// the kernels are already at full speed from 64 rows. A GPU takes LMI's 4096.
+pub fn default_step_tokens(device: Device) -> usize {
+    match device {
+        Device::Cpu => 512,
+        Device::Cuda(_) => 4096,
     }
 }
 
