@@ -504,17 +504,21 @@ mod x86 {
         const QTYPE: QType;
         /// Q8_0 and I8: the bytes are signed values, no min term.
         const SIGNED: bool;
+        /// What `decode` needs of a whole block, read once per block and weight row: the
+        /// K-quants' 8 or 16 scales of 256 values (unpacking them per sub-block made Q4_K
+        /// three times slower than Q4_0), the row scale of I8, nothing for the others.
+        type Head: Copy + Default;
+        /// Block `blk`'s head.
+        ///
+        /// # Safety
+        /// `row` must hold the row; the caller runs with AVX2, FMA and F16C.
+        unsafe fn head(row: *const u8, blk: usize, rs: f32) -> Self::Head;
         /// Sub-block `sb` of a row: 32 unsigned (or signed) values in order, the scale of
         /// each lane of 4 values, and the min added per value.
         ///
         /// # Safety
-        /// `row` must hold the row; the caller runs with AVX2, FMA and F16C.
-        unsafe fn decode(row: *const u8, sb: usize, rs: f32) -> (__m256i, __m256, __m256);
-        /// Byte offset of the block holding sub-block `sb`.
-        #[inline(always)]
-        fn offset(sb: usize) -> usize {
-            sb * QK / Self::QTYPE.block() * Self::QTYPE.block_bytes()
-        }
+        /// As `head`; `h` is the head of the block holding `sb`.
+        unsafe fn decode(row: *const u8, sb: usize, h: &Self::Head) -> (__m256i, __m256, __m256);
     }
 
     #[inline(always)]
@@ -547,8 +551,11 @@ mod x86 {
     impl Fmt for Q8_0 {
         const QTYPE: QType = QType::Q8_0;
         const SIGNED: bool = true;
+        type Head = ();
         #[inline(always)]
-        unsafe fn decode(row: *const u8, sb: usize, _: f32) -> (__m256i, __m256, __m256) {
+        unsafe fn head(_: *const u8, _: usize, _: f32) {}
+        #[inline(always)]
+        unsafe fn decode(row: *const u8, sb: usize, _: &()) -> (__m256i, __m256, __m256) {
             unsafe {
                 let b = row.add(sb * 34);
                 let q = _mm256_loadu_si256(b.add(2) as *const __m256i);
@@ -560,11 +567,16 @@ mod x86 {
     impl Fmt for I8 {
         const QTYPE: QType = QType::I8;
         const SIGNED: bool = true;
+        type Head = f32;
         #[inline(always)]
-        unsafe fn decode(row: *const u8, sb: usize, rs: f32) -> (__m256i, __m256, __m256) {
+        unsafe fn head(_: *const u8, _: usize, rs: f32) -> f32 {
+            rs
+        }
+        #[inline(always)]
+        unsafe fn decode(row: *const u8, sb: usize, rs: &f32) -> (__m256i, __m256, __m256) {
             unsafe {
                 let q = _mm256_loadu_si256(row.add(sb * 32) as *const __m256i);
-                (q, _mm256_set1_ps(rs), _mm256_setzero_ps())
+                (q, _mm256_set1_ps(*rs), _mm256_setzero_ps())
             }
         }
     }
@@ -572,8 +584,11 @@ mod x86 {
     impl Fmt for Q4_0 {
         const QTYPE: QType = QType::Q4_0;
         const SIGNED: bool = false;
+        type Head = ();
         #[inline(always)]
-        unsafe fn decode(row: *const u8, sb: usize, _: f32) -> (__m256i, __m256, __m256) {
+        unsafe fn head(_: *const u8, _: usize, _: f32) {}
+        #[inline(always)]
+        unsafe fn decode(row: *const u8, sb: usize, _: &()) -> (__m256i, __m256, __m256) {
             unsafe {
                 let b = row.add(sb * 18);
                 let d = f16_at(b);
@@ -589,8 +604,11 @@ mod x86 {
     impl Fmt for Q4_1 {
         const QTYPE: QType = QType::Q4_1;
         const SIGNED: bool = false;
+        type Head = ();
         #[inline(always)]
-        unsafe fn decode(row: *const u8, sb: usize, _: f32) -> (__m256i, __m256, __m256) {
+        unsafe fn head(_: *const u8, _: usize, _: f32) {}
+        #[inline(always)]
+        unsafe fn decode(row: *const u8, sb: usize, _: &()) -> (__m256i, __m256, __m256) {
             unsafe {
                 let b = row.add(sb * 20);
                 (
@@ -605,26 +623,35 @@ mod x86 {
     impl Fmt for Q4K {
         const QTYPE: QType = QType::Q4_K;
         const SIGNED: bool = false;
+        /// Each sub-block's scale and (negated) min.
+        type Head = ([f32; 8], [f32; 8]);
         #[inline(always)]
-        unsafe fn decode(row: *const u8, sb: usize, _: f32) -> (__m256i, __m256, __m256) {
+        unsafe fn head(row: *const u8, blk: usize, _: f32) -> Self::Head {
+            unsafe {
+                let b = row.add(blk * 144);
+                let scales = std::slice::from_raw_parts(b.add(4), 12);
+                let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
+                let mut h = ([0f32; 8], [0f32; 8]);
+                for s in 0..8 {
+                    let (sc, mn) = crate::quant::scale_min_k4(s, scales);
+                    h.0[s] = d * f32::from(sc);
+                    h.1[s] = -(dmin * f32::from(mn));
+                }
+                h
+            }
+        }
+        #[inline(always)]
+        unsafe fn decode(row: *const u8, sb: usize, h: &Self::Head) -> (__m256i, __m256, __m256) {
             unsafe {
                 let b = row.add(sb / 8 * 144);
                 let s = sb % 8;
                 let v = _mm256_loadu_si256(b.add(16 + 32 * (s / 2)) as *const __m256i);
                 let m4 = _mm256_set1_epi8(0x0f);
-                let q = if s.is_multiple_of(2) {
-                    _mm256_and_si256(v, m4)
-                } else {
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4)
-                };
-                let scales = std::slice::from_raw_parts(b.add(4), 12);
-                let (sc, mn) = crate::quant::scale_min_k4(s, scales);
-                let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
-                (
-                    q,
-                    _mm256_set1_ps(d * f32::from(sc)),
-                    _mm256_set1_ps(-(dmin * f32::from(mn))),
-                )
+                // Low nibbles for even sub-blocks, high for odd: a shift by a count, not a
+                // branch (alternating branches cost more than the shift).
+                let shift = _mm_cvtsi32_si128(4 * (s & 1) as i32);
+                let q = _mm256_and_si256(_mm256_srl_epi16(v, shift), m4);
+                (q, _mm256_set1_ps(h.0[s]), _mm256_set1_ps(h.1[s]))
             }
         }
     }
@@ -632,28 +659,32 @@ mod x86 {
     impl Fmt for Q6K {
         const QTYPE: QType = QType::Q6_K;
         const SIGNED: bool = false;
+        /// The 16 scales (one per 16 values) times the block's d.
+        type Head = [f32; 16];
         #[inline(always)]
-        unsafe fn decode(row: *const u8, sb: usize, _: f32) -> (__m256i, __m256, __m256) {
+        unsafe fn head(row: *const u8, blk: usize, _: f32) -> [f32; 16] {
+            unsafe {
+                let b = row.add(blk * 210);
+                let d = f16_at(b.add(208));
+                std::array::from_fn(|i| d * f32::from(*b.add(192 + i) as i8))
+            }
+        }
+        #[inline(always)]
+        unsafe fn decode(row: *const u8, sb: usize, hd: &[f32; 16]) -> (__m256i, __m256, __m256) {
             unsafe {
                 let b = row.add(sb / 8 * 210);
                 let (h, t) = (sb % 8 / 4, sb % 4);
                 let ql = _mm256_loadu_si256(b.add(64 * h + 32 * (t & 1)) as *const __m256i);
                 let m4 = _mm256_set1_epi8(0x0f);
-                let lo = if t < 2 {
-                    _mm256_and_si256(ql, m4)
-                } else {
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql), m4)
-                };
+                let shift = _mm_cvtsi32_si128(4 * (t >> 1) as i32);
+                let lo = _mm256_and_si256(_mm256_srl_epi16(ql, shift), m4);
                 let qh = _mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i);
                 let hb = _mm256_and_si256(
                     _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t as i32)),
                     _mm256_set1_epi8(3),
                 );
                 let q = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hb));
-                let d = f16_at(b.add(208));
-                let sc = b.add(192 + 8 * h + 2 * t);
-                let s0 = d * f32::from(*sc as i8);
-                let s1 = d * f32::from(*sc.add(1) as i8);
+                let (s0, s1) = (hd[8 * h + 2 * t], hd[8 * h + 2 * t + 1]);
                 let scale = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
                 (q, scale, _mm256_mul_ps(scale, _mm256_set1_ps(-32.0)))
             }
@@ -693,18 +724,27 @@ mod x86 {
                     let zero = _mm256_setzero_si256();
                     let mut acc = [[zf; NR]; MR];
                     let (q, dl, s) = (t.a.q.as_ptr(), t.a.dl.as_ptr(), t.a.s.as_ptr());
+                    let per_block = F::QTYPE.block() / QK;
+                    let mut heads = [F::Head::default(); NR];
                     for sb in 0..t.nsub {
+                        if sb.is_multiple_of(per_block) {
+                            for (j, h) in heads.iter_mut().enumerate() {
+                                let rs = if t.rs.is_null() { 1.0 } else { *t.rs.add(j) };
+                                *h = F::head(t.w.add(j * t.rb), sb / per_block, rs);
+                            }
+                        }
                         let mut wq = [zero; NR];
                         let mut wsign = [zero; NR];
                         let mut ws = [zf; NR];
                         let mut wm = [zf; NR];
                         for j in 0..NR {
                             let row = t.w.add(j * t.rb);
-                            let rs = if t.rs.is_null() { 1.0 } else { *t.rs.add(j) };
+                            // The next tile's row j, as far along as this sub-block is in
+                            // this one (proportionally: a K-quant block spans 8 sub-blocks).
                             _mm_prefetch::<_MM_HINT_T0>(
-                                row.wrapping_add(NR * t.rb + F::offset(sb)) as *const i8,
+                                row.wrapping_add(NR * t.rb + sb * t.rb / t.nsub) as *const i8,
                             );
-                            let (v, sc, mn) = F::decode(row, sb, rs);
+                            let (v, sc, mn) = F::decode(row, sb, &heads[j]);
                             if F::SIGNED {
                                 wsign[j] = v;
                                 wq[j] = _mm256_sign_epi8(v, v);
