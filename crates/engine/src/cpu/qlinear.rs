@@ -269,7 +269,10 @@ pub fn qlinear_with(
                 match w {
                     QWeight::Native(p) => tile(path, &a, &p[t.part], t.row, t.nr, i, mr, out, n),
                     QWeight::Packed(p) => {
-                        packed_tile(path, &a, &p[t.part], t.row, t.nr, i, mr, out, n)
+                        // Weight tiles outer: the first row tile brings the next weight
+                        // tile in, the others find it cached.
+                        let prefetch = m > SMALL_M || i == 0;
+                        packed_tile(path, &a, &p[t.part], t.row, t.nr, i, mr, out, n, prefetch)
                     }
                 }
             }
@@ -365,6 +368,7 @@ unsafe fn packed_tile(
     mr: usize,
     out: *mut f32,
     ldo: usize,
+    prefetch: bool,
 ) {
     #[cfg(target_arch = "x86_64")]
     unsafe {
@@ -383,6 +387,7 @@ unsafe fn packed_tile(
             nsub: w.nsub,
             out,
             ldo,
+            prefetch,
         };
         match path {
             QPath::Avx512Vnni => dispatch!(kp_vnni, PArgs, args, w.qtype, mr, nr),
@@ -392,7 +397,7 @@ unsafe fn packed_tile(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (path, a, w, row, nr, i, mr, out, ldo);
+        let _ = (path, a, w, row, nr, i, mr, out, ldo, prefetch);
         unreachable!("packed weights are read on AVX-512 paths");
     }
 }
@@ -805,6 +810,8 @@ mod x86 {
         pub nsub: usize,
         pub out: *mut f32,
         pub ldo: usize,
+        /// Whether to prefetch the next tile (the first pass over a weight tile does).
+        pub prefetch: bool,
     }
 
     /// A pair of 32-value sub-blocks per step: each group's scales are loaded once per
@@ -862,7 +869,7 @@ mod x86 {
                         for pp in 0..pairs {
                             let p = g * F::GROUP + pp;
                             let at = ahead.wrapping_add(p * per_pair);
-                            let mut l = 0;
+                            let mut l = if t.prefetch { 0 } else { per_pair };
                             while l < per_pair {
                                 _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(l) as *const i8);
                                 l += 64;
