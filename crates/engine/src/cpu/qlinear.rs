@@ -509,9 +509,9 @@ mod x86 {
         const QTYPE: QType;
         /// Q8_0 and I8: the bytes are signed values, no min term.
         const SIGNED: bool;
-        /// What `decode` needs of a whole block, read once per block and weight row: the
-        /// K-quants' 8 or 16 scales of 256 values (unpacking them per sub-block made Q4_K
-        /// three times slower than Q4_0), the row scale of I8, nothing for the others.
+        /// What `decode` needs of a whole block, read once per block and weight row rather
+        /// than once per sub-block: the K-quants' 8 or 16 scales of 256 values, the row scale
+        /// of I8, nothing for the others.
         type Head: Copy + Default;
         /// Block `blk`'s head.
         ///
