@@ -65,7 +65,7 @@ fn main() {
             let first = be.upload_weight(t.clone()).unwrap();
             let bytes = be.weight_bytes(&first);
             let copies = if cold {
-                (COLD_BYTES).div_ceil(bytes).max(2)
+                COLD_BYTES.div_ceil(bytes).max(2)
             } else {
                 1
             };

@@ -602,3 +602,15 @@ pub fn write_tiny_gguf(
     ];
     write(path, &meta, &tensors)
 }
+
+/// The greedy pick of a logits row: the largest logit, the lowest id on ties (the engine's
+/// rule), for tests that decode outside the sampler.
+pub fn argmax(row: &[f32]) -> u32 {
+    row.iter()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+        )
+        .0 as u32
+}

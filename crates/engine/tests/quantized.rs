@@ -5,7 +5,7 @@
 
 use lmi_engine::engine::{Engine, EngineOptions};
 use lmi_engine::quant::QType;
-use lmi_engine::testing::{TinySpec, write_tiny_gguf, write_tiny_model};
+use lmi_engine::testing::{TinySpec, argmax, write_tiny_gguf, write_tiny_model};
 use lmi_engine::{DType, LogitsWanted, SeqChunk};
 
 fn spec() -> TinySpec {
@@ -53,16 +53,6 @@ fn chunk(tokens: Vec<u32>, start: usize, table: Vec<u32>, logits: LogitsWanted) 
         logits,
         adapter: None,
     }
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    row.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
-        )
-        .0 as u32
 }
 
 /// Greedy ids and every step's last logits for `n` tokens after `prompt`.

@@ -3,6 +3,7 @@
 //! and prompt logprobs within 2e-3.
 
 use lmi_engine::engine::EngineOptions;
+use lmi_engine::testing::argmax;
 use lmi_engine::{BLOCK_SIZE, DType, Engine, LogitsWanted, SeqChunk, model_store};
 
 fn fixture() -> serde_json::Value {
@@ -25,16 +26,6 @@ fn log_softmax_at(row: &[f32], token: u32) -> f64 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let z: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
     row[token as usize] as f64 - max - z.ln()
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    row.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
-        )
-        .0 as u32
 }
 
 /// Prefills `prompt` (logits of every position) and decodes `n` greedy ids after it.
