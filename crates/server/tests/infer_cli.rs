@@ -752,6 +752,44 @@ fn convert_writes_processed_chat_template() {
     );
 }
 
+/// `lmi convert --no-weights` writes config, tokenizer and the JSON chat template but no
+/// safetensors (the CPU image's model cache: the GGUF is served as stored beside them).
+#[test]
+fn convert_without_weights() {
+    let gguf = lmi_engine::model_store::default_gguf_path(false).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tmp.path().join("smollm2");
+    let out = lmi(
+        &[
+            "convert",
+            gguf.to_str().unwrap(),
+            out_dir.to_str().unwrap(),
+            "--no-weights",
+        ],
+        tmp.path(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "config.json",
+            "generation_config.json",
+            "processed_chat_template.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ]
+    );
+}
+
 /// A model directory with seed 003's Qwen3 template as processed_chat_template.json (the
 /// default model's files linked in; its tokenizer knows <|im_start|> and <|im_end|>):
 /// enable_thinking switches the generation prompt, and an explicit system message replaces

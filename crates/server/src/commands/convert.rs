@@ -12,6 +12,10 @@ pub struct Args {
     /// dtype of the written safetensors.
     #[arg(long, default_value = "f32")]
     dtype: DType,
+    /// Write no weights: only config, generation config and tokenizer, what serving the GGUF
+    /// itself (its blocks as stored) needs beside the file.
+    #[arg(long)]
+    no_weights: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -20,7 +24,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "{} already exists: choose a new output directory",
         a.out_dir.display()
     );
-    lmi_engine::gguf::convert_gguf(&a.gguf, &a.out_dir, a.dtype, true)
+    lmi_engine::gguf::convert::convert_gguf_with(&a.gguf, &a.out_dir, a.dtype, !a.no_weights, true)
         .with_context(|| format!("converting {}", a.gguf.display()))?;
     write_json_chat_template(&a.out_dir, &a.gguf);
     eprintln!("wrote {}", a.out_dir.display());
