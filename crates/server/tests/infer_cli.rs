@@ -684,28 +684,27 @@ fn derived_template_renders_like_the_jinja_template() {
     assert!(ChatTemplate::from_model_dir(&dir).unwrap().is_some());
 }
 
-/// `lmi convert` writes processed_chat_template.json beside the converted model, and
-/// `lmi infer` then uses that file.
-#[test]
-fn convert_writes_processed_chat_template() {
+/// Runs `lmi convert` on the default model's GGUF into `tmp/smollm2` with `flags`.
+fn convert_default_model(tmp: &Path, flags: &[&str]) -> PathBuf {
     let gguf = lmi_engine::model_store::default_gguf_path(false).unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    let out_dir = tmp.path().join("smollm2");
-    let out = lmi(
-        &[
-            "convert",
-            gguf.to_str().unwrap(),
-            out_dir.to_str().unwrap(),
-            "--dtype",
-            "bf16",
-        ],
-        tmp.path(),
-    );
+    let out_dir = tmp.join("smollm2");
+    let mut args = vec!["convert", gguf.to_str().unwrap(), out_dir.to_str().unwrap()];
+    args.extend_from_slice(flags);
+    let out = lmi(&args, tmp);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    out_dir
+}
+
+/// `lmi convert` writes processed_chat_template.json beside the converted model, and
+/// `lmi infer` then uses that file.
+#[test]
+fn convert_writes_processed_chat_template() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = convert_default_model(tmp.path(), &["--dtype", "bf16"]);
     let path = out_dir.join("processed_chat_template.json");
     let written =
         lmi_text::JsonChatTemplate::from_file(&path).expect("processed_chat_template.json");
@@ -756,23 +755,8 @@ fn convert_writes_processed_chat_template() {
 /// safetensors (the CPU image's model cache: the GGUF is served as stored beside them).
 #[test]
 fn convert_without_weights() {
-    let gguf = lmi_engine::model_store::default_gguf_path(false).unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let out_dir = tmp.path().join("smollm2");
-    let out = lmi(
-        &[
-            "convert",
-            gguf.to_str().unwrap(),
-            out_dir.to_str().unwrap(),
-            "--no-weights",
-        ],
-        tmp.path(),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out_dir = convert_default_model(tmp.path(), &["--no-weights"]);
     let mut names: Vec<String> = std::fs::read_dir(&out_dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
