@@ -79,7 +79,14 @@ pub trait Backend: Send + Sync + 'static {
     /// Bytes a weight occupies on the device.
     fn weight_bytes(&self, w: &Self::Weight) -> usize;
     fn rope_table(&self, inv_freq: &[f64]) -> Result<Self::Rope>;
+    /// One layer's K or V pool.
     fn alloc_kv(&self, cfg: &KvCacheConfig) -> Result<Self::Kv>;
+    /// Every layer's (K, V) pools (a backend may place them in one allocation).
+    fn alloc_kv_layers(&self, cfg: &KvCacheConfig) -> Result<Vec<(Self::Kv, Self::Kv)>> {
+        (0..cfg.num_layers)
+            .map(|_| Ok((self.alloc_kv(cfg)?, self.alloc_kv(cfg)?)))
+            .collect()
+    }
     /// Adjusts a step's layout before it is uploaded and run: the CUDA backend pads decode
     /// batches to the sizes it keeps CUDA graphs for. The logits rows the step's requests
     /// name are unchanged.

@@ -192,7 +192,7 @@ fn check_head_norm_and_rope<D: Device>(g: &CudaBackend<D>) {
 
 fn pools(cfg: &KvCacheConfig, c: &CpuKv) -> Vec<u16> {
     match c {
-        CpuKv::BF16(v) => v.clone(),
+        CpuKv::BF16(v) => v.to_vec(),
         CpuKv::F32(_) => panic!("bf16 pools expected ({cfg:?})"),
     }
 }

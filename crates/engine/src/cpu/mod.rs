@@ -3,6 +3,7 @@
 
 mod amx;
 mod attention;
+mod kv_pool;
 mod linear;
 mod lora;
 mod ops;
@@ -21,6 +22,7 @@ use crate::step::{LogitsOutput, LogitsWork};
 use crate::weights::{HostData, HostTensor};
 
 pub use amx::available as amx_available;
+pub use kv_pool::KvPool;
 pub use linear::linear;
 
 /// A weight in CPU memory. bf16 matrices are kept in AMX tile order where the CPU has AMX.
@@ -75,11 +77,12 @@ impl CpuWeight {
     }
 }
 
-/// One layer's K or V pool, `[blocks, kv_heads, BLOCK_SIZE, head_dim]`.
+/// One layer's K or V pool, `[blocks, kv_heads, BLOCK_SIZE, head_dim]` (every layer's pools
+/// share one allocation, `kv_pool.rs`).
 pub enum CpuKv {
-    F32(Vec<f32>),
+    F32(KvPool<f32>),
     /// bf16 bit patterns, rounded to nearest even when written.
-    BF16(Vec<u16>),
+    BF16(KvPool<u16>),
 }
 
 /// Step-sized scratch buffers are kept for reuse: allocating megabytes per step would have
@@ -95,6 +98,21 @@ const POOL_MAX: usize = 32;
 impl CpuBackend {
     pub fn new() -> Self {
         CpuBackend::default()
+    }
+
+    /// `count` zeroed pools of `cfg`'s shape and dtype, in one allocation.
+    fn kv_pools(cfg: &KvCacheConfig, count: usize) -> Result<Vec<CpuKv>> {
+        let n = cfg.layer_elems();
+        Ok(match cfg.dtype {
+            DType::BF16 | DType::I8 => KvPool::zeroed(count, n)?
+                .into_iter()
+                .map(CpuKv::BF16)
+                .collect(),
+            DType::F32 | DType::F16 => KvPool::zeroed(count, n)?
+                .into_iter()
+                .map(CpuKv::F32)
+                .collect(),
+        })
     }
 }
 
@@ -158,23 +176,15 @@ impl Backend for CpuBackend {
     }
 
     fn alloc_kv(&self, cfg: &KvCacheConfig) -> Result<CpuKv> {
-        fn zeroed<T: Clone + Default>(cfg: &KvCacheConfig) -> Result<Vec<T>> {
-            let n = cfg.layer_elems();
-            let mut v = Vec::new();
-            v.try_reserve_exact(n).map_err(|_| {
-                EngineError::Backend(format!(
-                    "cannot allocate {} MiB for a KV layer ({} blocks)",
-                    (n * std::mem::size_of::<T>()) >> 20,
-                    cfg.num_blocks
-                ))
-            })?;
-            v.resize(n, T::default());
-            Ok(v)
-        }
-        Ok(match cfg.dtype {
-            DType::BF16 | DType::I8 => CpuKv::BF16(zeroed(cfg)?),
-            DType::F32 | DType::F16 => CpuKv::F32(zeroed(cfg)?),
-        })
+        let mut pools = Self::kv_pools(cfg, 1)?;
+        pools
+            .pop()
+            .ok_or_else(|| EngineError::Backend("no KV pool allocated".into()))
+    }
+
+    fn alloc_kv_layers(&self, cfg: &KvCacheConfig) -> Result<Vec<(CpuKv, CpuKv)>> {
+        let mut pools = Self::kv_pools(cfg, 2 * cfg.num_layers)?.into_iter();
+        Ok(std::iter::from_fn(|| Some((pools.next()?, pools.next()?))).collect())
     }
 
     fn upload_step(&self, layout: &BatchLayout) -> Result<BatchLayout> {
@@ -183,16 +193,21 @@ impl Backend for CpuBackend {
 
     fn alloc(&self, len: usize) -> Result<Vec<f32>> {
         let reused = self.pool.lock().ok().and_then(|mut pool| {
-            // The smallest buffer that fits.
-            let i = pool
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| b.capacity() >= len)
-                .min_by_key(|(_, b)| b.capacity())
-                .map(|(i, _)| i)?;
+            // The smallest buffer that fits; when none does, the largest is dropped for a
+            // new one, so the pool never holds more buffers than a step has live at once.
+            // (Keeping the small ones too had steps of different widths pile up copies of
+            // the vocab-wide logits buffer: 60 MB of them at 64 sequences of SmolLM2.)
+            let by_size = pool.iter().enumerate().map(|(i, b)| (b.capacity(), i));
+            let i = match by_size.clone().filter(|&(c, _)| c >= len).min() {
+                Some((_, i)) => i,
+                None => by_size.max()?.1,
+            };
             Some(pool.swap_remove(i))
         });
-        let mut v = reused.unwrap_or_default();
+        let mut v = match reused {
+            Some(v) if v.capacity() >= len => v,
+            _ => Vec::with_capacity(len),
+        };
         v.clear();
         v.resize(len, 0.0);
         Ok(v)

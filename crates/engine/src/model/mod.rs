@@ -51,9 +51,7 @@ pub struct KvCache<B: Backend> {
 
 impl<B: Backend> KvCache<B> {
     pub fn new(backend: &B, cfg: KvCacheConfig) -> Result<Self> {
-        let layers = (0..cfg.num_layers)
-            .map(|_| Ok((backend.alloc_kv(&cfg)?, backend.alloc_kv(&cfg)?)))
-            .collect::<Result<Vec<_>>>()?;
+        let layers = backend.alloc_kv_layers(&cfg)?;
         Ok(KvCache { cfg, layers })
     }
 
