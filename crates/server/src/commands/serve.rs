@@ -13,7 +13,6 @@ use anyhow::Context;
 use axum::serve::ListenerExt;
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::model_store;
-use lmi_scheduler::constraint::Guide;
 use lmi_scheduler::{Handle, SchedulerConfig};
 use lmi_text::tools::ToolCallFormat;
 use lmi_text::{ChatTemplate, Tokenizer};
@@ -21,7 +20,7 @@ use lmi_text::{ChatTemplate, Tokenizer};
 use crate::adapters::{AdapterRegistry, AllowedDirs, Registration};
 use crate::app::{AppState, LoadedModel};
 use crate::config::{EngineMode, ServeArgs, ServingConfig};
-use crate::grammars::Grammars;
+use crate::grammars::{Grammars, GuideSource};
 use crate::metrics::ServerMetrics;
 use crate::null_engine::NullEngine;
 use crate::router::router;
@@ -113,6 +112,7 @@ async fn serve(config: ServingConfig) -> anyhow::Result<()> {
         let load_error = load_error.clone();
         tokio::task::spawn_blocking(move || match load_model(&state.config, &state.metrics) {
             Ok(model) => {
+                crate::release_freed_memory();
                 let what = format!(
                     "{} ({} backend, {}, max_model_len {}, {} KV blocks, {} adapters)",
                     model.model_dir.display(),
@@ -337,12 +337,12 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
         Some(d) => Handle::spawn_with_draft_model(engine, d, tokenizer.clone(), scheduler_config)
             .map_err(|e| anyhow::anyhow!("option.speculative_draft_model: {e}"))?,
     };
-    let guide = Guide::new(
-        &dir,
-        tokenizer.clone(),
-        model_config.vocab_size,
-        &handle.limits().eos_token_ids,
-    );
+    let guide = GuideSource {
+        model_dir: dir.clone(),
+        tokenizer: tokenizer.clone(),
+        vocab_size: model_config.vocab_size,
+        eos: handle.limits().eos_token_ids.clone(),
+    };
     let tool_format = config
         .tool_call_parser
         .unwrap_or_else(|| ToolCallFormat::detect(chat_template.as_ref()));
