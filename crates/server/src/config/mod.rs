@@ -56,7 +56,7 @@ pub struct ServeArgs {
     /// Sequences in the rolling batch (option.max_rolling_batch_size, default 32).
     #[arg(long, alias = "max-rolling-batch-size")]
     pub max_batch_size: Option<usize>,
-    /// Tokens per step (option.max_rolling_batch_prefill_tokens; default 512 on the CPU, 4096
+    /// Tokens per step (option.max_rolling_batch_prefill_tokens; default 256 on the CPU, 4096
     /// on a GPU).
     #[arg(long, alias = "max-rolling-batch-prefill-tokens")]
     pub max_batch_prefill_tokens: Option<usize>,
@@ -718,14 +718,16 @@ fn nonneg(raw: &BTreeMap<String, Setting>, key: &str, default: usize) -> anyhow:
     }
 }
 
-/// Tokens per step when option.max_rolling_batch_prefill_tokens is unset. On the CPU 512:
-/// the engine's step buffers grow with the step (about 140 KB a token for a 1B model, so
-/// 4096 tokens held 570 MiB beyond the weights and the KV cache), and a step holds every
-/// stream's next token (4096 prompt tokens of a 1B model are about 20 s on two cores), while
-/// the kernels are already at full speed from 64 rows. A GPU takes LMI's 4096.
+/// Tokens per step when option.max_rolling_batch_prefill_tokens is unset. On the CPU 256:
+/// the engine's step buffers grow with the step (about 140 KB a token for a 1B model: 4096
+/// tokens held 570 MiB beyond the weights and the KV cache, 512 held 50 MiB more than 256),
+/// and a step holds every stream's next token (4096 prompt tokens of a 1B model are about
+/// 20 s on two cores), while the kernels are already at full speed from 64 rows (a 1B model
+/// serves 16 and 64 streams, and prefills, as fast with 256 as with 512). A GPU takes LMI's
+/// 4096.
 pub fn default_step_tokens(device: Device) -> usize {
     match device {
-        Device::Cpu => 512,
+        Device::Cpu => 256,
         Device::Cuda(_) => 4096,
     }
 }

@@ -21,7 +21,7 @@ fn defaults_without_any_input() {
     assert_eq!(c.model_id, None);
     assert_eq!((c.host.as_str(), c.port), ("0.0.0.0", 8080));
     assert_eq!(c.max_rolling_batch_size, 32);
-    assert_eq!(c.max_rolling_batch_prefill_tokens, 512);
+    assert_eq!(c.max_rolling_batch_prefill_tokens, 256);
     assert_eq!(c.job_queue_size, 1000);
     assert_eq!(c.max_concurrent_requests, 1032);
     assert_eq!(c.max_request_size, 2_000_000);
