@@ -10,14 +10,11 @@ use crate::error::{EngineError, Result};
 
 /// One pool: `len` elements of a slab no other pool overlaps.
 pub struct KvPool<T> {
-    /// Keeps the allocation alive; never accessed through (the pointer below is).
-    _slab: Arc<Slab<T>>,
+    /// Keeps the allocation alive; never read through (the pointer below is).
+    _slab: Arc<Vec<T>>,
     ptr: *mut T,
     len: usize,
 }
-
-/// The allocation the pools share.
-struct Slab<T>(Vec<T>);
 
 // SAFETY: a pool is the only way to its range, and its range is disjoint from every other
 // pool's, so a pool is as thread-safe as a `Vec<T>` of its own.
@@ -38,9 +35,8 @@ impl<T: Copy + Default> KvPool<T> {
             ))
         })?;
         buf.resize(total, T::default());
-        let mut slab = Slab(buf);
-        let base = slab.0.as_mut_ptr();
-        let slab = Arc::new(slab);
+        let base = buf.as_mut_ptr();
+        let slab = Arc::new(buf);
         Ok((0..count)
             .map(|i| KvPool {
                 _slab: slab.clone(),
