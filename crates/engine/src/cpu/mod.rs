@@ -447,3 +447,60 @@ impl Backend for CpuBackend {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_buffer_pool_holds_no_more_buffers_than_a_step_had_live() {
+        let b = CpuBackend::new();
+        // Steps of three live buffers, each step's larger than the last.
+        for step in 1..=5 {
+            let bufs: Vec<Vec<f32>> = [100, 1_000, 10_000]
+                .iter()
+                .map(|&n| b.alloc(n * step).unwrap())
+                .collect();
+            assert!(bufs.iter().flatten().all(|&x| x == 0.0), "zeroed");
+            for (v, n) in bufs.iter().zip([100, 1_000, 10_000]) {
+                assert_eq!(v.len(), n * step);
+            }
+            for v in bufs {
+                b.recycle(v);
+            }
+        }
+        let pool = b.pool.lock().unwrap();
+        assert_eq!(pool.len(), 3);
+        let held: usize = pool.iter().map(Vec::capacity).sum();
+        assert!(held <= 2 * (500 + 5_000 + 50_000), "{held} floats held");
+    }
+
+    #[test]
+    fn every_layers_kv_pools_are_one_allocation_in_order() {
+        let cfg = KvCacheConfig {
+            num_blocks: 3,
+            num_layers: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+            dtype: DType::BF16,
+        };
+        let layers = CpuBackend::new().alloc_kv_layers(&cfg).unwrap();
+        assert_eq!(layers.len(), 4);
+        let n = cfg.layer_elems();
+        let starts: Vec<*const u16> = layers
+            .iter()
+            .flat_map(|(k, v)| [k, v])
+            .map(|p| match p {
+                CpuKv::BF16(p) => {
+                    assert_eq!(p.len(), n);
+                    assert!(p.iter().all(|&x| x == 0));
+                    p.as_ptr()
+                }
+                CpuKv::F32(_) => panic!("bf16 pools expected"),
+            })
+            .collect();
+        for w in starts.windows(2) {
+            assert_eq!(w[1], w[0].wrapping_add(n), "pools follow each other");
+        }
+    }
+}
