@@ -3,7 +3,7 @@
 //! request, and compiling a schema costs milliseconds while starting from a compiled one costs
 //! microseconds.
 //!
-//! The guide (the vocabulary's token trie and llguidance's parser factory: about 35 MiB and a
+//! The guide (the vocabulary's token trie and llguidance's parser factory: about 33 MiB and a
 //! quarter of a second for a 49k vocabulary) is built at the first constrained request, as
 //! vLLM builds its grammar backend: most deployments never ask for one, and the memory a model
 //! takes should be its weights and KV cache.
