@@ -26,7 +26,15 @@ cleanup() {
 trap cleanup EXIT
 mmdebstrap --variant=minbase --include=python3,python3-venv,ca-certificates,git \
     --aptopt='Acquire::Retries "3"' bookworm "$root" http://deb.debian.org/debian </dev/null
+# The host's way out to the registries (DNS, a proxy's CA bundle, pip's config): what this
+# machine's network needs, not part of what is checked.
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+[ -f /etc/pip.conf ] && cp /etc/pip.conf "$root/etc/pip.conf"
+pass_env=()
+for v in PIP_CERT SSL_CERT_FILE REQUESTS_CA_BUNDLE CURL_CA_BUNDLE; do
+    [ -n "${!v:-}" ] && pass_env+=("$v=${!v}")
+done
 mnt() { mkdir -p "$root$2"; mount "${@:3}" "$1" "$root$2"; mounts+=("$root$2"); }
 mnt proc /proc -t proc
 mnt /sys /sys --rbind
@@ -41,7 +49,7 @@ cp "$bin" "$root/src/target/debug/lmi"
 cp "$gguf" "$root/models/"
 chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
     PATH=/opt/py/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    LMI_GGUF="/models/$(basename "$gguf")" /bin/bash -euo pipefail -c '
+    LMI_GGUF="/models/$(basename "$gguf")" "${pass_env[@]}" /bin/bash -euo pipefail -c '
         python3 -m venv /opt/py
         cd /src
         deploy/ci/check.sh'
