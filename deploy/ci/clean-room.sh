@@ -36,6 +36,8 @@ for v in PIP_CERT SSL_CERT_FILE REQUESTS_CA_BUNDLE CURL_CA_BUNDLE; do
     [ -n "${!v:-}" ] && pass_env+=("$v=${!v}")
 done
 mnt() { mkdir -p "$root$2"; mount "${@:3}" "$1" "$root$2"; mounts+=("$root$2"); }
+# The root a mount point of its own, as in a container: podman remounts / when it unpacks.
+mnt "$root" / --bind
 mnt proc /proc -t proc
 mnt /sys /sys --rbind
 mnt /dev /dev --rbind
