@@ -27,8 +27,9 @@ fn main() {
     let kernels_dir = manifest.join("../../kernels");
     let test_kernels_dir = manifest.join("test_kernels");
     let emu_dir = manifest.join("emu");
+    let fake_dir = manifest.join("fake");
 
-    for dir in [&kernels_dir, &test_kernels_dir, &emu_dir] {
+    for dir in [&kernels_dir, &test_kernels_dir, &emu_dir, &fake_dir] {
         println!("cargo:rerun-if-changed={}", dir.display());
     }
     println!("cargo:rerun-if-env-changed=LMI_EMU_SANITIZE");
@@ -50,9 +51,11 @@ fn main() {
             files.push(KernelFile { path, id, kernels });
         }
     }
-    for entry in fs::read_dir(&emu_dir).expect("emu/ folder") {
-        let p = entry.expect("emu/ entry").path();
-        println!("cargo:rerun-if-changed={}", p.display());
+    for dir in [&emu_dir, &fake_dir] {
+        for entry in fs::read_dir(dir).expect("emu/ and fake/ folders") {
+            let p = entry.expect("folder entry").path();
+            println!("cargo:rerun-if-changed={}", p.display());
+        }
     }
     check_unique_names(&files);
 
@@ -75,7 +78,8 @@ fn main() {
     build.flag_if_supported("-ffp-contract=off");
 
     println!("cargo::rustc-check-cfg=cfg(lmi_emu_asan)");
-    if env::var("LMI_EMU_SANITIZE").as_deref() == Ok("address") {
+    let sanitized = env::var("LMI_EMU_SANITIZE").as_deref() == Ok("address");
+    if sanitized {
         println!("cargo:rustc-cfg=lmi_emu_asan");
         build
             .define("LMI_EMU_ASAN", None)
@@ -97,6 +101,61 @@ fn main() {
     build.file(registry);
 
     build.compile("lmi_cuda_emu");
+
+    // The fake driver links the same objects; the sanitized build has none (its runtime
+    // would have to be preloaded into every process that loads it).
+    let fake_out = out.join("fake");
+    if sanitized {
+        println!("cargo:rustc-env=LMI_CUDA_FAKE_DIR=");
+    } else {
+        link_fake_libraries(&build, &emu_dir, &fake_dir, &out, &fake_out);
+        println!("cargo:rustc-env=LMI_CUDA_FAKE_DIR={}", fake_out.display());
+    }
+}
+
+/// Links the fake `libcuda.so.1` (the driver API over the emulator's runtime and kernels, the
+/// static library just built) and `libcublas.so.13` into `dir`, each with its SONAME, exporting
+/// only the API (version scripts in fake/).
+fn link_fake_libraries(build: &cc::Build, emu_dir: &Path, fake_dir: &Path, out: &Path, dir: &Path) {
+    fs::create_dir_all(dir).expect("creating the fake driver's folder");
+    let archive = out.join("liblmi_cuda_emu.a");
+    let link = |soname: &str, sources: &[&str], extra: &[&Path]| {
+        let mut cmd = build.get_compiler().to_command();
+        cmd.args(["-shared", "-fPIC", "-fvisibility=hidden"])
+            .arg("-I")
+            .arg(emu_dir)
+            .arg("-I")
+            .arg(fake_dir);
+        for src in sources {
+            cmd.arg(fake_dir.join(src));
+        }
+        cmd.args(extra)
+            .arg(format!("-Wl,-soname,{soname}"))
+            .arg(format!(
+                "-Wl,--version-script={}",
+                fake_dir
+                    .join(format!(
+                        "{}.map",
+                        soname.split('.').next().unwrap_or(soname)
+                    ))
+                    .display()
+            ))
+            .args(["-Wl,--no-undefined", "-lpthread", "-ldl", "-o"])
+            .arg(dir.join(soname));
+        let status = cmd
+            .status()
+            .unwrap_or_else(|e| panic!("running the C++ compiler for {soname}: {e}"));
+        assert!(
+            status.success(),
+            "linking the fake {soname} failed: {cmd:?}"
+        );
+    };
+    link(
+        "libcuda.so.1",
+        &["driver.cpp", "cubin.cpp", "gemm.cpp"],
+        &[archive.as_path()],
+    );
+    link("libcublas.so.13", &["blas.cpp"], &[]);
 }
 
 /// The file after the C preprocessor (as the emulator compiles it: `LMI_EMU` defined,

@@ -8,6 +8,7 @@
 // its writer.
 #include <cxxabi.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -98,7 +99,15 @@ struct Launch {
 
     bool failed = false;
     std::string error;
+
+    // Set for a recoverable launch (the fake driver's): a fault ends the launch with an error
+    // code (lmi_emu_launch_recoverable) instead of aborting the process.
+    sigjmp_buf* recover = nullptr;
 };
+
+// What the fault handler leaves for a recoverable launch: the error code and the report.
+int g_fault_code = 0;
+char g_fault_report[4096];
 
 Launch* volatile g_launch = nullptr;  // the launch in progress (the fault handler reads it)
 pthread_t g_launch_thread;
@@ -412,6 +421,11 @@ size_t stack_bytes() {
 
 // ---- Fault handler ---------------------------------------------------------------------------
 
+// CUresult values of the faults a recoverable launch reports.
+constexpr int kFaultIllegalAddress = 700;  // CUDA_ERROR_ILLEGAL_ADDRESS
+constexpr int kFaultStack = 714;           // CUDA_ERROR_HARDWARE_STACK_ERROR
+constexpr int kFaultMisaligned = 716;      // CUDA_ERROR_MISALIGNED_ADDRESS
+
 struct sigaction g_old_segv, g_old_bus;
 
 void write_str(const char* s) {
@@ -463,7 +477,10 @@ void on_fault(int sig, siginfo_t* si, void* ctx) {
     put("  faulting address 0x%lx: ", (unsigned long)addr);
     const long stack_owner = g_stacks.guard_page_owner((void*)addr);
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    // The codes a GPU reports for the same faults (CUresult).
+    int fault_code = kFaultIllegalAddress;
     if (sig == SIGSEGV && addr == 0 && si->si_code == SI_KERNEL) {
+        fault_code = kFaultMisaligned;
         put("general protection fault: most likely a misaligned vector access (float4/uint4/"
             "int4/double2 need 16-byte alignment, float2/uint2 8) or a non-canonical pointer\n");
     } else if (addr < 65536) {
@@ -472,9 +489,11 @@ void on_fault(int sig, siginfo_t* si, void* ctx) {
         put("past the end of the dynamic shared memory (the launch gave %u bytes)\n",
             L->shared_bytes);
     } else if (stack_owner >= 0) {
+        fault_code = kFaultStack;
         put("stack overflow of thread %ld's fiber (stacks are %zu KiB: raise LMI_EMU_STACK_KB)\n",
             stack_owner, g_stacks.stack_bytes() / 1024);
     } else if (sig == SIGBUS) {
+        fault_code = kFaultMisaligned;
         put("a misaligned or unbacked access\n");
     } else {
         put("outside every live allocation: past an allocation's end (each is followed by a "
@@ -487,6 +506,12 @@ void on_fault(int sig, siginfo_t* si, void* ctx) {
         put(" [%zu] %s = 0x%llx", i, L->kernel->types[i].c_str(), (unsigned long long)v);
     }
     put("\n");
+    if (L->recover) {
+        memcpy(g_fault_report, buf, sizeof buf);
+        g_fault_report[sizeof g_fault_report - 1] = 0;
+        g_fault_code = fault_code;
+        siglongjmp(*L->recover, 1);
+    }
     write_str(buf);
 #ifdef LMI_EMU_ASAN
     chain(sig, si, ctx);  // AddressSanitizer's report, with a stack trace
@@ -542,8 +567,30 @@ bool ensure_dynamic_shared() {
     return true;
 }
 
+// Runs every block of `L`; with `L.recover` set, a fault lands back here through siglongjmp and
+// the launch ends with the fault's code (the fibers it abandons are reset by the next launch).
+int run_blocks(Launch& L, sigjmp_buf* recover) {
+    if (recover) {
+        if (sigsetjmp(*recover, 1) != 0) {
+            g_launch = nullptr;
+            return fail_launch(g_fault_code, g_fault_report);
+        }
+        L.recover = recover;
+    }
+    const uint64_t blocks = (uint64_t)L.grid.x * L.grid.y * L.grid.z;
+    for (uint64_t b = 0; b < blocks && !L.failed; ++b) {
+        const uint64_t lb = L.reverse_blocks ? blocks - 1 - b : b;
+        run_block(L, uint3{(unsigned)(lb % L.grid.x), (unsigned)(lb / L.grid.x % L.grid.y),
+                           (unsigned)(lb / ((uint64_t)L.grid.x * L.grid.y))});
+    }
+    g_launch = nullptr;
+    fflush(stdout);  // device printf
+    if (L.failed) return fail_launch(2, L.error);
+    return 0;
+}
+
 int run_launch(size_t k, const uint32_t grid[3], const uint32_t block[3], uint32_t shared_bytes,
-               bool reverse_threads, bool reverse_blocks, void** params) {
+               bool reverse_threads, bool reverse_blocks, void** params, sigjmp_buf* recover) {
     const std::vector<Kernel>& ks = registry();
     if (k >= ks.size()) return fail_launch(1, format("no kernel with index %zu", k));
     const Kernel& kernel = ks[k];
@@ -587,16 +634,7 @@ int run_launch(size_t k, const uint32_t grid[3], const uint32_t block[3], uint32
     g_launch_thread = pthread_self();
     g_launch = &L;
 
-    const uint64_t blocks = (uint64_t)grid[0] * grid[1] * grid[2];
-    for (uint64_t b = 0; b < blocks && !L.failed; ++b) {
-        const uint64_t lb = reverse_blocks ? blocks - 1 - b : b;
-        run_block(L, uint3{(unsigned)(lb % grid[0]), (unsigned)(lb / grid[0] % grid[1]),
-                           (unsigned)(lb / ((uint64_t)grid[0] * grid[1]))});
-    }
-    g_launch = nullptr;
-    fflush(stdout);  // device printf
-    if (L.failed) return fail_launch(2, L.error);
-    return 0;
+    return run_blocks(L, recover);
 }
 
 std::string demangle(const char* mangled) {
@@ -758,7 +796,27 @@ int lmi_emu_launch(size_t kernel, const uint32_t grid[3], const uint32_t block[3
                    uint32_t shared_bytes, int reverse_threads, int reverse_blocks, void** params) {
     std::lock_guard<std::mutex> lock(lmi_emu::g_launch_mutex);
     return lmi_emu::run_launch(kernel, grid, block, shared_bytes, reverse_threads != 0,
-                               reverse_blocks != 0, params);
+                               reverse_blocks != 0, params, nullptr);
+}
+
+// As lmi_emu_launch, but a fault in the kernel (a guard page, a misaligned vector access, a
+// fiber stack overflow) ends the launch with the CUresult a GPU would report (700, 716, 714)
+// and the fault report as the error, instead of aborting the process. For the fake driver.
+int lmi_emu_launch_recoverable(size_t kernel, const uint32_t grid[3], const uint32_t block[3],
+                               uint32_t shared_bytes, int reverse_threads, int reverse_blocks,
+                               void** params) {
+    std::lock_guard<std::mutex> lock(lmi_emu::g_launch_mutex);
+    sigjmp_buf recover;
+    return lmi_emu::run_launch(kernel, grid, block, shared_bytes, reverse_threads != 0,
+                               reverse_blocks != 0, params, &recover);
+}
+
+// The index of the kernel named `name`, or -1.
+long lmi_emu_kernel_index(const char* name) {
+    const auto& ks = registry();
+    for (size_t i = 0; i < ks.size(); ++i)
+        if (strcmp(ks[i].name, name) == 0) return (long)i;
+    return -1;
 }
 
 // The calling OS thread's last launch error.

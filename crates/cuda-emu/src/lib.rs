@@ -13,6 +13,7 @@
 //! device, so a whole test suite can be rerun in the other order.
 
 mod device;
+pub mod fake;
 mod ffi;
 mod gemm;
 mod graph;

@@ -28,6 +28,35 @@ pub const CUDA_MAJOR: u32 = 13;
 /// Directory (or `:`-separated list) searched first for the CUDA libraries.
 pub const LIB_DIR_ENV: &str = "LMI_CUDA_LIB_DIR";
 
+/// Set by [`use_lib_dir`]: searched first, in place of [`LIB_DIR_ENV`].
+static LIB_DIR: OnceLock<PathBuf> = OnceLock::new();
+
+/// Makes `dir` the first place the libraries are looked for, as
+/// [`LIB_DIR_ENV`] does, without touching the environment: how tests run the device layer on
+/// the fake driver (`lmi_cuda_emu::fake`). Must come before any library is loaded; a second
+/// call must name the same directory.
+pub fn use_lib_dir(dir: &Path) -> Result<()> {
+    let set = LIB_DIR.get_or_init(|| dir.to_path_buf());
+    if set != dir {
+        return Err(CudaError::Invalid(format!(
+            "the CUDA libraries are already taken from {}, not {}",
+            set.display(),
+            dir.display()
+        )));
+    }
+    if let Some(lib) = [CudaLib::Driver, CudaLib::Nvrtc, CudaLib::Cublas]
+        .into_iter()
+        .find(|&l| loaded(l).is_some_and(|found| found.origin != Origin::EnvDir))
+    {
+        return Err(CudaError::Invalid(format!(
+            "{} is already loaded from elsewhere: choose the library folder before the first \
+             CUDA call",
+            lib.label()
+        )));
+    }
+    Ok(())
+}
+
 /// One of the CUDA libraries the device layer loads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CudaLib {
@@ -171,18 +200,28 @@ pub struct LoadedLib {
 /// Loads `lib` once per process; later calls return the same library or the same error.
 /// After `Ok`, cudarc's functions for it can be called without a panic.
 pub fn load(lib: CudaLib) -> Result<&'static LoadedLib> {
-    // Never dropped: the handle keeps the library loaded for cudarc.
+    cell(lib)
+        .get_or_init(|| find_and_load(lib))
+        .as_ref()
+        .map_err(|msg| CudaError::Unavailable(msg.clone()))
+}
+
+/// The process's answer for `lib` (never dropped: the handle keeps the library loaded for
+/// cudarc).
+fn cell(lib: CudaLib) -> &'static OnceLock<Result<LoadedLib, String>> {
     static DRIVER: OnceLock<Result<LoadedLib, String>> = OnceLock::new();
     static NVRTC: OnceLock<Result<LoadedLib, String>> = OnceLock::new();
     static CUBLAS: OnceLock<Result<LoadedLib, String>> = OnceLock::new();
-    let cell = match lib {
+    match lib {
         CudaLib::Driver => &DRIVER,
         CudaLib::Nvrtc => &NVRTC,
         CudaLib::Cublas => &CUBLAS,
-    };
-    cell.get_or_init(|| find_and_load(lib))
-        .as_ref()
-        .map_err(|msg| CudaError::Unavailable(msg.clone()))
+    }
+}
+
+/// `lib` if it has been loaded.
+fn loaded(lib: CudaLib) -> Option<&'static LoadedLib> {
+    cell(lib).get().and_then(|r| r.as_ref().ok())
 }
 
 fn find_and_load(lib: CudaLib) -> Result<LoadedLib, String> {
@@ -199,8 +238,13 @@ fn find_and_load(lib: CudaLib) -> Result<LoadedLib, String> {
 }
 
 fn search(lib: CudaLib, tried: &mut Vec<String>) -> Option<LoadedLib> {
-    if let Some(dirs) = std::env::var_os(LIB_DIR_ENV).filter(|v| !v.is_empty()) {
-        let dirs: Vec<PathBuf> = std::env::split_paths(&dirs).collect();
+    let dirs = match LIB_DIR.get() {
+        Some(dir) => Some(vec![dir.clone()]),
+        None => std::env::var_os(LIB_DIR_ENV)
+            .filter(|v| !v.is_empty())
+            .map(|v| std::env::split_paths(&v).collect::<Vec<PathBuf>>()),
+    };
+    if let Some(dirs) = dirs {
         if let Some(found) = load_from_dirs(lib, &dirs, Origin::EnvDir, tried) {
             return Some(found);
         }

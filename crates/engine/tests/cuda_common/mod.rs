@@ -1,20 +1,24 @@
 //! Shared by the CUDA backend tests: the devices a test runs on (the CPU emulator in both
-//! thread orders always; a real GPU when a driver is present), host ↔ buffer helpers, and
-//! comparisons that say where two results differ.
+//! thread orders; then the real host code, `CudaDevice`, on a GPU when the machine has a
+//! driver, else on the fake driver), host ↔ buffer helpers, and comparisons that say where two
+//! results differ.
+//!
+//! `LMI_REQUIRE_GPU=1` (the device runbook) makes a machine without a usable GPU a failure
+//! instead of a run on the fake driver.
 
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use lmi_cuda::Device;
-use lmi_cuda_emu::{EmuDevice, ThreadOrder};
+use lmi_cuda::{CudaDevice, Device};
+use lmi_cuda_emu::{EmuDevice, ThreadOrder, fake};
 use lmi_engine::Backend;
 use lmi_engine::cpu::CpuBackend;
 use lmi_engine::cuda::{CudaBackend, CudaBuf};
 
 /// Runs `check` on a CUDA backend over every available device: the emulator with CUDA
 /// threads run in forward order, then in reverse order (a missing `__syncthreads` shows in
-/// one of them), then a GPU if this machine has a driver (else says it skipped).
+/// one of them), then `CudaDevice` on a GPU or the fake driver ([`driver`]).
 #[macro_export]
 macro_rules! on_every_device {
     ($check:ident) => {{
@@ -26,15 +30,9 @@ macro_rules! on_every_device {
             let b = lmi_engine::cuda::CudaBackend::with_graphs(dev, true).unwrap();
             $check(&b);
         }
-        match $crate::cuda_common::gpu() {
-            Some(dev) => {
-                let b = lmi_engine::cuda::CudaBackend::with_graphs(dev, true).unwrap();
-                $check(&b);
-            }
-            None => eprintln!(
-                "{}: no NVIDIA driver here; ran on the emulator only",
-                stringify!($check)
-            ),
+        if let Some(dev) = $crate::cuda_common::driver() {
+            let b = lmi_engine::cuda::CudaBackend::with_graphs(dev, true).unwrap();
+            $check(&b);
         }
     }};
 }
@@ -45,9 +43,54 @@ pub fn emulator(order: ThreadOrder) -> Arc<EmuDevice> {
     Arc::new(dev)
 }
 
-/// GPU 0 when a driver is present.
-pub fn gpu() -> Option<Arc<lmi_cuda::driver::CudaDevice>> {
-    lmi_cuda::driver::CudaDevice::open(0).ok().map(Arc::new)
+fn required(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| v == "1")
+}
+
+/// `CudaDevice` 0, shared by the tests of this process: on the machine's GPU when it has a
+/// driver (or `LMI_CUDA_LIB_DIR` names one), else on the fake driver of `lmi-cuda-emu`. `None`
+/// (after saying why) when neither opens, which fails the test under `LMI_REQUIRE_GPU=1`, or
+/// for the fake under `LMI_REQUIRE_NVRTC=1` (NVRTC compiles what it runs).
+pub fn driver() -> Option<Arc<CudaDevice>> {
+    static DEV: OnceLock<Result<Arc<CudaDevice>, String>> = OnceLock::new();
+    let dev = DEV.get_or_init(|| {
+        let explicit = std::env::var_os(lmi_cuda::libs::LIB_DIR_ENV).is_some();
+        let gpu = explicit || fake::system_driver_present();
+        if !gpu {
+            fake::install()?;
+        }
+        let dev = CudaDevice::open(0).map_err(|e| e.to_string())?;
+        eprintln!(
+            "CUDA tests run on {} as well as the emulator",
+            dev.info().name
+        );
+        Ok(Arc::new(dev))
+    });
+    match dev {
+        Ok(_) if required("LMI_REQUIRE_GPU") && on_fake_driver() => {
+            panic!("LMI_REQUIRE_GPU=1 but this machine has no NVIDIA driver (the fake ran)")
+        }
+        Ok(d) => Some(d.clone()),
+        Err(e) if required("LMI_REQUIRE_GPU") || required("LMI_REQUIRE_NVRTC") => {
+            panic!("the CUDA device cannot be opened: {e}")
+        }
+        Err(e) => {
+            eprintln!("the CUDA device cannot be opened ({e}): ran on the emulator only");
+            None
+        }
+    }
+}
+
+/// `CudaDevice` on a real GPU, for the checks that mean nothing on the fake driver
+/// (checkpoint agreement, speed); `None` when there is none.
+pub fn gpu() -> Option<Arc<CudaDevice>> {
+    driver().filter(|_| !on_fake_driver())
+}
+
+/// Whether the driver in use is the fake one.
+pub fn on_fake_driver() -> bool {
+    let driver = lmi_cuda::libs::load(lmi_cuda::libs::CudaLib::Driver);
+    driver.is_ok_and(|d| fake::driver_dir().is_some_and(|dir| d.path.starts_with(dir)))
 }
 
 /// Deterministic values in [-scale, scale).
