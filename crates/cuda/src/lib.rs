@@ -23,4 +23,4 @@ pub use device::{
 pub use driver::{CudaDevice, CudaGraph, probe};
 pub use error::{CudaError, Result};
 pub use kernels::KernelSource;
-pub use nvrtc::{Arch, Compiled, Nvrtc};
+pub use nvrtc::{Arch, Compiled, Nvrtc, SpillPolicy};

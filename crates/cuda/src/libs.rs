@@ -195,6 +195,9 @@ pub struct LoadedLib {
     pub path: PathBuf,
     pub origin: Origin,
     _handle: libloading::Library,
+    /// Libraries it loads by name at run time, loaded first from its folder (see
+    /// [`preload_companions`]).
+    _companions: Vec<libloading::Library>,
 }
 
 /// Loads `lib` once per process; later calls return the same library or the same error.
@@ -292,7 +295,9 @@ fn load_from_dirs(
             if !path.exists() {
                 continue;
             }
-            if let Some(found) = open(lib, path.as_os_str(), origin) {
+            let companions = preload_companions(lib, dir);
+            if let Some(mut found) = open(lib, path.as_os_str(), origin) {
+                found._companions = companions;
                 return Some(found);
             }
             tried.push(format!("{} (does not load)", path.display()));
@@ -314,7 +319,32 @@ fn open(lib: CudaLib, name: &OsStr, origin: Origin) -> Option<LoadedLib> {
         path,
         origin,
         _handle: handle,
+        _companions: Vec::new(),
     })
+}
+
+/// NVRTC opens `libnvrtc-builtins.so.13.x` by name when it compiles. The 13.0 wheels carry no
+/// RPATH, so from a folder off the loader's path (a wheel, `LMI_CUDA_LIB_DIR`) that fails
+/// ("failed to open libnvrtc-builtins.so.13.0") unless the folder's copy is already loaded:
+/// the loader then answers the name with it (by SONAME).
+fn preload_companions(lib: CudaLib, dir: &Path) -> Vec<libloading::Library> {
+    if lib != CudaLib::Nvrtc {
+        return Vec::new();
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let prefix = format!("libnvrtc-builtins.so.{CUDA_MAJOR}");
+    entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
+        // SAFETY: NVRTC's builtins library has no initializers with preconditions.
+        .filter_map(|p| unsafe { libloading::Library::new(&p) }.ok())
+        .collect()
 }
 
 fn check_cudarc_agrees(loaded: &LoadedLib) -> Result<(), String> {
