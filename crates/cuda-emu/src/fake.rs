@@ -33,3 +33,11 @@ pub fn system_driver_present() -> bool {
         !h.is_null() && libc::dlsym(h, c"lmi_fake_has_context".as_ptr()).is_null()
     }
 }
+
+/// Whether NVRTC, which compiles the kernels the fake driver loads, can be used here; the
+/// error says why not.
+pub fn nvrtc_available() -> Result<(), String> {
+    lmi_cuda::Nvrtc::load()
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}

@@ -251,13 +251,25 @@ fn search(lib: CudaLib, tried: &mut Vec<String>) -> Option<LoadedLib> {
         if let Some(found) = load_from_dirs(lib, &dirs, Origin::EnvDir, tried) {
             return Some(found);
         }
-        tracing::warn!(
-            "{LIB_DIR_ENV}={} holds no usable {}; searching elsewhere",
-            std::env::join_paths(&dirs)
-                .unwrap_or_default()
-                .to_string_lossy(),
-            lib.file_names()[0]
-        );
+        // A folder with only some of the libraries (the driver alone, say) is normal; one
+        // with none of them is likely a mistake.
+        let holds_any = dirs.iter().any(|d| {
+            [CudaLib::Driver, CudaLib::Nvrtc, CudaLib::Cublas]
+                .iter()
+                .any(|l| l.file_names().iter().any(|f| d.join(f).exists()))
+        });
+        let dirs_text = std::env::join_paths(&dirs)
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let wanted = lib.file_names()[0];
+        if holds_any {
+            tracing::debug!("{LIB_DIR_ENV}={dirs_text} holds no {wanted}; searching elsewhere");
+        } else {
+            tracing::warn!(
+                "{LIB_DIR_ENV}={dirs_text} holds no usable {wanted}; searching elsewhere"
+            );
+        }
     } else {
         tried.push(format!("{LIB_DIR_ENV} (unset)"));
     }

@@ -118,6 +118,11 @@ impl Drop for Server {
 }
 
 pub fn start(model: &Path, extra: &[&str]) -> Server {
+    start_with_env(model, extra, &[])
+}
+
+/// [`start`] with extra environment variables.
+pub fn start_with_env(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
     let port = free_port();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lmi"));
     cmd.args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
@@ -143,13 +148,19 @@ pub fn start(model: &Path, extra: &[&str]) -> Server {
             cmd.env_remove(k);
         }
     }
+    cmd.envs(env.iter().copied());
     let child = cmd.spawn().expect("starting lmi serve");
     Server { child, port }
 }
 
 /// Polls /ping until 200: before that, every answer must be 503 "PENDING" (or no listener yet).
 pub fn wait_ready(server: &mut Server, name: &str) -> Resp {
-    let deadline = Instant::now() + Duration::from_secs(120);
+    wait_ready_within(server, name, Duration::from_secs(120))
+}
+
+/// [`wait_ready`] with another deadline.
+pub fn wait_ready_within(server: &mut Server, name: &str, limit: Duration) -> Resp {
+    let deadline = Instant::now() + limit;
     loop {
         if let Some(status) = server.child.try_wait().unwrap() {
             panic!("lmi serve exited early: {status}");
@@ -165,7 +176,7 @@ pub fn wait_ready(server: &mut Server, name: &str) -> Resp {
                 "unexpected error: {e}"
             ),
         }
-        assert!(Instant::now() < deadline, "not ready after 120 s");
+        assert!(Instant::now() < deadline, "not ready after {limit:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
