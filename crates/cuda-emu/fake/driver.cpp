@@ -460,6 +460,7 @@ const Allocation* device_range(uint64_t p, size_t bytes) {
 
 CUresult drain(FakeStream* s) {
     State& S = state();
+    S.synchronizations++;
     CUresult rc = CUDA_SUCCESS;
     if (s) {
         rc = drain_one(s);
@@ -838,10 +839,8 @@ API CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream
         invalidate(s, "an asynchronous copy to pageable memory");
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
-    // To pageable memory the call returns once the copy is done.
-    CUresult rc = drain(s);
-    if (rc != CUDA_SUCCESS) return rc;
-    rc = enqueue(s, std::move(op));
+    // To pageable memory the call returns once the copy (after the work before it) is done.
+    const CUresult rc = enqueue(s, std::move(op));
     return rc == CUDA_SUCCESS ? drain(s) : rc;
 }
 
@@ -1213,6 +1212,13 @@ API int lmi_fake_is_stream(CUstream h) {
 API int lmi_fake_is_device_range(CUdeviceptr p, size_t bytes) {
     Lock lock(state().mu);
     return device_range(p, bytes) != nullptr;
+}
+
+// For tests: how many times the host has waited for the device (synchronizations, blocking
+// copies, frees that wait).
+API unsigned long long lmi_fake_synchronizations() {
+    Lock lock(state().mu);
+    return state().synchronizations;
 }
 
 API CUresult lmi_fake_enqueue_gemm(CUstream h, const LmiFakeGemm* g) {

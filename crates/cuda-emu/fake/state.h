@@ -108,6 +108,7 @@ struct State {
     std::set<FakeGraph*> graphs;
     std::set<FakeGraphExec*> execs;
     CUresult sticky = CUDA_SUCCESS;  // a fault poisons the context, as on a GPU
+    unsigned long long synchronizations = 0;  // times the host waited (drain)
     bool reverse_threads = false, reverse_blocks = false;
 };
 

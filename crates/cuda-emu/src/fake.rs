@@ -41,3 +41,26 @@ pub fn nvrtc_available() -> Result<(), String> {
         .map(|_| ())
         .map_err(|e| e.to_string())
 }
+
+/// How many times the host has waited for the fake device so far (synchronizations, copies to
+/// pageable memory, frees that wait), for tests that a step does not wait where it must not.
+/// `None` unless the fake driver is the one loaded.
+pub fn synchronizations() -> Option<u64> {
+    // SAFETY: RTLD_NOLOAD only looks up an already-loaded libcuda.so.1; the symbol, when the
+    // fake exports it, has this signature and no preconditions.
+    unsafe {
+        let h = libc::dlopen(
+            c"libcuda.so.1".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        );
+        if h.is_null() {
+            return None;
+        }
+        let f = libc::dlsym(h, c"lmi_fake_synchronizations".as_ptr());
+        if f.is_null() {
+            return None;
+        }
+        let f: extern "C" fn() -> u64 = std::mem::transmute(f);
+        Some(f())
+    }
+}

@@ -303,10 +303,11 @@ fn a_captured_graph_replays_with_the_buffers_current_contents() {
 #[test]
 fn many_staged_copies_wrap_the_ring_and_all_arrive() {
     let Some(dev) = device() else { return };
-    // 6 MiB in 3 KiB pieces: more than the 4 MiB staging ring holds, so it wraps (after a
-    // synchronization) while copies are queued.
-    let piece = 768usize;
-    let pieces = 2048usize;
+    // 80 MiB in 32 KiB pieces: more than the 64 MiB staging ring holds, so it wraps (after a
+    // synchronization) while copies are queued. A slot reused before its copy ran would be a
+    // host write to pinned memory the fake driver reports.
+    let piece = 8192usize;
+    let pieces = 2560usize;
     let buf = dev.alloc(piece * pieces * 4).unwrap();
     for i in 0..pieces {
         let v: Vec<f32> = (0..piece).map(|j| (i * piece + j) as f32).collect();
@@ -315,6 +316,19 @@ fn many_staged_copies_wrap_the_ring_and_all_arrive() {
     let all = dev.dtoh_vec::<f32>(buf, piece * pieces).unwrap();
     assert!(all.iter().enumerate().all(|(i, &v)| v == i as f32));
     dev.free(buf);
+}
+
+#[test]
+fn a_step_sized_upload_does_not_wait_for_the_device() {
+    if device().is_none() {
+        return;
+    }
+    // In a process of its own: the synchronization count is the process's.
+    let (stdout, stderr) = run_child("step_upload");
+    assert!(
+        stdout.contains("child result: 0"),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
 }
 
 #[test]
@@ -514,6 +528,25 @@ fn fault_child() {
             dev.synchronize().unwrap();
             // Freed memory stays in the pool (CudaDevice sets no release threshold).
             assert_eq!(mem_info().0, free1);
+            Ok(())
+        }
+        "step_upload" => {
+            // A batch-256 step's grammar masks for a 128k vocabulary (4 MiB) and block tables:
+            // staged and queued, never waited for; the download after them waits once.
+            let masks = vec![0x5555_5555u32; 256 * 4096];
+            let tables = vec![7u32; 256 * 2048];
+            let (m, t) = (
+                dev.alloc(masks.len() * 4).unwrap(),
+                dev.alloc(tables.len() * 4).unwrap(),
+            );
+            dev.synchronize().unwrap();
+            let before = fake::synchronizations().expect("the fake driver is loaded");
+            dev.htod_slice(&masks, m).unwrap();
+            dev.htod_slice(&tables, t).unwrap();
+            assert_eq!(fake::synchronizations(), Some(before), "an upload waited");
+            assert_eq!(dev.dtoh_vec::<u32>(t, tables.len()).unwrap(), tables);
+            assert_eq!(fake::synchronizations(), Some(before + 1));
+            assert_eq!(dev.dtoh_vec::<u32>(m, masks.len()).unwrap(), masks);
             Ok(())
         }
         "misaligned" => {

@@ -29,11 +29,13 @@ use crate::nvrtc::{Arch, Nvrtc, SpillPolicy};
 use params::KernelParams;
 use staging::{Slot, StagingRing};
 
-/// Pinned staging buffer for small copies (per step: token ids, positions, block tables…);
-/// `staging.rs` states when its space may be reused.
-const STAGING_BYTES: usize = 4 << 20;
+/// Pinned staging buffer for a step's copies (token ids, positions, block tables, the
+/// sampler's jobs and grammar masks); `staging.rs` states when its space may be reused. A step
+/// at batch 256 uploads several MiB (its block tables at long contexts, a 128k-vocabulary
+/// mask per constrained row: 4 MiB) and must not wait for the device to do it.
+const STAGING_BYTES: usize = 64 << 20;
 /// Copies at least this large (weights at load) go directly from pageable memory and wait.
-const DIRECT_COPY_BYTES: usize = 1 << 20;
+const DIRECT_COPY_BYTES: usize = 16 << 20;
 /// cuBLAS workspace, set once so that graph capture never allocates (NVIDIA recommends
 /// 32 MiB on Hopper, 4 MiB before).
 const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
