@@ -402,6 +402,13 @@ impl Device for EmuDevice {
         Self::refuse_in_capture(&mut self.lock(), "synchronize")
     }
 
+    fn memory_info(&self) -> Result<(usize, usize)> {
+        let mut state = self.lock();
+        Self::refuse_in_capture(&mut state, "memory_info")?;
+        let total = self.info.total_memory;
+        Ok((total.saturating_sub(state.memory.used()), total))
+    }
+
     fn begin_capture(&self) -> Result<()> {
         let mut state = self.lock();
         if state.capture.is_some() {

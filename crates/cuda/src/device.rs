@@ -205,6 +205,11 @@ pub trait Device: Send + Sync + 'static {
     /// Waits for all work issued so far.
     fn synchronize(&self) -> Result<()>;
 
+    /// `(free, total)` bytes of device memory once the work issued so far has finished, with
+    /// the memory the allocator keeps for reuse handed back first (what a measurement of the
+    /// memory in use wants). Waits for the device.
+    fn memory_info(&self) -> Result<(usize, usize)>;
+
     /// Starts recording: launches, products, memsets and device copies issued until
     /// [`Device::end_capture`] are recorded, not run. Host copies and allocation are refused
     /// while recording.

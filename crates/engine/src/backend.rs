@@ -35,6 +35,22 @@ impl QkvLayout {
     }
 }
 
+/// A decode shape a backend keeps a CUDA graph for: the padded batch size and the
+/// block-table width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GraphKey {
+    pub seqs: usize,
+    pub block_stride: usize,
+}
+
+/// The state of a backend's graphs (`lmi_cuda_graphs{state}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GraphStats {
+    pub captured: usize,
+    /// Keys whose capture failed: their steps run directly (slower, still correct).
+    pub failed: usize,
+}
+
 /// One adapter's pair for a projection, and its group in the step's `adapter_rows`.
 pub struct LoraGroup<'a, B: Backend + ?Sized> {
     pub group: usize,
@@ -71,10 +87,26 @@ pub trait Backend: Send + Sync + 'static {
             self.upload_weight(b.to_dtype(dtype))?,
         ))
     }
-    /// Bytes of memory on the device, for backends that have their own (sizes the KV cache
-    /// by a share of it); None on the CPU.
-    fn device_memory(&self) -> Option<usize> {
+    /// `(free, total)` bytes of the device's own memory once issued work has finished (the
+    /// engine sizes the KV cache by a share of it, less what a measured step takes); None for
+    /// backends in host memory (the CPU).
+    fn memory_info(&self) -> Result<Option<(usize, usize)>> {
+        Ok(None)
+    }
+    /// The decode shapes (padded batch size, block-table width) this backend replays from
+    /// graphs, for batches of at most `max_seqs` sequences with block tables of at most
+    /// `max_blocks` entries: the engine captures them at load. Empty without graphs.
+    fn graph_keys(&self, _max_seqs: usize, _max_blocks: usize) -> Vec<GraphKey> {
+        Vec::new()
+    }
+    /// Graphs captured, and keys whose capture failed (run directly instead).
+    fn graph_stats(&self) -> Option<GraphStats> {
         None
+    }
+    /// Called once the load-time warm-up has run a step of the largest shape: step buffers
+    /// are now as large as any step needs (a later step that needs more is logged).
+    fn finish_warmup(&self) -> Result<()> {
+        Ok(())
     }
     /// Bytes a weight occupies on the device.
     fn weight_bytes(&self, w: &Self::Weight) -> usize;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, GraphStats};
 use crate::batch::{BatchLayout, SeqChunk};
 use crate::config::ModelConfig;
 use crate::cpu::CpuBackend;
@@ -15,6 +15,7 @@ use crate::kv::KvCacheConfig;
 use crate::lora::{LoraAdapter, LoraWeights};
 use crate::model::{KvCache, LoadOptions, Model};
 use crate::step::{LogitsWork, StepBatch, StepOutput};
+use crate::warmup::{self, StepShape};
 
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
@@ -31,6 +32,10 @@ pub struct EngineOptions {
     /// Read the weights from this GGUF (the model directory is its conversion: config and
     /// tokenizer); with `dtype` None its quantized blocks are used as they are.
     pub gguf: Option<std::path::PathBuf>,
+    /// The largest step the scheduler will run: with `memory_fraction` on a GPU, the engine
+    /// runs one at load to measure what it takes besides the KV cache, and captures the
+    /// decode graphs up to it ([`crate::warmup`]).
+    pub max_step: StepShape,
 }
 
 impl Default for EngineOptions {
@@ -41,6 +46,7 @@ impl Default for EngineOptions {
             kv_blocks: None,
             memory_fraction: None,
             gguf: None,
+            max_step: StepShape::default(),
         }
     }
 }
@@ -89,6 +95,10 @@ pub trait StepEngine: Send {
     fn load_adapter(&mut self, id: u64, weights: &LoraWeights) -> Result<()>;
     fn unload_adapter(&mut self, id: u64) -> bool;
     fn has_adapter(&self, id: u64) -> bool;
+    /// The backend's CUDA graphs (None for backends without).
+    fn graph_stats(&self) -> Option<GraphStats> {
+        None
+    }
 }
 
 pub struct Engine<B: Backend> {
@@ -116,22 +126,66 @@ impl<B: Backend> Engine<B> {
         let model = Model::load(&backend, dir, &load)?;
         let c = &model.config;
         let kv_dtype = KvCacheConfig::dtype_for_weights(model.dtype);
-        let num_blocks = match opts.kv_blocks {
-            Some(n) => n,
-            None => {
-                let budget = kv_budget(&backend, &model, opts)?;
-                KvCacheConfig::blocks_for_budget(c, kv_dtype.size(), budget).max(1)
+        // On a device with its own memory, a share of it: sized by a measured warm-up step.
+        let device_share = match (opts.kv_blocks, opts.memory_fraction) {
+            (None, Some(f)) if backend.memory_info()?.is_some() => Some(f),
+            _ => None,
+        };
+        let num_blocks = match (opts.kv_blocks, device_share) {
+            (Some(n), _) => n,
+            (None, Some(_)) => warmup::warmup_blocks(opts.max_step),
+            (None, None) => {
+                KvCacheConfig::blocks_for_budget(c, kv_dtype.size(), opts.kv_cache_bytes).max(1)
             }
         };
         let kv = KvCache::new(&backend, KvCacheConfig::new(c, num_blocks, kv_dtype))?;
         let weight_bytes = model.weight_bytes(&backend);
-        Ok(Engine {
+        let mut engine = Engine {
             backend,
             model,
             kv,
             weight_bytes,
             tokens_computed: 0,
             adapters: HashMap::new(),
+        };
+        if let Some(fraction) = device_share {
+            let blocks = engine.measure_kv_blocks(opts.max_step, fraction)?;
+            engine.replace_kv(blocks)?;
+            engine.capture_graphs(opts.max_step)?;
+            engine.tokens_computed = 0;
+        }
+        Ok(engine)
+    }
+
+    pub(crate) fn kv_config(&self) -> KvCacheConfig {
+        self.kv.cfg
+    }
+
+    /// Swaps in a KV cache of `num_blocks` (the current one freed first).
+    pub(crate) fn replace_kv(&mut self, num_blocks: usize) -> Result<()> {
+        let cfg = KvCacheConfig {
+            num_blocks,
+            ..self.kv.cfg
+        };
+        self.kv = KvCache::empty(self.kv.cfg);
+        self.kv = KvCache::new(&self.backend, cfg)?;
+        Ok(())
+    }
+
+    /// One forward pass over `chunks` on the device (replayed from a graph when the backend
+    /// has one for the shape), with nothing read back: the load-time graph capture.
+    pub(crate) fn run_device_pass(&mut self, chunks: &[SeqChunk]) -> Result<()> {
+        let layout = BatchLayout::new(chunks, self.kv.cfg.num_blocks)?;
+        let layout = self.backend.prepare_layout(layout);
+        let (model, backend, kv, adapters) =
+            (&self.model, &self.backend, &mut self.kv, &self.adapters);
+        backend.run_forward(|| {
+            let step = backend.upload_step(&layout)?;
+            backend
+                .run_graph(&step, || {
+                    model.forward(backend, &layout, &step, kv, adapters)
+                })
+                .map(|_| ())
         })
     }
 
@@ -173,40 +227,13 @@ impl<B: Backend> Engine<B> {
     }
 }
 
-/// Bytes for the KV cache: a share of the device's memory less the weights and an activation
-/// reserve (GPU, `memory_fraction` set), else `kv_cache_bytes`.
-fn kv_budget<B: Backend>(backend: &B, model: &Model<B>, opts: &EngineOptions) -> Result<usize> {
-    let (Some(fraction), Some(total)) = (opts.memory_fraction, backend.device_memory()) else {
-        return Ok(opts.kv_cache_bytes);
-    };
-    let usable = (total as f64 * f64::from(fraction)) as usize;
-    let resident = model.resident_bytes(backend);
-    // Step activations, logits, the product library's workspace and CUDA graphs.
-    let reserve = (1usize << 30).max(total / 20);
-    let mib = |b: usize| b >> 20;
-    match usable.checked_sub(resident + reserve) {
-        Some(budget) if budget >= 64 << 20 => {
-            tracing::info!(
-                "KV cache: {} MiB ({fraction} of {} MiB, less {} MiB of weights and a {} MiB reserve)",
-                mib(budget),
-                mib(total),
-                mib(resident),
-                mib(reserve)
-            );
-            Ok(budget)
-        }
-        _ => Err(crate::error::EngineError::Backend(format!(
-            "the weights ({} MiB) and an activation reserve ({} MiB) leave no room for a KV cache in {fraction} of the device's {} MiB: raise option.gpu_memory_utilization or serve a smaller model",
-            mib(resident),
-            mib(reserve),
-            mib(total)
-        ))),
-    }
-}
-
 impl<B: Backend> StepEngine for Engine<B> {
     fn model_config(&self) -> &ModelConfig {
         &self.model.config
+    }
+
+    fn graph_stats(&self) -> Option<GraphStats> {
+        self.backend.graph_stats()
     }
 
     fn backend_name(&self) -> &'static str {

@@ -19,6 +19,7 @@ use lmi_engine::cuda::CudaBackend;
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::sampling::{SamplingParams, SequenceContext};
 use lmi_engine::testing::{TinySpec, write_tiny_model};
+use lmi_engine::warmup::StepShape;
 use lmi_engine::{Architecture, DType, Engine, LogitsWanted, SampleRequest, SeqChunk, StepBatch};
 
 const BLOCKS: usize = 64;
@@ -284,6 +285,111 @@ fn graph_replays_equal_direct_launches() {
     if let Some(dev) = cuda_common::driver() {
         check_graph_replay(&dev);
     }
+}
+
+/// With a share of the device's memory, the engine runs a step of the largest shape at load,
+/// sizes the KV cache from what it measured, and captures every decode graph: a decode step
+/// afterwards replays without capturing, and the numbers add up.
+fn check_load_time_warm_up<D: Device>(dev: &Arc<D>) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), &specs()[0]).unwrap();
+    let shape = StepShape {
+        seqs: 6,
+        tokens: 40,
+        context: Some(300),
+    };
+    let opts = EngineOptions {
+        dtype: Some(DType::BF16),
+        memory_fraction: Some(0.2),
+        max_step: shape,
+        ..Default::default()
+    };
+    let backend = CudaBackend::with_graphs(dev.clone(), true).unwrap();
+    let mut e = Engine::load(backend, dir.path(), &opts).unwrap();
+    // Batch sizes 1, 2, 4 and 8 (what 6 pads to) times block tables of 16 and 32 blocks
+    // (300 tokens need 19).
+    let stats = e.graph_stats().expect("CUDA graphs");
+    assert_eq!((stats.captured, stats.failed), (8, 0));
+    let (free, total) = dev.memory_info().unwrap();
+    let share = (0.2 * total as f64) as usize;
+    let used = total - free;
+    // The KV cache filled the share but for the margin kept for graphs and rounding.
+    assert!(
+        used <= share,
+        "{used} of {total} in use, over the share {share}"
+    );
+    assert!(
+        used + (300 << 20) >= share,
+        "{used} of {total} in use: the share {share} not filled"
+    );
+    let blocks = e.num_blocks();
+    // A decode step of 3 sequences replays the graph captured at load for 4.
+    let chunks: Vec<SeqChunk> = (0..3)
+        .map(|s| SeqChunk {
+            tokens: prompt(20, s),
+            start_pos: 0,
+            block_table: vec![s, s + 3],
+            logits: LogitsWanted::Last,
+            adapter: None,
+        })
+        .collect();
+    let first = greedy(&mut e, &chunks);
+    let decode: Vec<SeqChunk> = chunks
+        .iter()
+        .zip(first)
+        .map(|(c, t)| SeqChunk {
+            tokens: vec![t],
+            start_pos: 20,
+            ..c.clone()
+        })
+        .collect();
+    greedy(&mut e, &decode);
+    assert_eq!(
+        e.graph_stats().map(|s| s.captured),
+        Some(8),
+        "no capture after load"
+    );
+    assert!(blocks > 100, "{blocks} blocks");
+
+    // A share too small for the KV cache is refused, saying what to change.
+    let tiny = EngineOptions {
+        memory_fraction: Some(0.01),
+        ..opts
+    };
+    let backend = CudaBackend::with_graphs(dev.clone(), true).unwrap();
+    let err = match Engine::load(backend, dir.path(), &tiny) {
+        Ok(_) => panic!("a 1% share cannot hold the engine and a KV cache"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("option.gpu_memory_utilization"), "{err}");
+}
+
+#[test]
+fn the_load_time_warm_up_sizes_the_kv_cache_and_captures_every_graph() {
+    if std::env::var_os("LMI_WARMUP_CHILD").is_some() {
+        if let Some(dev) = cuda_common::driver() {
+            check_load_time_warm_up(&dev);
+        }
+        return;
+    }
+    check_load_time_warm_up(&cuda_common::emulator(ThreadOrder::Forward));
+    // The driver's device is one per process, and the other tests here allocate on it:
+    // measured alone, in a child process.
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "the_load_time_warm_up_sizes_the_kv_cache_and_captures_every_graph",
+            "--nocapture",
+        ])
+        .env("LMI_WARMUP_CHILD", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "on the driver:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Greedy (or seeded) generation of `n` tokens for one prompt, one sequence alone.

@@ -41,6 +41,9 @@ pub struct SchedulerMetrics {
     pub spec_accepted: [AtomicU64; 3],
     pub masks: AtomicU64,
     pub mask_nanos: AtomicU64,
+    /// The engine's CUDA graphs: captured, and keys whose capture failed (all 0 without).
+    pub cuda_graphs_captured: AtomicU64,
+    pub cuda_graphs_failed: AtomicU64,
     recent_masks: std::sync::Mutex<std::collections::VecDeque<u32>>,
 }
 
@@ -73,6 +76,8 @@ pub struct MetricsSnapshot {
     pub spec_accepted: [u64; 3],
     pub masks: u64,
     pub mask_nanos: u64,
+    pub cuda_graphs_captured: u64,
+    pub cuda_graphs_failed: u64,
 }
 
 impl MetricsSnapshot {
@@ -137,6 +142,8 @@ impl SchedulerMetrics {
             spec_accepted: self.spec_accepted.each_ref().map(|a| a.load(Relaxed)),
             masks: self.masks.load(Relaxed),
             mask_nanos: self.mask_nanos.load(Relaxed),
+            cuda_graphs_captured: self.cuda_graphs_captured.load(Relaxed),
+            cuda_graphs_failed: self.cuda_graphs_failed.load(Relaxed),
         }
     }
 }

@@ -112,6 +112,12 @@ impl Scheduler {
         metrics
             .kv_blocks_total
             .store(pool.num_blocks() as u64, Relaxed);
+        if let Some(g) = engine.graph_stats() {
+            metrics
+                .cuda_graphs_captured
+                .store(g.captured as u64, Relaxed);
+            metrics.cuda_graphs_failed.store(g.failed as u64, Relaxed);
+        }
         Scheduler {
             mask_pool: None,
             draft_model: None,
@@ -347,6 +353,10 @@ impl Scheduler {
         m.last_batch_seqs.store(chunks.len() as u64, Relaxed);
         m.forward_nanos
             .fetch_add(forward.as_nanos() as u64, Relaxed);
+        if let Some(g) = self.engine.graph_stats() {
+            m.cuda_graphs_captured.store(g.captured as u64, Relaxed);
+            m.cuda_graphs_failed.store(g.failed as u64, Relaxed);
+        }
         match result {
             Ok(out) => {
                 // The engine's step includes sampling; the metric keeps it apart.

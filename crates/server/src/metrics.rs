@@ -13,7 +13,7 @@ use std::time::Duration;
 use lmi_scheduler::MetricsSnapshot;
 use prometheus::{
     Counter, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec,
-    IntGauge, Opts, Registry, TextEncoder,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// What a finished request reports. `error: None` is a success.
@@ -73,6 +73,7 @@ pub struct ServerMetrics {
     spec_draft_tokens: IntCounterVec,
     spec_accepted_tokens: IntCounterVec,
     spec_acceptance_rate: GaugeVec,
+    cuda_graphs: IntGaugeVec,
     vllm: VllmGauges,
     /// The LoRA adapter cache (registry and engine tiers).
     pub adapters: crate::adapters::AdapterMetrics,
@@ -272,6 +273,13 @@ impl ServerMetrics {
                 ),
                 &["source"]
             )?),
+            cuda_graphs: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "lmi_cuda_graphs",
+                    "CUDA graphs of decode steps: captured, and failed (those steps run directly)"
+                ),
+                &["state"]
+            )?),
             adapters: crate::adapters::AdapterMetrics::register(&registry)?,
             vllm: VllmGauges::register(&registry)?,
             registry,
@@ -393,6 +401,12 @@ impl ServerMetrics {
         };
         f(&self.step_seconds_total, s.step_nanos);
         f(&self.forward_seconds_total, s.forward_nanos);
+        for (state, n) in [
+            ("captured", s.cuda_graphs_captured),
+            ("failed", s.cuda_graphs_failed),
+        ] {
+            g(&self.cuda_graphs.with_label_values(&[state]), n);
+        }
         self.adapters.update_from_scheduler(s);
         self.vllm.update_from_scheduler(s);
     }

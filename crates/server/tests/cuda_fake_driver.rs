@@ -63,7 +63,19 @@ fn the_default_model_served_on_the_fake_driver_matches_the_cpu_engine() {
             kernel_cache.path().to_str().expect("UTF-8 path"),
         ),
     ];
-    let mut cuda = start_with_env(&model, &["--device", "cuda"], &env);
+    // A small largest step: the load-time warm-up runs one, and captures a graph for batches
+    // of 1, 2 and 4 with block tables of 16 blocks (256 tokens).
+    let small = [
+        "-o",
+        "option.max_rolling_batch_size=4",
+        "-o",
+        "option.max_rolling_batch_prefill_tokens=64",
+        "-o",
+        "option.max_model_len=256",
+    ];
+    let mut args = vec!["--device", "cuda"];
+    args.extend(small);
+    let mut cuda = start_with_env(&model, &args, &env);
     let mut cpu = start(&model, &["--device", "cpu", "--dtype", "bf16"]);
     // Kernels compile at start (half a minute on two cores).
     wait_ready_within(&mut cuda, &name, Duration::from_secs(300));
@@ -71,6 +83,18 @@ fn the_default_model_served_on_the_fake_driver_matches_the_cpu_engine() {
 
     let info = get(cuda.port, "/info").json();
     assert_eq!(info["model_device_type"], "cuda", "{info}");
+    let m = get(cuda.port, "/metrics").body;
+    let graphs = |state: &str| {
+        m.lines()
+            .find(|l| l.starts_with(&format!("lmi_cuda_graphs{{state=\"{state}\"}}")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    assert_eq!(
+        (graphs("captured"), graphs("failed")),
+        (Some(3.0), Some(0.0)),
+        "{m}"
+    );
 
     let mut agree = 0;
     for p in PROMPTS {

@@ -590,6 +590,19 @@ impl Device for CudaDevice {
         Ok(())
     }
 
+    fn memory_info(&self) -> Result<(usize, usize)> {
+        self.synchronize()?;
+        if self.stream_ordered_alloc {
+            // SAFETY: the default pool of our device; the stream is idle (synchronized).
+            unsafe {
+                let pool = drv::device::get_default_mem_pool(self.device)
+                    .map_err(driver_err("cuDeviceGetDefaultMemPool"))?;
+                drv::mem_pool::trim_to(pool, 0).map_err(driver_err("cuMemPoolTrimTo"))?;
+            }
+        }
+        drv::mem_get_info().map_err(driver_err("cuMemGetInfo"))
+    }
+
     fn begin_capture(&self) -> Result<()> {
         let mut capture = lock(&self.capture);
         if capture.active {

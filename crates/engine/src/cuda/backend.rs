@@ -290,8 +290,24 @@ impl<D: Device> Backend for CudaBackend<D> {
         w.mem.bytes()
     }
 
-    fn device_memory(&self) -> Option<usize> {
-        Some(self.dev.info().total_memory)
+    fn memory_info(&self) -> Result<Option<(usize, usize)>> {
+        self.dev.memory_info().map(Some).map_err(cuda_err)
+    }
+
+    fn graph_keys(&self, max_seqs: usize, max_blocks: usize) -> Vec<crate::backend::GraphKey> {
+        if lock(&self.graphs).enabled() {
+            step::graph_keys(max_seqs, max_blocks)
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn graph_stats(&self) -> Option<crate::backend::GraphStats> {
+        Some(lock(&self.graphs).stats())
+    }
+
+    fn finish_warmup(&self) -> Result<()> {
+        lock(&self.arena).seal()
     }
 
     fn rope_table(&self, inv_freq: &[f64]) -> Result<CudaRope<D>> {
@@ -677,8 +693,9 @@ impl<D: Device> Backend for CudaBackend<D> {
                         Ok(r)
                     }
                     Err(e) => {
-                        tracing::warn!(
-                            "capturing a CUDA graph for {key:?} failed ({e}); running such steps directly"
+                        tracing::error!(
+                            "capturing a CUDA graph for {key:?} failed ({e}); running such steps \
+                             directly (slower)"
                         );
                         graphs.fail(key);
                         drop(graphs);

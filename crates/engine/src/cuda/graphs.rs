@@ -1,9 +1,11 @@
 //! CUDA graphs of decode steps, one per [`GraphKey`] (padded batch size, block-table width).
 //!
 //! A key's first step runs directly (it sizes the arena), its second is captured and
-//! replayed, and every later one is replayed. A graph records device addresses, so it is
-//! kept only while the arena and step buffers it was captured over stay where they are
-//! (`epoch`); a capture that fails marks the key to run directly from then on.
+//! replayed, and every later one is replayed; the engine runs every key twice at load, so all
+//! are captured before the first request. A graph records device addresses, so it is kept
+//! only while the arena and step buffers it was captured over stay where they are (`epoch`);
+//! a capture that fails marks the key to run directly from then on (an error in the log, and
+//! `lmi_cuda_graphs{state="failed"}`).
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -81,6 +83,21 @@ impl<G> GraphCache<G> {
             .values()
             .filter(|e| matches!(e, Entry::Ready(_)))
             .count()
+    }
+
+    pub fn stats(&self) -> crate::backend::GraphStats {
+        crate::backend::GraphStats {
+            captured: self.len(),
+            failed: self
+                .entries
+                .values()
+                .filter(|e| matches!(e, Entry::Failed))
+                .count(),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
     }
 }
 

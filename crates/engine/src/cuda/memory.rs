@@ -68,6 +68,9 @@ pub struct Arena<D: Device> {
     /// Bytes used in the last chunk.
     offset: usize,
     epoch: u64,
+    /// Set after the load-time warm-up sized the arena for the largest step: growing later
+    /// allocates inside a step, which the memory sizing did not count (logged).
+    sized: bool,
 }
 
 impl<D: Device> Arena<D> {
@@ -77,7 +80,16 @@ impl<D: Device> Arena<D> {
             chunks: Vec::new(),
             offset: 0,
             epoch: 0,
+            sized: false,
         }
+    }
+
+    /// The warm-up has run the largest step: merges what it grew into one chunk, and from now
+    /// on growth is reported.
+    pub fn seal(&mut self) -> Result<()> {
+        self.reset()?;
+        self.sized = true;
+        Ok(())
     }
 
     pub fn epoch(&self) -> u64 {
@@ -119,6 +131,14 @@ impl<D: Device> Arena<D> {
         }
         let have: usize = self.chunks.iter().map(|c| c.bytes()).sum();
         let size = (2 * have).max(bytes).max(64 << 20);
+        if self.sized {
+            tracing::warn!(
+                "a step needs more than the {} MiB of activations the load-time warm-up \
+                 measured: {} MiB more allocated now (the KV cache sizing did not count them)",
+                have >> 20,
+                size >> 20
+            );
+        }
         let chunk = DeviceBox::new(&self.dev, size)?;
         let p = chunk.ptr();
         self.chunks.push(chunk);

@@ -16,11 +16,27 @@ pub const NO_SLOT: u32 = u32::MAX;
 /// Query tokens of one sequence an attention block takes at once.
 pub const ATTENTION_TILE_TOKENS: usize = 16;
 
-/// What a graph is captured for: the padded batch size and the block-table width.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct GraphKey {
-    pub seqs: usize,
-    pub block_stride: usize,
+pub use crate::backend::GraphKey;
+
+/// The graph keys for batches of at most `max_seqs` sequences with block tables of at most
+/// `max_blocks` entries: every padded batch size up to the one `max_seqs` pads to, times every
+/// power-of-two width from 16 up to the one `max_blocks` pads to.
+pub fn graph_keys(max_seqs: usize, max_blocks: usize) -> Vec<GraphKey> {
+    let largest = GRAPH_BATCH_SIZES
+        .iter()
+        .copied()
+        .find(|&b| b >= max_seqs)
+        .unwrap_or(GRAPH_BATCH_SIZES[GRAPH_BATCH_SIZES.len() - 1]);
+    let widest = max_blocks.max(16).next_power_of_two();
+    let mut keys = Vec::new();
+    for &seqs in GRAPH_BATCH_SIZES.iter().filter(|&&b| b <= largest) {
+        let mut block_stride = 16;
+        while block_stride <= widest {
+            keys.push(GraphKey { seqs, block_stride });
+            block_stride *= 2;
+        }
+    }
+    keys
 }
 
 /// Pads a decode-only batch (one new token per sequence, no adapters) to the next graph

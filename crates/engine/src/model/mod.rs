@@ -55,6 +55,14 @@ impl<B: Backend> KvCache<B> {
         Ok(KvCache { cfg, layers })
     }
 
+    /// A cache holding no pools (a placeholder while one is replaced).
+    pub fn empty(cfg: KvCacheConfig) -> Self {
+        KvCache {
+            cfg,
+            layers: Vec::new(),
+        }
+    }
+
     pub fn copy_blocks(&mut self, backend: &B, pairs: &[(u32, u32)]) -> Result<()> {
         if pairs.is_empty() {
             return Ok(());

@@ -112,8 +112,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         dtype: a.dtype,
         gguf: resolved.gguf.clone(),
         kv_cache_bytes: a.kv_cache_mib << 20,
-        kv_blocks: None,
-        memory_fraction: None,
+        ..Default::default()
     };
     let engine = lmi_engine::open(a.device, &dir, &opts)
         .with_context(|| format!("loading the model {}", dir.display()))?;

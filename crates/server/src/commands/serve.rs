@@ -13,6 +13,7 @@ use anyhow::Context;
 use axum::serve::ListenerExt;
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::model_store;
+use lmi_engine::warmup::StepShape;
 use lmi_scheduler::{Handle, SchedulerConfig};
 use lmi_text::tools::ToolCallFormat;
 use lmi_text::{ChatTemplate, Tokenizer};
@@ -240,6 +241,11 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
                 kv_blocks: None,
                 memory_fraction: config.gpu_memory_utilization,
                 gguf: resolved.gguf.clone(),
+                max_step: StepShape {
+                    seqs: config.max_rolling_batch_size,
+                    tokens: config.max_rolling_batch_prefill_tokens,
+                    context: config.max_model_len,
+                },
             };
             let engine = lmi_engine::open(config.device, &dir, &opts)
                 .with_context(|| format!("loading the model {}", source.display()))?;
@@ -310,9 +316,8 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
             let opts = EngineOptions {
                 dtype: config.engine_dtype_for(&draft),
                 kv_cache_bytes: config.kv_cache_bytes / 4,
-                kv_blocks: None,
-                memory_fraction: None,
                 gguf: draft.gguf,
+                ..Default::default()
             };
             Some(
                 lmi_engine::open(config.device, &ddir, &opts)
