@@ -1,13 +1,14 @@
 // nvcuda::wmma for the bf16 tensor-core products the kernels use (m16n16k16, f32
 // accumulators), without CUDA's headers.
 //
-// NVRTC reaches <mma.h> only through the CUDA toolkit's include folder or, from NVRTC 13.1 on,
-// through --use-bundled-headers (which writes the headers to disk first); the kernels compile
-// with neither, so a deployment needs only libnvrtc. This file declares the same names over the
-// same compiler builtins that CUDA's crt/mma.hpp calls (NVRTC knows them without any header),
-// for sm_80 and later: a kernel written against it is written against <mma.h>. Under the CPU
-// emulator (LMI_EMU), crates/cuda-emu/emu/wmma.h provides nvcuda::wmma instead, with its own
-// element layout.
+// NVRTC reaches <mma.h> only through the CUDA toolkit's include folder or, in recent releases
+// (13.5 has it, 13.0 not), through --use-bundled-headers (which writes the headers to disk
+// first); the kernels compile with neither, so a deployment needs only libnvrtc. This file
+// declares the same names over the same compiler builtins that CUDA's crt/mma.hpp calls (NVRTC
+// knows them without any header), for sm_80 and later: a kernel written against it is written
+// against <mma.h>, and compiles to the same PTX (checked against NVRTC 13.5's bundled header
+// for every layout combination). Under the CPU emulator (LMI_EMU), crates/cuda-emu/emu/wmma.h
+// provides nvcuda::wmma instead, with its own element layout.
 #pragma once
 
 #ifndef LMI_EMU
