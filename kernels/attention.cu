@@ -11,9 +11,11 @@
 //   (running max and sum per row, base 2 with log2(e) folded into q) and P·V. Shared memory
 //   does not grow with the context. The decode shape issues the next chunk's loads before
 //   computing the current one, so K/V stay in flight.
-// - Two shapes per head size. Decode (ROWS = 8, tiles of one token): four lanes share each
-//   key's dot product (shuffle-reduced) and P·V warps split the keys, so all warps work on a
-//   few rows. Prefill (ROWS = 64): score threads own (key, rows) and P·V warps own rows.
+// - Decode (ROWS = 8, tiles of one token) for every head size: four lanes share each key's
+//   dot product (shuffle-reduced) and P·V warps split the keys, so all warps work on a few
+//   rows. Prefill for head sizes other than 64 and 128, zero-padded to 256 (ROWS = 32): score
+//   threads own (key, rows) and P·V warps own rows. Prefill for head_dim 64 and 128 runs on
+//   tensor cores: attention_prefill.cu.
 // - Split-KV: with gridDim.z > 1 each block takes an equal share of its rows' KV blocks and
 //   writes unnormalized partials (accumulator, max, sum); attention_merge combines them in
 //   split order. The shares are computed here from the context lengths in device memory, so
@@ -72,8 +74,6 @@ struct AttnShape {
 typedef AttnShape<64, 8, 4, 2, true> DecodeHd64;
 typedef AttnShape<128, 8, 4, 2, true> DecodeHd128;
 typedef AttnShape<256, 8, 4, 2, false> DecodeAny;
-typedef AttnShape<64, 64, 1, 8, false> PrefillHd64;
-typedef AttnShape<128, 64, 1, 8, false> PrefillHd128;
 typedef AttnShape<256, 32, 1, 8, false> PrefillAny;
 
 __device__ __forceinline__ void unpack_bf16x2(unsigned w, float& lo, float& hi) {
@@ -401,10 +401,6 @@ ATTENTION(attention_decode_hd128_f32, DecodeHd128, true, float, 2)
 ATTENTION(attention_decode_hd128_bf16, DecodeHd128, true, bf16, 2)
 ATTENTION(attention_decode_any_f32, DecodeAny, false, float, 1)
 ATTENTION(attention_decode_any_bf16, DecodeAny, false, bf16, 1)
-ATTENTION(attention_prefill_hd64_f32, PrefillHd64, true, float, 2)
-ATTENTION(attention_prefill_hd64_bf16, PrefillHd64, true, bf16, 2)
-ATTENTION(attention_prefill_hd128_f32, PrefillHd128, true, float, 2)
-ATTENTION(attention_prefill_hd128_bf16, PrefillHd128, true, bf16, 2)
 ATTENTION(attention_prefill_any_f32, PrefillAny, false, float, 1)
 ATTENTION(attention_prefill_any_bf16, PrefillAny, false, bf16, 1)
 

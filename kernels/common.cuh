@@ -5,8 +5,9 @@
 // and as host C++ under the test-only emulator (crates/cuda-emu), which defines LMI_EMU and
 // force-includes its own header. Kernels keep to what the emulator supports on their tested
 // paths: the thread/block built-ins, static and dynamic (LMI_DYNAMIC_SHARED) shared memory,
-// __syncthreads, __syncwarp, the __shfl*_sync family, ballot/any/all, atomics and the math
-// functions used below. No inline PTX, tensor-core MMA or TMA there.
+// __syncthreads, __syncwarp, the __shfl*_sync family, ballot/any/all, atomics, the math
+// functions used below, and tensor cores through nvcuda::wmma (wmma.cuh). No inline PTX or
+// TMA there.
 //
 // Conventions: kernels are `extern "C"` (names are looked up as written); device pointers are
 // passed as pointers, sizes as `unsigned` (u32) or `unsigned long long` (u64); bf16 tensors are

@@ -6,8 +6,9 @@
 // object), atomics are plain read-modify-writes (fibers switch only inside synchronization
 // calls), and warp intrinsics are rendezvous of the lanes their mask names.
 //
-// What is not mapped fails to compile: inline asm (PTX), tensor-core MMA, TMA, cooperative
-// groups, the pre-Volta non-`_sync` warp intrinsics.
+// Tensor cores: nvcuda::wmma (bf16 inputs, f32 accumulators) in wmma.h, warp-collective, with
+// its own fragment layout. What is not mapped fails to compile: inline asm (PTX), the `mma`
+// PTX instructions, TMA, cooperative groups, the pre-Volta non-`_sync` warp intrinsics.
 #pragma once
 
 #include <math.h>
@@ -20,6 +21,7 @@
 #include <limits>
 
 #include "emu_runtime.h"
+#include "wmma.h"
 
 // ---- Qualifiers ------------------------------------------------------------------------------
 #define __global__
@@ -377,7 +379,6 @@ inline void __nanosleep(unsigned) {}
 #define __ballot LMI_EMU_ERROR_use___ballot_sync_the_non_sync_warp_intrinsics_are_not_supported
 #define __any LMI_EMU_ERROR_use___any_sync_the_non_sync_warp_intrinsics_are_not_supported
 #define __all LMI_EMU_ERROR_use___all_sync_the_non_sync_warp_intrinsics_are_not_supported
-#define nvcuda LMI_EMU_ERROR_tensor_core_wmma_is_not_supported_by_the_CPU_emulator
 #define cooperative_groups LMI_EMU_ERROR_cooperative_groups_are_not_supported_by_the_CPU_emulator
 #define __pipeline_memcpy_async LMI_EMU_ERROR_async_copies_are_not_supported_by_the_CPU_emulator
 #define __cvta_generic_to_shared LMI_EMU_ERROR_PTX_address_spaces_are_not_supported_by_the_CPU_emulator

@@ -45,9 +45,27 @@ enum WarpOp : uint8_t {
     kReduceAnd,
     kReduceOr,
     kReduceXor,
+    kCollective,  // warp_collective
 };
 uint64_t warp_sync(WarpOp op, unsigned mask, uint64_t value, int lane_param, int width,
                    const char* file, int line);
+// A warp-collective operation (nvcuda::wmma): every lane of a full warp arrives at the same call
+// site with the same `name` and equal `key` bytes (the warp-uniform arguments), each with its own
+// `arg` (its fragments); the last lane to arrive runs `run(args)` with the 32 lanes' `arg`s in
+// lane order, so the whole operation happens at one point, as one instruction would, and then
+// every lane continues. Lanes that disagree, a lane that exits or waits elsewhere, or a warp of
+// fewer than 32 threads end the launch with an error. `describe` writes a key's arguments for
+// error messages.
+struct Collective {
+    const char* name;
+    const void* key;
+    size_t key_bytes;
+    void* arg;
+    void (*run)(void* const* args);
+    void (*describe)(const void* key, char* out, size_t size);
+};
+void warp_collective(const Collective& c, const char* file, int line);
+
 // Non-exited lanes of the calling warp (the emulator does not model divergence).
 unsigned active_mask();
 

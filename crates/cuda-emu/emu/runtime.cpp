@@ -153,6 +153,7 @@ const char* warp_op_name(uint8_t op) {
         case kReduceAnd: return "__reduce_and_sync";
         case kReduceOr: return "__reduce_or_sync";
         case kReduceXor: return "__reduce_xor_sync";
+        case kCollective: return "nvcuda::wmma operation";
     }
     return "warp intrinsic";
 }
@@ -186,6 +187,13 @@ std::string site(const char* file, int line) { return format("%s:%d", basename_o
 std::string wait_site(const ThreadSlot& t) {
     if (t.state == State::kAtBlockBarrier)
         return format("%s() [%s]", block_op_name(t.op), site(t.file, t.line).c_str());
+    if (t.op == kCollective) {
+        // `value` points to the waiting lane's Collective, alive while it waits.
+        const Collective* c = reinterpret_cast<const Collective*>(t.value);
+        char args[256];
+        c->describe(c->key, args, sizeof args);
+        return format("%s(%s) [%s]", c->name, args, site(t.file, t.line).c_str());
+    }
     return format("%s(mask 0x%08x) [%s]", warp_op_name(t.op), t.mask, site(t.file, t.line).c_str());
 }
 
@@ -256,6 +264,36 @@ void complete_block_barrier(Launch& L) {
     L.at_barrier = 0;
 }
 
+// Every lane of warp `base` waits at a collective: check they are at the same call with the same
+// arguments, run it once for the warp, and release the lanes.
+void run_collective(Launch& L, unsigned base) {
+    ThreadSlot* lanes = &L.threads[base];
+    const ThreadSlot& me = L.threads[L.current];
+    const Collective* mine = reinterpret_cast<const Collective*>(me.value);
+    void* args[32];
+    for (unsigned j = 0; j < 32; ++j) {
+        const Collective* c = reinterpret_cast<const Collective*>(lanes[j].value);
+        const bool same = lanes[j].line == me.line && strcmp(lanes[j].file, me.file) == 0 &&
+                          strcmp(c->name, mine->name) == 0 && c->key_bytes == mine->key_bytes &&
+                          memcmp(c->key, mine->key, c->key_bytes) == 0;
+        if (!same) {
+            fail_in_thread(format(
+                "%s: the lanes of warp %u disagree: %s calls %s while %s calls %s (a wmma "
+                "operation is warp-wide: every lane of the warp must make the same call with the "
+                "same arguments)",
+                where(L).c_str(), base / 32, thread_name(L, L.current).c_str(),
+                wait_site(me).c_str(), thread_name(L, base + j).c_str(),
+                wait_site(lanes[j]).c_str()));
+        }
+        args[j] = c->arg;
+    }
+    mine->run(args);
+    for (unsigned j = 0; j < 32; ++j) {
+        lanes[j].state = State::kRunnable;
+        lanes[j].epoch++;
+    }
+}
+
 // All lanes of `mask` in warp `base` have arrived: check they agree, compute every lane's
 // result, and release them.
 void complete_warp(Launch& L, unsigned base, unsigned mask) {
@@ -272,6 +310,10 @@ void complete_warp(Launch& L, unsigned base, unsigned mask) {
                 wait_site(me).c_str(), thread_name(L, base + j).c_str(),
                 wait_site(lanes[j]).c_str()));
         }
+    }
+    if (me.op == kCollective) {
+        run_collective(L, base);
+        return;
     }
     uint64_t agg = 0;
     switch (me.op) {
@@ -686,21 +728,24 @@ uint64_t warp_sync(WarpOp op, unsigned mask, uint64_t value, int lane_param, int
     const unsigned tid = L.current, lane = tid & 31u, base = tid - lane;
     const unsigned lanes = L.nthreads - base < 32 ? L.nthreads - base : 32;
     const unsigned existing = lanes == 32 ? ~0u : (1u << lanes) - 1;
-    const std::string here = format("%s(mask 0x%08x) [%s]", warp_op_name(op), mask,
-                                    site(file, line).c_str());
+    // The call, as error messages name it (formatted only when one is raised).
+    const auto here = [&] {
+        ThreadSlot probe{State::kAtWarpBarrier, (uint8_t)op, mask, 0, value, 0, file, line, 0};
+        return wait_site(probe);
+    };
     if (!(mask >> lane & 1))
         fail_in_thread(format("%s: %s calls %s, whose mask does not name its own lane %u",
-                              where(L).c_str(), thread_name(L, tid).c_str(), here.c_str(), lane));
+                              where(L).c_str(), thread_name(L, tid).c_str(), here().c_str(), lane));
     if (mask & ~existing)
         fail_in_thread(format("%s: %s calls %s, whose mask names lanes that do not exist (warp "
                               "%u has %u threads in a block of %u)",
-                              where(L).c_str(), thread_name(L, tid).c_str(), here.c_str(),
+                              where(L).c_str(), thread_name(L, tid).c_str(), here().c_str(),
                               base / 32, lanes, L.nthreads));
     for (unsigned j = 0; j < 32; ++j)
         if ((mask >> j & 1) && L.threads[base + j].state == State::kExited)
             fail_in_thread(format("%s: %s calls %s, whose mask names lane %u (%s), which has "
                                   "exited",
-                                  where(L).c_str(), thread_name(L, tid).c_str(), here.c_str(), j,
+                                  where(L).c_str(), thread_name(L, tid).c_str(), here().c_str(), j,
                                   thread_name(L, base + j).c_str()));
 
     unsigned src = lane;
@@ -708,7 +753,7 @@ uint64_t warp_sync(WarpOp op, unsigned mask, uint64_t value, int lane_param, int
         if (width < 1 || width > 32 || (width & (width - 1)))
             fail_in_thread(format("%s: %s calls %s with width %d (must be a power of two up to "
                                   "32)",
-                                  where(L).c_str(), thread_name(L, tid).c_str(), here.c_str(),
+                                  where(L).c_str(), thread_name(L, tid).c_str(), here().c_str(),
                                   width));
         const unsigned w = (unsigned)width, seg = lane & ~(w - 1), p = (unsigned)lane_param;
         switch (op) {
@@ -739,6 +784,21 @@ uint64_t warp_sync(WarpOp op, unsigned mask, uint64_t value, int lane_param, int
     if (all) complete_warp(L, base, mask);
     yield_to_scheduler();
     return t.result;
+}
+
+void warp_collective(const Collective& c, const char* file, int line) {
+    Launch& L = launch();
+    const unsigned tid = L.current, lane = tid & 31u, base = tid - lane;
+    const unsigned lanes = L.nthreads - base < 32 ? L.nthreads - base : 32;
+    if (lanes < 32) {
+        char args[256];
+        c.describe(c.key, args, sizeof args);
+        fail_in_thread(format("%s: %s calls %s(%s) [%s], but warp %u has only %u threads in a "
+                              "block of %u (wmma operations take a full warp of 32)",
+                              where(L).c_str(), thread_name(L, tid).c_str(), c.name, args,
+                              site(file, line).c_str(), base / 32, lanes, L.nthreads));
+    }
+    warp_sync(kCollective, ~0u, reinterpret_cast<uint64_t>(&c), 0, 32, file, line);
 }
 
 // Lanes run one after another here, so a lane that already returned may have been converged

@@ -8,6 +8,12 @@
 //! must agree within 1e-4 absolute plus 1e-4 relative: ten times less than one key too many
 //! or too few moves an output over a 1000-key context (about |v| / 1000, |v| up to 2). bf16
 //! outputs may also differ by one rounding step (2^-7 relative).
+//!
+//! The tensor-core prefill kernels (head_dim 64 and 128, attention_prefill.cu) round q (after
+//! scaling) and the softmax weights P to bf16, as FlashAttention does; see [`TENSOR_CORE_ATOL`]
+//! for what that costs on random data. [`Data::Exact`] inputs make both roundings exact, so
+//! the same kernels are also held to the tolerances above, where a key too many or too few, a
+//! wrong row or a wrong split merge cannot hide.
 
 mod cuda_common;
 
@@ -99,6 +105,7 @@ impl<D: Device> Pools<D> {
         g: &CudaBackend<D>,
         chunks: &[SeqChunk],
         seed: u64,
+        data: Data,
     ) {
         let prefixes: Vec<SeqChunk> = chunks
             .iter()
@@ -113,7 +120,7 @@ impl<D: Device> Pools<D> {
             return;
         }
         let l = BatchLayout::new(&prefixes, POOL).unwrap();
-        let qkv = random(l.num_tokens() * self.ql.row_width(), seed, 2.0);
+        let qkv = qkv_rows(l.num_tokens(), self.ql, seed, data);
         self.write(
             c,
             &l,
@@ -146,6 +153,59 @@ fn scale(ql: QkvLayout) -> f32 {
     1.0 / (ql.head_dim as f32).sqrt()
 }
 
+/// How a test fills q, K and V.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Data {
+    /// Everything uniform in [-2, 2).
+    Random,
+    /// V uniform in [-2, 2); K in {-1, 0, 1}; q sparse in {-1, 0, 1} divided by the factor the
+    /// kernels scale q by (scale · log2(e), computed as they compute it), so q after scaling is
+    /// exact in bf16 and every score is a small integer in base 2: the softmax weights are
+    /// powers of two, exact in bf16 too.
+    Exact,
+}
+
+/// QKV rows for `tokens` tokens.
+fn qkv_rows(tokens: usize, ql: QkvLayout, seed: u64, data: Data) -> Vec<f32> {
+    let mut rows = random(tokens * ql.row_width(), seed, 2.0);
+    if data == Data::Exact {
+        let q_factor = scale(ql) * std::f32::consts::LOG2_E;
+        let v = ql.v_offset();
+        for row in rows.chunks_mut(ql.row_width()) {
+            // A quarter of q's values and two thirds of K's are ±1, the others 0: scores of a
+            // few units, so the weights spread over several keys.
+            let ternary = |x: f32, zero_below: f32| {
+                if x.abs() < zero_below {
+                    0.0
+                } else {
+                    x.signum()
+                }
+            };
+            for x in &mut row[..ql.k_offset()] {
+                *x = ternary(*x, 1.5) / q_factor;
+            }
+            for x in &mut row[ql.k_offset()..v] {
+                *x = ternary(*x, 2.0 / 3.0);
+            }
+        }
+    }
+    rows
+}
+
+/// Tolerance for the tensor-core prefill kernels on [`Data::Random`]: q (after scaling) and
+/// the softmax weights are rounded to bf16 (8 significant bits, relative error up to 2^-9
+/// each), so each weight of the average is off by a relative ~2^-9 (both roundings) and an
+/// output, an average of values up to |v| = 2, moves by that times the values' spread. With
+/// few keys nothing averages out: 8e-3 is the largest difference over this file's cases.
+/// Allowed: one bf16 rounding step (2^-7) of the largest |v|, as the bf16 paths allow one
+/// step of their values; plus the tolerances above.
+const TENSOR_CORE_ATOL: f32 = 2.0 / 128.0;
+
+/// Whether `attention::run` takes the tensor-core prefill kernels for this step.
+fn on_tensor_cores(ql: QkvLayout, seqs: &[Seq]) -> bool {
+    matches!(ql.head_dim, 64 | 128) && seqs.iter().any(|s| s.new > 1)
+}
+
 /// The CPU backend's attention output for step `l`.
 fn cpu_attention<D: Device>(
     c: &CpuBackend,
@@ -169,11 +229,19 @@ fn cpu_attention<D: Device>(
     want
 }
 
+/// `bf16_products`: outputs of the tensor-core kernels on [`Data::Random`].
 #[track_caller]
-fn compare(what: &str, got: &[f32], want: &[f32], out: ElemType) {
+fn compare(what: &str, got: &[f32], want: &[f32], out: ElemType, bf16_products: bool) {
+    let atol = |tight: f32| {
+        if bf16_products {
+            TENSOR_CORE_ATOL
+        } else {
+            tight
+        }
+    };
     match out {
-        ElemType::F32 => assert_close(what, got, want, 1e-4, 1e-4),
-        ElemType::BF16 => assert_close(what, got, &bf16_round(want), 1e-6, 1.0 / 128.0),
+        ElemType::F32 => assert_close(what, got, want, atol(1e-4), 1e-4),
+        ElemType::BF16 => assert_close(what, got, &bf16_round(want), atol(1e-6), 1.0 / 128.0),
     }
 }
 
@@ -184,16 +252,27 @@ fn alloc_out<D: Device>(g: &CudaBackend<D>, len: usize, out: ElemType) -> CudaBu
     }
 }
 
-/// One step of `seqs` on both backends; the outputs must agree.
+/// One step of `seqs` on both backends, random data; the outputs must agree.
 #[track_caller]
 fn check<D: Device>(g: &CudaBackend<D>, ql: QkvLayout, seqs: &[Seq], out: ElemType) {
-    let what = format!("{ql:?}, {seqs:?}, {out:?} out");
+    check_data(g, ql, seqs, out, Data::Random)
+}
+
+#[track_caller]
+fn check_data<D: Device>(
+    g: &CudaBackend<D>,
+    ql: QkvLayout,
+    seqs: &[Seq],
+    out: ElemType,
+    data: Data,
+) {
+    let what = format!("{ql:?}, {seqs:?}, {out:?} out, {data:?} data");
     let c = cpu();
     let mut pools = Pools::new(&c, g, ql);
     let chunks = chunks(seqs);
-    pools.write_prefixes(&c, g, &chunks, 1);
+    pools.write_prefixes(&c, g, &chunks, 1, data);
     let l = BatchLayout::new(&chunks, POOL).unwrap();
-    let qkv = random(l.num_tokens() * ql.row_width(), 2, 2.0);
+    let qkv = qkv_rows(l.num_tokens(), ql, 2, data);
     let step = g.upload_step(&l).unwrap();
     let gqkv = g.upload_f32(&qkv).unwrap();
     pools.write(&c, &l, &qkv, g, &step, &gqkv);
@@ -203,7 +282,8 @@ fn check<D: Device>(g: &CudaBackend<D>, ql: QkvLayout, seqs: &[Seq], out: ElemTy
     let (gk, gv) = &pools.gpu;
     g.attention(&gqkv, &step, ql, gk, gv, scale(ql), &mut got)
         .unwrap();
-    compare(&what, &to_host(g, &got), &want, out);
+    let bf16_products = data == Data::Random && on_tensor_cores(ql, seqs);
+    compare(&what, &to_host(g, &got), &want, out, bf16_products);
 }
 
 fn check_decode_contexts<D: Device>(g: &CudaBackend<D>) {
@@ -270,6 +350,34 @@ fn check_large_groups<D: Device>(g: &CudaBackend<D>) {
     }
 }
 
+fn check_tensor_core_tiling<D: Device>(g: &CudaBackend<D>) {
+    // Prompts from position 0 and chunks after cached prefixes, of lengths off the 16-token
+    // tiles and the 64-key chunks, beside a decode row (which then takes the prefill kernel),
+    // over GQA groups 1 to 8: one to eight row tiles per pass, and two passes at 5 to 8.
+    let seqs = [
+        prefill(5, 5),
+        prefill(17, 17),
+        prefill(100, 37),
+        prefill(130, 65),
+        decode(70),
+    ];
+    for group in 1..=8 {
+        for hd in [64, 128] {
+            let ql = heads(2 * group, 2, hd);
+            check_data(g, ql, &seqs, ElemType::F32, Data::Exact);
+        }
+    }
+    // Long contexts after cached prefixes: the keys are split (7 ways) and merged.
+    for (q_heads, kv_heads) in [(4, 1), (8, 2), (24, 8)] {
+        let ql = heads(q_heads, kv_heads, 128);
+        check_data(g, ql, &[prefill(1000, 40)], ElemType::F32, Data::Exact);
+    }
+    let ql = heads(8, 2, 64);
+    let seqs = [prefill(1000, 40), prefill(200, 3)];
+    check_data(g, ql, &seqs, ElemType::BF16, Data::Exact);
+    check_data(g, heads(6, 2, 128), &seqs[..1], ElemType::BF16, Data::Exact);
+}
+
 fn check_other_head_dims<D: Device>(g: &CudaBackend<D>) {
     // The 256-wide kernels, zero-padded for smaller head sizes.
     for hd in [32, 96, 256] {
@@ -298,7 +406,7 @@ fn check_padded_decode_graphs<D: Device>(g: &CudaBackend<D>) {
     {
         let seqs: Vec<Seq> = contexts.iter().map(|&n| decode(n)).collect();
         let chunks = chunks(&seqs);
-        pools.write_prefixes(&c, g, &chunks, 10 + i as u64);
+        pools.write_prefixes(&c, g, &chunks, 10 + i as u64, Data::Random);
         let l = BatchLayout::new(&chunks, POOL).unwrap();
         let padded = g.prepare_layout(l.clone());
         assert_eq!(padded.num_tokens(), 4);
@@ -324,6 +432,7 @@ fn check_padded_decode_graphs<D: Device>(g: &CudaBackend<D>) {
             &got[..3 * width],
             &want,
             ElemType::F32,
+            false,
         );
         assert!(
             got[3 * width..].iter().all(|&v| v == 0.0),
@@ -351,6 +460,11 @@ fn ragged_batches() {
 #[test]
 fn large_groups() {
     on_every_device!(check_large_groups);
+}
+
+#[test]
+fn tensor_core_tiling() {
+    on_every_device!(check_tensor_core_tiling);
 }
 
 #[test]

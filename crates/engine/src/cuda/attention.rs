@@ -1,12 +1,14 @@
-//! Paged attention on the device (kernels/attention.cu): one launch over the step's tiles for
-//! every token of the ragged batch, and a merge launch when the keys are split.
+//! Paged attention on the device (kernels/attention.cu, kernels/attention_prefill.cu): one
+//! launch over the step's tiles for every token of the ragged batch, and a merge launch when
+//! the keys are split.
 //!
 //! Launch rules:
 //! - grid (tiles, kv_heads, splits) of 256 threads; a block takes one tile (up to 16 tokens of
 //!   one sequence) and the q heads of one KV head's GQA group;
-//! - the decode shape (8 query rows per pass) when every tile is one token, else the prefill
-//!   shape (64 rows, 32 for the padded head size); head_dim 64 and 128 have their own kernels,
-//!   other multiples of 8 up to 256 run the 256-wide kernel with zero padding;
+//! - the decode shape (8 query rows per pass, CUDA cores) when every tile is one token, else
+//!   the prefill shape: for head_dim 64 and 128 the tensor-core kernels of
+//!   attention_prefill.cu (bf16 products, f32 accumulation, 64 rows per pass); other multiples
+//!   of 8 up to 256 run attention.cu's 256-wide kernels with zero padding (32 prefill rows);
 //! - split-KV when the tiles alone give fewer than half a wave of [`BLOCKS_PER_SM`] blocks per
 //!   multiprocessor: as many splits as fit the wave, each taking at least [`MIN_SPLIT_KEYS`]
 //!   of the longest context;
@@ -56,35 +58,52 @@ const MERGE_ROWS: usize = 4;
 /// Dynamic shared memory a kernel gets without opting in.
 const DEFAULT_SHARED: u32 = 48 << 10;
 
-/// A kernel instantiation's geometry (`AttnShape` in attention.cu).
+/// A kernel instantiation's geometry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Shape {
-    /// Head dims the layout holds.
-    d: usize,
-    /// Query rows per pass.
-    rows: usize,
-    /// Lanes sharing a key's dot product.
-    dp: usize,
+enum Shape {
+    /// `AttnShape` (attention.cu): `d` head dims in the layout, `rows` query rows per pass,
+    /// `dp` lanes sharing a key's dot product.
+    Cores { d: usize, rows: usize, dp: usize },
+    /// `PrefillShape` (attention_prefill.cu): tensor cores, head_dim `d`.
+    Wmma { d: usize },
 }
 
+/// `PrefillShape`'s constants: q rows per pass, warps, a warp's score-tile stride (f32).
+const WMMA_ROWS: usize = 64;
+const WMMA_WARPS: usize = 8;
+const WMMA_S_LD: usize = 36;
+
 impl Shape {
-    /// `AttnShape::SHARED_BYTES`: q rows, K and V chunks, scores, per-row stats.
+    /// `AttnShape::SHARED_BYTES` (q rows, K and V chunks, scores, per-row stats) or
+    /// `PrefillShape::SHARED_BYTES` (bf16 q rows, K and V chunks with padded rows, the warps'
+    /// score tiles, per-warp and per-row stats, 128 bytes of alignment slack).
     fn shared_bytes(self) -> u32 {
-        let q_part = self.d / self.dp + if self.dp > 1 { 4 } else { 0 };
-        let q = self.rows * self.dp * q_part * 4;
-        let k = CHUNK * (self.d + 8) * 2;
-        let v = CHUNK * self.d * 2;
-        let s = self.rows * CHUNK * 4;
-        (q + k + v + s + 4 * self.rows * 4) as u32
+        let bytes = match self {
+            Shape::Cores { d, rows, dp } => {
+                let q_part = d / dp + if dp > 1 { 4 } else { 0 };
+                let q = rows * dp * q_part * 4;
+                let k = CHUNK * (d + 8) * 2;
+                let v = CHUNK * d * 2;
+                let s = rows * CHUNK * 4;
+                q + k + v + s + 4 * rows * 4
+            }
+            Shape::Wmma { d } => {
+                let qkv = (WMMA_ROWS + 2 * CHUNK) * (d + 8) * 2;
+                let scores = WMMA_WARPS * 16 * WMMA_S_LD * 4;
+                let stats = 2 * WMMA_WARPS * 16 * 4 + 3 * WMMA_ROWS * 4;
+                qkv + scores + stats + 128
+            }
+        };
+        bytes as u32
     }
 }
 
-/// The kernels of one head size, as instantiated in attention.cu.
+/// The kernels of one head size, as instantiated in attention.cu and attention_prefill.cu.
 struct Family {
     /// Head dims the kernels' layout holds (head_dim itself, or a zero-padded bound).
     d: usize,
-    /// Query rows per pass of the prefill kernels (the decode kernels take 8).
-    prefill_rows: usize,
+    /// The prefill kernels' shape (the decode kernels take 8 rows on CUDA cores).
+    prefill_shape: Shape,
     /// By output type: f32, bf16.
     decode: [&'static str; 2],
     prefill: [&'static str; 2],
@@ -92,13 +111,13 @@ struct Family {
 
 const HD64: Family = Family {
     d: 64,
-    prefill_rows: 64,
+    prefill_shape: Shape::Wmma { d: 64 },
     decode: ["attention_decode_hd64_f32", "attention_decode_hd64_bf16"],
     prefill: ["attention_prefill_hd64_f32", "attention_prefill_hd64_bf16"],
 };
 const HD128: Family = Family {
     d: 128,
-    prefill_rows: 64,
+    prefill_shape: Shape::Wmma { d: 128 },
     decode: ["attention_decode_hd128_f32", "attention_decode_hd128_bf16"],
     prefill: [
         "attention_prefill_hd128_f32",
@@ -108,7 +127,11 @@ const HD128: Family = Family {
 /// Any other head_dim up to 256 (a multiple of 8), zero-padded to 256.
 const ANY: Family = Family {
     d: 256,
-    prefill_rows: 32,
+    prefill_shape: Shape::Cores {
+        d: 256,
+        rows: 32,
+        dp: 1,
+    },
     decode: ["attention_decode_any_f32", "attention_decode_any_bf16"],
     prefill: ["attention_prefill_any_f32", "attention_prefill_any_bf16"],
 };
@@ -125,12 +148,11 @@ impl Family {
 
     /// The decode or prefill kernels (names by output type) and their shape.
     fn kernels(&self, decode: bool) -> ([&'static str; 2], Shape) {
-        let d = self.d;
         if decode {
-            (self.decode, Shape { d, rows: 8, dp: 4 })
+            let d = self.d;
+            (self.decode, Shape::Cores { d, rows: 8, dp: 4 })
         } else {
-            let rows = self.prefill_rows;
-            (self.prefill, Shape { d, rows, dp: 1 })
+            (self.prefill, self.prefill_shape)
         }
     }
 }
@@ -300,7 +322,8 @@ mod tests {
     fn shared_memory_matches_the_kernels_layout() {
         // The figures of attention.cu's AttnShape::SHARED_BYTES.
         assert_eq!(HD128.kernels(true).1.shared_bytes(), 40_576);
-        assert_eq!(HD128.kernels(false).1.shared_bytes(), 83_968);
+        assert_eq!(HD128.kernels(false).1.shared_bytes(), 72_576);
+        assert_eq!(HD64.kernels(false).1.shared_bytes(), 48_000);
         assert_eq!(HD64.kernels(true).1.shared_bytes(), 22_144);
         assert_eq!(ANY.kernels(false).1.shared_bytes(), 108_032);
         assert!(Family::for_head_dim(96).is_some_and(|f| f.d == 256));
