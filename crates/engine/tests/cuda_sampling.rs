@@ -772,6 +772,74 @@ fn masked_forks<D: Device>(b: &CudaBackend<D>) {
     check_all(b, &masked_fork_cases());
 }
 
+/// A Llama-3-sized vocabulary (128,256): spread logits, rows of massive ties (a few distinct
+/// values, so ranks fall back to ids), tight masks (one token, three of a tie, the first
+/// 4,096), and top-n 4,096 (the kernel's limit) on draws and prompt scores.
+fn large_vocabulary_cases() -> Vec<Case> {
+    const VOCAB: usize = 128_256;
+    let words = VOCAB.div_ceil(32);
+    let spread = cuda_common::random(VOCAB, 4242, 12.0);
+    // Five distinct values: tens of thousands of tokens share each.
+    let ties: Vec<f32> = cuda_common::random(VOCAB, 4343, 2.0)
+        .iter()
+        .map(|x| x.round())
+        .collect();
+    let mut c = Case::new("vocab 128256", VOCAB, vec![spread, ties]);
+    for row in [0, 1] {
+        c.draws
+            .push(Draw::new(row, with_top(SamplingParams::default(), 4096), 0));
+        c.draws.push(Draw::new(
+            row,
+            with_top(sampled(1.0), 4096),
+            31 + row as u64,
+        ));
+        let mut p = sampled(0.8);
+        p.top_p = 0.9;
+        p.top_k = 50;
+        c.draws
+            .push(Draw::new(row, with_top(p, 8), 41 + row as u64));
+        let mut p = sampled(1.2);
+        p.min_p = 0.05;
+        c.draws.push(Draw::new(row, p, 51 + row as u64));
+        c.scores.push(RowScore {
+            row,
+            token: 128_000,
+            top_n: 4096,
+        });
+    }
+    // Tight masks: a single token, three tokens of the tied row's top value, the first 4,096.
+    let max_tie = c.logits[VOCAB..].iter().fold(f32::MIN, |m, &x| m.max(x));
+    let tied: Vec<u32> = (0..VOCAB as u32)
+        .filter(|&t| c.logits[VOCAB + t as usize] == max_tie)
+        .step_by(997)
+        .take(3)
+        .collect();
+    assert_eq!(tied.len(), 3);
+    let one = mask_of([77_777], words);
+    let three = mask_of(tied.iter().copied(), words);
+    let first = mask_of(0..4096, words);
+    for (row, bits, seed) in [
+        (0, &one, 61),
+        (1, &three, 62),
+        (1, &first, 63),
+        (0, &first, 64),
+    ] {
+        c.draws.push(Draw::masked(
+            row,
+            with_top(SamplingParams::default(), 4096),
+            0,
+            bits,
+        ));
+        c.draws
+            .push(Draw::masked(row, with_top(sampled(1.0), 16), seed, bits));
+    }
+    vec![c]
+}
+
+fn large_vocabulary<D: Device>(b: &CudaBackend<D>) {
+    check_all(b, &large_vocabulary_cases());
+}
+
 /// A mask still being computed when the step starts (set by another thread), and one whose
 /// computation failed (`None`: drawn unconstrained, as on the CPU).
 fn pending_and_failed_masks<D: Device>(b: &CudaBackend<D>) {
@@ -874,6 +942,11 @@ fn masked_and_unmasked_forks_match_the_cpu() {
 #[test]
 fn pending_and_failed_masks_match_the_cpu() {
     on_every_device!(pending_and_failed_masks);
+}
+
+#[test]
+fn a_128k_vocabulary_with_ties_tight_masks_and_top_4096_matches_the_cpu() {
+    on_every_device!(large_vocabulary);
 }
 
 #[test]
