@@ -43,6 +43,9 @@ constexpr uint32_t kMaxSharedOptin = 227 * 1024;
 constexpr uint32_t kRegistersPerBlock = 64 * 1024;
 constexpr size_t kAlign = 256;
 constexpr uint8_t kPoison = 0xff;
+// Allocations this large are not poisoned (but for their slack): filling them would touch every
+// page, and tests use them sparsely (a KV pool with block ids above 2^20).
+constexpr size_t kSparseBytes = (size_t)1 << 30;
 // Work queued without a synchronization is run once this many ops wait (bounds the memory
 // pageable copies hold).
 constexpr size_t kMaxQueued = 1 << 16;
@@ -144,7 +147,10 @@ CUresult map_device(size_t bytes, bool from_pool, CUdeviceptr* out) {
     if (base == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
     mprotect((char*)base + data, page, PROT_NONE);
     char* start = (char*)base + data - rounded;
-    memset(start, kPoison, rounded);
+    if (bytes < kSparseBytes)
+        memset(start, kPoison, rounded);
+    else
+        memset(start + bytes, kPoison, rounded - bytes);
     S.device[(uint64_t)(uintptr_t)start] =
         Allocation{(uintptr_t)base, data + page, bytes, rounded - bytes, from_pool};
     S.used += bytes;

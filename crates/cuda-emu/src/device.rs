@@ -108,6 +108,14 @@ impl EmuDevice {
         }
     }
 
+    /// A device of `total` bytes (tests with sparse buffers larger than the default 4 GiB:
+    /// allocations of 1 GiB and more are not poisoned, so they cost only what is written).
+    pub fn with_total_memory(total: usize) -> Self {
+        let mut d = Self::new();
+        d.info.total_memory = total;
+        d
+    }
+
     pub fn set_thread_order(&self, order: ThreadOrder) {
         self.thread_order.store(order as u8, Ordering::Relaxed);
     }

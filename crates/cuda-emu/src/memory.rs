@@ -5,6 +5,10 @@
 //! CUDA allocations start 256-byte aligned, so up to 255 bytes of slack can sit between an
 //! allocation's end and its guard page; those stay poisoned, and writes there are reported
 //! after the launch that made them.
+//!
+//! Allocations of [`SPARSE_BYTES`] or more are not poisoned: filling them would touch every
+//! page, and tests use such sizes for sparse buffers (a KV pool with block ids above 2^20,
+//! whose few used blocks alone are written). Their unwritten bytes read as zeros.
 
 use std::collections::BTreeMap;
 
@@ -12,6 +16,8 @@ use lmi_cuda::{CudaError, DevPtr, Result};
 
 const ALIGN: usize = 256;
 const POISON: u8 = 0xff;
+/// From this size on, an allocation is left as the kernel maps it (zero pages, untouched).
+pub(crate) const SPARSE_BYTES: usize = 1 << 30;
 
 fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
@@ -79,7 +85,16 @@ impl Memory {
                     "mprotect of a guard page failed: {err}"
                 )));
             }
-            std::ptr::write_bytes((base + data - rounded) as *mut u8, POISON, rounded);
+            if bytes < SPARSE_BYTES {
+                std::ptr::write_bytes((base + data - rounded) as *mut u8, POISON, rounded);
+            } else {
+                // Only the slack, where overruns are looked for.
+                std::ptr::write_bytes(
+                    (base + data - rounded + bytes) as *mut u8,
+                    POISON,
+                    rounded - bytes,
+                );
+            }
         }
         let start = (base + data - rounded) as u64;
         self.live.insert(

@@ -442,6 +442,140 @@ fn check_padded_decode_graphs<D: Device>(g: &CudaBackend<D>) {
     assert_eq!(g.graphs_captured(), 1, "the third step replays the graph");
 }
 
+/// A KV pool past 2^32 elements: 4 KV heads × 16 tokens × 64 dims = 4,096 elements a block, so
+/// block 2^20 + k starts 2^32 elements beyond block k, where 32-bit index arithmetic would
+/// land. Two sequences hold blocks above 2^20 and one holds the low blocks they would alias,
+/// with other K/V; the CPU attends over the same K/V in a compact pool (its block ids moved
+/// down: only the values matter). The device pools are sparse: two of 8 GiB, only the used
+/// blocks written (allocations of 1 GiB and more are neither poisoned nor zeroed).
+fn check_high_block_ids<D: Device>(g: &CudaBackend<D>) {
+    const HIGH: usize = 1 << 20;
+    let ql = heads(8, 4, 64);
+    let c = cpu();
+    let pool = |num_blocks| KvCacheConfig {
+        num_blocks,
+        num_layers: 1,
+        num_kv_heads: ql.kv_heads,
+        head_dim: ql.head_dim,
+        dtype: DType::BF16,
+    };
+    let (gpu_blocks, cpu_blocks) = (HIGH + 64, 128);
+    let mut pools = Pools {
+        ql,
+        cpu: (
+            c.alloc_kv(&pool(cpu_blocks)).unwrap(),
+            c.alloc_kv(&pool(cpu_blocks)).unwrap(),
+        ),
+        gpu: (
+            g.alloc_kv(&pool(gpu_blocks)).unwrap(),
+            g.alloc_kv(&pool(gpu_blocks)).unwrap(),
+        ),
+    };
+    // Block ids: high even ones, the low even ones 32-bit arithmetic would alias them to,
+    // high odd ones.
+    let tables: [Vec<u32>; 3] = [
+        (0..19).map(|i| (HIGH + 2 * i) as u32).collect(),
+        (0..13).map(|i| 2 * i as u32).collect(),
+        (0..3).map(|i| (HIGH + 2 * i + 1) as u32).collect(),
+    ];
+    // The CPU's ids: high ones moved down past the low ones.
+    let compact = |table: &[u32]| -> Vec<u32> {
+        table
+            .iter()
+            .map(|&b| {
+                if b as usize >= HIGH {
+                    (b as usize - HIGH + 64) as u32
+                } else {
+                    b
+                }
+            })
+            .collect()
+    };
+    // A mixed step (prefill kernels) and a decode-only one (decode kernels), each after its
+    // prefixes are written: (context, new tokens) per sequence.
+    for (step_no, seqs) in [
+        [(300, 1), (200, 40), (40, 1)],
+        [(301, 1), (201, 1), (41, 1)],
+    ]
+    .iter()
+    .enumerate()
+    {
+        for prefix in [true, false] {
+            let mut gpu_chunks = Vec::new();
+            let mut cpu_chunks = Vec::new();
+            for (&(context, new), table) in seqs.iter().zip(&tables) {
+                let (start, len) = if prefix {
+                    (0, context - new)
+                } else {
+                    (context - new, new)
+                };
+                let c = SeqChunk {
+                    tokens: vec![1; len],
+                    start_pos: start,
+                    block_table: table.clone(),
+                    logits: LogitsWanted::Last,
+                    adapter: None,
+                };
+                cpu_chunks.push(SeqChunk {
+                    block_table: compact(table),
+                    ..c.clone()
+                });
+                gpu_chunks.push(c);
+            }
+            let gl = BatchLayout::new(&gpu_chunks, gpu_blocks).unwrap();
+            let cl = BatchLayout::new(&cpu_chunks, cpu_blocks).unwrap();
+            let seed = 70 + 2 * step_no as u64 + u64::from(prefix);
+            let qkv = random(gl.num_tokens() * ql.row_width(), seed, 2.0);
+            let step = g.upload_step(&gl).unwrap();
+            let gqkv = g.upload_f32(&qkv).unwrap();
+            pools.write(&c, &cl, &qkv, g, &step, &gqkv);
+            if prefix {
+                continue;
+            }
+            let want = cpu_attention(&c, &pools, &cl, ql, &qkv);
+            let mut got = g.alloc(want.len()).unwrap();
+            let (gk, gv) = &pools.gpu;
+            g.attention(&gqkv, &step, ql, gk, gv, scale(ql), &mut got)
+                .unwrap();
+            let tensor_cores = seqs.iter().any(|&(_, new)| new > 1);
+            compare(
+                &format!("block ids above 2^20, step {step_no}"),
+                &to_host(g, &got),
+                &want,
+                ElemType::F32,
+                tensor_cores,
+            );
+        }
+    }
+}
+
+#[test]
+fn block_ids_above_2_pow_20() {
+    if std::env::var_os("LMI_HIGH_BLOCKS_CHILD").is_some() {
+        if let Some(dev) = cuda_common::driver() {
+            check_high_block_ids(&CudaBackend::with_graphs(dev, true).unwrap());
+        }
+        return;
+    }
+    if !cuda_common::emulator_orders().is_empty() {
+        let dev = std::sync::Arc::new(lmi_cuda_emu::EmuDevice::with_total_memory(20 << 30));
+        check_high_block_ids(&CudaBackend::with_graphs(dev, true).unwrap());
+    }
+    // The driver's device needs room for the two 8 GiB pools: in a process of its own.
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "block_ids_above_2_pow_20", "--nocapture"])
+        .env("LMI_HIGH_BLOCKS_CHILD", "1")
+        .env("LMI_FAKE_CUDA_MEMORY_MB", "20480")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "on the driver:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn decode_contexts() {
     on_every_device!(check_decode_contexts);

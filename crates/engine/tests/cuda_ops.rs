@@ -213,6 +213,10 @@ fn check_kv_writes_and_copies<D: Device>(g: &CudaBackend<D>) {
     c.write_kv(&qkv, &c.upload_step(&l).unwrap(), ql, &mut ck, &mut cv)
         .unwrap();
     let (mut gk, mut gv) = (g.alloc_kv(&cfg).unwrap(), g.alloc_kv(&cfg).unwrap());
+    // Device pools start uninitialized (poisoned here), the CPU's zeroed: compared whole.
+    for p in [gk.ptr(), gv.ptr()] {
+        g.device().memset_zero(p, cfg.layer_elems() * 2).unwrap();
+    }
     let step = g.upload_step(&l).unwrap();
     let gq = g.upload_f32(&qkv).unwrap();
     g.write_kv(&gq, &step, ql, &mut gk, &mut gv).unwrap();

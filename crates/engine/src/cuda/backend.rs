@@ -323,8 +323,10 @@ impl<D: Device> Backend for CudaBackend<D> {
                 cfg.dtype
             )));
         }
+        // Not zeroed: attention reads only the slots a step has written (keys past a context
+        // are zeros in registers, never loaded), and the emulator's poison proves it.
         Ok(CudaKv {
-            mem: DeviceBox::zeroed(&self.dev, cfg.layer_elems() * 2)?,
+            mem: DeviceBox::new(&self.dev, cfg.layer_elems() * 2)?,
         })
     }
 

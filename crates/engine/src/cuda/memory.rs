@@ -33,12 +33,6 @@ impl<D: Device> DeviceBox<D> {
         })
     }
 
-    pub fn zeroed(dev: &Arc<D>, bytes: usize) -> Result<Self> {
-        let b = Self::new(dev, bytes)?;
-        dev.memset_zero(b.ptr, bytes).map_err(cuda_err)?;
-        Ok(b)
-    }
-
     pub fn ptr(&self) -> DevPtr {
         self.ptr
     }

@@ -4,7 +4,8 @@
 //! results differ.
 //!
 //! `LMI_REQUIRE_GPU=1` (the device runbook) makes a machine without a usable GPU a failure
-//! instead of a run on the fake driver.
+//! instead of a run on the fake driver; `LMI_TEST_DEVICE_ONLY=1` (the runbook too) skips the
+//! emulator passes, which a GPU's host has no use for.
 
 #![allow(dead_code)]
 
@@ -22,10 +23,7 @@ use lmi_engine::cuda::{CudaBackend, CudaBuf};
 #[macro_export]
 macro_rules! on_every_device {
     ($check:ident) => {{
-        for order in [
-            lmi_cuda_emu::ThreadOrder::Forward,
-            lmi_cuda_emu::ThreadOrder::Reverse,
-        ] {
+        for order in $crate::cuda_common::emulator_orders() {
             let dev = $crate::cuda_common::emulator(order);
             let b = lmi_engine::cuda::CudaBackend::with_graphs(dev, true).unwrap();
             $check(&b);
@@ -35,6 +33,15 @@ macro_rules! on_every_device {
             $check(&b);
         }
     }};
+}
+
+/// The emulator's thread orders to test in: both, unless `LMI_TEST_DEVICE_ONLY=1`.
+pub fn emulator_orders() -> Vec<ThreadOrder> {
+    if required("LMI_TEST_DEVICE_ONLY") {
+        Vec::new()
+    } else {
+        vec![ThreadOrder::Forward, ThreadOrder::Reverse]
+    }
 }
 
 pub fn emulator(order: ThreadOrder) -> Arc<EmuDevice> {
