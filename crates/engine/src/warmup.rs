@@ -13,7 +13,7 @@ use crate::engine::{Engine, StepEngine};
 use crate::error::{EngineError, Result};
 use crate::kv::{BLOCK_SIZE, KvCacheConfig};
 use crate::sampling::SamplingParams;
-use crate::step::{SampleRequest, StepBatch};
+use crate::step::{SampleRequest, StepBatch, TokenMask};
 
 /// The largest step the scheduler runs, from its settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,8 +46,8 @@ const MARGIN_BYTES: usize = 256 << 20;
 /// The smallest KV cache worth serving with.
 const MIN_KV_BYTES: usize = 64 << 20;
 
-/// Draws of the warm-up: sampled, with top logprobs, so the sampler's buffers and scratch
-/// reach the sizes real requests make them.
+/// Draws of the warm-up: sampled, with top logprobs (and masks, below), so the sampler's
+/// buffers and scratch reach the sizes real requests make them.
 fn warmup_params() -> SamplingParams {
     SamplingParams {
         temperature: 0.7,
@@ -91,12 +91,19 @@ impl<B: Backend> Engine<B> {
         let started = Instant::now();
         let params = warmup_params();
         let seqs = shape.seqs.min(shape.tokens).max(1);
+        // Every draw constrained, as a batch of structured-output requests uploads a mask per
+        // row (4 MiB at batch 256 of a 128k vocabulary): the sampler's buffers reach that size.
+        let vocab = self.model_config().vocab_size;
+        let mask = TokenMask::ready(vec![u32::MAX; vocab.div_ceil(32)]);
         let mut next = 0;
         for chunks in [
             prefill_chunks(seqs, shape.tokens, &mut next),
             prefill_chunks(shape.seqs.max(1), shape.seqs.max(1), &mut next),
         ] {
-            let samples = SampleRequest::at_each_last_token(&chunks, &params);
+            let mut samples = SampleRequest::at_each_last_token(&chunks, &params);
+            for s in &mut samples {
+                s.allowed = Some(&mask);
+            }
             self.step(&StepBatch {
                 chunks: &chunks,
                 samples: &samples,
