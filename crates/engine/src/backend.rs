@@ -12,6 +12,7 @@
 use crate::batch::BatchLayout;
 use crate::error::Result;
 use crate::kv::KvCacheConfig;
+use crate::lora::Target;
 use crate::step::{LogitsOutput, LogitsWork};
 use crate::weights::HostTensor;
 
@@ -35,12 +36,15 @@ impl QkvLayout {
     }
 }
 
-/// A decode shape a backend keeps a CUDA graph for: the padded batch size and the
-/// block-table width.
+/// A decode shape a backend keeps a CUDA graph for: the padded batch size, the block-table
+/// width, and whether the step has adapter rows (then it runs the LoRA launches of every
+/// registered projection, whichever adapters it holds: rows reach theirs through the device
+/// slot table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GraphKey {
     pub seqs: usize,
     pub block_stride: usize,
+    pub lora: bool,
 }
 
 /// The state of a backend's graphs (`lmi_cuda_graphs{state}`).
@@ -57,6 +61,24 @@ pub struct LoraGroup<'a, B: Backend + ?Sized> {
     pub a: &'a B::Weight,
     pub b: &'a B::Weight,
 }
+
+/// The projection a LoRA call applies to: a layer's q/k/v/o/gate/up/down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoraSite {
+    pub layer: usize,
+    pub target: Target,
+}
+
+/// A backend's hold on an adapter registered with [`Backend::register_lora`] (the CUDA
+/// backend's device slot); dropping it ends the registration.
+pub type LoraRegistration = Box<dyn Send + Sync>;
+
+/// One layer of an uploaded adapter: its (A, B) pair per [`Target`], as `upload_lora_pair`
+/// returned them (None where it leaves a projection alone).
+pub type LoraLayer<'a, W> = [Option<(&'a W, &'a W)>; 7];
+
+/// An uploaded adapter's pairs, `[layer][target]`.
+pub type LoraPairs<'a, B> = [LoraLayer<'a, <B as Backend>::Weight>];
 
 pub trait Backend: Send + Sync + 'static {
     /// An activation buffer (f32 values; see `alloc_matmul_input`). Cloning a CUDA buffer
@@ -86,6 +108,17 @@ pub trait Backend: Send + Sync + 'static {
             self.upload_weight(a.to_dtype(dtype))?,
             self.upload_weight(b.to_dtype(dtype))?,
         ))
+    }
+    /// Registers an uploaded adapter under the engine's `id`, for backends whose LoRA
+    /// launches find each row's adapter on the device (the CUDA backend's slot table: the
+    /// step upload maps the rows of `id` to its slot). None where nothing is kept (the CPU
+    /// reads each step's pairs from `lora`'s groups).
+    fn register_lora(
+        &self,
+        _id: u64,
+        _pairs: &LoraPairs<'_, Self>,
+    ) -> Result<Option<LoraRegistration>> {
+        Ok(None)
     }
     /// `(free, total)` bytes of the device's own memory once issued work has finished (the
     /// engine sizes the KV cache by a share of it, less what a measured step takes); None for
@@ -221,17 +254,21 @@ pub trait Backend: Send + Sync + 'static {
         width: usize,
         out: &mut Self::Buf,
     ) -> Result<()>;
-    /// LoRA deltas on one projection for every adapter of the step at once (SGMV's
-    /// grouping: each adapter's A and B are read once for all its rows): for each group,
-    /// the token rows of `BatchLayout::adapter_rows[group]` get
-    /// `out[r, offset .. offset + n] += b · (a · x[r])`, with `a` of shape `[rank, x_width]`
-    /// and `b` of shape `[n, rank]` (scale folded in).
+    /// LoRA deltas on one projection, `site`, for every adapter of the step at once (SGMV's
+    /// grouping): for each group, the token rows of `BatchLayout::adapter_rows[group]` get
+    /// `out[r, offset .. offset + n] += B · (A · x[r])`, with A `[rank, x_width]` and B
+    /// `[n, rank]` (scale folded in; each backend keeps them in its own layout). The model
+    /// calls it for every projection of every layer whenever the step has adapter rows, with
+    /// the step's adapters that change this projection as `groups` (possibly none): a
+    /// backend that replays steps from CUDA graphs launches from what is registered
+    /// (`register_lora`), so its launches must not depend on which adapters a step holds.
     #[allow(clippy::too_many_arguments)]
     fn lora(
         &self,
         x: &Self::Buf,
         x_width: usize,
         step: &Self::Step,
+        site: LoraSite,
         groups: &[LoraGroup<'_, Self>],
         out: &mut Self::Buf,
         out_width: usize,

@@ -297,7 +297,7 @@ impl<B: Backend> StepEngine for Engine<B> {
             DType::I8 => DType::BF16,
             d => d,
         };
-        let a = LoraAdapter::upload(&self.backend, weights, dtype)?;
+        let a = LoraAdapter::upload(&self.backend, id, weights, dtype)?;
         self.adapters.insert(id, a);
         Ok(())
     }

@@ -12,15 +12,18 @@ mod cuda_common;
 use std::path::Path;
 use std::sync::Arc;
 
-use lmi_cuda::Device;
+use lmi_cuda::{CudaDevice, Device};
 use lmi_cuda_emu::ThreadOrder;
 use lmi_engine::cpu::CpuBackend;
 use lmi_engine::cuda::CudaBackend;
 use lmi_engine::engine::{EngineOptions, StepEngine};
+use lmi_engine::lora::{LoraLimits, LoraWeights};
 use lmi_engine::sampling::{SamplingParams, SequenceContext};
-use lmi_engine::testing::{TinySpec, write_tiny_model};
+use lmi_engine::testing::{PeftSpec, TinySpec, write_peft_adapter, write_tiny_model};
 use lmi_engine::warmup::StepShape;
-use lmi_engine::{Architecture, DType, Engine, LogitsWanted, SampleRequest, SeqChunk, StepBatch};
+use lmi_engine::{
+    Architecture, DType, Engine, LogitsWanted, ModelConfig, SampleRequest, SeqChunk, StepBatch,
+};
 
 const BLOCKS: usize = 64;
 
@@ -268,23 +271,27 @@ fn on_emulator(check: impl Fn(&Arc<lmi_cuda_emu::EmuDevice>)) {
     }
 }
 
+/// Runs `check` on the driver's `CudaDevice` (a GPU or the fake driver), if it opens.
+fn on_driver(check: impl Fn(&Arc<CudaDevice>)) {
+    if let Some(dev) = cuda_common::driver() {
+        let _turn = cuda_common::driver_turn();
+        check(&dev);
+    }
+}
+
 #[test]
 fn llama_qwen2_qwen3_agree_with_the_cpu_engine() {
     let specs = specs();
     assert_eq!(specs.len(), 3);
     assert!(matches!(specs[2].architecture, Architecture::Qwen3));
     on_emulator(|dev| specs.iter().for_each(|s| check_model(dev, s)));
-    if let Some(dev) = cuda_common::driver() {
-        specs.iter().for_each(|s| check_model(&dev, s));
-    }
+    on_driver(|dev| specs.iter().for_each(|s| check_model(dev, s)));
 }
 
 #[test]
 fn graph_replays_equal_direct_launches() {
     on_emulator(check_graph_replay);
-    if let Some(dev) = cuda_common::driver() {
-        check_graph_replay(&dev);
-    }
+    on_driver(check_graph_replay);
 }
 
 /// With a share of the device's memory, the engine runs a step of the largest shape at load,
@@ -454,6 +461,7 @@ fn real_checkpoint_agrees_with_the_cpu_engine_on_a_gpu() {
     let Some(dev) = cuda_common::driver() else {
         return;
     };
+    let _turn = cuda_common::driver_turn();
     let dir = Path::new(&dir);
     let opts = EngineOptions {
         dtype: Some(DType::BF16),
@@ -504,4 +512,293 @@ fn real_checkpoint_agrees_with_the_cpu_engine_on_a_gpu() {
     let same = c.iter().zip(&g).take_while(|(a, b)| a.0 == b.0).count();
     eprintln!("seeded request: {same}/16 tokens agree");
     assert_eq!(same, 16, "the seeded request parts after {same} tokens");
+}
+
+/// PEFT module names of every projection an adapter may change.
+const ALL_TARGETS: [&str; 7] = [
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+];
+
+/// Writes and reads a generated adapter for the model in `dir`.
+fn adapter(
+    dir: &Path,
+    name: &str,
+    rank: usize,
+    targets: &[&'static str],
+    seed: u64,
+) -> LoraWeights {
+    let c = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let path = dir.join(name);
+    let spec = PeftSpec {
+        targets: targets.to_vec(),
+        scale: 0.2,
+        ..PeftSpec::new(rank, seed)
+    };
+    write_peft_adapter(&path, &c, &spec).unwrap();
+    LoraWeights::load(&path, &c, LoraLimits::default()).unwrap()
+}
+
+/// Four adapters of different ranks and projections (ids 1..=4).
+fn mixed_adapters(dir: &Path) -> Vec<(u64, LoraWeights)> {
+    vec![
+        (1, adapter(dir, "a1", 4, &ALL_TARGETS[..3], 11)),
+        (2, adapter(dir, "a2", 8, &ALL_TARGETS, 12)),
+        (3, adapter(dir, "a3", 16, &ALL_TARGETS[3..], 13)),
+        (4, adapter(dir, "a4", 12, &ALL_TARGETS[..4], 14)),
+    ]
+}
+
+/// One sequence of the mixed-adapter checks.
+struct Seq {
+    prompt: Vec<u32>,
+    adapter: Option<u64>,
+    chunk: SeqChunk,
+}
+
+fn seq(s: usize, len: usize, adapter: Option<u64>) -> Seq {
+    let prompt = prompt(len, 10 + s as u32);
+    Seq {
+        chunk: SeqChunk {
+            tokens: prompt.clone(),
+            start_pos: 0,
+            block_table: (s as u32 * 8..s as u32 * 8 + 8).collect(),
+            logits: LogitsWanted::Last,
+            adapter,
+        },
+        prompt,
+        adapter,
+    }
+}
+
+/// Several adapters (ranks 4, 8, 12, 16 on different projections) and rows without one in the
+/// same batches — prefill chunks (one prompt over two steps, one with prompt logprobs) and
+/// decode steps — agree with the CPU engine; decode steps with adapters replay from graphs,
+/// also after an adapter is unloaded and another takes its slot.
+fn check_mixed_adapters<D: Device>(dev: &Arc<D>) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), &specs()[0]).unwrap();
+    let adapters = mixed_adapters(dir.path());
+    let late = adapter(dir.path(), "a5", 8, &ALL_TARGETS[1..3], 15);
+    let (mut cpu, mut gpu) = engines(dev, dir.path(), true);
+    for (id, w) in &adapters {
+        cpu.load_adapter(*id, w).unwrap();
+        gpu.load_adapter(*id, w).unwrap();
+    }
+    let mut seqs = [
+        seq(0, 21, Some(1)),
+        seq(1, 9, None),
+        seq(2, 30, Some(2)),
+        seq(3, 40, Some(3)),
+        seq(4, 7, Some(2)),
+        seq(5, 3, Some(4)),
+        seq(6, 5, None),
+    ];
+    seqs[2].chunk.logits = LogitsWanted::All;
+
+    // The adapters change the logits (so the agreement below means something).
+    let alone = |adapter| SeqChunk {
+        adapter,
+        ..seqs[2].chunk.clone()
+    };
+    let with = cpu.forward_logits(&[alone(Some(2))]).unwrap();
+    let without = cpu.forward_logits(&[alone(None)]).unwrap();
+    let moved = with
+        .data
+        .iter()
+        .zip(&without.data)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(moved > 0.5, "adapter 2 moves the logits by only {moved}");
+
+    // Two sequences' first 16 prompt tokens (no logits), then every prompt's rest.
+    let first: Vec<SeqChunk> = [0, 3]
+        .iter()
+        .map(|&s| SeqChunk {
+            tokens: seqs[s].prompt[..16].to_vec(),
+            logits: LogitsWanted::None,
+            ..seqs[s].chunk.clone()
+        })
+        .collect();
+    cpu.forward_logits(&first).unwrap();
+    gpu.forward_logits(&first).unwrap();
+    for s in [0, 3] {
+        let c = &mut seqs[s].chunk;
+        c.tokens.drain(..16);
+        c.start_pos = 16;
+    }
+    let mut alive = vec![true; seqs.len()];
+    for step in 0..10 {
+        if step == 6 {
+            // Sequence 5 goes on with adapter 5, in adapter 4's slot.
+            for e in [&mut cpu as &mut dyn StepEngine, &mut gpu] {
+                assert!(e.unload_adapter(4));
+                e.load_adapter(5, &late).unwrap();
+            }
+            seqs[5].adapter = Some(5);
+            seqs[5].chunk.adapter = Some(5);
+        }
+        let live: Vec<usize> = (0..seqs.len()).filter(|&s| alive[s]).collect();
+        let batch: Vec<SeqChunk> = live.iter().map(|&s| seqs[s].chunk.clone()).collect();
+        let what = format!("mixed adapters, step {step}");
+        let out = compare_step(&what, &mut cpu, &mut gpu, &batch);
+        for (&s, t) in live.iter().zip(out) {
+            match t {
+                Some(t) => {
+                    let c = &mut seqs[s].chunk;
+                    c.start_pos += c.tokens.len();
+                    c.tokens = vec![t];
+                    c.logits = LogitsWanted::Last;
+                }
+                None => alive[s] = false,
+            }
+        }
+    }
+    let with_adapter = (0..seqs.len())
+        .filter(|&s| alive[s] && seqs[s].adapter.is_some())
+        .count();
+    assert!(
+        with_adapter >= 4,
+        "too many ties to be a fair comparison: {with_adapter} sequences with adapters left"
+    );
+    assert!(
+        gpu.backend().graphs_captured() > 0,
+        "decode steps with adapters replay from CUDA graphs"
+    );
+}
+
+/// Decode steps with adapters replayed from graphs equal the same steps launched directly,
+/// bit for bit, while the adapter mix changes from step to step under one graph key, an
+/// adapter is unloaded and another loaded into its slot, and a step has no adapter at all.
+fn check_lora_graph_replay<D: Device>(dev: &Arc<D>) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), &specs()[0]).unwrap();
+    let adapters = mixed_adapters(dir.path());
+    let late = adapter(dir.path(), "a5", 8, &ALL_TARGETS[1..3], 15);
+    let mixes: [[Option<u64>; 5]; 3] = [
+        [Some(1), None, Some(2), Some(3), Some(2)],
+        [Some(4), Some(3), None, Some(1), Some(1)],
+        [None; 5],
+    ];
+    let run = |graphs: bool| {
+        let mut e = Engine::load(
+            CudaBackend::with_graphs(dev.clone(), graphs).unwrap(),
+            dir.path(),
+            &opts(),
+        )
+        .unwrap();
+        for (id, w) in &adapters {
+            e.load_adapter(*id, w).unwrap();
+        }
+        let mut seqs: Vec<Seq> = (0..5).map(|s| seq(s, 6 + 3 * s, mixes[0][s])).collect();
+        let mut logits = Vec::new();
+        for step in 0..10 {
+            if step == 5 {
+                // Adapter 3's slot goes to adapter 5 (a shape the table knows).
+                assert!(e.unload_adapter(3));
+                e.load_adapter(5, &late).unwrap();
+            }
+            let mix = match step % 4 {
+                3 => mixes[2],
+                s => mixes[s % 2],
+            };
+            for (q, a) in seqs.iter_mut().zip(mix) {
+                q.chunk.adapter = a.map(|a| if a == 3 && step >= 5 { 5 } else { a });
+            }
+            let chunks: Vec<SeqChunk> = seqs.iter().map(|q| q.chunk.clone()).collect();
+            let l = e.forward_logits(&chunks).unwrap();
+            let toks = greedy(&mut e, &chunks);
+            for (q, t) in seqs.iter_mut().zip(toks) {
+                q.chunk.start_pos += q.chunk.tokens.len();
+                q.chunk.tokens = vec![t];
+            }
+            logits.push(l.data);
+        }
+        (logits, e.backend().graphs_captured())
+    };
+    let (direct, none) = run(false);
+    let (replayed, captured) = run(true);
+    assert_eq!(none, 0);
+    assert!(
+        captured >= 2,
+        "graphs for decode steps with and without adapters: {captured}"
+    );
+    for (step, (r, d)) in replayed.iter().zip(&direct).enumerate() {
+        assert!(
+            r == d,
+            "step {step}: graph replays differ from direct launches"
+        );
+    }
+}
+
+/// LoRA launches of one decode step (8 sequences, direct launches) with `n` of eight adapters
+/// (ranks 4 to 16, every projection) loaded and used, less those of the same step without
+/// adapters.
+fn lora_launches_per_step(dev: &Arc<lmi_cuda_emu::EmuDevice>, dir: &Path, n: usize) -> u64 {
+    let mut e = Engine::load(
+        CudaBackend::with_graphs(dev.clone(), false).unwrap(),
+        dir,
+        &opts(),
+    )
+    .unwrap();
+    for i in 0..n {
+        let rank = [4, 8, 16, 12][i % 4];
+        let w = adapter(dir, &format!("n{i}"), rank, &ALL_TARGETS, 20 + i as u64);
+        e.load_adapter(i as u64 + 1, &w).unwrap();
+    }
+    let batch = |with: bool| -> Vec<SeqChunk> {
+        (0..8)
+            .map(|s| SeqChunk {
+                tokens: vec![5 + s as u32],
+                start_pos: 3,
+                block_table: vec![s as u32],
+                logits: LogitsWanted::Last,
+                adapter: with.then_some((s % n) as u64 + 1),
+            })
+            .collect()
+    };
+    let mut launches = |with: bool| {
+        let before = dev.launch_count();
+        e.forward_logits(&batch(with)).unwrap();
+        dev.launch_count() - before
+    };
+    let (without, with) = (launches(false), launches(true));
+    eprintln!(
+        "{n} adapters: {with} launches per decode step, {without} without adapters: {} for LoRA",
+        with - without
+    );
+    with - without
+}
+
+#[test]
+fn mixed_adapters_agree_with_the_cpu_engine() {
+    on_emulator(check_mixed_adapters);
+    on_driver(check_mixed_adapters);
+}
+
+#[test]
+fn lora_graph_replays_equal_direct_launches() {
+    on_emulator(check_lora_graph_replay);
+    on_driver(check_lora_graph_replay);
+}
+
+#[test]
+fn lora_launches_do_not_grow_with_the_adapters() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = &specs()[0];
+    write_tiny_model(dir.path(), spec).unwrap();
+    let dev = cuda_common::emulator(ThreadOrder::Forward);
+    // One shrink and one expand per projection and layer, whatever the mix.
+    let per_step = 2 * 7 * spec.num_layers as u64;
+    for n in [1, 3, 8] {
+        assert_eq!(
+            lora_launches_per_step(&dev, dir.path(), n),
+            per_step,
+            "{n} adapters"
+        );
+    }
 }

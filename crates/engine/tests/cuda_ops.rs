@@ -7,9 +7,11 @@ mod cuda_common;
 
 use cuda_common::{assert_close, bf16_round, cpu, random, to_host};
 use lmi_cuda::{Device, DeviceExt};
-use lmi_engine::backend::{LoraGroup, QkvLayout};
-use lmi_engine::cpu::CpuKv;
-use lmi_engine::cuda::CudaBackend;
+use lmi_cuda_emu::EmuDevice;
+use lmi_engine::backend::{LoraGroup, LoraLayer, LoraRegistration, LoraSite, QkvLayout};
+use lmi_engine::cpu::{CpuBackend, CpuKv};
+use lmi_engine::cuda::{CudaBackend, CudaWeight};
+use lmi_engine::lora::Target;
 use lmi_engine::weights::HostTensor;
 use lmi_engine::{Backend, BatchLayout, DType, KvCacheConfig, LogitsWanted, SeqChunk};
 
@@ -273,7 +275,7 @@ fn check_silu_add_gather<D: Device>(g: &CudaBackend<D>) {
 fn check_linear_and_lora<D: Device>(g: &CudaBackend<D>) {
     let c = cpu();
     let (k, n) = (192, 80);
-    let l = layout(Some(3));
+    let l = layout(None);
     let rows = l.num_tokens();
     let x = bf16_round(&random(rows * k, 14, 1.0));
     let (_, w) = bf16_matrix(n, k, 15, 0.5);
@@ -288,54 +290,260 @@ fn check_linear_and_lora<D: Device>(g: &CudaBackend<D>) {
     );
     let mut want = c.alloc(rows * n).unwrap();
     c.linear(&x, rows, &cw, Some(&cb), &mut want).unwrap();
-    let step = g.upload_step(&l).unwrap();
     let gx = g.upload_f32(&x).unwrap();
     let mut out = g.alloc(rows * n).unwrap();
     g.linear(&gx, rows, &gw, Some(&gb), &mut out).unwrap();
     assert_close("linear", &to_host(g, &out), &want, 1e-4, 1e-4);
 
-    // LoRA on the adapter's rows into a column slice of a wider output, each backend's pair
-    // in its own layout: f32 on the CPU (an f32 model's), bf16 on the GPU, from bf16-exact
-    // values so both see the same numbers.
-    let rank = 8;
-    let (av, _) = bf16_matrix(rank, k, 17, 0.5);
-    let (bv, _) = bf16_matrix(n, rank, 18, 0.5);
+    check_lora_mixed_batch(g);
+}
+
+/// One site's pair of a test adapter: A `[rank, in]` and B `[out, rank]`, bf16-exact values.
+struct TestPair {
+    rank: usize,
+    a: Vec<f32>,
+    b: Vec<f32>,
+}
+
+/// A LoRA test adapter: a pair per site of `LORA_SITES`, None where it leaves one alone.
+struct TestAdapter {
+    id: u64,
+    pairs: Vec<Option<TestPair>>,
+}
+
+/// (target, input width, output width, output row width, column offset): the three sites of
+/// the mixed-batch check. 192 is one K split on the vector path; 2056 two splits; 2100 two
+/// splits on the element-by-element path (not a multiple of 8), with an odd output width.
+const LORA_SITES: [(Target, usize, usize, usize, usize); 3] = [
+    (Target::Q, 192, 80, 96, 16),
+    (Target::Gate, 2056, 64, 64, 0),
+    (Target::Down, 2100, 75, 80, 3),
+];
+
+fn test_adapters() -> Vec<TestAdapter> {
+    // Ranks differ between adapters and between an adapter's sites (1..16, two rank tiles);
+    // adapter 12 leaves the last site alone.
+    let ranks: [(u64, [usize; 3]); 3] = [(10, [4, 4, 8]), (11, [12, 1, 0]), (12, [16, 9, 5])];
+    ranks
+        .iter()
+        .map(|&(id, r)| TestAdapter {
+            id,
+            pairs: LORA_SITES
+                .iter()
+                .zip(r)
+                .enumerate()
+                .map(|(s, (&(_, k, n, _, _), rank))| {
+                    let seed = 100 + 10 * id + s as u64;
+                    (rank > 0).then(|| {
+                        let (a, _) = bf16_matrix(rank, k, seed, 0.5);
+                        let (b, _) = bf16_matrix(n, rank, seed + 5, 0.5);
+                        TestPair { rank, a, b }
+                    })
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Uploads `adapter`'s pairs to `backend` as one layer's sites (A, B in that backend's layout).
+fn upload_pairs<B: Backend>(
+    backend: &B,
+    adapter: &TestAdapter,
+    dtype: DType,
+) -> Vec<Option<(B::Weight, B::Weight)>> {
     let host = |v: &Vec<f32>, rows, cols| HostTensor::f32(vec![rows, cols], v.clone());
-    let (ca, cb) = c
-        .upload_lora_pair(host(&av, rank, k), host(&bv, n, rank), DType::F32)
-        .unwrap();
-    let (ga, gb) = g
-        .upload_lora_pair(host(&av, rank, k), host(&bv, n, rank), DType::BF16)
-        .unwrap();
-    let width = n + 16;
-    let base = random(rows * width, 19, 1.0);
-    let mut want = base.clone();
-    let group = |a, b| LoraGroup { group: 0, a, b };
-    c.lora(
-        &x,
-        k,
-        &c.upload_step(&l).unwrap(),
-        &[group(&ca, &cb)],
-        &mut want,
-        width,
-        16,
-    )
-    .unwrap();
-    let mut out = g.upload_f32(&base).unwrap();
-    let ggroup = LoraGroup {
-        group: 0,
-        a: &ga,
-        b: &gb,
+    adapter
+        .pairs
+        .iter()
+        .zip(LORA_SITES)
+        .map(|(p, (_, k, n, _, _))| {
+            p.as_ref().map(|p| {
+                backend
+                    .upload_lora_pair(host(&p.a, p.rank, k), host(&p.b, n, p.rank), dtype)
+                    .unwrap()
+            })
+        })
+        .collect()
+}
+
+/// Registers one layer of `pairs` (at `LORA_SITES`' targets) under `id`.
+fn register<D: Device>(
+    g: &CudaBackend<D>,
+    id: u64,
+    pairs: &[Option<(CudaWeight<D>, CudaWeight<D>)>],
+) -> Option<LoraRegistration> {
+    let mut layer: LoraLayer<'_, CudaWeight<D>> = Default::default();
+    for (p, (t, ..)) in pairs.iter().zip(LORA_SITES) {
+        layer[t as usize] = p.as_ref().map(|(a, b)| (a, b));
+    }
+    g.register_lora(id, &[layer]).unwrap()
+}
+
+/// A ragged batch mixing three adapters of different ranks (one in two sequences, so its rows
+/// are not contiguous) with rows that have none.
+fn mixed_layout() -> BatchLayout {
+    let chunk = |tokens: usize, start_pos: usize, block: u32, adapter| SeqChunk {
+        tokens: (0..tokens as u32).map(|i| (i * 5 + block) % 250).collect(),
+        start_pos,
+        block_table: (block..block + 3).collect(),
+        logits: LogitsWanted::Last,
+        adapter,
     };
-    g.lora(&gx, k, &step, &[ggroup], &mut out, width, 16)
+    let chunks = [
+        chunk(20, 0, 0, Some(10)),
+        chunk(3, 30, 3, None),
+        chunk(5, 4, 6, Some(12)),
+        chunk(1, 40, 9, Some(11)),
+        chunk(2, 7, 12, Some(10)),
+        chunk(1, 9, 15, None),
+    ];
+    BatchLayout::new(&chunks, 18).unwrap()
+}
+
+/// Decode steps of four sequences, padded to a graph size: adapters 12, none, 10, 11, 12.
+fn decode_layout() -> BatchLayout {
+    let chunks: Vec<SeqChunk> = [Some(12), None, Some(10), Some(11), Some(12)]
+        .into_iter()
+        .enumerate()
+        .map(|(s, adapter)| SeqChunk {
+            tokens: vec![s as u32 + 1],
+            start_pos: 17 + s,
+            block_table: vec![2 * s as u32, 2 * s as u32 + 1],
+            logits: LogitsWanted::Last,
+            adapter,
+        })
+        .collect();
+    BatchLayout::new(&chunks, 18).unwrap()
+}
+
+/// LoRA through the `Backend` trait on mixed batches: every row gets its own adapter's delta
+/// (or none) at each site, as the CPU computes it; columns outside the projection's slice,
+/// rows without an adapter and padding rows are left alone. On the GPU every site is one
+/// shrink and one expand launch whatever the mix.
+fn check_lora_mixed_batch<D: Device>(g: &CudaBackend<D>) {
+    let c = cpu();
+    let adapters = test_adapters();
+    let cpu_pairs: Vec<_> = adapters
+        .iter()
+        .map(|a| upload_pairs(&c, a, DType::F32))
+        .collect();
+    let gpu_pairs: Vec<_> = adapters
+        .iter()
+        .map(|a| upload_pairs(g, a, DType::BF16))
+        .collect();
+    let registrations: Vec<_> = adapters
+        .iter()
+        .zip(&gpu_pairs)
+        .map(|(a, p)| register(g, a.id, p))
+        .collect();
+    assert!(registrations.iter().all(Option::is_some));
+
+    for (name, layout) in [
+        ("ragged", mixed_layout()),
+        ("padded decode", g.prepare_layout(decode_layout())),
+    ] {
+        let rows = layout.num_tokens();
+        let adapter_of = |r: usize| {
+            layout
+                .adapter_rows
+                .iter()
+                .find(|(_, rs)| rs.contains(&(r as u32)))
+                .map(|(id, _)| *id)
+        };
+        let gstep = g.upload_step(&layout).unwrap();
+        let cstep = c.upload_step(&layout).unwrap();
+        for (s, &(target, k, n, width, offset)) in LORA_SITES.iter().enumerate() {
+            let what = format!("{name} LoRA, {target:?} [{k} -> {n}]");
+            let site = LoraSite { layer: 0, target };
+            let x = bf16_round(&random(rows * k, 20 + s as u64, 1.0));
+            let base = random(rows * width, 30 + s as u64, 1.0);
+            // (group, adapter): group i is adapter_rows[i]; an adapter without a pair here
+            // has no group.
+            let picked: Vec<(usize, usize)> = layout
+                .adapter_rows
+                .iter()
+                .enumerate()
+                .filter_map(|(gi, (id, _))| {
+                    let ai = adapters.iter().position(|a| a.id == *id).unwrap();
+                    adapters[ai].pairs[s].is_some().then_some((gi, ai))
+                })
+                .collect();
+            let cgroups: Vec<LoraGroup<'_, CpuBackend>> = picked
+                .iter()
+                .map(|&(gi, ai)| {
+                    let (a, b) = cpu_pairs[ai][s].as_ref().unwrap();
+                    LoraGroup { group: gi, a, b }
+                })
+                .collect();
+            let ggroups: Vec<LoraGroup<'_, CudaBackend<D>>> = picked
+                .iter()
+                .map(|&(gi, ai)| {
+                    let (a, b) = gpu_pairs[ai][s].as_ref().unwrap();
+                    LoraGroup { group: gi, a, b }
+                })
+                .collect();
+            let mut want = base.clone();
+            c.lora(&x, k, &cstep, site, &cgroups, &mut want, width, offset)
+                .unwrap();
+            let gx = g.upload_f32(&x).unwrap();
+            let mut out = g.upload_f32(&base).unwrap();
+            let launches = launch_count(g);
+            g.lora(&gx, k, &gstep, site, &ggroups, &mut out, width, offset)
+                .unwrap();
+            if let Some(before) = launches {
+                assert_eq!(launch_count(g).unwrap() - before, 2, "{what}: launches");
+            }
+            let got = to_host(g, &out);
+            assert_close(&what, &got, &want, 1e-4, 1e-4);
+            let mut changed = 0;
+            for r in 0..rows {
+                let (row, base_row) = (&got[r * width..][..width], &base[r * width..][..width]);
+                let outside = row[..offset].iter().chain(&row[offset + n..]);
+                let base_outside = base_row[..offset].iter().chain(&base_row[offset + n..]);
+                assert!(
+                    outside.eq(base_outside),
+                    "{what}: row {r} outside the slice"
+                );
+                let has_pair = adapter_of(r)
+                    .is_some_and(|id| adapters.iter().any(|a| a.id == id && a.pairs[s].is_some()));
+                if has_pair {
+                    changed += usize::from(row != base_row);
+                } else {
+                    assert_eq!(row, base_row, "{what}: row {r} has no adapter here");
+                }
+            }
+            assert!(changed > 0, "{what}: no row changed");
+        }
+    }
+
+    // An adapter's pair the table does not hold, and an unknown adapter, are refused.
+    let layout = mixed_layout();
+    let gstep = g.upload_step(&layout).unwrap();
+    let (k, width) = (LORA_SITES[0].1, LORA_SITES[0].3);
+    let x = g.upload_f32(&vec![0.0; layout.num_tokens() * k]).unwrap();
+    let mut out = g
+        .upload_f32(&vec![0.0; layout.num_tokens() * width])
         .unwrap();
-    assert_close("lora", &to_host(g, &out), &want, 1e-4, 1e-4);
-    let untouched: Vec<f32> = to_host(g, &out)[rows * width - width..][..16].to_vec();
-    assert_eq!(
-        untouched,
-        base[rows * width - width..][..16],
-        "columns outside the slice"
-    );
+    let (a, b) = gpu_pairs[1][0].as_ref().unwrap();
+    let wrong = [LoraGroup { group: 0, a, b }];
+    let site = LoraSite {
+        layer: 0,
+        target: Target::Q,
+    };
+    let e = g
+        .lora(&x, k, &gstep, site, &wrong, &mut out, width, 16)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not the pair registered"), "{e}");
+    drop(registrations);
+    let e = g.upload_step(&layout).unwrap_err().to_string();
+    assert!(e.contains("LoRA adapter 10 is not loaded"), "{e}");
+}
+
+/// Launches so far, on the emulator (the fake driver does not count them).
+fn launch_count<D: Device>(g: &CudaBackend<D>) -> Option<u64> {
+    let dev: &dyn std::any::Any = g.device().as_ref();
+    dev.downcast_ref::<EmuDevice>().map(EmuDevice::launch_count)
 }
 
 #[test]

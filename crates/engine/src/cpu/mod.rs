@@ -12,7 +12,7 @@ pub mod qlinear;
 mod qpack;
 pub mod simd;
 
-use crate::backend::{Backend, LoraGroup, QkvLayout};
+use crate::backend::{Backend, LoraGroup, LoraSite, QkvLayout};
 use crate::batch::BatchLayout;
 use crate::dtype::DType;
 use crate::error::{EngineError, Result};
@@ -383,6 +383,7 @@ impl Backend for CpuBackend {
         x: &Vec<f32>,
         x_width: usize,
         step: &BatchLayout,
+        _site: LoraSite,
         groups: &[LoraGroup<'_, Self>],
         out: &mut Vec<f32>,
         out_width: usize,

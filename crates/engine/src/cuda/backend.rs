@@ -14,7 +14,7 @@ use super::graphs::{Captured, GraphCache, Plan};
 use super::memory::{Arena, DeviceBox, cuda_err};
 use super::step::{self, CudaStep, Packed};
 use super::{attention, lora, sampler};
-use crate::backend::{Backend, LoraGroup, QkvLayout};
+use crate::backend::{Backend, LoraGroup, LoraPairs, LoraRegistration, LoraSite, QkvLayout};
 use crate::batch::BatchLayout;
 use crate::dtype::DType;
 use crate::error::{EngineError, Result};
@@ -103,6 +103,8 @@ pub struct CudaBackend<D: Device> {
     pub(super) arena: Mutex<Arena<D>>,
     steps: Mutex<StepBuffers<D>>,
     graphs: Mutex<GraphCache<D::Graph>>,
+    /// Registered LoRA adapters' device slots (shared with their registrations).
+    lora: Arc<Mutex<lora::LoraTable<D>>>,
     copy_pairs: Mutex<CopyPairs>,
     /// Steps uploaded so far.
     steps_uploaded: std::sync::atomic::AtomicU64,
@@ -155,6 +157,7 @@ impl<D: Device> CudaBackend<D> {
                 epoch: 0,
             }),
             graphs: Mutex::new(GraphCache::new(graphs)),
+            lora: Arc::new(Mutex::new(lora::LoraTable::new(&dev))),
             copy_pairs: Mutex::new(CopyPairs {
                 host: Vec::new(),
                 ptr: DevPtr::NULL,
@@ -213,8 +216,10 @@ impl<D: Device> CudaBackend<D> {
         Ok(out)
     }
 
+    /// Changes whenever captured graphs may be stale: the arena or the step buffers moved,
+    /// or the LoRA table grew (each counter only increases).
     fn epoch(&self) -> u64 {
-        lock(&self.arena).epoch() + lock(&self.steps).epoch
+        lock(&self.arena).epoch() + lock(&self.steps).epoch + lock(&self.lora).generation()
     }
 
     /// `out[rows, n] = x[rows, k] · wᵀ` through the device's matrix product.
@@ -286,6 +291,32 @@ impl<D: Device> Backend for CudaBackend<D> {
         Ok(CudaWeight { mem, shape, dtype })
     }
 
+    /// A `[rank, in]` and Bᵀ `[rank, out]`, both bf16 (see kernels/lora.cu).
+    fn upload_lora_pair(
+        &self,
+        a: HostTensor,
+        b: HostTensor,
+        _dtype: DType,
+    ) -> Result<(CudaWeight<D>, CudaWeight<D>)> {
+        Ok((
+            self.upload_weight(a)?,
+            self.upload_weight(lora::transpose_b(b))?,
+        ))
+    }
+
+    fn register_lora(
+        &self,
+        id: u64,
+        pairs: &LoraPairs<'_, Self>,
+    ) -> Result<Option<LoraRegistration>> {
+        let slot = lock(&self.lora).register(id, pairs)?;
+        Ok(Some(Box::new(lora::Registration {
+            table: self.lora.clone(),
+            slot,
+            id,
+        })))
+    }
+
     fn weight_bytes(&self, w: &CudaWeight<D>) -> usize {
         w.mem.bytes()
     }
@@ -337,10 +368,14 @@ impl<D: Device> Backend for CudaBackend<D> {
     fn upload_step(&self, layout: &BatchLayout) -> Result<CudaStep> {
         self.steps_uploaded
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let lora = {
+            let table = lock(&self.lora);
+            step::lora_entries(layout, |id| table.slot_of(id))?
+        };
         lock(&self.arena).reset()?;
         let mut bufs = lock(&self.steps);
         let bufs = &mut *bufs;
-        let tiles = step::pack(layout, &mut bufs.staging);
+        let tiles = step::pack(layout, lora.as_ref(), &mut bufs.staging);
         let need = bufs.staging.bytes.len().max(16);
         if bufs.block.as_ref().is_none_or(|b| b.bytes() < need) {
             bufs.block = None;
@@ -352,7 +387,7 @@ impl<D: Device> Backend for CudaBackend<D> {
         }
         let base = bufs.block.as_ref().map(|b| b.ptr()).unwrap_or_default();
         self.dev.htod(&bufs.staging.bytes, base).map_err(cuda_err)?;
-        Ok(step::view(layout, &bufs.staging, &tiles, base))
+        Ok(step::view(layout, &bufs.staging, &tiles, lora, base))
     }
 
     fn alloc(&self, len: usize) -> Result<CudaBuf> {
@@ -580,25 +615,59 @@ impl<D: Device> Backend for CudaBackend<D> {
         )
     }
 
+    /// One shrink and one expand launch for every row of the step, from the site's slot
+    /// table; `groups` are only checked against it (the launches read the registered pairs).
     fn lora(
         &self,
         x: &CudaBuf,
         x_width: usize,
         step: &CudaStep,
+        site: LoraSite,
         groups: &[LoraGroup<'_, Self>],
         out: &mut CudaBuf,
         out_width: usize,
         out_offset: usize,
     ) -> Result<()> {
-        for g in groups {
-            let (rows, count) = step.adapter_rows.get(g.group).copied().ok_or_else(|| {
-                EngineError::Backend(format!("the step has no adapter group {}", g.group))
-            })?;
-            lora::run(
-                self, x, x_width, rows, count, g.a, g.b, out, out_width, out_offset,
-            )?;
+        let unregistered = |what: String| {
+            Err(EngineError::Backend(format!(
+                "LoRA at layer {} {}: {what} (adapters must be uploaded and registered \
+                 through LoraAdapter::upload)",
+                site.layer,
+                site.target.module()
+            )))
+        };
+        let Some(rows) = &step.lora else {
+            return match groups.is_empty() {
+                true => Ok(()),
+                false => unregistered("the step has no adapter rows".into()),
+            };
+        };
+        let launch = {
+            let table = lock(&self.lora);
+            let Some(launch) = table.site(site) else {
+                return match groups.is_empty() {
+                    true => Ok(()),
+                    false => unregistered("no registered adapter changes this projection".into()),
+                };
+            };
+            for g in groups {
+                let slot = rows.group_slots.get(g.group).copied();
+                if !slot.is_some_and(|s| table.holds(site, s, g.a.ptr(), g.b.ptr())) {
+                    return unregistered(format!(
+                        "adapter group {} is not the pair registered in slot {slot:?}",
+                        g.group
+                    ));
+                }
+            }
+            launch
+        };
+        if x_width != launch.x_width {
+            return unregistered(format!(
+                "the input is {x_width} wide, the registered pairs take {}",
+                launch.x_width
+            ));
         }
-        Ok(())
+        lora::run(self, x, rows, &launch, out, out_width, out_offset)
     }
 
     fn gather_logit_rows(

@@ -1,4 +1,5 @@
-//! CUDA graphs of decode steps, one per [`GraphKey`] (padded batch size, block-table width).
+//! CUDA graphs of decode steps, one per [`GraphKey`] (padded batch size, block-table width,
+//! adapter rows or not).
 //!
 //! A key's first step runs directly (it sizes the arena), its second is captured and
 //! replayed, and every later one is replayed; the engine runs every key twice at load, so all
@@ -109,6 +110,7 @@ mod tests {
         Some(GraphKey {
             seqs,
             block_stride: 16,
+            lora: false,
         })
     }
 

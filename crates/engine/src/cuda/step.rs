@@ -5,13 +5,18 @@
 use lmi_cuda::DevPtr;
 
 use crate::batch::BatchLayout;
+use crate::error::{EngineError, Result};
 
-/// Batch sizes decode steps are padded to; each (size, block-table width) gets its own graph.
+/// Batch sizes decode steps are padded to; each (size, block-table width, adapters or not)
+/// gets its own graph.
 pub const GRAPH_BATCH_SIZES: [usize; 15] =
     [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256];
 
 /// The slot of a token whose K/V are not written (padding rows).
 pub const NO_SLOT: u32 = u32::MAX;
+
+/// The LoRA slot of an entry that has no adapter (`LORA_NO_SLOT` in kernels/lora.cu).
+pub const NO_LORA_SLOT: u32 = u32::MAX;
 
 /// Query tokens of one sequence an attention block takes at once.
 pub const ATTENTION_TILE_TOKENS: usize = 16;
@@ -20,7 +25,9 @@ pub use crate::backend::GraphKey;
 
 /// The graph keys for batches of at most `max_seqs` sequences with block tables of at most
 /// `max_blocks` entries: every padded batch size up to the one `max_seqs` pads to, times every
-/// power-of-two width from 16 up to the one `max_blocks` pads to.
+/// power-of-two width from 16 up to the one `max_blocks` pads to. Steps with adapter rows
+/// (`lora`) are captured when first run: their launches depend on the adapters registered
+/// by then.
 pub fn graph_keys(max_seqs: usize, max_blocks: usize) -> Vec<GraphKey> {
     let largest = GRAPH_BATCH_SIZES
         .iter()
@@ -32,17 +39,21 @@ pub fn graph_keys(max_seqs: usize, max_blocks: usize) -> Vec<GraphKey> {
     for &seqs in GRAPH_BATCH_SIZES.iter().filter(|&&b| b <= largest) {
         let mut block_stride = 16;
         while block_stride <= widest {
-            keys.push(GraphKey { seqs, block_stride });
+            keys.push(GraphKey {
+                seqs,
+                block_stride,
+                lora: false,
+            });
             block_stride *= 2;
         }
     }
     keys
 }
 
-/// Pads a decode-only batch (one new token per sequence, no adapters) to the next graph
-/// batch size, and its block tables to a power-of-two width, so steps of one shape are
-/// launched identically. Padding sequences write no K/V (slot [`NO_SLOT`]) and attend to
-/// nothing (context 0); their logits rows come after the real ones and are never read.
+/// Pads a decode-only batch (one new token per sequence) to the next graph batch size, and
+/// its block tables to a power-of-two width, so steps of one shape are launched identically.
+/// Padding sequences write no K/V (slot [`NO_SLOT`]), attend to nothing (context 0) and have
+/// no adapter; their logits rows come after the real ones and are never read.
 pub fn pad_decode(mut l: BatchLayout) -> BatchLayout {
     let seqs = l.num_seqs();
     let Some(&size) = GRAPH_BATCH_SIZES.iter().find(|&&b| b >= seqs) else {
@@ -50,7 +61,6 @@ pub fn pad_decode(mut l: BatchLayout) -> BatchLayout {
     };
     let decode_only = seqs > 0
         && l.num_tokens() == seqs
-        && l.adapter_rows.is_empty()
         && l.logits_rows.len() == seqs
         && l.logits_rows
             .iter()
@@ -84,14 +94,64 @@ pub fn graph_key(l: &BatchLayout) -> Option<GraphKey> {
     let seqs = l.num_seqs();
     let shaped = GRAPH_BATCH_SIZES.contains(&seqs)
         && l.num_tokens() == seqs
-        && l.adapter_rows.is_empty()
         && l.logits_rows.len() == seqs
         && l.max_blocks.is_power_of_two()
         && l.max_blocks >= 16;
     shaped.then_some(GraphKey {
         seqs,
         block_stride: l.max_blocks,
+        lora: !l.adapter_rows.is_empty(),
     })
+}
+
+/// A step's adapter rows as the LoRA kernels read them: entries (token row, device slot)
+/// sorted by slot, so a kernel block's rows mostly share one adapter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraEntries {
+    pub rows: Vec<u32>,
+    pub slots: Vec<u32>,
+    /// The device slot of each group of `BatchLayout::adapter_rows`.
+    pub group_slots: Vec<u32>,
+}
+
+/// The entries of `l`'s adapter rows, each adapter id mapped to its slot by `slot_of`; None
+/// without adapter rows. A graph-keyed step gets one entry per token (the rest padding with
+/// [`NO_LORA_SLOT`]), so its launches depend on the key alone.
+pub fn lora_entries(
+    l: &BatchLayout,
+    slot_of: impl Fn(u64) -> Option<u32>,
+) -> Result<Option<LoraEntries>> {
+    if l.adapter_rows.is_empty() {
+        return Ok(None);
+    }
+    let group_slots = l
+        .adapter_rows
+        .iter()
+        .map(|&(id, _)| {
+            slot_of(id).ok_or_else(|| {
+                EngineError::Batch(format!(
+                    "LoRA adapter {id} is not loaded (load it with StepEngine::load_adapter)"
+                ))
+            })
+        })
+        .collect::<Result<Vec<u32>>>()?;
+    let mut pairs: Vec<(u32, u32)> = l
+        .adapter_rows
+        .iter()
+        .zip(&group_slots)
+        .flat_map(|((_, rows), &slot)| rows.iter().map(move |&r| (slot, r)))
+        .collect();
+    pairs.sort_unstable();
+    let (mut slots, mut rows): (Vec<u32>, Vec<u32>) = pairs.into_iter().unzip();
+    if graph_key(l).is_some() {
+        rows.resize(l.num_tokens(), 0);
+        slots.resize(l.num_tokens(), NO_LORA_SLOT);
+    }
+    Ok(Some(LoraEntries {
+        rows,
+        slots,
+        group_slots,
+    }))
 }
 
 /// One attention block's queries: `count` tokens of sequence `seq` from flat token `first`.
@@ -168,13 +228,25 @@ pub struct CudaStep {
     /// `[num_tiles, 3]`: seq, first, count.
     pub tiles: DevPtr,
     pub num_tiles: usize,
-    /// Token rows of each adapter of the step, in `BatchLayout::adapter_rows` order.
-    pub adapter_rows: Vec<(DevPtr, usize)>,
+    /// The step's adapter rows (None without adapters).
+    pub lora: Option<LoraRows>,
     pub graph_key: Option<GraphKey>,
 }
 
-/// Packs `l`'s arrays into `p` (cleared first) for one upload; returns the attention tiles.
-pub fn pack(l: &BatchLayout, p: &mut Packed) -> Vec<Tile> {
+/// A step's [`LoraEntries`] on the device.
+#[derive(Debug, Clone)]
+pub struct LoraRows {
+    /// Per entry, its token row (`u32`).
+    pub rows: DevPtr,
+    /// Per entry, its adapter's slot (`u32`, [`NO_LORA_SLOT`] for padding).
+    pub slots: DevPtr,
+    pub entries: usize,
+    pub group_slots: Vec<u32>,
+}
+
+/// Packs `l`'s arrays and its LoRA entries into `p` (cleared first) for one upload; returns
+/// the attention tiles.
+pub fn pack(l: &BatchLayout, lora: Option<&LoraEntries>, p: &mut Packed) -> Vec<Tile> {
     p.clear();
     let tiles = attention_tiles(l);
     p.push(&l.token_ids);
@@ -190,14 +262,21 @@ pub fn pack(l: &BatchLayout, p: &mut Packed) -> Vec<Tile> {
         .flat_map(|t| [t.seq, t.first, t.count])
         .collect();
     p.push(&flat);
-    for (_, rows) in &l.adapter_rows {
-        p.push(rows);
+    if let Some(e) = lora {
+        p.push(&e.rows);
+        p.push(&e.slots);
     }
     tiles
 }
 
 /// The device view of a layout packed by [`pack`] and uploaded at `base`.
-pub fn view(l: &BatchLayout, p: &Packed, tiles: &[Tile], base: DevPtr) -> CudaStep {
+pub fn view(
+    l: &BatchLayout,
+    p: &Packed,
+    tiles: &[Tile],
+    lora: Option<LoraEntries>,
+    base: DevPtr,
+) -> CudaStep {
     let at = |i: usize| base.offset(p.offsets[i]);
     CudaStep {
         num_tokens: l.num_tokens(),
@@ -215,12 +294,12 @@ pub fn view(l: &BatchLayout, p: &Packed, tiles: &[Tile], base: DevPtr) -> CudaSt
         num_logits_rows: l.logits_rows.len(),
         tiles: at(8),
         num_tiles: tiles.len(),
-        adapter_rows: l
-            .adapter_rows
-            .iter()
-            .enumerate()
-            .map(|(i, (_, rows))| (at(9 + i), rows.len()))
-            .collect(),
+        lora: lora.map(|e| LoraRows {
+            rows: at(9),
+            slots: at(10),
+            entries: e.rows.len(),
+            group_slots: e.group_slots,
+        }),
         graph_key: graph_key(l),
     }
 }
@@ -258,11 +337,80 @@ mod tests {
             graph_key(&l),
             Some(GraphKey {
                 seqs: 4,
-                block_stride: 16
+                block_stride: 16,
+                lora: false,
             })
         );
         // Same shape, same key: the graph is reused.
         assert_eq!(graph_key(&pad_decode(decode(4))), graph_key(&l));
+    }
+
+    fn with_adapters(mut chunks: Vec<SeqChunk>, adapters: &[Option<u64>]) -> BatchLayout {
+        for (c, &a) in chunks.iter_mut().zip(adapters) {
+            c.adapter = a;
+        }
+        let blocks = 2 * chunks.len();
+        BatchLayout::new(&chunks, blocks).unwrap()
+    }
+
+    fn decode_chunks(seqs: usize) -> Vec<SeqChunk> {
+        (0..seqs)
+            .map(|s| SeqChunk {
+                tokens: vec![s as u32 + 1],
+                start_pos: 20,
+                block_table: vec![2 * s as u32, 2 * s as u32 + 1],
+                logits: LogitsWanted::Last,
+                adapter: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn decode_batches_with_adapters_get_a_lora_key_and_one_entry_per_row() {
+        let slot_of = |id: u64| [(7, 2), (9, 0)].iter().find(|p| p.0 == id).map(|p| p.1);
+        let l = pad_decode(with_adapters(
+            decode_chunks(5),
+            &[Some(7), None, Some(9), Some(7), None],
+        ));
+        assert_eq!(l.num_seqs(), 8);
+        let key = graph_key(&l).unwrap();
+        assert!(key.lora);
+        let e = lora_entries(&l, slot_of).unwrap().unwrap();
+        // Sorted by slot, then padded with no-adapter entries to the key's row count.
+        assert_eq!(e.rows, vec![2, 0, 3, 0, 0, 0, 0, 0]);
+        assert_eq!(e.slots[..3], [0, 2, 2]);
+        assert!(e.slots[3..].iter().all(|&s| s == NO_LORA_SLOT));
+        assert_eq!(e.group_slots, vec![2, 0]);
+        // Another mix of adapters, same key: the same launches replay.
+        let other = pad_decode(with_adapters(
+            decode_chunks(5),
+            &[None, Some(9), None, None, Some(9)],
+        ));
+        assert_eq!(graph_key(&other), Some(key));
+        let no_adapters = pad_decode(with_adapters(decode_chunks(5), &[]));
+        assert!(!graph_key(&no_adapters).unwrap().lora);
+        assert_eq!(lora_entries(&no_adapters, slot_of).unwrap(), None);
+
+        // A prefill step lists only its adapter rows; an unknown adapter is refused.
+        let mut chunks = decode_chunks(3);
+        chunks[1].tokens = vec![4; 3];
+        let ragged = with_adapters(chunks, &[Some(9), Some(7), None]);
+        assert_eq!(graph_key(&ragged), None);
+        let e = lora_entries(&ragged, slot_of).unwrap().unwrap();
+        assert_eq!((e.rows, e.slots), (vec![0, 1, 2, 3], vec![0, 2, 2, 2]));
+        let err = lora_entries(&ragged, |_| None).unwrap_err().to_string();
+        assert!(err.contains("LoRA adapter 9 is not loaded"), "{err}");
+
+        // The entries follow the tiles in the upload, 16-byte aligned.
+        let mut p = Packed::default();
+        let entries = lora_entries(&l, slot_of).unwrap();
+        let tiles = pack(&l, entries.as_ref(), &mut p);
+        let v = view(&l, &p, &tiles, entries, DevPtr(0x1000));
+        let lora = v.lora.unwrap();
+        assert_eq!(lora.entries, 8);
+        assert!(lora.rows.0.is_multiple_of(16) && lora.slots.0.is_multiple_of(16));
+        let o = (lora.slots.0 - 0x1000) as usize + 4;
+        assert_eq!(p.bytes[o..o + 4], 2u32.to_le_bytes());
     }
 
     #[test]
@@ -302,8 +450,8 @@ mod tests {
     fn packs_aligned_arrays() {
         let l = pad_decode(decode(3));
         let mut p = Packed::default();
-        let tiles = pack(&l, &mut p);
-        let v = view(&l, &p, &tiles, DevPtr(0x1000));
+        let tiles = pack(&l, None, &mut p);
+        let v = view(&l, &p, &tiles, None, DevPtr(0x1000));
         assert_eq!(v.token_ids, DevPtr(0x1000));
         for ptr in [v.positions, v.slots, v.block_tables, v.tiles] {
             assert_eq!(ptr.0 % 16, 0);

@@ -3,7 +3,7 @@
 
 mod load;
 
-use crate::backend::{Backend, LoraGroup, QkvLayout};
+use crate::backend::{Backend, LoraGroup, LoraSite, QkvLayout};
 use crate::batch::BatchLayout;
 use crate::config::ModelConfig;
 use crate::dtype::DType;
@@ -176,6 +176,8 @@ impl<B: Backend> Model<B> {
             if active.is_empty() {
                 return Ok(());
             }
+            // Called for every projection, even one no adapter of this step changes: the
+            // CUDA backend's launches then depend on the registered adapters, not on the step.
             let groups: Vec<LoraGroup<'_, B>> = active
                 .iter()
                 .enumerate()
@@ -187,10 +189,11 @@ impl<B: Backend> Model<B> {
                     })
                 })
                 .collect();
-            if groups.is_empty() {
-                return Ok(());
-            }
-            backend.lora(x, xw, step, &groups, out, ow, off)
+            let site = LoraSite {
+                layer: i,
+                target: t,
+            };
+            backend.lora(x, xw, step, site, &groups, out, ow, off)
         };
 
         backend.embedding(&self.embed, step, &mut residual)?;

@@ -29,6 +29,7 @@ macro_rules! on_every_device {
             $check(&b);
         }
         if let Some(dev) = $crate::cuda_common::driver() {
+            let _turn = $crate::cuda_common::driver_turn();
             let b = lmi_engine::cuda::CudaBackend::with_graphs(dev, true).unwrap();
             $check(&b);
         }
@@ -86,6 +87,14 @@ pub fn driver() -> Option<Arc<CudaDevice>> {
             None
         }
     }
+}
+
+/// The driver's device is one per process with one stream, shared by the tests running in
+/// parallel: a graph one test captures would record another's launches (and a copy from the
+/// host during a capture is refused). Hold this while using it.
+pub fn driver_turn() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// `CudaDevice` on a real GPU, for the checks that mean nothing on the fake driver
