@@ -92,7 +92,7 @@ tests_with() { for t in cuda_ops cuda_attention cuda_sampling cuda_engine; do [ 
 case $step in
 unpack)
     mkdir -p "$BIN"
-    check unpack "." sh -c "xz -dc .gpu/a/bin.tar.xz | tar -C '$BIN' -xf - && cp .gpu/a/model.00 .gpu/a/model.sha256 '$WORK/' && ls -la '$BIN'"
+    check unpack "binaries" sh -c "xz -dc .gpu/a/bin.tar.xz | tar -C '$BIN' -xf - && cp .gpu/a/model.00 .gpu/a/model.sha256 '$WORK/' && ls -la '$BIN' && echo \$(ls '$BIN' | wc -l) binaries: \$(ls '$BIN' | tr '\n' ' ')"
     nvidia-smi -L >>"$LOG" 2>&1 && row gpu "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)" 0
     check "python, NVRTC and cuBLAS wheels" "nvidia-cu" python3 -c 'import importlib.metadata as m; print(" ".join(d.metadata["Name"]+"=="+d.version for d in m.distributions() if d.metadata["Name"] in ("torch","transformers","nvidia-cuda-nvrtc","nvidia-cublas")))'
     ;;
@@ -101,7 +101,9 @@ tests)
     for t in $(tests_with); do
         check "$t" "test result" "$BIN/$t" --test-threads=1
     done
-    check nvrtc_compile "NVRTC 1[0-9]\.[0-9]+ \(|test result" "$BIN/nvrtc_compile" --test-threads=1 --nocapture
+    # With the machine's own NVRTC (the CI's second, oldest one is not here).
+    check nvrtc_compile "NVRTC 1[0-9]\.[0-9]+ \(|test result" "$BIN/nvrtc_compile" --test-threads=1 --nocapture \
+        --skip every_kernel_compiles_without_spills_on_the_oldest_nvrtc_too
     ;;
 sanitize)
     if ! command -v compute-sanitizer >/dev/null; then
