@@ -1,5 +1,6 @@
 // Small row-wise ops: residual adds, biases, row gathers and f32 → bf16 conversion.
 #include "common.cuh"
+#include "rows.cuh"
 
 #define GRID_STRIDE(e, n)                                                                    \
     for (unsigned long long e = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; \
@@ -11,17 +12,24 @@ extern "C" __global__ void add_f32(float* __restrict__ residual, const float* __
     GRID_STRIDE(e, n) residual[e] += delta[e];
 }
 
-// out[r, :] += bias, rows of `width`.
+// out[r, :] += bias, rows of `width`, `n` values in all (rows.cuh: no division).
 extern "C" __global__ void add_bias_f32(float* __restrict__ out, const float* __restrict__ bias,
                                         unsigned width, unsigned long long n) {
-    GRID_STRIDE(e, n) out[e] += bias[e % width];
+    FOR_ROWS(r, width, n) {
+        float* o = out + r * width;
+        FOR_COLS(c, width) o[c] += bias[c];
+    }
 }
 
-// out[i, :] = x[rows[i], :], rows of `width` f32.
+// out[i, :] = x[rows[i], :], rows of `width` f32, `n` values of out in all.
 extern "C" __global__ void gather_rows_f32(float* __restrict__ out, const float* __restrict__ x,
                                            const unsigned* __restrict__ rows, unsigned width,
                                            unsigned long long n) {
-    GRID_STRIDE(e, n) out[e] = x[(unsigned long long)rows[e / width] * width + e % width];
+    FOR_ROWS(r, width, n) {
+        float* o = out + r * width;
+        const float* src = x + (unsigned long long)rows[r] * width;
+        FOR_COLS(c, width) o[c] = src[c];
+    }
 }
 
 extern "C" __global__ void f32_to_bf16_rows(bf16* __restrict__ out, const float* __restrict__ x,

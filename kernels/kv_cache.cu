@@ -1,28 +1,23 @@
-// The paged KV pools: [num_blocks, kv_heads, BLOCK, head_dim] bf16 per layer, K and V apart.
+// The paged KV pools (kv_cache.cuh): K/V writes and copy-on-write block copies.
 #include "common.cuh"
+#include "kv_cache.cuh"
 
-#define KV_BLOCK 16u
-// A slot the step does not write (padding of a batch replayed as a CUDA graph).
-#define NO_SLOT 0xffffffffu
-
-// Block per token: each token's k and v heads (f32 in its fused QKV row) stored at its slot,
-// rounded to bf16.
+// Block (token, KV head): the head's k and v values (f32 in the token's fused QKV row) stored
+// at its slot, rounded to bf16. (The model's layers write K/V through qk_norm_rope_write_kv in
+// rope.cu; this is Backend::write_kv.)
 extern "C" __global__ void write_kv(bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
                                     const float* __restrict__ qkv,
                                     const unsigned* __restrict__ slots, unsigned row_width,
                                     unsigned q_heads, unsigned kv_heads, unsigned head_dim) {
     const unsigned slot = slots[blockIdx.x];
     if (slot == NO_SLOT) return;
-    const unsigned long long block = slot / KV_BLOCK, off = slot % KV_BLOCK;
-    const float* row = qkv + (unsigned long long)blockIdx.x * row_width;
-    const float* k = row + (unsigned long long)q_heads * head_dim;
-    const float* v = k + (unsigned long long)kv_heads * head_dim;
-    const unsigned n = kv_heads * head_dim;
-    for (unsigned e = threadIdx.x; e < n; e += blockDim.x) {
-        const unsigned g = e / head_dim, i = e % head_dim;
-        const unsigned long long dst = ((block * kv_heads + g) * KV_BLOCK + off) * head_dim + i;
-        k_cache[dst] = f32_to_bf16(k[e]);
-        v_cache[dst] = f32_to_bf16(v[e]);
+    const unsigned g = blockIdx.y;
+    const float* k = qkv + (unsigned long long)blockIdx.x * row_width + (q_heads + g) * head_dim;
+    const float* v = k + kv_heads * head_dim;
+    const unsigned long long dst = kv_row(slot, kv_heads, g, head_dim);
+    for (unsigned i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        k_cache[dst + i] = f32_to_bf16(k[i]);
+        v_cache[dst + i] = f32_to_bf16(v[i]);
     }
 }
 

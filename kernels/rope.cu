@@ -1,23 +1,163 @@
-// Rotate-half RoPE (the HF layout) on the q and k heads of every fused QKV row, in place.
+// Rotate-half RoPE (the HF layout) on the q and k heads of fused QKV rows, and the fused
+// per-layer op around it: Qwen3's per-head RMS norm of q and k (optional), RoPE, and the
+// K/V write to the paged pools (kv_cache.cuh).
+//
+// Angles without f64: each frequency comes as its turns per position in 0.64 fixed point,
+// `step = round(frac(inv_freq / 2π) · 2^64)` (host: cuda/rope.rs). A position's phase is then
+// `pos · step mod 2^64`, one wrapping integer product: exact whatever the position (the
+// fractional turn is all that matters), so a long position loses nothing, unlike an f32
+// product `pos · inv_freq` (an f32 angle near 131,072 rad is only known to 0.004 rad). The phase is
+// reduced to the nearest quarter turn in integers, the remainder (|x| <= π/4) converted to
+// radians in float-float and fed to f32 minimax polynomials (Cephes' sinf/cosf). Every step is
+// an explicit fmaf or a lone product, so a GPU and the emulator compute the same bits.
 #include "common.cuh"
+#include "kv_cache.cuh"
 
-// Block per token; thread i rotates pair (i, i + half) of every head. The angle is computed
-// in f64, as the CPU backend does, so long positions keep their precision.
-extern "C" __global__ void rope(float* __restrict__ qkv, const unsigned* __restrict__ positions,
-                                const double* __restrict__ inv_freq, unsigned row_width,
-                                unsigned heads, unsigned head_dim) {
-    const unsigned half = head_dim / 2;
-    float* row = qkv + (unsigned long long)blockIdx.x * row_width;
-    const double pos = (double)positions[blockIdx.x];
-    for (unsigned i = threadIdx.x; i < half; i += blockDim.x) {
-        double s, c;
-        sincos(pos * inv_freq[i], &s, &c);
-        const float cs = (float)c, sn = (float)s;
-        for (unsigned h = 0; h < heads; h++) {
-            float* hd = row + (unsigned long long)h * head_dim;
-            const float a = hd[i], b = hd[i + half];
-            hd[i] = a * cs - b * sn;
-            hd[i + half] = b * cs + a * sn;
+// Pairs (i, i + half) a lane of a warp holds: head_dim <= 2 · 32 · ROPE_PAIRS = 256.
+#define ROPE_PAIRS 4
+// Warps per block: each takes one head at a time.
+#define ROPE_WARPS 4
+
+// cos and sin of the angle `pos · step` (turns in 0.64 fixed point, see above).
+__device__ __forceinline__ void rope_cos_sin(unsigned pos, unsigned long long step, float* c,
+                                             float* s) {
+    // The phase plus an eighth of a turn: its top two bits are the nearest quarter turn q,
+    // the rest the remainder r in [-1/8, 1/8) turn, as a signed multiple of 2^-64 turn.
+    const unsigned long long ph = (unsigned long long)pos * step + (1ull << 61);
+    const unsigned q = (unsigned)(ph >> 62);
+    const long long r = (long long)(ph & ((1ull << 62) - 1)) - (1ll << 61);
+    // r = hi · 2^38 + lo · 2^14 (+ under 2^14, dropped: < 2^-50 turn), both exact in f32.
+    const float hi = (float)(int)(r >> 38);               // [-2^23, 2^23)
+    const float lo = (float)(int)((r >> 14) & 0xffffff);  // [0, 2^24)
+    // x = 2π (hi · 2^-26 + lo · 2^-50), 2π · 2^-26 as a float-float pair: |x| <= π/4,
+    // within an ulp of the exact angle.
+    const float x = fmaf(hi, 0x1.921fb6p-24f, fmaf(hi, -0x1.777a5cp-49f, lo * 0x1.921fb6p-48f));
+    const float z = x * x;
+    const float sp = fmaf(fmaf(-1.9515295891e-4f, z, 8.3321608736e-3f), z, -1.6666654611e-1f);
+    const float sx = fmaf(sp, z * x, x);
+    const float cp = fmaf(fmaf(2.443315711809948e-5f, z, -1.388731625493765e-3f), z,
+                          4.166664568298827e-2f);
+    const float cx = fmaf(cp, z * z, fmaf(-0.5f, z, 1.0f));
+    // Rotate by q quarter turns: (cos, sin) of x + q·π/2.
+    const float sn = (q & 1u) ? cx : sx, cs = (q & 1u) ? sx : cx;
+    *s = (q & 2u) ? -sn : sn;
+    *c = ((q + 1u) & 2u) ? -cs : cs;
+}
+
+// One head of one token, by one warp, in place at x (or into k_out in bf16): lane holds pairs
+// (i, i + half) for i = lane + 32·j < half. Normalized first when `norm` is set (head_dim
+// weights); rotated by the token's (cos, sin) of each pair, from shared memory.
+__device__ __forceinline__ void rope_head(float* __restrict__ x, bf16* __restrict__ k_out,
+                                          const float* __restrict__ norm, float eps,
+                                          unsigned head_dim, const float* cos_s,
+                                          const float* sin_s) {
+    const unsigned lane = threadIdx.x & 31u, half = head_dim >> 1;
+    float a[ROPE_PAIRS], b[ROPE_PAIRS];
+#pragma unroll
+    for (int j = 0; j < ROPE_PAIRS; j++) {
+        const unsigned i = lane + 32u * j;
+        a[j] = i < half ? x[i] : 0.0f;
+        b[j] = i < half ? x[i + half] : 0.0f;
+    }
+    if (norm != nullptr) {  // uniform: the same for every lane of the launch
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ROPE_PAIRS; j++) ss = fmaf(b[j], b[j], fmaf(a[j], a[j], ss));
+        ss = warp_sum(ss);
+        const float inv = rsqrtf(ss / (float)head_dim + eps);
+#pragma unroll
+        for (int j = 0; j < ROPE_PAIRS; j++) {
+            const unsigned i = lane + 32u * j;
+            if (i < half) {
+                a[j] = a[j] * inv * norm[i];
+                b[j] = b[j] * inv * norm[i + half];
+            }
         }
     }
+#pragma unroll
+    for (int j = 0; j < ROPE_PAIRS; j++) {
+        const unsigned i = lane + 32u * j;
+        if (i >= half) continue;
+        const float c = cos_s[i], s = sin_s[i];
+        const float ra = fmaf(a[j], c, -b[j] * s), rb = fmaf(b[j], c, a[j] * s);
+        if (k_out != nullptr) {
+            k_out[i] = f32_to_bf16(ra);
+            k_out[i + half] = f32_to_bf16(rb);
+        } else {
+            x[i] = ra;
+            x[i + half] = rb;
+        }
+    }
+}
+
+// The heads of token blockIdx.x that block blockIdx.y takes: of the q, k and (with KV) v heads
+// in that order, an even share of consecutive ones, a warp per head. The block first puts
+// the token's (cos, sin) of every pair in shared memory when its share has a q or k head.
+// With KV: q heads are normalized (q_norm) and rotated in place (attention reads them there),
+// k heads normalized (k_norm) and rotated into the K pool, v heads copied to the V pool, all
+// at the token's slot; the row's k and v heads are left as they were, and a padding token
+// (slot NO_SLOT) is skipped whole. Without: q and k heads rotated in place (Backend::rope).
+template <bool KV>
+__device__ __forceinline__ void rope_token(float* __restrict__ qkv, bf16* __restrict__ k_cache,
+                                           bf16* __restrict__ v_cache,
+                                           const unsigned* __restrict__ positions,
+                                           const unsigned* __restrict__ slots,
+                                           const unsigned long long* __restrict__ steps,
+                                           const float* __restrict__ q_norm,
+                                           const float* __restrict__ k_norm, float eps,
+                                           unsigned q_heads, unsigned kv_heads, unsigned head_dim) {
+    __shared__ float cos_s[ROPE_PAIRS * 32], sin_s[ROPE_PAIRS * 32];
+    const unsigned t = blockIdx.x;
+    const unsigned slot = KV ? slots[t] : 0u;
+    if (KV && slot == NO_SLOT) return;  // the whole block
+    const unsigned rotary = q_heads + kv_heads, heads = rotary + (KV ? kv_heads : 0u);
+    const unsigned share = (heads + gridDim.y - 1) / gridDim.y;
+    const unsigned first = blockIdx.y * share, end = min(first + share, heads);
+    const unsigned half = head_dim >> 1;
+    if (first < rotary) {  // block-uniform
+        const unsigned pos = positions[t];
+        for (unsigned i = threadIdx.x; i < half; i += blockDim.x)
+            rope_cos_sin(pos, steps[i], &cos_s[i], &sin_s[i]);
+    }
+    __syncthreads();
+    const unsigned lane = threadIdx.x & 31u;
+    const unsigned row_width = (rotary + kv_heads) * head_dim;
+    float* row = qkv + (unsigned long long)t * row_width;
+    for (unsigned h = first + (threadIdx.x >> 5); h < end; h += blockDim.x >> 5) {
+        float* x = row + h * head_dim;
+        if (h < q_heads) {
+            rope_head(x, nullptr, q_norm, eps, head_dim, cos_s, sin_s);
+        } else if (!KV) {
+            rope_head(x, nullptr, nullptr, 0.0f, head_dim, cos_s, sin_s);
+        } else if (h < rotary) {
+            bf16* k = k_cache + kv_row(slot, kv_heads, h - q_heads, head_dim);
+            rope_head(x, k, k_norm, eps, head_dim, cos_s, sin_s);
+        } else {
+            bf16* v = v_cache + kv_row(slot, kv_heads, h - rotary, head_dim);
+            for (unsigned i = lane; i < head_dim; i += 32u) v[i] = f32_to_bf16(x[i]);
+        }
+    }
+}
+
+// Backend::qk_norm_rope_write_kv: grid (tokens, blocks per token), ROPE_WARPS warps.
+// q_norm and k_norm are both null for models without q/k norms.
+extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
+    qk_norm_rope_write_kv(float* __restrict__ qkv, bf16* __restrict__ k_cache,
+                          bf16* __restrict__ v_cache, const unsigned* __restrict__ positions,
+                          const unsigned* __restrict__ slots,
+                          const unsigned long long* __restrict__ steps,
+                          const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                          float eps, unsigned q_heads, unsigned kv_heads, unsigned head_dim) {
+    rope_token<true>(qkv, k_cache, v_cache, positions, slots, steps, q_norm, k_norm, eps, q_heads,
+                     kv_heads, head_dim);
+}
+
+// Backend::rope: q and k heads rotated in place; grid (tokens, blocks per token), ROPE_WARPS
+// warps.
+extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
+    rope(float* __restrict__ qkv, const unsigned* __restrict__ positions,
+         const unsigned long long* __restrict__ steps, unsigned q_heads, unsigned kv_heads,
+         unsigned head_dim) {
+    rope_token<false>(qkv, nullptr, nullptr, positions, nullptr, steps, nullptr, nullptr, 0.0f,
+                      q_heads, kv_heads, head_dim);
 }

@@ -55,6 +55,14 @@ pub struct GraphStats {
     pub failed: usize,
 }
 
+/// Qwen3's per-head RMS norms of q and k (`head_dim` weights each), for
+/// [`Backend::qk_norm_rope_write_kv`].
+pub struct QkNorm<'a, B: Backend + ?Sized> {
+    pub q: &'a B::Weight,
+    pub k: &'a B::Weight,
+    pub eps: f32,
+}
+
 /// One adapter's pair for a projection, and its group in the step's `adapter_rows`.
 pub struct LoraGroup<'a, B: Backend + ?Sized> {
     pub group: usize,
@@ -233,6 +241,33 @@ pub trait Backend: Send + Sync + 'static {
         k_cache: &mut Self::Kv,
         v_cache: &mut Self::Kv,
     ) -> Result<()>;
+    /// What a layer does between its QKV projection and attention, for every token of the
+    /// step: the q and k heads RMS-normalized when `qk_norm` is given (Qwen3), then rotated
+    /// (`rope`), then the token's k and v heads stored at its slot. Afterwards the q heads of
+    /// `qkv` hold what `attention` reads; its k and v heads are unspecified (a backend may
+    /// write the rotated k straight to the cache). `tokens` is the step's token count.
+    /// By default `head_rms_norm`, `rope` and `write_kv` in turn; the CUDA backend does it
+    /// in one launch.
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_rope_write_kv(
+        &self,
+        qkv: &mut Self::Buf,
+        tokens: usize,
+        step: &Self::Step,
+        layout: QkvLayout,
+        qk_norm: Option<QkNorm<'_, Self>>,
+        rope: &Self::Rope,
+        k_cache: &mut Self::Kv,
+        v_cache: &mut Self::Kv,
+    ) -> Result<()> {
+        if let Some(n) = qk_norm {
+            self.head_rms_norm(qkv, tokens, layout, 0, layout.q_heads, n.q, n.eps)?;
+            let kv = layout.kv_heads;
+            self.head_rms_norm(qkv, tokens, layout, layout.q_heads, kv, n.k, n.eps)?;
+        }
+        self.rope(qkv, step, layout, rope)?;
+        self.write_kv(qkv, step, layout, k_cache, v_cache)
+    }
     /// Causal attention of each token's q heads over its sequence's cached keys
     /// `0 ..= position`, read through the block table. `out` is `[tokens, q_heads * head_dim]`.
     #[allow(clippy::too_many_arguments)]

@@ -22,7 +22,8 @@ use lmi_engine::sampling::{SamplingParams, SequenceContext};
 use lmi_engine::testing::{PeftSpec, TinySpec, write_peft_adapter, write_tiny_model};
 use lmi_engine::warmup::StepShape;
 use lmi_engine::{
-    Architecture, DType, Engine, LogitsWanted, ModelConfig, SampleRequest, SeqChunk, StepBatch,
+    Architecture, Backend, BatchLayout, DType, Engine, KvCacheConfig, LogitsWanted, ModelConfig,
+    SampleRequest, SeqChunk, StepBatch,
 };
 
 const BLOCKS: usize = 64;
@@ -399,6 +400,86 @@ fn the_load_time_warm_up_sizes_the_kv_cache_and_captures_every_graph() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Kernel launches of one batch-1 decode step's forward pass on the emulator (cuBLAS
+/// products are not kernel launches there), and of the attention op alone on the same step.
+fn decode_launches(spec: &TinySpec) -> (u64, u64) {
+    let dev = cuda_common::emulator(ThreadOrder::Forward);
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), spec).unwrap();
+    let backend = CudaBackend::with_graphs(dev.clone(), false).unwrap();
+    let mut e = Engine::load(backend, dir.path(), &opts()).unwrap();
+    let mut chunk = SeqChunk {
+        tokens: prompt(20, 4),
+        start_pos: 0,
+        block_table: vec![3, 9],
+        logits: LogitsWanted::Last,
+        adapter: None,
+    };
+    let t = greedy(&mut e, std::slice::from_ref(&chunk))[0];
+    chunk.start_pos = 20;
+    chunk.tokens = vec![t];
+    let before = dev.launch_count();
+    e.forward_logits(std::slice::from_ref(&chunk)).unwrap();
+    let forward = dev.launch_count() - before;
+
+    let b = e.backend();
+    let (heads, kv_heads, d) = (spec.num_heads, spec.num_kv_heads, spec.head_dim());
+    let layout = b.prepare_layout(BatchLayout::new(std::slice::from_ref(&chunk), BLOCKS).unwrap());
+    let step = b.upload_step(&layout).unwrap();
+    let ql = lmi_engine::backend::QkvLayout {
+        q_heads: heads,
+        kv_heads,
+        head_dim: d,
+    };
+    let qkv = b.alloc(layout.num_tokens() * ql.row_width()).unwrap();
+    let mut out = b
+        .alloc_matmul_input(layout.num_tokens() * heads * d)
+        .unwrap();
+    let cfg = KvCacheConfig {
+        num_blocks: BLOCKS,
+        num_layers: 1,
+        num_kv_heads: kv_heads,
+        head_dim: d,
+        dtype: DType::BF16,
+    };
+    let (k, v) = (b.alloc_kv(&cfg).unwrap(), b.alloc_kv(&cfg).unwrap());
+    let before = dev.launch_count();
+    b.attention(&qkv, &step, ql, &k, &v, 0.125, &mut out)
+        .unwrap();
+    (forward, dev.launch_count() - before)
+}
+
+/// A decode step launches, per layer, attention's kernels and four more: add_rms_norm,
+/// qk_norm_rope_write_kv (q/k norms, RoPE and the K/V write in one), add_rms_norm and
+/// silu_mul; and four outside the layers (embedding, the residual add, the logits rows'
+/// gather and final norm). Before the fusion a layer took five (Llama) or seven (Qwen3:
+/// two head_rms_norm, rope, write_kv).
+#[test]
+fn a_decode_step_launches_four_kernels_per_layer_besides_attention() {
+    let specs = specs();
+    for spec in [&specs[0], &specs[2]] {
+        let (forward, attention) = decode_launches(spec);
+        let layers = spec.num_layers as u64;
+        let unfused = if spec.architecture == Architecture::Qwen3 {
+            7
+        } else {
+            5
+        };
+        eprintln!(
+            "{:?}, {layers} layers: {forward} launches per decode step ({attention} of them \
+             per layer in attention; {} before the fusion)",
+            spec.architecture,
+            4 + layers * (unfused + attention)
+        );
+        assert_eq!(
+            forward,
+            4 + layers * (4 + attention),
+            "{:?}",
+            spec.architecture
+        );
+    }
 }
 
 /// Greedy (or seeded) generation of `n` tokens for one prompt, one sequence alone.

@@ -8,12 +8,12 @@ mod cuda_common;
 use cuda_common::{assert_close, bf16_round, cpu, random, to_host};
 use lmi_cuda::{Device, DeviceExt};
 use lmi_cuda_emu::EmuDevice;
-use lmi_engine::backend::{LoraGroup, LoraLayer, LoraRegistration, LoraSite, QkvLayout};
+use lmi_engine::backend::{LoraGroup, LoraLayer, LoraRegistration, LoraSite, QkNorm, QkvLayout};
 use lmi_engine::cpu::{CpuBackend, CpuKv};
 use lmi_engine::cuda::{CudaBackend, CudaWeight};
 use lmi_engine::lora::Target;
 use lmi_engine::weights::HostTensor;
-use lmi_engine::{Backend, BatchLayout, DType, KvCacheConfig, LogitsWanted, SeqChunk};
+use lmi_engine::{Backend, BatchLayout, DType, KvCacheConfig, LogitsWanted, ModelConfig, SeqChunk};
 
 fn bf16_matrix(rows: usize, cols: usize, seed: u64, scale: f32) -> (Vec<f32>, HostTensor) {
     let v = bf16_round(&random(rows * cols, seed, scale));
@@ -230,6 +230,260 @@ fn check_kv_writes_and_copies<D: Device>(g: &CudaBackend<D>) {
     c.copy_blocks(&mut ck, &cfg, &pairs).unwrap();
     g.copy_blocks(&mut gk, &cfg, &pairs).unwrap();
     assert_eq!(read(gk.ptr()), pools(&cfg, &ck), "K pool after copies");
+}
+
+/// Llama 3.1 8B's RoPE: θ = 500,000, head_dim 128 and its rope_scaling (from its config).
+fn llama31_inv_freq() -> Vec<f64> {
+    ModelConfig::from_json(
+        r#"{"architectures":["LlamaForCausalLM"],"vocab_size":128256,"hidden_size":4096,
+        "intermediate_size":14336,"num_hidden_layers":32,"num_attention_heads":32,
+        "num_key_value_heads":8,"rope_theta":500000.0,
+        "rope_scaling":{"factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,
+        "original_max_position_embeddings":8192,"rope_type":"llama3"}}"#,
+    )
+    .unwrap()
+    .rope_inv_freq()
+}
+
+fn rope_freqs(head_dim: usize) -> Vec<f64> {
+    if head_dim == 128 {
+        return llama31_inv_freq();
+    }
+    (0..head_dim / 2)
+        .map(|i| 1.0 / 1_000_000f64.powf(2.0 * i as f64 / head_dim as f64))
+        .collect()
+}
+
+/// A pool's values as f32 (bf16 pools).
+fn pool_values(c: &CpuKv) -> Vec<f32> {
+    match c {
+        CpuKv::BF16(v) => v
+            .iter()
+            .map(|&b| f32::from_bits((b as u32) << 16))
+            .collect(),
+        CpuKv::F32(_) => panic!("bf16 pools expected"),
+    }
+}
+
+fn read_pool<D: Device>(g: &CudaBackend<D>, p: lmi_cuda::DevPtr, elems: usize) -> Vec<f32> {
+    let bits = g.device().dtoh_vec::<u16>(p, elems).unwrap();
+    bits.iter()
+        .map(|&b| f32::from_bits((b as u32) << 16))
+        .collect()
+}
+
+/// The fused op of the CUDA backend (one launch) against the CPU's separate ops (the trait's
+/// default: head norms, RoPE, K/V write): the q heads in `qkv` and both pools. `pad` runs the
+/// GPU on the layout padded as a graph's (rows of slot NO_SLOT that must write nothing).
+fn fused_case<D: Device>(
+    g: &CudaBackend<D>,
+    ql: QkvLayout,
+    norm: bool,
+    l: &BatchLayout,
+    pad: bool,
+) {
+    let c = cpu();
+    let what = format!("{ql:?}, q/k norms {norm}, padded {pad}");
+    let cfg = KvCacheConfig {
+        num_blocks: 8,
+        num_layers: 1,
+        num_kv_heads: ql.kv_heads,
+        head_dim: ql.head_dim,
+        dtype: DType::BF16,
+    };
+    let inv_freq = rope_freqs(ql.head_dim);
+    let n = l.num_tokens();
+    let w = ql.row_width();
+    let qkv = random(n * w, 21 + ql.head_dim as u64, 3.0);
+    let (qw, kw) = (random(ql.head_dim, 22, 1.5), random(ql.head_dim, 23, 1.5));
+    let (cq, ck_w) = (
+        c.upload_weight(vector(&qw)).unwrap(),
+        c.upload_weight(vector(&kw)).unwrap(),
+    );
+    let (gq, gk_w) = (
+        g.upload_weight(vector(&qw)).unwrap(),
+        g.upload_weight(vector(&kw)).unwrap(),
+    );
+
+    let mut want = qkv.clone();
+    let (mut ck, mut cv) = (c.alloc_kv(&cfg).unwrap(), c.alloc_kv(&cfg).unwrap());
+    let cnorm = norm.then_some(QkNorm {
+        q: &cq,
+        k: &ck_w,
+        eps: 1e-6,
+    });
+    c.qk_norm_rope_write_kv(
+        &mut want,
+        n,
+        &c.upload_step(l).unwrap(),
+        ql,
+        cnorm,
+        &c.rope_table(&inv_freq).unwrap(),
+        &mut ck,
+        &mut cv,
+    )
+    .unwrap();
+
+    let gl = if pad {
+        g.prepare_layout(l.clone())
+    } else {
+        l.clone()
+    };
+    let gn = gl.num_tokens();
+    assert!(!pad || gn > n, "{what}: the layout was not padded");
+    // Padding rows hold their own values (they must stay as they are).
+    let mut gqkv_host = qkv.clone();
+    gqkv_host.extend(random((gn - n) * w, 24, 3.0));
+    let (mut gk, mut gv) = (g.alloc_kv(&cfg).unwrap(), g.alloc_kv(&cfg).unwrap());
+    for p in [gk.ptr(), gv.ptr()] {
+        g.device().memset_zero(p, cfg.layer_elems() * 2).unwrap();
+    }
+    let step = g.upload_step(&gl).unwrap();
+    let mut got = g.upload_f32(&gqkv_host).unwrap();
+    let gnorm = norm.then_some(QkNorm {
+        q: &gq,
+        k: &gk_w,
+        eps: 1e-6,
+    });
+    let rope = g.rope_table(&inv_freq).unwrap();
+    let launches = launch_count(g);
+    g.qk_norm_rope_write_kv(&mut got, gn, &step, ql, gnorm, &rope, &mut gk, &mut gv)
+        .unwrap();
+    if let Some(after) = launch_count(g) {
+        assert_eq!(after - launches.unwrap(), 1, "{what}: one launch");
+    }
+    let got = to_host(g, &got);
+    let q = ql.q_heads * ql.head_dim;
+    for t in 0..n {
+        assert_close(
+            &format!("{what}: q heads of token {t}"),
+            &got[t * w..t * w + q],
+            &want[t * w..t * w + q],
+            2e-5,
+            2e-5,
+        );
+    }
+    assert_eq!(&got[n * w..], &gqkv_host[n * w..], "{what}: padding rows");
+    // K went through f32 math in another order, then bf16: within one bf16 rounding.
+    let elems = cfg.layer_elems();
+    assert_close(
+        &format!("{what}: K pool"),
+        &read_pool(g, gk.ptr(), elems),
+        &pool_values(&ck),
+        1e-6,
+        1.0 / 128.0,
+    );
+    assert_eq!(
+        read_pool(g, gv.ptr(), elems),
+        pool_values(&cv),
+        "{what}: V pool"
+    );
+}
+
+fn check_fused_qk_norm_rope_write_kv<D: Device>(g: &CudaBackend<D>) {
+    let near = layout(None);
+    // The same tokens and slots at positions past 128k.
+    let mut far = layout(None);
+    for (i, p) in far.positions.iter_mut().enumerate() {
+        *p = 131_000 + 7 * i as u32;
+    }
+    // Three decode tokens (a padded batch of 4 on the GPU).
+    let decode = BatchLayout::new(
+        &(0..3)
+            .map(|s| SeqChunk {
+                tokens: vec![s + 1],
+                start_pos: 17 + 9 * s as usize,
+                block_table: vec![2 * s, 2 * s + 1, 6],
+                logits: LogitsWanted::Last,
+                adapter: None,
+            })
+            .collect::<Vec<_>>(),
+        8,
+    )
+    .unwrap();
+    let shapes = [
+        // Llama 3 8B's grouping at head_dim 128, Qwen3-like at 64, MHA, one KV head.
+        (32, 8, 128),
+        (6, 2, 64),
+        (4, 4, 128),
+        (3, 1, 64),
+    ];
+    for (q_heads, kv_heads, head_dim) in shapes {
+        let ql = QkvLayout {
+            q_heads,
+            kv_heads,
+            head_dim,
+        };
+        for norm in [false, true] {
+            fused_case(g, ql, norm, &near, false);
+            fused_case(g, ql, norm, &far, false);
+            fused_case(g, ql, norm, &decode, true);
+        }
+    }
+}
+
+/// cos and sin as the kernels compute them (q = [1…1 | 0…0] rotated by the fused op) against
+/// f64, at every position to 4,096 and then every 61st to 131,072 (Llama 3.1's frequencies).
+fn check_rope_accuracy<D: Device>(g: &CudaBackend<D>) {
+    let ql = QkvLayout {
+        q_heads: 1,
+        kv_heads: 1,
+        head_dim: 128,
+    };
+    let inv_freq = llama31_inv_freq();
+    let positions: Vec<u32> = (0..4096).chain((4096..=131_072).step_by(61)).collect();
+    let n = positions.len();
+    let blocks = n.div_ceil(16);
+    let mut l = BatchLayout::new(
+        &[SeqChunk {
+            tokens: vec![1; n],
+            start_pos: 0,
+            block_table: (0..blocks as u32).collect(),
+            logits: LogitsWanted::Last,
+            adapter: None,
+        }],
+        blocks,
+    )
+    .unwrap();
+    l.positions = positions.clone();
+    let cfg = KvCacheConfig {
+        num_blocks: blocks,
+        num_layers: 1,
+        num_kv_heads: 1,
+        head_dim: 128,
+        dtype: DType::BF16,
+    };
+    let w = ql.row_width();
+    let mut qkv = vec![0.0f32; n * w];
+    for t in 0..n {
+        qkv[t * w..t * w + 64].fill(1.0);
+    }
+    let step = g.upload_step(&l).unwrap();
+    let mut buf = g.upload_f32(&qkv).unwrap();
+    let (mut k, mut v) = (g.alloc_kv(&cfg).unwrap(), g.alloc_kv(&cfg).unwrap());
+    let rope = g.rope_table(&inv_freq).unwrap();
+    g.qk_norm_rope_write_kv(&mut buf, n, &step, ql, None, &rope, &mut k, &mut v)
+        .unwrap();
+    let got = to_host(g, &buf);
+    let (mut worst, mut at) = (0f64, (0, 0));
+    for (t, &p) in positions.iter().enumerate() {
+        for (i, f) in inv_freq.iter().enumerate() {
+            let (s, c) = (p as f64 * f).sin_cos();
+            let e = (got[t * w + i] as f64 - c)
+                .abs()
+                .max((got[t * w + 64 + i] as f64 - s).abs());
+            if e > worst {
+                (worst, at) = (e, (p, i));
+            }
+        }
+    }
+    eprintln!(
+        "RoPE cos/sin vs f64 over {n} positions to 131,072: max error {worst:.3e} \
+         (position {}, pair {})",
+        at.0, at.1
+    );
+    // An f32 ulp at 1 is 1.19e-7; the f64 value rounded to f32 is already 6e-8 off.
+    assert!(worst <= 1.2e-7, "max error {worst} at {at:?}");
 }
 
 fn check_silu_add_gather<D: Device>(g: &CudaBackend<D>) {
@@ -574,4 +828,14 @@ fn silu_add_and_gather() {
 #[test]
 fn linear_and_lora() {
     on_every_device!(check_linear_and_lora);
+}
+
+#[test]
+fn fused_qk_norm_rope_write_kv() {
+    on_every_device!(check_fused_qk_norm_rope_write_kv);
+}
+
+#[test]
+fn rope_is_accurate_to_128k_positions() {
+    on_every_device!(check_rope_accuracy);
 }

@@ -12,9 +12,12 @@ use lmi_cuda::{Arg, DevPtr, Device, DeviceExt, ElemType, Function, Gemm, LaunchC
 
 use super::graphs::{Captured, GraphCache, Plan};
 use super::memory::{Arena, DeviceBox, cuda_err};
+use super::rope::{self, CudaRope, u32_arg};
 use super::step::{self, CudaStep, Packed};
 use super::{attention, lora, sampler};
-use crate::backend::{Backend, LoraGroup, LoraPairs, LoraRegistration, LoraSite, QkvLayout};
+use crate::backend::{
+    Backend, LoraGroup, LoraPairs, LoraRegistration, LoraSite, QkNorm, QkvLayout,
+};
 use crate::batch::BatchLayout;
 use crate::dtype::DType;
 use crate::error::{EngineError, Result};
@@ -32,6 +35,7 @@ const KERNELS: &[&str] = &[
     "add_rms_norm_bf16",
     "head_rms_norm",
     "rope",
+    "qk_norm_rope_write_kv",
     "write_kv",
     "copy_blocks",
     "silu_mul_f32",
@@ -76,11 +80,6 @@ impl<D: Device> CudaKv<D> {
     }
 }
 
-/// RoPE inverse frequencies (f64), uploaded once.
-pub struct CudaRope<D: Device> {
-    inv_freq: DeviceBox<D>,
-}
-
 /// Where the packed step arrays live; moving them (a larger step) changes `epoch`.
 struct StepBuffers<D: Device> {
     block: Option<DeviceBox<D>>,
@@ -120,6 +119,26 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(super) fn elementwise(n: usize) -> LaunchConfig {
     let blocks = n.div_ceil(256).clamp(1, 1 << 16) as u32;
     LaunchConfig::linear(blocks, 256)
+}
+
+/// A launch over `rows` rows of `width` elements for the loops of `kernels/rows.cuh` (rows in
+/// y, columns in x, no division per element), or an error when a row is too wide for their
+/// 32-bit column index. Depends only on the shape (graphs replay it).
+pub(super) fn rows_cols(rows: usize, width: usize) -> Result<LaunchConfig> {
+    if width >= 1 << 31 {
+        return Err(EngineError::Backend(format!(
+            "rows of {width} elements are too wide for the row kernels"
+        )));
+    }
+    let threads = width.next_multiple_of(32).clamp(32, 256);
+    // x blocks · threads <= 2^24: with width < 2^31, column indices stay below 2^32.
+    let x = width.div_ceil(threads).clamp(1, 1 << 16) as u32;
+    let y = rows.clamp(1, 65_535) as u32;
+    Ok(LaunchConfig {
+        grid: (x, y, 1),
+        block: (threads as u32, 1, 1),
+        shared_mem_bytes: 0,
+    })
 }
 
 /// A block size for one row of `width` elements: a multiple of 32, at most 1024.
@@ -342,9 +361,7 @@ impl<D: Device> Backend for CudaBackend<D> {
     }
 
     fn rope_table(&self, inv_freq: &[f64]) -> Result<CudaRope<D>> {
-        let mem = DeviceBox::new(&self.dev, inv_freq.len() * 8)?;
-        self.dev.htod_slice(inv_freq, mem.ptr()).map_err(cuda_err)?;
-        Ok(CudaRope { inv_freq: mem })
+        CudaRope::upload(&self.dev, inv_freq)
     }
 
     fn alloc_kv(&self, cfg: &KvCacheConfig) -> Result<CudaKv<D>> {
@@ -429,7 +446,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             let n = w.shape[0];
             self.launch(
                 "add_bias_f32",
-                elementwise(rows * n),
+                rows_cols(rows, n)?,
                 &[
                     out.ptr.into(),
                     b.ptr().into(),
@@ -531,22 +548,22 @@ impl<D: Device> Backend for CudaBackend<D> {
         layout: QkvLayout,
         rope: &CudaRope<D>,
     ) -> Result<()> {
-        let half = layout.head_dim / 2;
-        self.launch(
-            "rope",
-            LaunchConfig::linear(
-                step.num_tokens as u32,
-                (half.next_multiple_of(32)).min(256) as u32,
-            ),
-            &[
-                qkv.ptr.into(),
-                step.positions.into(),
-                rope.inv_freq.ptr().into(),
-                (layout.row_width() as u32).into(),
-                ((layout.q_heads + layout.kv_heads) as u32).into(),
-                (layout.head_dim as u32).into(),
-            ],
-        )
+        rope::rope(self, qkv, step, layout, rope)
+    }
+
+    fn qk_norm_rope_write_kv(
+        &self,
+        qkv: &mut CudaBuf,
+        _tokens: usize,
+        step: &CudaStep,
+        layout: QkvLayout,
+        qk_norm: Option<QkNorm<'_, Self>>,
+        rope: &CudaRope<D>,
+        k_cache: &mut CudaKv<D>,
+        v_cache: &mut CudaKv<D>,
+    ) -> Result<()> {
+        let norm = qk_norm.map(|n| (n.q, n.k, n.eps));
+        rope::qk_norm_rope_write_kv(self, qkv, step, layout, norm, rope, k_cache, v_cache)
     }
 
     fn write_kv(
@@ -557,9 +574,18 @@ impl<D: Device> Backend for CudaBackend<D> {
         k_cache: &mut CudaKv<D>,
         v_cache: &mut CudaKv<D>,
     ) -> Result<()> {
+        if step.num_tokens == 0 || layout.kv_heads == 0 {
+            return Ok(());
+        }
+        u32_arg("a QKV row", layout.row_width())?;
+        let cfg = LaunchConfig {
+            grid: (step.num_tokens as u32, layout.kv_heads as u32, 1),
+            block: (row_threads(layout.head_dim * 4).min(256), 1, 1),
+            shared_mem_bytes: 0,
+        };
         self.launch(
             "write_kv",
-            LaunchConfig::linear(step.num_tokens as u32, 256),
+            cfg,
             &[
                 k_cache.ptr().into(),
                 v_cache.ptr().into(),
@@ -605,7 +631,7 @@ impl<D: Device> Backend for CudaBackend<D> {
         let n = rows * width;
         self.launch(
             norm_kernel(out, "silu_mul_f32", "silu_mul_bf16"),
-            elementwise(n),
+            rows_cols(rows, width)?,
             &[
                 out.ptr.into(),
                 gate_up.ptr.into(),
@@ -678,9 +704,12 @@ impl<D: Device> Backend for CudaBackend<D> {
         out: &mut CudaBuf,
     ) -> Result<()> {
         let n = step.num_logits_rows * width;
+        if n == 0 {
+            return Ok(());
+        }
         self.launch(
             "gather_rows_f32",
-            elementwise(n),
+            rows_cols(step.num_logits_rows, width)?,
             &[
                 out.ptr.into(),
                 x.ptr.into(),

@@ -8,6 +8,7 @@ pub mod ceilings;
 mod graphs;
 mod lora;
 mod memory;
+mod rope;
 mod sampler;
 pub mod step;
 

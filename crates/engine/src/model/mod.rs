@@ -3,7 +3,7 @@
 
 mod load;
 
-use crate::backend::{Backend, LoraGroup, LoraSite, QkvLayout};
+use crate::backend::{Backend, LoraGroup, LoraSite, QkNorm, QkvLayout};
 use crate::batch::BatchLayout;
 use crate::config::ModelConfig;
 use crate::dtype::DType;
@@ -216,13 +216,14 @@ impl<B: Backend> Model<B> {
             lora(i, Target::Q, &normed, h, &mut qkv, w, 0)?;
             lora(i, Target::K, &normed, h, &mut qkv, w, qs)?;
             lora(i, Target::V, &normed, h, &mut qkv, w, qs + kvs)?;
-            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                backend.head_rms_norm(&mut qkv, n, ql, 0, ql.q_heads, qn, eps)?;
-                backend.head_rms_norm(&mut qkv, n, ql, ql.q_heads, ql.kv_heads, kn, eps)?;
-            }
-            backend.rope(&mut qkv, step, ql, &self.rope)?;
+            let qk_norm = match (&layer.q_norm, &layer.k_norm) {
+                (Some(q), Some(k)) => Some(QkNorm { q, k, eps }),
+                _ => None,
+            };
             let (k_cache, v_cache) = &mut kv.layers[i];
-            backend.write_kv(&qkv, step, ql, k_cache, v_cache)?;
+            backend.qk_norm_rope_write_kv(
+                &mut qkv, n, step, ql, qk_norm, &self.rope, k_cache, v_cache,
+            )?;
             backend.attention(&qkv, step, ql, k_cache, v_cache, scale, &mut attn)?;
             backend.linear(&attn, n, &layer.o_proj, None, &mut proj)?;
             lora(i, Target::O, &attn, qs, &mut proj, h, 0)?;
