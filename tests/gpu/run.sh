@@ -158,7 +158,9 @@ agree)
 bench)
     need_model
     if [ $fake = 1 ]; then
-        shape=(--shape tiny) batches=(--batch 1,4 --prompt-len 16 --decode-steps 4) default_batches=(--batch 1,2 --prompt-len 16 --decode-steps 2)
+        small=(--ceiling-sizes 8,128)
+        shape=(--shape tiny) batches=(--batch 1,4 --prompt-len 16 --decode-steps 4 "${small[@]}")
+        default_batches=(--batch 1,2 --prompt-len 16 --decode-steps 2 "${small[@]}")
     else
         shape=() batches=() default_batches=()
     fi

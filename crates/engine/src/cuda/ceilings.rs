@@ -18,10 +18,11 @@ pub struct Ceilings {
     pub bf16_flops: f64,
 }
 
-/// Measures GPU `ordinal`'s ceilings (a few seconds).
-pub fn measure(ordinal: usize) -> Result<Ceilings> {
+/// Measures GPU `ordinal`'s ceilings with a copy of `copy_bytes` and square products of side
+/// `side` (1 GiB and 8192: a few seconds on a GPU).
+pub fn measure(ordinal: usize, copy_bytes: usize, side: usize) -> Result<Ceilings> {
     let dev = Arc::new(CudaDevice::open(ordinal).map_err(cuda_err)?);
-    measure_on(&dev, 1 << 30, 8192)
+    measure_on(&dev, copy_bytes, side)
 }
 
 /// The ceilings on `dev` with a copy of `copy_bytes` and square products of side `side`.

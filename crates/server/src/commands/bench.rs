@@ -121,6 +121,10 @@ pub struct EngineArgs {
     /// Decode steps measured per batch size (after one warm-up step).
     #[arg(long, default_value_t = 16)]
     decode_steps: usize,
+    /// On a GPU, the ceilings' sizes: MiB copied for the bandwidth, side of the square bf16
+    /// products for the matrix rate (small ones for a rehearsal on the fake driver).
+    #[arg(long, value_delimiter = ',', num_args = 2, default_values_t = [1024, 8192])]
+    ceiling_sizes: Vec<usize>,
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -184,7 +188,11 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
             "memory read bandwidth".to_string(),
         ),
         Device::Cuda(ordinal) => {
-            let c = lmi_engine::cuda::ceilings::measure(ordinal)?;
+            let c = lmi_engine::cuda::ceilings::measure(
+                ordinal,
+                a.ceiling_sizes[0] << 20,
+                a.ceiling_sizes[1],
+            )?;
             let what = format!(
                 "device copy bandwidth (read + written; bf16 product rate {:.0} TFLOP/s)",
                 c.bf16_flops / 1e12
