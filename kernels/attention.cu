@@ -16,14 +16,19 @@
 //   rows. Prefill for head sizes other than 64 and 128, zero-padded to 256 (ROWS = 32): score
 //   threads own (key, rows) and P·V warps own rows. Prefill for head_dim 64 and 128 runs on
 //   tensor cores: attention_prefill.cu.
-// - Split-KV: with gridDim.z > 1 each block takes an equal share of its rows' KV blocks and
-//   writes unnormalized partials (accumulator, max, sum); attention_merge combines them in
-//   split order. The shares are computed here from the context lengths in device memory, so
-//   a CUDA graph captured for one step replays correctly for any later contexts.
+// - Split-KV (attention_split.cuh): gridDim.z is an upper bound; each tile uses
+//   att_tile_splits(keys its furthest token sees, gridDim.z) splits, computed here from the
+//   positions and context lengths in device memory, so a CUDA graph captured for one step
+//   replays correctly, and does only the work its contexts need, for any later step. Blocks
+//   of the tile's later splits end after one barrier (no rows, no loads). With one split the
+//   block writes the normalized output; with more, each takes an equal share of its pass's KV
+//   blocks and writes unnormalized partials (accumulator, max, sum), which attention_merge
+//   combines in split order.
 // - Causal per row: row of token t sees keys 0 ..= position(t), below its context length.
 //   Rows of context 0 (padding of decode batches) write zeros.
 // - Every reduction has a fixed order for a given launch shape.
 #include "common.cuh"
+#include "attention_split.cuh"
 
 #define ATT_THREADS 256
 #define ATT_WARPS 8
@@ -254,9 +259,10 @@ __device__ __forceinline__ void chunk_pv(float (&acc)[S::PV_ROWS][S::E], const f
     }
 }
 
-// One block: tile blockIdx.x, KV head blockIdx.y, split blockIdx.z of gridDim.z.
-// out: [tokens, q_heads, head_dim] (written when gridDim.z == 1); otherwise part_o
-// [splits, tokens, q_heads, head_dim] and part_ml [splits, tokens, q_heads] (max, sum).
+// One block: tile blockIdx.x, KV head blockIdx.y, split blockIdx.z of the tile's splits
+// (att_tile_splits, at most gridDim.z). out: [tokens, q_heads, head_dim] (written when the
+// tile has one split); otherwise part_o [gridDim.z, tokens, q_heads, head_dim] and part_ml
+// [gridDim.z, tokens, q_heads] (max, sum), of which the tile's rows of its splits are written.
 template <typename S, bool EXACT, typename TOut>
 __device__ __forceinline__ void paged_attention(
     TOut* __restrict__ out, float* __restrict__ part_o, float2* __restrict__ part_ml,
@@ -279,16 +285,24 @@ __device__ __forceinline__ void paged_attention(
 
     const unsigned hd = EXACT ? (unsigned)S::D : head_dim;
     const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
-    const unsigned kvh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    const unsigned kvh = blockIdx.y, split = blockIdx.z;
     const unsigned seq = tiles[3 * blockIdx.x], first = tiles[3 * blockIdx.x + 1];
     const unsigned count = tiles[3 * blockIdx.x + 2];
     const unsigned group = q_heads / kv_heads, ctx = context_lens[seq];
+    // The tile's split count (attention_split.cuh) lives in shared memory, not in a register
+    // through the passes. A block of a split past it has no rows to do: it ends at once.
+    __shared__ unsigned splits_s;
+    if (tid == 0)
+        splits_s =
+            att_tile_splits(att_tile_keys(tiles, positions, context_lens, blockIdx.x), gridDim.z);
+    __syncthreads();
+    const unsigned tile_rows = split < splits_s ? count * group : 0u;
     const unsigned long long row_width = (unsigned long long)(q_heads + 2 * kv_heads) * hd;
     const unsigned* table = block_tables + (unsigned long long)seq * block_stride;
     const float q_scale = scale * ATT_LOG2E;
 
-    for (unsigned base = 0; base < count * group; base += S::ROWS) {
-        const unsigned rows = min((unsigned)S::ROWS, count * group - base);
+    for (unsigned base = 0; base < tile_rows; base += S::ROWS) {
+        const unsigned rows = min((unsigned)S::ROWS, tile_rows - base);
 
         // This pass's q rows (scaled; zeros past the rows and head_dim), limits and stats.
         for (unsigned i = tid; i < S::ROWS * (S::D / 4); i += ATT_THREADS) {
@@ -317,6 +331,7 @@ __device__ __forceinline__ void paged_attention(
         // This split's share of the keys the pass's last (furthest) token sees, in KV blocks.
         const unsigned keys = min(positions[first + (base + rows - 1) / group] + 1u, ctx);
         const unsigned blocks = (keys + ATT_KV_BLOCK - 1) / ATT_KV_BLOCK;
+        const unsigned splits = splits_s;
         const unsigned share = (blocks + splits - 1) / splits;
         const unsigned b0 = min(split * share, blocks), b1 = min(b0 + share, blocks);
         const unsigned begin = b0 * ATT_KV_BLOCK, end = min(b1 * ATT_KV_BLOCK, keys);
@@ -368,7 +383,7 @@ __device__ __forceinline__ void paged_attention(
             const unsigned row = base + r;
             const unsigned long long o =
                 (unsigned long long)(first + row / group) * q_heads + kvh * group + row % group;
-            if (splits > 1) {
+            if (splits_s > 1) {
                 const unsigned long long po = (unsigned long long)split * num_tokens * q_heads + o;
                 part_o[po * hd + d] = sum;
                 if (d == 0) part_ml[po] = make_float2(m_s[r], l_s[r]);
@@ -404,16 +419,27 @@ ATTENTION(attention_decode_any_bf16, DecodeAny, false, bf16, 1)
 ATTENTION(attention_prefill_any_f32, PrefillAny, false, float, 1)
 ATTENTION(attention_prefill_any_bf16, PrefillAny, false, bf16, 1)
 
-// Merges the splits' partials: a warp per (token, q head) row, lanes over head_dim.
-// out[row] = Σ_s 2^(m_s - M) o_s / Σ_s 2^(m_s - M) l_s, M = max_s m_s, splits in order.
+// Merges the splits' partials of the tiles that have more than one (attention_split.cuh):
+// block (tile blockIdx.x, rows blockIdx.y · 4 ..), a warp per (token, q head) row of the tile,
+// lanes over head_dim. out[row] = Σ_s 2^(m_s - M) o_s / Σ_s 2^(m_s - M) l_s, M = max_s m_s,
+// over the tile's splits in order; a tile of one split already wrote its rows.
 template <typename TOut>
 __device__ __forceinline__ void merge_splits(TOut* __restrict__ out,
                                              const float* __restrict__ part_o,
-                                             const float2* __restrict__ part_ml, unsigned rows,
-                                             unsigned head_dim, unsigned splits) {
+                                             const float2* __restrict__ part_ml,
+                                             const unsigned* __restrict__ tiles,
+                                             const unsigned* __restrict__ positions,
+                                             const unsigned* __restrict__ context_lens,
+                                             unsigned num_tokens, unsigned q_heads,
+                                             unsigned head_dim, unsigned bound) {
     const unsigned lane = threadIdx.x & 31u;
-    const unsigned long long row = (unsigned long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= rows) return;
+    const unsigned r = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= tiles[3 * blockIdx.x + 2] * q_heads) return;
+    const unsigned splits =
+        att_tile_splits(att_tile_keys(tiles, positions, context_lens, blockIdx.x), bound);
+    if (splits == 1) return;
+    const unsigned long long rows = (unsigned long long)num_tokens * q_heads;
+    const unsigned long long row = (unsigned long long)tiles[3 * blockIdx.x + 1] * q_heads + r;
     float m = LMI_NEG_INF;
     for (unsigned s = 0; s < splits; s++) m = fmaxf(m, part_ml[s * rows + row].x);
     const float base = m == LMI_NEG_INF ? 0.0f : m;
@@ -430,11 +456,18 @@ __device__ __forceinline__ void merge_splits(TOut* __restrict__ out,
     }
 }
 
-#define ATTENTION_MERGE(NAME, TOut)                                                           \
-    extern "C" __global__ void NAME(TOut* __restrict__ out, const float* __restrict__ part_o, \
-                                    const float2* __restrict__ part_ml, unsigned rows,       \
-                                    unsigned head_dim, unsigned splits) {                    \
-        merge_splits(out, part_o, part_ml, rows, head_dim, splits);                          \
+// Grid (tiles, ceil(rows of the largest tile / 4)), 128 threads; `splits` is the attention
+// launch's gridDim.z.
+#define ATTENTION_MERGE(NAME, TOut)                                                              \
+    extern "C" __global__ void NAME(TOut* __restrict__ out, const float* __restrict__ part_o,    \
+                                    const float2* __restrict__ part_ml,                          \
+                                    const unsigned* __restrict__ tiles,                          \
+                                    const unsigned* __restrict__ positions,                      \
+                                    const unsigned* __restrict__ context_lens,                   \
+                                    unsigned num_tokens, unsigned q_heads, unsigned head_dim,    \
+                                    unsigned splits) {                                           \
+        merge_splits(out, part_o, part_ml, tiles, positions, context_lens, num_tokens, q_heads,  \
+                     head_dim, splits);                                                          \
     }
 ATTENTION_MERGE(attention_merge_f32, float)
 ATTENTION_MERGE(attention_merge_bf16, bf16)

@@ -21,11 +21,14 @@
 //   factors reach the fragments as a 16 × 16 matrix (each row's factor along its row) loaded
 //   into an accumulator fragment, which is multiplied into O element by element. Then
 //   O += P·V with mma_sync.
-// - Split-KV (gridDim.z > 1) as in attention.cu: each split takes an equal share of the pass's
-//   KV blocks and writes unnormalized partials (O, and max and sum) for attention_merge.
+// - Split-KV as in attention.cu (attention_split.cuh): a tile uses att_tile_splits of the
+//   gridDim.z splits; blocks past them end at once; with one split the block writes the
+//   normalized output, with more each split takes an equal share of the pass's KV blocks and
+//   writes unnormalized partials (O, and max and sum) for attention_merge.
 // - Every reduction has a fixed order for a given launch shape; the emulator checks the warp
 //   rules (crates/cuda-emu: its wmma has a layout of its own, so nothing here may assume one).
 #include "common.cuh"
+#include "attention_split.cuh"
 #include "wmma.cuh"
 
 using namespace nvcuda;
@@ -224,9 +227,10 @@ __device__ __forceinline__ void pf_warp_chunk(AccFrag (&o)[S::FRAGS], const bf16
     }
 }
 
-// One block: tile blockIdx.x, KV head blockIdx.y, split blockIdx.z of gridDim.z.
-// out: [tokens, q_heads, head_dim] (written when gridDim.z == 1); otherwise part_o
-// [splits, tokens, q_heads, head_dim] and part_ml [splits, tokens, q_heads] (max, sum).
+// One block: tile blockIdx.x, KV head blockIdx.y, split blockIdx.z of the tile's splits
+// (att_tile_splits, at most gridDim.z). out: [tokens, q_heads, head_dim] (written when the
+// tile has one split); otherwise part_o [gridDim.z, tokens, q_heads, head_dim] and part_ml
+// [gridDim.z, tokens, q_heads] (max, sum), of which the tile's rows of its splits are written.
 template <typename S, typename TOut>
 __device__ __forceinline__ void prefill_attention(
     TOut* __restrict__ out, float* __restrict__ part_o, float2* __restrict__ part_ml,
@@ -252,10 +256,21 @@ __device__ __forceinline__ void prefill_attention(
 
     constexpr unsigned hd = S::D;
     const unsigned tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
-    const unsigned kvh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    const unsigned kvh = blockIdx.y, split = blockIdx.z;
     const unsigned seq = tiles[3 * blockIdx.x], first = tiles[3 * blockIdx.x + 1];
     const unsigned count = tiles[3 * blockIdx.x + 2];
-    const unsigned group = q_heads / kv_heads, ctx = context_lens[seq];
+    const unsigned group = q_heads / kv_heads;
+    // The sequence's context length and the tile's split count (attention_split.cuh) live in
+    // shared memory, not in registers through the passes (registers peak where q is loaded).
+    // A block of a split past the tile's count has no rows to do: it ends at once.
+    __shared__ unsigned ctx_s, splits_s;
+    if (tid == 0) {
+        ctx_s = context_lens[seq];
+        splits_s =
+            att_tile_splits(att_tile_keys(tiles, positions, context_lens, blockIdx.x), gridDim.z);
+    }
+    __syncthreads();
+    const unsigned tile_rows = split < splits_s ? count * group : 0u;
     const unsigned long long row_width = (unsigned long long)(q_heads + 2 * kv_heads) * hd;
     const unsigned* table = block_tables + (unsigned long long)seq * block_stride;
     const float q_scale = scale * PF_LOG2E;
@@ -263,8 +278,8 @@ __device__ __forceinline__ void prefill_attention(
     float* m_w = m_all + warp * 16;
     float* l_w = l_all + warp * 16;
 
-    for (unsigned base = 0; base < count * group; base += PF_ROWS) {
-        const unsigned rows = min((unsigned)PF_ROWS, count * group - base);
+    for (unsigned base = 0; base < tile_rows; base += PF_ROWS) {
+        const unsigned rows = min((unsigned)PF_ROWS, tile_rows - base);
         // Row tiles in use; key groups split each chunk's keys among the other warps.
         const unsigned row_tiles = (rows + 15) / 16;
         const unsigned tile_slots = row_tiles <= 2 ? 2u : 4u;
@@ -287,6 +302,7 @@ __device__ __forceinline__ void prefill_attention(
             const unsigned hi = (unsigned)f32_to_bf16(q.z * q_scale) | (unsigned)f32_to_bf16(q.w * q_scale) << 16;
             *reinterpret_cast<uint2*>(q_s + r * S::LD + c) = make_uint2(lo, hi);
         }
+        const unsigned ctx = ctx_s;
         if (tid < PF_ROWS)
             lim_s[tid] = tid < rows ? min(positions[first + (base + tid) / group] + 1u, ctx) : 0u;
         if (lane < 16) {
@@ -297,6 +313,7 @@ __device__ __forceinline__ void prefill_attention(
         // This split's share of the keys the pass's last (furthest) token sees, in KV blocks.
         const unsigned keys = min(positions[first + (base + rows - 1) / group] + 1u, ctx);
         const unsigned blocks = (keys + PF_KV_BLOCK - 1) / PF_KV_BLOCK;
+        const unsigned splits = splits_s;
         const unsigned share = (blocks + splits - 1) / splits;
         const unsigned b0 = min(split * share, blocks), b1 = min(b0 + share, blocks);
         const unsigned begin = b0 * PF_KV_BLOCK, end = min(b1 * PF_KV_BLOCK, keys);
@@ -374,7 +391,7 @@ __device__ __forceinline__ void prefill_attention(
             const unsigned row = base + r;
             const unsigned long long o_row =
                 (unsigned long long)(first + row / group) * q_heads + kvh * group + row % group;
-            if (splits > 1) {
+            if (splits_s > 1) {
                 const unsigned long long po = (unsigned long long)split * num_tokens * q_heads + o_row;
                 part_o[po * hd + d] = sum;
                 if (d == 0) part_ml[po] = make_float2(big_m[r], big_l[r]);

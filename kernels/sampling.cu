@@ -10,6 +10,9 @@
 // are then sorted in shared memory and scanned. The row is re-read from global memory on every
 // level (it stays in L2).
 //
+// A candidate's weight after temperature is f32 arithmetic with the CPU's bits (exp2_nonpositive:
+// no library exp, no fused multiply-adds); the masses of the searches are summed in f64.
+//
 // A constrained draw's token mask (one bit per token) is folded into every read of its row:
 // a masked token reads as -inf whatever its memory holds, so edits, lifted bans and the copy of
 // a shared row never need to touch it, and each pass costs one extra mask word per 32 tokens.
@@ -37,6 +40,17 @@
 #define EDIT_BAN 3u
 
 #define SMP_FLT_MAX 3.402823466e+38f
+// 1.5 · 2^23: (t + SMP_ROUND) - SMP_ROUND rounds t to an integer.
+#define SMP_ROUND 12582912.0f
+#define SMP_ROUND_BITS 0x4b400000
+// 2^f ≈ 1 + f·(C1 + f·(C2 + … + f·C6)) on [0, 1]: sampling::weight::EXP2_COEFFS, the same
+// decimal literals (so the same f32s).
+#define SMP_EXP2_C1 0.69314706f
+#define SMP_EXP2_C2 0.24022931f
+#define SMP_EXP2_C3 0.055485282f
+#define SMP_EXP2_C4 0.009675452f
+#define SMP_EXP2_C5 0.0012467847f
+#define SMP_EXP2_C6 0.00021612915f
 // Order key of -FLT_MAX: keys below it belong to -inf (and cleaned NaN).
 #define KEY_FINITE_MIN 0x00800000u
 
@@ -54,13 +68,16 @@
 #define SMP_NO_UNROLL _Pragma("unroll 1")
 #endif
 
-// One draw or score; 72 bytes, written by the host. `mask_slot` indexes the uploaded masks
-// (ceil(vocab / 32) words each) when JOB_MASK is set.
+// One draw or score; 72 bytes, written by the host. `scale` is log2(e) / temperature rounded
+// to f32 (sampling::weight::scale); `mask_slot` indexes the uploaded masks (ceil(vocab / 32)
+// words each) when JOB_MASK is set.
 struct Job {
     unsigned row, flags, token, top_n, top_off, ops_off, ops_cnt, copy_slot;
     float min_p, top_p, typical_p;
     unsigned top_k;
-    double inv_t, u;
+    float scale;
+    unsigned pad0;
+    double u;
     unsigned mask_slot, pad;
 };
 static_assert(sizeof(Job) == 72, "JOB_BYTES in crates/engine/src/cuda/sampler.rs");
@@ -280,7 +297,7 @@ __device__ void lift_bans(float* row, const unsigned* __restrict__ mask,
 // <= s_max.
 struct Cands {
     const unsigned* mask;  // null: no constraint
-    double max, inv_t;
+    float max, scale;  // the row's largest logit; log2(e) / temperature
     float xmin;  // the row's smallest finite logit: where the first search level starts
     unsigned k0;
     unsigned long long cut;
@@ -289,9 +306,35 @@ struct Cands {
     double s_hint;  // about the largest typical score: where the typical search's first level ends
 };
 
-// The unnormalized probability after temperature, as the CPU computes it.
-__device__ __forceinline__ double weight(const Cands& c, float x) {
-    return exp(((double)x - c.max) * c.inv_t);
+// 2^t for t <= 0 in plain f32 arithmetic, operation for operation as
+// sampling::weight::exp2_nonpositive computes it (same bits; see its docs): t = n + f with
+// n = floor(t), 2^f by a degree-6 polynomial with positive coefficients (Horner, clamped to
+// 2), 2^n through the exponent bits. 0 below -126 (and for NaN), 1 from 0 up; monotone.
+// __fmul_rn / __fadd_rn are never contracted into FMAs, which would round differently.
+__device__ __forceinline__ float exp2_nonpositive(float t) {
+    if (!(t >= -126.0f)) return 0.0f;
+    if (t >= 0.0f) return 1.0f;
+    // m's low mantissa bits hold round(t); n = floor(t), as a float and as an integer.
+    const float m = __fadd_rn(t, SMP_ROUND);
+    const float r = __fsub_rn(m, SMP_ROUND);
+    const bool up = r > t;
+    const float n = up ? __fsub_rn(r, 1.0f) : r;
+    const int ni = __float_as_int(m) - SMP_ROUND_BITS - (up ? 1 : 0);
+    const float f = __fsub_rn(t, n);
+    float p = SMP_EXP2_C6;
+    p = __fadd_rn(SMP_EXP2_C5, __fmul_rn(f, p));
+    p = __fadd_rn(SMP_EXP2_C4, __fmul_rn(f, p));
+    p = __fadd_rn(SMP_EXP2_C3, __fmul_rn(f, p));
+    p = __fadd_rn(SMP_EXP2_C2, __fmul_rn(f, p));
+    p = __fadd_rn(SMP_EXP2_C1, __fmul_rn(f, p));
+    p = __fadd_rn(1.0f, __fmul_rn(f, p));
+    return __fmul_rn(fminf(p, 2.0f), __int_as_float((ni + 127) << 23));
+}
+
+// The unnormalized probability after temperature, 2^((x - max) · scale), with the CPU's bits
+// (sampling::weight::weight).
+__device__ __forceinline__ float weight(const Cands& c, float x) {
+    return exp2_nonpositive(__fmul_rn(__fsub_rn(x, c.max), c.scale));
 }
 
 // HF TypicalLogitsWarper's score, as sampling::filters::typical computes it.
@@ -317,7 +360,7 @@ __device__ __forceinline__ bool candidate(const Cands& c, const float* row,
     if (r < c.cut) return false;
     if (SPACE == SPACE_RANK && (r < lo || r > hi)) return false;
     if (SPACE == SPACE_TYPICAL || c.typical) {
-        const double w = weight(c, x);
+        const double w = (double)weight(c, x);
         const double sc = typical_score(c, w);
         if (c.typical && !(sc <= c.s_max)) return false;
         if (SPACE == SPACE_TYPICAL) {
@@ -331,7 +374,7 @@ __device__ __forceinline__ bool candidate(const Cands& c, const float* row,
         return true;
     }
     key = r;
-    wt = MASS ? weight(c, x) : 1.0;
+    wt = MASS ? (double)weight(c, x) : 1.0;
     return true;
 }
 
@@ -594,14 +637,14 @@ __device__ void mass_and_entropy(Cands& c, const float* row, unsigned n, Shared&
 }
 
 // Whether a logit with order key k survives temperature (w > 0) and min_p (w >= min_p).
-__device__ __forceinline__ bool survives(const Cands& c, unsigned k, double min_w) {
-    const double w = weight(c, key_value(k));
-    return w > 0.0 && w >= min_w;
+__device__ __forceinline__ bool survives(const Cands& c, unsigned k, float min_w) {
+    const float w = weight(c, key_value(k));
+    return w > 0.0f && w >= min_w;
 }
 
 // The smallest order key in [KEY_FINITE_MIN, kmax] that survives (w is monotone in the logit),
 // by a 32-way search on warp 0; kmax + 1 when kmax itself does not (unvalidated params).
-__device__ unsigned cutoff_key(const Cands& c, unsigned kmax, double min_w, Shared& s) {
+__device__ unsigned cutoff_key(const Cands& c, unsigned kmax, float min_w, Shared& s) {
     if (threadIdx.x < 32) {
         const unsigned lane = threadIdx.x;
         unsigned long long lo = KEY_FINITE_MIN, hi = kmax;
@@ -633,14 +676,14 @@ __device__ unsigned draw(const Job& job, const float* row, const unsigned* __res
                          unsigned n, const Stats& st, unsigned char* dyn, Shared& s) {
     Cands c;
     c.mask = mask;
-    c.max = (double)st.max;
-    c.inv_t = job.inv_t;
+    c.max = st.max;
+    c.scale = job.scale;
     c.xmin = st.min;
     c.cut = 0;
     c.typical = false;
     c.total = c.ln_total = c.entropy = c.s_max = c.s_hint = 0.0;
     const unsigned kmax = order_key(st.max);
-    c.k0 = cutoff_key(c, kmax, (double)job.min_p, s);
+    c.k0 = cutoff_key(c, kmax, job.min_p, s);
     if (c.k0 > kmax) return st.argmax;
     const unsigned long long hi = rank_key(kmax, 0);
     unsigned long long lo = (unsigned long long)c.k0 << 32;
@@ -658,7 +701,7 @@ __device__ unsigned draw(const Job& job, const float* row, const unsigned* __res
         mass_and_entropy(c, row, n, s);
         // Scores are |ln total - ln w - H| with w between the lowest candidate's and 1.
         const float xlow = fmaxf(key_value((unsigned)(lo >> 32)), st.min);
-        const double lw = log(weight(c, xlow));
+        const double lw = log((double)weight(c, xlow));
         c.s_hint = fmax(fabs(c.ln_total - c.entropy), fabs(c.ln_total - lw - c.entropy));
         const Found f = locate<SPACE_TYPICAL, true>(c, row, n, 0ull, ~0ull, (double)job.typical_p,
                                                     false, CROSS_AT_LEAST, dyn, s);
@@ -677,8 +720,8 @@ __device__ unsigned top_n(const float* row, const unsigned* __restrict__ mask, u
     if (want == 0 || st.max == LMI_NEG_INF) return 0;
     Cands c;
     c.mask = mask;
-    c.max = 0.0;
-    c.inv_t = 0.0;
+    c.max = 0.0f;
+    c.scale = 0.0f;
     c.xmin = st.min;
     c.k0 = KEY_FINITE_MIN;
     c.cut = 0;

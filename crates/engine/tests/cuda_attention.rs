@@ -18,7 +18,7 @@
 mod cuda_common;
 
 use cuda_common::{assert_close, bf16_round, cpu, random, to_host};
-use lmi_cuda::{Device, ElemType};
+use lmi_cuda::{Arg, Device, DeviceExt, ElemType, LaunchConfig};
 use lmi_engine::backend::QkvLayout;
 use lmi_engine::cpu::{CpuBackend, CpuKv};
 use lmi_engine::cuda::step::CudaStep;
@@ -26,7 +26,7 @@ use lmi_engine::cuda::{CudaBackend, CudaBuf, CudaKv};
 use lmi_engine::{BLOCK_SIZE, Backend, BatchLayout, DType, KvCacheConfig, LogitsWanted, SeqChunk};
 
 /// KV blocks in the pools: a prime, so block ids `i * 101 % POOL` are distinct and scattered.
-const POOL: usize = 257;
+const POOL: usize = 521;
 
 /// One sequence of a step: its context after the step and how many of those tokens are new
 /// (the rest are a cached prefix).
@@ -396,50 +396,305 @@ fn check_padded_decode_graphs<D: Device>(g: &CudaBackend<D>) {
     // Three decode steps of one graph key (3 sequences padded to 4, tables padded to 16
     // blocks) with different contexts: run directly, captured, then replayed. Each must match
     // the CPU, and the padding row must be zeros.
-    let ql = heads(8, 2, 128);
+    let steps: [&[usize]; 3] = [&[5, 40, 200], &[100, 3, 256], &[17, 250, 64]];
+    check_graph_steps(g, heads(8, 2, 128), &steps, None);
+}
+
+/// Decode steps of one graph key, in order: the first runs directly, the second is captured,
+/// the others replay it. `width` pads the first sequence's block table (with block 0, never
+/// read) so the key's stride is at least that; otherwise the stride follows the longest
+/// context. Each step must match the CPU, and the padding rows must be zeros. On a backend
+/// of its own (on `g`'s device): graphs are keyed by shape, not by what they launch.
+#[track_caller]
+fn check_graph_steps<D: Device>(
+    g: &CudaBackend<D>,
+    ql: QkvLayout,
+    steps: &[&[usize]],
+    width: Option<usize>,
+) {
+    let g = &CudaBackend::with_graphs(g.device().clone(), true).unwrap();
     let c = cpu();
     let mut pools = Pools::new(&c, g, ql);
-    let width = ql.q_heads * ql.head_dim;
-    for (i, contexts) in [[5, 40, 200], [100, 3, 256], [17, 250, 64]]
-        .iter()
-        .enumerate()
-    {
+    let row = ql.q_heads * ql.head_dim;
+    let captured = g.graphs_captured();
+    let mut key = None;
+    for (i, contexts) in steps.iter().enumerate() {
+        let what = format!("graph step {i} {contexts:?}, table width {width:?}");
         let seqs: Vec<Seq> = contexts.iter().map(|&n| decode(n)).collect();
-        let chunks = chunks(&seqs);
+        let mut chunks = chunks(&seqs);
+        if let Some(w) = width {
+            chunks[0].block_table.resize(w, 0);
+        }
         pools.write_prefixes(&c, g, &chunks, 10 + i as u64, Data::Random);
         let l = BatchLayout::new(&chunks, POOL).unwrap();
         let padded = g.prepare_layout(l.clone());
-        assert_eq!(padded.num_tokens(), 4);
-        // The padding row's q is garbage the kernel must not use.
+        let n = l.num_tokens();
+        assert!(padded.num_tokens() >= n, "{what}");
+        let shape = (padded.num_tokens(), padded.max_blocks);
+        assert!(key.is_none_or(|k| k == shape), "{what}: one graph key");
+        key = Some(shape);
+        // The padding rows' q is garbage the kernel must not use.
         let qkv = random(padded.num_tokens() * ql.row_width(), 20 + i as u64, 2.0);
         let step = g.upload_step(&padded).unwrap();
+        assert!(step.graph_key.is_some(), "{what}: a graph-keyed step");
         let gqkv = g.upload_f32(&qkv).unwrap();
-        let real = qkv[..l.num_tokens() * ql.row_width()].to_vec();
+        let real = qkv[..n * ql.row_width()].to_vec();
         pools.write(&c, &l, &real, g, &step, &gqkv);
         let want = cpu_attention(&c, &pools, &l, ql, &real);
 
         let (gk, gv) = &pools.gpu;
         let out = g
             .run_graph(&step, || {
-                let mut out = g.alloc(padded.num_tokens() * width)?;
+                let mut out = g.alloc(padded.num_tokens() * row)?;
                 g.attention(&gqkv, &step, ql, gk, gv, scale(ql), &mut out)?;
                 Ok(out)
             })
             .unwrap();
         let got = to_host(g, &out);
-        compare(
-            &format!("padded step {i}"),
-            &got[..3 * width],
-            &want,
-            ElemType::F32,
-            false,
-        );
+        compare(&what, &got[..n * row], &want, ElemType::F32, false);
         assert!(
-            got[3 * width..].iter().all(|&v| v == 0.0),
-            "padded step {i}: the padding row is not zeros"
+            got[n * row..].iter().all(|&v| v == 0.0),
+            "{what}: the padding rows are not zeros"
         );
     }
-    assert_eq!(g.graphs_captured(), 1, "the third step replays the graph");
+    assert_eq!(
+        g.graphs_captured() - captured,
+        1,
+        "the steps after the second replay one graph"
+    );
+}
+
+fn check_wide_graph_keys<D: Device>(g: &CudaBackend<D>) {
+    // Tables 512 blocks wide: the launch has 64 splits at batch 1 (two KV heads) and 33 at
+    // batch 4, whatever the contexts; each tile uses one per 128 keys it sees. Short contexts
+    // (one split: no partials, nothing merged), a few splits, and many, in one graph.
+    let ql = heads(8, 2, 128);
+    let batch1: [&[usize]; 5] = [&[300], &[100], &[4000], &[255], &[256]];
+    check_graph_steps(g, ql, &batch1, Some(512));
+    // Long and short rows mixed in one step (each tile its own count), and a step where no
+    // row needs a split.
+    let batch3: [&[usize]; 4] = [
+        &[5, 300, 100],
+        &[256, 17, 255],
+        &[129, 384, 3000],
+        &[1, 40, 250],
+    ];
+    check_graph_steps(g, ql, &batch3, Some(512));
+    check_graph_steps(g, heads(4, 2, 64), &batch3, Some(512));
+}
+
+fn check_mixed_split_rows<D: Device>(g: &CudaBackend<D>) {
+    // Without a graph key the launch's bound follows the longest row (2000 keys: 15 splits);
+    // the other rows use 1, 1, 2, 1, 2 and 1.
+    let seqs = [
+        decode(2000),
+        decode(100),
+        decode(300),
+        decode(255),
+        decode(256),
+        decode(1),
+    ];
+    for hd in [64, 128] {
+        check(g, heads(8, 2, hd), &seqs, ElemType::F32);
+    }
+    check(g, heads(8, 2, 128), &seqs, ElemType::BF16);
+    check(g, heads(4, 2, 96), &seqs, ElemType::F32);
+    // Prefill tiles: each counts the keys of its furthest token (the first tiles of a chunk
+    // after a 1000-token prefix use 7 splits, a 3-token chunk at 200 one).
+    let seqs = [prefill(1000, 40), prefill(200, 3), decode(50), decode(600)];
+    for hd in [64, 128] {
+        check_data(g, heads(8, 2, hd), &seqs, ElemType::F32, Data::Exact);
+    }
+    check(g, heads(4, 2, 96), &seqs, ElemType::F32);
+}
+
+fn check_split_boundaries<D: Device>(g: &CudaBackend<D>) {
+    // Contexts on both sides of each split count: 1 split below 256 keys, 2 from 256, 3 from
+    // 384, 4 from 512 (the bound of this 20-block launch), then the same rows under a
+    // 512-block graph key (bound 8, reached at 1024 keys).
+    let contexts = [127, 128, 255, 256, 257, 383, 384, 385, 511, 512];
+    let seqs: Vec<Seq> = contexts.iter().map(|&n| decode(n)).collect();
+    check(g, heads(8, 2, 128), &seqs, ElemType::F32);
+    check(g, heads(8, 2, 64), &seqs, ElemType::BF16);
+    let steps: [&[usize]; 3] = [
+        &contexts,
+        &[1023, 1024, 1100, 640, 639, 130, 2, 896, 895, 50],
+        &[512, 511, 384, 383, 256, 255, 128, 127, 1, 2],
+    ];
+    check_graph_steps(g, heads(8, 2, 128), &steps, Some(512));
+}
+
+/// The split protocol kernel by kernel, launched here with 8 splits: a tile uses one per 128
+/// keys its furthest token sees. Tiles of one split write their output and no partials; the
+/// others write partials for exactly their splits (the rest of the scratch keeps its
+/// sentinel) and leave the output to the merge, which touches only their rows. The result
+/// must match the CPU; the partial rows written are counted against the 8 per row the
+/// launch bounds.
+fn check_split_protocol<D: Device>(g: &CudaBackend<D>) {
+    const BOUND: usize = 8;
+    const SENTINEL: u32 = 0x7fba_dbad;
+    let dev = g.device();
+    // (kernel, head_dim, its dynamic shared memory, sequences): the decode kernel over one
+    // token per tile, the tensor-core prefill kernel over tiles of up to 16.
+    let cases = [
+        (
+            "attention_decode_hd128_f32",
+            128,
+            40_576,
+            vec![
+                decode(1),
+                decode(255),
+                decode(256),
+                decode(300),
+                decode(1000),
+                decode(1200),
+            ],
+        ),
+        (
+            "attention_prefill_hd64_f32",
+            64,
+            48_000,
+            vec![
+                prefill(1000, 40),
+                prefill(300, 20),
+                prefill(100, 3),
+                prefill(40, 40),
+            ],
+        ),
+    ];
+    for (kernel, hd, shared, seqs) in cases {
+        let what = format!("{kernel} over {seqs:?}");
+        let ql = heads(8, 2, hd);
+        let c = cpu();
+        let mut pools = Pools::new(&c, g, ql);
+        let chunks = chunks(&seqs);
+        pools.write_prefixes(&c, g, &chunks, 1, Data::Exact);
+        let l = BatchLayout::new(&chunks, POOL).unwrap();
+        let qkv = qkv_rows(l.num_tokens(), ql, 2, Data::Exact);
+        let step = g.upload_step(&l).unwrap();
+        let gqkv = g.upload_f32(&qkv).unwrap();
+        pools.write(&c, &l, &qkv, g, &step, &gqkv);
+        let want = cpu_attention(&c, &pools, &l, ql, &qkv);
+
+        // Each token's tile's split count, by the rule (16-token tiles per sequence).
+        let mut splits_of_token = Vec::new();
+        let mut tiles = 0;
+        for s in &seqs {
+            let first = s.context - s.new;
+            for t0 in (0..s.new).step_by(16) {
+                let count = (s.new - t0).min(16);
+                let keys = first + t0 + count;
+                tiles += 1;
+                splits_of_token.extend(std::iter::repeat_n((keys / 128).clamp(1, BOUND), count));
+            }
+        }
+        assert_eq!(tiles, step.num_tiles, "{what}");
+        let tokens = l.num_tokens();
+        let rows = tokens * ql.q_heads;
+        let (out_len, o_len, ml_len) = (rows * hd, BOUND * rows * hd, BOUND * rows * 2);
+        let alloc = |words: usize| {
+            let p = dev.alloc(words * 4).unwrap();
+            dev.htod_slice(&vec![SENTINEL; words], p).unwrap();
+            p
+        };
+        let (out, part_o, part_ml) = (alloc(out_len), alloc(o_len), alloc(ml_len));
+        let (gk, gv) = &pools.gpu;
+        let f = dev.function(kernel).unwrap();
+        let cfg = LaunchConfig {
+            grid: (step.num_tiles as u32, ql.kv_heads as u32, BOUND as u32),
+            block: (256, 1, 1),
+            shared_mem_bytes: shared,
+        };
+        let args: [Arg; 16] = [
+            out.into(),
+            part_o.into(),
+            part_ml.into(),
+            gqkv.ptr.into(),
+            gk.ptr().into(),
+            gv.ptr().into(),
+            step.tiles.into(),
+            step.positions.into(),
+            step.context_lens.into(),
+            step.block_tables.into(),
+            Arg::U32(step.block_stride as u32),
+            Arg::U32(tokens as u32),
+            Arg::U32(ql.q_heads as u32),
+            Arg::U32(ql.kv_heads as u32),
+            Arg::U32(hd as u32),
+            Arg::F32(scale(ql)),
+        ];
+        dev.launch(f, &cfg, &args).unwrap();
+        let got_out: Vec<u32> = dev.dtoh_vec(out, out_len).unwrap();
+        let got_o: Vec<u32> = dev.dtoh_vec(part_o, o_len).unwrap();
+        let got_ml: Vec<u32> = dev.dtoh_vec(part_ml, ml_len).unwrap();
+        let mut partial_rows = 0;
+        for (row, n) in (0..rows).map(|r| (r, splits_of_token[r / ql.q_heads])) {
+            let written = |v: &[u32]| v.iter().all(|&w| w != SENTINEL);
+            let untouched = |v: &[u32]| v.iter().all(|&w| w == SENTINEL);
+            let out_row = &got_out[row * hd..(row + 1) * hd];
+            assert!(
+                if n == 1 {
+                    written(out_row)
+                } else {
+                    untouched(out_row)
+                },
+                "{what}: row {row} ({n} splits): output"
+            );
+            for split in 0..BOUND {
+                let at = split * rows + row;
+                let o = &got_o[at * hd..(at + 1) * hd];
+                let ml = &got_ml[2 * at..2 * at + 2];
+                let wrote = n > 1 && split < n;
+                assert!(
+                    if wrote {
+                        written(o) && written(ml)
+                    } else {
+                        untouched(o) && untouched(ml)
+                    },
+                    "{what}: row {row} ({n} splits): partials of split {split}"
+                );
+                partial_rows += usize::from(wrote);
+            }
+        }
+        eprintln!(
+            "{what}: partial rows written {partial_rows} of the {} the launch bounds",
+            BOUND * rows
+        );
+
+        let merge = dev.function("attention_merge_f32").unwrap();
+        let max_tile = if tokens == seqs.len() {
+            1
+        } else {
+            tokens.min(16)
+        };
+        let cfg = LaunchConfig {
+            grid: (
+                step.num_tiles as u32,
+                (max_tile * ql.q_heads).div_ceil(4) as u32,
+                1,
+            ),
+            block: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args: [Arg; 10] = [
+            out.into(),
+            part_o.into(),
+            part_ml.into(),
+            step.tiles.into(),
+            step.positions.into(),
+            step.context_lens.into(),
+            Arg::U32(tokens as u32),
+            Arg::U32(ql.q_heads as u32),
+            Arg::U32(hd as u32),
+            Arg::U32(BOUND as u32),
+        ];
+        dev.launch(merge, &cfg, &args).unwrap();
+        let got: Vec<f32> = dev.dtoh_vec(out, out_len).unwrap();
+        compare(&what, &got, &want, ElemType::F32, false);
+        for p in [out, part_o, part_ml] {
+            dev.free(p);
+        }
+    }
 }
 
 /// A KV pool past 2^32 elements: 4 KV heads × 16 tokens × 64 dims = 4,096 elements a block, so
@@ -609,6 +864,26 @@ fn other_head_dims() {
 #[test]
 fn padded_decode_and_graphs() {
     on_every_device!(check_padded_decode_graphs);
+}
+
+#[test]
+fn wide_graph_keys_split_by_context() {
+    on_every_device!(check_wide_graph_keys);
+}
+
+#[test]
+fn mixed_split_rows() {
+    on_every_device!(check_mixed_split_rows);
+}
+
+#[test]
+fn split_boundaries() {
+    on_every_device!(check_split_boundaries);
+}
+
+#[test]
+fn split_protocol() {
+    on_every_device!(check_split_protocol);
 }
 
 /// Batch-1 decode attention of a Llama-3-8B layer (32 q heads, 8 KV heads, head_dim 128) at

@@ -9,7 +9,9 @@ mod cuda_common;
 use lmi_cuda::Device;
 use lmi_engine::Backend;
 use lmi_engine::cuda::CudaBackend;
-use lmi_engine::sampling::{SamplingParams, SequenceContext, derive_seed, process_logits_host};
+use lmi_engine::sampling::{
+    SamplingParams, SequenceContext, derive_seed, process_logits_host, sample_seeded, weight,
+};
 use lmi_engine::step::{LogitsOutput, LogitsWork, RowSample, RowScore, TokenMask};
 
 const LOGPROB_TOL: f32 = 1e-4;
@@ -836,6 +838,46 @@ fn large_vocabulary_cases() -> Vec<Case> {
     vec![c]
 }
 
+/// `min_p` set to exactly one token's weight (the CPU's f32 weight, `sampling::weight`), so
+/// that token is the last survivor, with seeds that draw it on the CPU: the device must draw it
+/// too. A device weight one unit in the last place lower (another `exp`, a fused
+/// multiply-add) drops it and draws another token.
+fn weight_boundary_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (k, &vocab) in [5000usize, 128_256].iter().enumerate() {
+        let row = cuda_common::random(vocab, 777 + k as u64, 10.0);
+        let max = row.iter().fold(f32::MIN, |m, &x| m.max(x));
+        let mut order: Vec<u32> = (0..vocab as u32).collect();
+        order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+        let mut c = Case::new(
+            format!("min_p at a token's weight, vocab {vocab}"),
+            vocab,
+            vec![row.clone()],
+        );
+        for t in [0.6f32, 1.0, 1.7] {
+            for rank in [1usize, 9, 60] {
+                let token = order[rank];
+                let mut p = sampled(t);
+                p.min_p = weight::weight(row[token as usize], max, weight::scale(t));
+                let draws = |s: u64| {
+                    sample_seeded(&mut row.clone(), &p, s, &SequenceContext::default()).token
+                };
+                let seed = (0..5000u64)
+                    .find(|&s| draws(s) == token)
+                    .unwrap_or_else(|| panic!("no seed draws token {token} at T = {t}"));
+                c.draws.push(Draw::new(0, p.clone(), seed));
+                c.draws.push(Draw::new(0, p, seed + 1));
+            }
+        }
+        cases.push(c);
+    }
+    cases
+}
+
+fn weight_boundaries<D: Device>(b: &CudaBackend<D>) {
+    check_all(b, &weight_boundary_cases());
+}
+
 fn large_vocabulary<D: Device>(b: &CudaBackend<D>) {
     check_all(b, &large_vocabulary_cases());
 }
@@ -947,6 +989,11 @@ fn pending_and_failed_masks_match_the_cpu() {
 #[test]
 fn a_128k_vocabulary_with_ties_tight_masks_and_top_4096_matches_the_cpu() {
     on_every_device!(large_vocabulary);
+}
+
+#[test]
+fn min_p_at_a_tokens_exact_weight_matches_the_cpu() {
+    on_every_device!(weight_boundaries);
 }
 
 #[test]

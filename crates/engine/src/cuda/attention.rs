@@ -10,11 +10,18 @@
 //!   attention_prefill.cu (bf16 products, f32 accumulation, 64 rows per pass); other multiples
 //!   of 8 up to 256 run attention.cu's 256-wide kernels with zero padding (32 prefill rows);
 //! - split-KV when the tiles alone give fewer than half a wave of [`BLOCKS_PER_SM`] blocks per
-//!   multiprocessor: as many splits as fit the wave, each taking at least [`MIN_SPLIT_KEYS`]
-//!   of the longest context;
+//!   multiprocessor: gridDim.z is as many splits as fit the wave, each taking at least
+//!   [`MIN_SPLIT_KEYS`] of the longest context the step may have ([`split_count`]). That is
+//!   an upper bound: each tile uses [`tile_splits`] of them, one per [`MIN_SPLIT_KEYS`] keys
+//!   its furthest token sees, computed by the kernels from device memory
+//!   (kernels/attention_split.cuh). A tile's blocks past its count return at once; a tile of
+//!   one split writes its output itself and the merge leaves it alone; the merge combines
+//!   exactly a tile's splits, in order;
 //! - CUDA graphs: a step with a graph key is launched from the key alone (its block-table
-//!   width bounds the context), never from its context lengths, which the kernel reads from
-//!   device memory; a captured graph replays the same launches for later steps.
+//!   width bounds the context), never from its context lengths, which the kernels read from
+//!   device memory; a captured graph replays the same launches for later steps, and the
+//!   per-tile rule makes each replay do the work of its own contexts (a batch-1 decode at
+//!   context 300 under a 512-block table uses 2 of its 33 splits).
 
 use std::collections::HashMap;
 
@@ -49,12 +56,14 @@ const CHUNK: usize = 64;
 /// Blocks per multiprocessor split-KV aims for (the decode kernels fit two).
 const BLOCKS_PER_SM: usize = 2;
 /// Fewest keys worth a split: below this the partials' traffic and the merge cost more than
-/// the parallelism brings.
+/// the parallelism brings. `ATT_MIN_SPLIT_KEYS` in kernels/attention_split.cuh.
 const MIN_SPLIT_KEYS: usize = 128;
 /// Bounds the split scratch and the merge's loop.
 const MAX_SPLITS: usize = 256;
 /// Rows (token, q head) per merge block: a warp each.
 const MERGE_ROWS: usize = 4;
+/// Query tokens of one tile (`step::ATTENTION_TILE_TOKENS`).
+const TILE_TOKENS: usize = super::step::ATTENTION_TILE_TOKENS;
 /// Dynamic shared memory a kernel gets without opting in.
 const DEFAULT_SHARED: u32 = 48 << 10;
 
@@ -192,6 +201,24 @@ fn split_count(blocks: usize, longest: usize, multiprocessors: usize) -> usize {
         .clamp(1, MAX_SPLITS)
 }
 
+/// The splits a tile whose furthest token sees `keys` keys uses out of a launch's `bound`
+/// (gridDim.z): `att_tile_splits` of kernels/attention_split.cuh, which the kernels compute
+/// from device memory. Here for tests and the cost notes.
+#[cfg(test)]
+fn tile_splits(keys: usize, bound: usize) -> usize {
+    (keys / MIN_SPLIT_KEYS).clamp(1, bound.max(1))
+}
+
+/// The merge's grid: a block per tile and per [`MERGE_ROWS`] rows of the largest tile (one
+/// token per tile in a decode step, else up to [`TILE_TOKENS`]).
+fn merge_grid(num_tiles: usize, decode: bool, tokens: usize, q_heads: usize) -> (u32, u32) {
+    let tile_tokens = if decode { 1 } else { tokens.min(TILE_TOKENS) };
+    (
+        num_tiles as u32,
+        (tile_tokens * q_heads).div_ceil(MERGE_ROWS) as u32,
+    )
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn run<D: Device>(
     b: &CudaBackend<D>,
@@ -231,7 +258,8 @@ pub fn run<D: Device>(
     }
 
     // Every tile is one token exactly when there are as many tokens as sequences.
-    let (names, shape) = family.kernels(tokens == step.num_seqs);
+    let decode = tokens == step.num_seqs;
+    let (names, shape) = family.kernels(decode);
     let name = match out.dtype {
         ElemType::F32 => names[0],
         ElemType::BF16 => names[1],
@@ -285,14 +313,23 @@ pub fn run<D: Device>(
         ElemType::F32 => "attention_merge_f32",
         ElemType::BF16 => "attention_merge_bf16",
     };
+    let (tiles_x, rows_y) = merge_grid(step.num_tiles, decode, tokens, q_heads);
     b.launch(
         merge,
-        LaunchConfig::linear(rows.div_ceil(MERGE_ROWS) as u32, 32 * MERGE_ROWS as u32),
+        LaunchConfig {
+            grid: (tiles_x, rows_y, 1),
+            block: (32 * MERGE_ROWS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        },
         &[
             out.ptr.into(),
             part_o.into(),
             part_ml.into(),
-            (rows as u32).into(),
+            step.tiles.into(),
+            step.positions.into(),
+            step.context_lens.into(),
+            (tokens as u32).into(),
+            (q_heads as u32).into(),
             (hd as u32).into(),
             (splits as u32).into(),
         ],
@@ -316,6 +353,110 @@ mod tests {
         // Enough blocks already (a large batch or a long prefill).
         assert_eq!(split_count(140, 1 << 20, 132), 1);
         assert_eq!(split_count(0, 0, 132), 1);
+    }
+
+    #[test]
+    fn tiles_use_the_splits_their_keys_are_worth() {
+        // One split per MIN_SPLIT_KEYS keys, at least one, at most the launch's bound.
+        for (keys, want) in [
+            (0, 1),
+            (1, 1),
+            (255, 1),
+            (256, 2),
+            (383, 2),
+            (384, 3),
+            (4096, 32),
+            (4223, 32),
+            (4224, 33),
+            (1 << 20, 33),
+        ] {
+            assert_eq!(tile_splits(keys, 33), want, "{keys} keys");
+        }
+        assert_eq!(tile_splits(1000, 1), 1);
+        assert_eq!(tile_splits(1000, 0), 1);
+        // For the step's longest context the rule gives the host's own count (no graph key):
+        // the bound is never more than the longest tile can use.
+        for longest in [0, 200, 256, 300, 1000, 4096, 32 << 10, 1 << 20] {
+            for blocks in [1, 2, 8, 64, 140] {
+                let bound = split_count(blocks, longest, 132);
+                assert_eq!(
+                    tile_splits(longest, bound),
+                    bound,
+                    "{longest} keys, {blocks}"
+                );
+            }
+        }
+    }
+
+    /// Per attention call of a batch-1 decode step with tiles seeing `keys` keys: (kernel
+    /// launches, blocks that attend, blocks that return at once, partial bytes written, which
+    /// the merge reads back), before (every tile used the whole bound) and now.
+    fn decode_costs(keys: usize, bound: usize, kv: usize, q_heads: usize, hd: usize) -> [usize; 8] {
+        let row_bytes = q_heads * (hd * 4 + 8);
+        let launches = if bound > 1 { 2 } else { 1 };
+        let before = [
+            launches,
+            kv * bound,
+            0,
+            if bound > 1 { bound * row_bytes } else { 0 },
+        ];
+        let used = tile_splits(keys, bound);
+        let now = [
+            launches,
+            kv * used,
+            kv * (bound - used),
+            if used > 1 { used * row_bytes } else { 0 },
+        ];
+        [before, now].concat().try_into().unwrap()
+    }
+
+    #[test]
+    fn a_graph_keyed_decode_step_does_the_work_of_its_contexts() {
+        // Batch-1 decode of a Llama-3-8B layer (32 q heads, 8 KV heads, head_dim 128) on 132
+        // SMs, replayed from the graph of a 512-block table: 33 splits launched whatever the
+        // context (the host sees only the key).
+        let bound = split_count(8, 512 * BLOCK_SIZE, 132);
+        assert_eq!(bound, 33);
+        let row_bytes = 32 * (128 * 4 + 8);
+        let full = 33 * row_bytes;
+        // Context 300: 2 splits attend (160 and 140 keys), 31 return; partials 2 of 33.
+        assert_eq!(
+            decode_costs(300, bound, 8, 32, 128),
+            [2, 264, 0, full, 2, 16, 248, 2 * row_bytes]
+        );
+        // 4k: 32 splits of 128 keys; 32k: all 33.
+        assert_eq!(
+            decode_costs(4096, bound, 8, 32, 128),
+            [2, 264, 0, full, 2, 256, 8, 32 * row_bytes]
+        );
+        assert_eq!(
+            decode_costs(32 << 10, bound, 8, 32, 128),
+            [2, 264, 0, full, 2, 264, 0, full]
+        );
+        // Below 256 keys a tile needs no partials at all: the merge leaves it alone.
+        assert_eq!(decode_costs(255, bound, 8, 32, 128)[4..], [2, 8, 256, 0]);
+        // Without a graph key the bound follows the step's own longest context.
+        assert_eq!(split_count(8, 300, 132), 2);
+        assert_eq!(split_count(8, 255, 132), 1);
+    }
+
+    #[test]
+    fn the_merge_covers_every_row_of_the_largest_tile() {
+        // Decode: one token per tile; prefill: up to 16 tokens, fewer in a short step.
+        assert_eq!(merge_grid(4, true, 4, 32), (4, 8));
+        assert_eq!(merge_grid(1, true, 1, 6), (1, 2));
+        assert_eq!(merge_grid(3, false, 40, 8), (3, 32));
+        assert_eq!(merge_grid(2, false, 5, 6), (2, 8));
+    }
+
+    #[test]
+    fn the_kernels_use_the_same_minimum() {
+        let header = lmi_cuda::kernels::HEADERS
+            .iter()
+            .find(|h| h.name == "attention_split.cuh")
+            .expect("kernels/attention_split.cuh");
+        let line = format!("#define ATT_MIN_SPLIT_KEYS {MIN_SPLIT_KEYS}u");
+        assert!(header.text.lines().any(|l| l == line), "{line}");
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //!
 //! # Per step
 //! The host packs every job (a draw or a score) into one upload: a 72-byte record per job
-//! (row, flags, filters, `inv_t = 1 / temperature` and the draw's `u = uniform(seed,
-//! output.len())`, both computed here exactly as the CPU computes them, the mask slot)
+//! (row, flags, filters, the weights' `scale = sampling::weight::scale(temperature)` (f32)
+//! and the draw's `u = uniform(seed, output.len())`, both computed here by the CPU's code, the
+//! mask slot)
 //! followed by the processors as a compact list of per-token edits (bias, repetition,
 //! presence/frequency, ban), produced by `sampling::processors::for_each_edit`, the code the
 //! CPU path applies itself, so the two can never edit different tokens, then the token masks
@@ -45,7 +46,9 @@
 //!   candidate whose inclusive cumulative mass exceeds it); `typical_p` computes total and
 //!   entropy in two passes, then a mass search over the typical score's key (`w / total`
 //!   per candidate, as the CPU accumulates it), keeping the candidates whose score is at most
-//!   the crossing one's. Every weight is `exp((x - max) · inv_t)` in f64, as on the CPU.
+//!   the crossing one's. Every weight is `sampling::weight::weight(x, max, scale)`: f32
+//!   arithmetic (`2^t` by range reduction and a polynomial, no library `exp`) that the kernel
+//!   repeats operation for operation, so it has the CPU's bits; weights are summed in f64.
 //! * **Top-n** (n ≤ 4096; the API allows 1024): a count search for the n-th candidate, then
 //!   the n survivors are gathered and sorted in shared memory. **Scores** run the stats and
 //!   top-n on the raw row (`token_logprob`: no processing).
@@ -61,16 +64,19 @@
 //!   differ only when `u · total` (or the target) lies within that distance of a cumulative
 //!   boundary. The same holds for the CPU's "rounding never crosses: take the last
 //!   candidate" fallback, which the device reproduces on its own sums.
-//! * The CPU orders candidates by their f64 weight `w`, the device by the f32 logit (then id):
-//!   the same order unless two distinct logits give the same `w`, where the CPU orders those
-//!   equally probable candidates by id instead. That needs `(x - max) · inv_t` to round to one
-//!   f64 for both (logits closer than about `1e-16 · |max|`, which only logits within about
-//!   `1e-15 · |max|` of zero can be), `w` to underflow to the same subnormal (`w < 1e-307`,
-//!   never drawn in practice), or a temperature above about 1e9.
-//! * `exp` and `log` are CUDA's (at most 1 ulp of error) on a GPU vs the host's libm; they can
-//!   differ in the last bit, which matters only at such boundaries. The `min_p`
-//!   cutoff assumes `exp` is monotone, as both libraries are in practice. Under the emulator
-//!   the kernels use the host's libm, so the tests see identical weights.
+//! * Weights are equal, bit for bit, on every device: `t = (x - max) · scale` and `2^t` use
+//!   only f32 additions, multiplications (`__fadd_rn` / `__fmul_rn` in the kernel: never fused
+//!   into FMAs, which would round once instead of twice), a comparison and exponent bits, all
+//!   correctly rounded in IEEE arithmetic on the GPU, the host and the emulator alike. Both
+//!   sides order candidates by logit, then id, so equal weights of distinct logits
+//!   (neighbouring logits can share an f32 weight, more often at high temperatures) rank the
+//!   same. `w` is monotone in the logit by construction (`sampling::weight`), so the `min_p` /
+//!   underflow cutoff found by a search over logits is exactly the CPU's per-token test
+//!   (`w > 0 && w >= min_p`); the test `min_p_at_a_tokens_exact_weight_matches_the_cpu` sets
+//!   `min_p` to a token's exact weight and fails for a device weight one unit in the last
+//!   place off.
+//! * `typical_p`'s scores use `log` and `exp` in f64 on the (equal) weights: CUDA's vs the
+//!   host's libm can differ in the last bit, which matters only at a score boundary.
 //! * Log-probabilities use `expf` and a different summation than the CPU's polynomial `exp`:
 //!   within about 1e-6 (the tests allow 1e-4).
 //!
@@ -79,17 +85,21 @@
 //! the stats pass, then per search (top-k, top-p, the draw) usually one or two level passes
 //! plus one gather pass (a simulation of a 128K row of Gaussian logits with a few outliers:
 //! top-p 0.9, the draw, top-k 50 and top-n 1024 each settle after one level, the draw at
-//! u = 0.999 and top-k 10000 after two). Only candidates still in play compute their f64
-//! weight: without top-k the first mass level computes one f64 `exp` per token, the dominant
-//! cost at 128K; with top-k (a count search, integer only) or after top-p, later passes
-//! compute weights for the few survivors only. `typical_p` is a slow path (two more passes,
+//! u = 0.999 and top-k 10000 after two). Only candidates still in play compute their weight:
+//! without top-k the first mass level computes one per token, the dominant cost at 128K (with
+//! the f64 add of its histogram column); with top-k (a count search, integer only) or after
+//! top-p, later passes compute weights for the few survivors only. A weight is about 25 f32 /
+//! integer instructions and one f32 → f64 conversion (sm_90 SASS: 11 FADD, 8 FMUL, 3 FSETP,
+//! FMNMX, a few integer ops, F2F), no f64 arithmetic; the f64 `exp` it replaces was 20 f64
+//! instructions (14 DFMA) and two conversions, at half the f32 rate on H100 and A100 and
+//! 1/64 of it on L4, L40S and A10-class GPUs. `typical_p` is a slow path (two more passes,
 //! then a search over the score's f64 key, its first level spread evenly over the scores'
 //! analytic range, whose every level evaluates `exp` and `log` per candidate). Every pass of a
 //! masked job also reads its mask (4 bytes per 32 tokens) and loads only the allowed logits,
 //! so a tight mask makes its passes cheaper; unmasked jobs read no mask. One block of 512
-//! threads per job (90 registers on sm_90, 84 on sm_80, no spills; 96 KiB of dynamic and 1.1
-//! KiB of static shared memory: one block per SM at a time, so registers below 128 cost no
-//! occupancy).
+//! threads per job (83 registers on sm_90, 81 on sm_80 with NVRTC 13.5, 84 with 13.0; no
+//! spills; 96 KiB of dynamic and 1.1 KiB of static shared memory: one block per SM at a time,
+//! so registers below 128 cost no occupancy).
 
 use std::sync::{Arc, Mutex};
 
@@ -99,7 +109,7 @@ use super::backend::{CudaBackend, CudaBuf, lock};
 use super::memory::{DeviceBox, cuda_err};
 use crate::error::{EngineError, Result};
 use crate::sampling::processors::{Edit, for_each_edit};
-use crate::sampling::{Sampled, uniform};
+use crate::sampling::{Sampled, uniform, weight};
 use crate::step::{LogitsOutput, LogitsWork, TokenLogprob};
 
 pub const KERNELS: &[&str] = &["sampler_run"];
@@ -178,7 +188,8 @@ struct JobPlan {
     top_p: f32,
     typical_p: f32,
     top_k: u32,
-    inv_t: f64,
+    /// `sampling::weight::scale(temperature)`: the weights' factor, as the CPU computes it.
+    scale: f32,
     u: f64,
     /// Index of the job's mask among the uploaded ones (with `JOB_MASK`).
     mask_slot: u32,
@@ -199,11 +210,12 @@ impl JobPlan {
             self.top_p.to_bits(),
             self.typical_p.to_bits(),
             self.top_k,
+            self.scale.to_bits(),
+            0,
         ];
         for w in words {
             out.extend_from_slice(&w.to_le_bytes());
         }
-        out.extend_from_slice(&self.inv_t.to_le_bytes());
         out.extend_from_slice(&self.u.to_le_bytes());
         for w in [self.mask_slot, 0] {
             out.extend_from_slice(&w.to_le_bytes());
@@ -224,7 +236,7 @@ impl JobPlan {
             top_p: 1.0,
             typical_p: 1.0,
             top_k: 0,
-            inv_t: 1.0,
+            scale: 0.0,
             u: 0.0,
             mask_slot: 0,
         }
@@ -322,7 +334,7 @@ pub fn process<D: Device>(
             top_p: p.top_p,
             typical_p: p.typical_p,
             top_k: p.top_k,
-            inv_t: 1.0 / f64::from(p.temperature),
+            scale: weight::scale(p.temperature),
             u: uniform(s.seed, s.ctx.output.len() as u64),
             mask_slot: 0,
         });
@@ -489,4 +501,48 @@ fn decode(words: &[u32], jobs: &[JobPlan], n_samples: usize) -> LogitsOutput {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of `#define name <literal>f` in kernels/sampling.cu.
+    fn kernel_constant(name: &str) -> f32 {
+        let src = lmi_cuda::kernels::source("sampling.cu").expect("kernels/sampling.cu");
+        let line = src
+            .text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+            .unwrap_or_else(|| panic!("#define {name} in kernels/sampling.cu"));
+        line.trim()
+            .trim_end_matches('f')
+            .parse()
+            .unwrap_or_else(|e| panic!("{name} = {line}: {e}"))
+    }
+
+    #[test]
+    fn the_kernel_weighs_with_the_cpus_constants() {
+        for (i, &c) in weight::EXP2_COEFFS.iter().enumerate() {
+            let k = kernel_constant(&format!("SMP_EXP2_C{}", i + 1));
+            assert_eq!(k.to_bits(), c.to_bits(), "coefficient {}", i + 1);
+        }
+        assert_eq!(kernel_constant("SMP_ROUND"), 12_582_912.0);
+    }
+
+    #[test]
+    fn a_job_record_is_the_kernels_struct() {
+        let mut job = JobPlan::score(3, 7, 2);
+        job.scale = 1.5;
+        job.u = 0.25;
+        job.mask_slot = 9;
+        let mut bytes = Vec::new();
+        job.write(&mut bytes);
+        assert_eq!(bytes.len(), JOB_BYTES);
+        let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        // struct Job: ..., top_k at 44, scale at 48, u at 56, mask_slot at 64.
+        assert_eq!(f32::from_bits(word(48)), 1.5);
+        assert_eq!(f64::from_le_bytes(bytes[56..64].try_into().unwrap()), 0.25);
+        assert_eq!(word(64), 9);
+    }
 }

@@ -1,25 +1,40 @@
 //! The non-greedy path: temperature, truncation filters and the inverse-CDF draw.
 //!
-//! Candidates carry `w = exp((x - max) / T)` in f64, the unnormalized probability after
-//! temperature (the most likely token has `w = 1`). Candidates are ordered by `w`
-//! descending, then id ascending; every filter and the draw are defined on that order.
-//! Nothing here sorts the whole vocabulary unless `typical_p` is active: top-k is a
+//! Candidates carry their logit `x` and `w = 2^((x - max) · log2(e) / T)`, the unnormalized
+//! probability after temperature (the most likely token has `w = 1`), computed in f32 by
+//! [`super::weight`] exactly as the CUDA sampler computes it; sums of weights are f64.
+//! Candidates are ordered by logit descending, then id ascending (`w` is monotone in the
+//! logit, so this is also `w` descending); every filter and the draw are defined on that
+//! order. Nothing here sorts the whole vocabulary unless `typical_p` is active: top-k is a
 //! selection, top-p and the draw are mass-guided selections ([`rank_by_mass`]).
 
 use std::cell::RefCell;
 use std::cmp::Ordering;
 
 use super::SamplingParams;
+use super::weight;
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Cand {
     pub id: u32,
-    pub w: f64,
+    /// The (cleaned, finite) logit.
+    pub x: f32,
+    /// [`weight::weight`] of `x`: positive, at most 1.
+    pub w: f32,
 }
 
+impl Cand {
+    /// The weight as an f64 term of a sum (exact).
+    #[inline]
+    pub fn mass(&self) -> f64 {
+        f64::from(self.w)
+    }
+}
+
+/// Logit descending, then id ascending (±0 compare equal: id order).
 #[inline]
 fn order(a: &Cand, b: &Cand) -> Ordering {
-    b.w.partial_cmp(&a.w)
+    b.x.partial_cmp(&a.x)
         .unwrap_or(Ordering::Equal)
         .then(a.id.cmp(&b.id))
 }
@@ -40,7 +55,7 @@ pub(crate) fn draw(row: &[f32], max: f32, params: &SamplingParams, u: f64) -> Op
         if cands.is_empty() {
             return None;
         }
-        let total: f64 = cands.iter().map(|c| c.w).sum();
+        let total: f64 = cands.iter().map(Cand::mass).sum();
         let r = rank_by_mass(&mut cands, u * total, Crossing::Above);
         Some(cands[r].id)
     })
@@ -52,18 +67,17 @@ pub(crate) fn draw(row: &[f32], max: f32, params: &SamplingParams, u: f64) -> Op
 /// typical_p keeps at least one token.
 pub(crate) fn survivors(row: &[f32], max: f32, params: &SamplingParams, cands: &mut Vec<Cand>) {
     cands.clear();
-    let inv_t = 1.0 / f64::from(params.temperature);
-    let max = f64::from(max);
+    let scale = weight::scale(params.temperature);
     // min_p: p < min_p * p_max  <=>  w < min_p, since w_max = 1. Also drops w that
-    // underflowed to 0 (probability 0 at this temperature).
-    let min_w = f64::from(params.min_p);
+    // underflowed to 0 (below 2^-126 of the most likely token's at this temperature).
+    let min_w = params.min_p;
     for (i, &x) in row.iter().enumerate() {
         if x == f32::NEG_INFINITY {
             continue;
         }
-        let w = ((f64::from(x) - max) * inv_t).exp();
+        let w = weight::weight(x, max, scale);
         if w > 0.0 && w >= min_w {
-            cands.push(Cand { id: i as u32, w });
+            cands.push(Cand { id: i as u32, x, w });
         }
     }
     let k = params.top_k as usize;
@@ -72,7 +86,7 @@ pub(crate) fn survivors(row: &[f32], max: f32, params: &SamplingParams, cands: &
         cands.truncate(k);
     }
     if params.top_p < 1.0 && !cands.is_empty() {
-        let total: f64 = cands.iter().map(|c| c.w).sum();
+        let total: f64 = cands.iter().map(Cand::mass).sum();
         let r = rank_by_mass(cands, f64::from(params.top_p) * total, Crossing::AtLeast);
         cands.truncate(r + 1);
     }
@@ -117,7 +131,7 @@ pub(crate) fn rank_by_mass(cands: &mut [Cand], target: f64, crossing: Crossing) 
         first = false;
         let part = &mut cands[lo..hi];
         part.select_nth_unstable_by(k, order);
-        let head: f64 = part[..k].iter().map(|c| c.w).sum();
+        let head: f64 = part[..k].iter().map(Cand::mass).sum();
         if crosses(acc + head) {
             hi = lo + k;
         } else {
@@ -128,7 +142,7 @@ pub(crate) fn rank_by_mass(cands: &mut [Cand], target: f64, crossing: Crossing) 
     let part = &mut cands[lo..hi];
     part.sort_unstable_by(order);
     for (j, c) in part.iter().enumerate() {
-        acc += c.w;
+        acc += c.mass();
         if crosses(acc) {
             return lo + j;
         }
@@ -140,18 +154,18 @@ pub(crate) fn rank_by_mass(cands: &mut [Cand], target: f64, crossing: Crossing) 
 /// ascending), find the first index where the cumulative probability reaches `mass`
 /// (clamped to the last), keep every token whose score is `<=` the score there.
 fn typical(cands: &mut Vec<Cand>, mass: f64) {
-    let total: f64 = cands.iter().map(|c| c.w).sum();
+    let total: f64 = cands.iter().map(Cand::mass).sum();
     let ln_total = total.ln();
     let entropy: f64 = cands
         .iter()
         .map(|c| {
-            let lp = c.w.ln() - ln_total;
+            let lp = c.mass().ln() - ln_total;
             -lp.exp() * lp
         })
         .sum();
     let mut scored: Vec<(f64, Cand)> = cands
         .iter()
-        .map(|&c| ((-(c.w.ln() - ln_total) - entropy).abs(), c))
+        .map(|&c| ((-(c.mass().ln() - ln_total) - entropy).abs(), c))
         .collect();
     scored.sort_unstable_by(|a, b| {
         a.0.partial_cmp(&b.0)
@@ -161,7 +175,7 @@ fn typical(cands: &mut Vec<Cand>, mass: f64) {
     let mut cum = 0.0;
     let mut last = scored.len() - 1;
     for (j, (_, c)) in scored.iter().enumerate() {
-        cum += c.w / total;
+        cum += c.mass() / total;
         if cum >= mass {
             last = j;
             break;

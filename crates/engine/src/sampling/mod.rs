@@ -21,9 +21,11 @@
 //!    lists only tokens of nonzero probability.
 //! 5. **Greedy** (`temperature <= 1e-5`): the argmax, ties to the lowest id. Truncation
 //!    filters do not apply.
-//! 6. Otherwise **temperature**: `p ∝ exp((x - max) / T)` in f64, then the filters, each on
-//!    the renormalized survivors of the previous one, candidates ordered by
-//!    (p descending, id ascending):
+//! 6. Otherwise **temperature**: `p ∝ w = 2^((x - max) · log2(e) / T)`, each weight in f32
+//!    arithmetic that the CUDA sampler repeats bit for bit (`weight`: within 1.1e-7 of `2^t`
+//!    for its f32 argument `t`, monotone in `x`, 0 below `2^-126`), sums of weights in f64;
+//!    then the filters, each on the renormalized survivors of the previous one, candidates
+//!    ordered by (logit descending, id ascending), which is also p descending:
 //!    * `min_p`: drop `p < min_p * p_max` (vLLM order: before top-k/top-p; it commutes
 //!      with top-k);
 //!    * `top_k`: keep the first `k`;
@@ -32,7 +34,7 @@
 //!      ascending; keep up to and including the first index where the cumulative
 //!      probability reaches `typical_p`, plus ties of its score).
 //! 7. **Draw**: `u = uniform(seed, output.len())` (a SplitMix64 hash, no RNG state); the
-//!    token is the first candidate, in (p descending, id ascending) order, whose inclusive
+//!    token is the first candidate, in (logit descending, id ascending) order, whose inclusive
 //!    cumulative probability (f64, renormalized over the survivors) exceeds `u`. A seeded
 //!    sequence therefore depends only on (seed, position, logits): same tokens alone or in
 //!    any batch.
@@ -57,6 +59,7 @@ mod logprobs;
 mod params;
 pub(crate) mod processors;
 mod rng;
+pub mod weight;
 
 #[cfg(test)]
 mod tests;

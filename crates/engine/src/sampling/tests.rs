@@ -70,13 +70,16 @@ fn sorted_renormalized(mut c: Vec<(usize, f64)>) -> Vec<(usize, f64)> {
 }
 
 /// The documented filter chain, written with full sorts: min_p -> top_k -> top_p -> typical.
+/// Probabilities in f64 by the full softmax; weights under 2^-126 of the largest are zero, as
+/// documented (the sampler's f32 weights stop there).
 fn brute_survivors(row: &[f32], p: &SamplingParams) -> Vec<(usize, f64)> {
     let probs = softmax(row, f64::from(p.temperature));
     let pmax = probs.iter().cloned().fold(0.0, f64::max);
+    let tiny = pmax * 2f64.powi(-126);
     let mut c: Vec<(usize, f64)> = probs
         .iter()
         .enumerate()
-        .filter(|&(_, &q)| q > 0.0 && q >= f64::from(p.min_p) * pmax)
+        .filter(|&(_, &q)| q >= tiny && q >= f64::from(p.min_p) * pmax)
         .map(|(i, &q)| (i, q))
         .collect();
     c = sorted_renormalized(c);
@@ -272,18 +275,27 @@ fn rank_by_mass_matches_sorted_cumsum() {
     for case in 0..30 {
         let n = 1 + rng.below(5000) as usize;
         let cands: Vec<Cand> = (0..n)
-            .map(|i| Cand {
-                id: i as u32,
-                w: rng.unit() * rng.unit(),
+            .map(|i| {
+                // Coarse weights, so some distinct candidates tie; the logit orders them.
+                let w = ((rng.unit() * rng.unit() * 512.0).round() / 512.0) as f32;
+                Cand {
+                    id: i as u32,
+                    x: w.ln() + (i % 3) as f32 * 1e-3,
+                    w,
+                }
             })
+            .filter(|c| c.w > 0.0)
             .collect();
-        let total: f64 = cands.iter().map(|c| c.w).sum();
+        if cands.is_empty() {
+            continue;
+        }
+        let total: f64 = cands.iter().map(|c| f64::from(c.w)).sum();
         let target = rng.unit() * total;
         let mut sorted = cands.clone();
-        sorted.sort_by(|a, b| b.w.partial_cmp(&a.w).unwrap().then(a.id.cmp(&b.id)));
+        sorted.sort_by(|a, b| b.x.partial_cmp(&a.x).unwrap().then(a.id.cmp(&b.id)));
         let mut cum = 0.0;
         let want = sorted.iter().position(|c| {
-            cum += c.w;
+            cum += f64::from(c.w);
             cum > target
         });
         let mut work = cands.clone();
@@ -985,4 +997,34 @@ fn vector_argmax_is_the_first_maximum_as_the_scalar_scan_finds_it() {
             assert_eq!(max_argmax(&row), want, "len {len} case {case}");
         }
     }
+}
+
+#[test]
+fn equal_weights_keep_the_logit_order() {
+    // At a huge temperature every weight rounds to 1 in f32: the filters still rank by
+    // logit (then id), so top-k keeps the largest logits, not the lowest ids.
+    let row = [0.0f32, 1.0, 0.5, 1.0 - 1.0 / 1024.0, 0.25];
+    let max = 1.0;
+    let p = SamplingParams {
+        top_k: 2,
+        ..sampled_params(1e12)
+    };
+    let s = weight::scale(p.temperature);
+    assert!(row.iter().all(|&x| weight::weight(x, max, s) == 1.0));
+    let mut cands = Vec::new();
+    filters::survivors(&row, max, &p, &mut cands);
+    assert_eq!(
+        ids_of(cands.iter().map(|c| c.id as usize).collect()),
+        [1, 3]
+    );
+    let mut seen = [false; 5];
+    for seed in 0..64 {
+        let p = SamplingParams { seed, ..p.clone() };
+        seen[sample(&mut row.to_vec(), &p, &SequenceContext::default()).token as usize] = true;
+    }
+    assert_eq!(seen, [false, true, false, true, false]);
+    // top_p 0.4 of two equal weights: the larger logit alone.
+    let p = SamplingParams { top_p: 0.4, ..p };
+    filters::survivors(&row, max, &p, &mut cands);
+    assert_eq!(cands.iter().map(|c| c.id).collect::<Vec<_>>(), [1]);
 }
