@@ -41,13 +41,29 @@ pub fn linear<W: WElem>(
         let per = n.div_ceil(threads * 4);
         (per.div_ceil(nr) * nr).clamp(16, n.max(16))
     };
-    // bf16 weights with AVX512-BF16: the inputs are rounded to bf16 once per call and every
-    // element (every tile shape, every batch) goes through the same vdpbf16ps sequence.
-    let bf16_dot = std::any::TypeId::of::<W>() == std::any::TypeId::of::<u16>() && has_bf16_dot();
-    let xb: Vec<u16> = if bf16_dot {
+    // bf16 weights: the inputs are rounded to bf16 once per call, as a GPU's bf16 product
+    // takes them, on every CPU (so a bf16 model computes the same numbers whatever the CPU,
+    // and the CUDA engine's). With AVX512-BF16 every element (every tile shape, every batch)
+    // goes through the same vdpbf16ps sequence; without, the rounded inputs are widened back
+    // to f32 for the FMA kernels.
+    let bf16_weights = std::any::TypeId::of::<W>() == std::any::TypeId::of::<u16>();
+    let bf16_dot = bf16_weights && has_bf16_dot();
+    let xb: Vec<u16> = if bf16_weights {
         to_bf16(&x[..m * k])
     } else {
         Vec::new()
+    };
+    let x_rounded: Vec<f32> = if bf16_weights && !bf16_dot {
+        xb.iter()
+            .map(|&b| f32::from_bits((b as u32) << 16))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let x = if x_rounded.is_empty() {
+        x
+    } else {
+        &x_rounded[..]
     };
     let out_ptr = SendPtr(out.as_mut_ptr());
     let xp = SendPtr(x.as_ptr() as *mut f32);
@@ -559,14 +575,11 @@ mod tests {
             .map(|_| half::bf16::from_f32(lcg(&mut s)).to_bits())
             .collect();
         let wf: Vec<f32> = wb.iter().map(|&b| b.to_f32()).collect();
-        // With AVX512-BF16 the inputs are rounded to bf16 first; otherwise they are exact.
-        let xr: Vec<f32> = if has_bf16_dot() {
-            x.iter()
-                .map(|&v| half::bf16::from_f32(v).to_f32())
-                .collect()
-        } else {
-            x.clone()
-        };
+        // The inputs are rounded to bf16 first, on every CPU (as a GPU's bf16 product).
+        let xr: Vec<f32> = x
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_f32())
+            .collect();
         let mut a = vec![0.0; m * n];
         linear(&x, m, k, &wb, n, None, &mut a);
         for (got, want) in a.iter().zip(reference(&xr, m, k, &wf, n)) {
