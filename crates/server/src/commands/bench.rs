@@ -123,7 +123,7 @@ pub struct EngineArgs {
     decode_steps: usize,
     /// On a GPU, the ceilings' sizes: MiB copied for the bandwidth, side of the square bf16
     /// products for the matrix rate (small ones for a rehearsal on the fake driver).
-    #[arg(long, value_delimiter = ',', num_args = 2, default_values_t = [1024, 8192])]
+    #[arg(long, value_delimiter = ',', default_values_t = [1024, 8192])]
     ceiling_sizes: Vec<usize>,
 }
 
@@ -166,6 +166,9 @@ pub fn measure_read_bandwidth() -> f64 {
 }
 
 fn engine(a: EngineArgs) -> anyhow::Result<()> {
+    let &[copy_mib, side] = a.ceiling_sizes.as_slice() else {
+        anyhow::bail!("--ceiling-sizes takes two numbers: MiB copied, product side");
+    };
     let (dir, dtype, gguf) = a.m.resolve()?;
     let batches = match (a.batch.is_empty(), a.m.device) {
         (false, _) => a.batch.clone(),
@@ -188,11 +191,7 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
             "memory read bandwidth".to_string(),
         ),
         Device::Cuda(ordinal) => {
-            let c = lmi_engine::cuda::ceilings::measure(
-                ordinal,
-                a.ceiling_sizes[0] << 20,
-                a.ceiling_sizes[1],
-            )?;
+            let c = lmi_engine::cuda::ceilings::measure(ordinal, copy_mib << 20, side)?;
             let what = format!(
                 "device copy bandwidth (read + written; bf16 product rate {:.0} TFLOP/s)",
                 c.bf16_flops / 1e12
