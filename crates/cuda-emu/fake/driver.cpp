@@ -397,6 +397,19 @@ CUresult check_launch(const FakeFunction* f, const uint32_t grid[3], const uint3
     return CUDA_SUCCESS;
 }
 
+// The checks every device query starts with: an output, cuInit, device 0.
+CUresult query_checks(const void* out, CUdevice dev) {
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    if (!state().initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    return dev == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+#define QUERY_CHECKS(out, dev)                               \
+    do {                                                     \
+        const CUresult rc_ = query_checks((out), (dev));     \
+        if (rc_ != CUDA_SUCCESS) return rc_;                 \
+    } while (0)
+
 const char* error_name(CUresult e) {
     switch (e) {
 #define NAME(x) \
@@ -526,25 +539,20 @@ API CUresult cuDeviceGet(CUdevice* device, int ordinal) {
 }
 
 API CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
-    if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
-    if (!state().initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    QUERY_CHECKS(name, dev);
     snprintf(name, (size_t)len, "lmi fake GPU (sm_90, emulated on the CPU)");
     return CUDA_SUCCESS;
 }
 
 API CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
-    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
-    if (!state().initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    QUERY_CHECKS(bytes, dev);
     *bytes = state().total_memory;
     return CUDA_SUCCESS;
 }
 
 API CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice dev) {
-    if (!value) return CUDA_ERROR_INVALID_VALUE;
-    if (!state().initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    QUERY_CHECKS(value, dev);
     int v;
     switch (attribute) {
         case ATTR_MAX_THREADS_PER_BLOCK: v = 1024; break;
@@ -587,11 +595,9 @@ API CUresult cuDeviceGetAttribute(int* value, int attribute, CUdevice dev) {
 // ---- Contexts ---------------------------------------------------------------------------------
 
 API CUresult cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice dev) {
-    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
     State& S = state();
     Lock lock(S.mu);
-    if (!S.initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    QUERY_CHECKS(ctx, dev);
     if (S.primary.retained++ == 0) S.primary.alive = true;
     *ctx = &S.primary;
     return CUDA_SUCCESS;
@@ -682,9 +688,7 @@ API CUresult cuMemFree_v2(CUdeviceptr p) {
 }
 
 API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
-    if (!pool) return CUDA_ERROR_INVALID_VALUE;
-    if (!state().initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    QUERY_CHECKS(pool, dev);
     *pool = &state().pool;
     return CUDA_SUCCESS;
 }

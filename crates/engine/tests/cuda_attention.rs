@@ -806,7 +806,7 @@ fn check_high_block_ids<D: Device>(g: &CudaBackend<D>) {
 
 #[test]
 fn block_ids_above_2_pow_20() {
-    if std::env::var_os("LMI_HIGH_BLOCKS_CHILD").is_some() {
+    if cuda_common::in_child() {
         if let Some(dev) = cuda_common::driver() {
             check_high_block_ids(&CudaBackend::with_graphs(dev, true).unwrap());
         }
@@ -817,17 +817,9 @@ fn block_ids_above_2_pow_20() {
         check_high_block_ids(&CudaBackend::with_graphs(dev, true).unwrap());
     }
     // The driver's device needs room for the two 8 GiB pools: in a process of its own.
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "block_ids_above_2_pow_20", "--nocapture"])
-        .env("LMI_HIGH_BLOCKS_CHILD", "1")
-        .env("LMI_FAKE_CUDA_MEMORY_MB", "20480")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "on the driver:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    cuda_common::run_in_child(
+        "block_ids_above_2_pow_20",
+        &[("LMI_FAKE_CUDA_MEMORY_MB", "20480")],
     );
 }
 

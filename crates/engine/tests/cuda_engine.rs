@@ -374,7 +374,7 @@ fn check_load_time_warm_up<D: Device>(dev: &Arc<D>) {
 
 #[test]
 fn the_load_time_warm_up_sizes_the_kv_cache_and_captures_every_graph() {
-    if std::env::var_os("LMI_WARMUP_CHILD").is_some() {
+    if cuda_common::in_child() {
         if let Some(dev) = cuda_common::driver() {
             check_load_time_warm_up(&dev);
         }
@@ -385,20 +385,9 @@ fn the_load_time_warm_up_sizes_the_kv_cache_and_captures_every_graph() {
     }
     // The driver's device is one per process, and the other tests here allocate on it:
     // measured alone, in a child process.
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "the_load_time_warm_up_sizes_the_kv_cache_and_captures_every_graph",
-            "--nocapture",
-        ])
-        .env("LMI_WARMUP_CHILD", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "on the driver:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    cuda_common::run_in_child(
+        "the_load_time_warm_up_sizes_the_kv_cache_and_captures_every_graph",
+        &[],
     );
 }
 

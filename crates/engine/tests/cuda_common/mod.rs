@@ -97,6 +97,29 @@ pub fn driver_turn() -> std::sync::MutexGuard<'static, ()> {
     TURN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Whether this process is a child started by [`run_in_child`].
+pub fn in_child() -> bool {
+    std::env::var_os("LMI_CUDA_TEST_CHILD").is_some()
+}
+
+/// Runs this test binary's `test` alone in a child process with `env` set, for a check that
+/// needs the driver's device to itself (its memory measured, or sized by `env`); fails with
+/// the child's output if the child fails. The test sees [`in_child`].
+pub fn run_in_child(test: &str, env: &[(&str, &str)]) {
+    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["--exact", test, "--nocapture"])
+        .env("LMI_CUDA_TEST_CHILD", "1")
+        .envs(env.iter().copied())
+        .output()
+        .expect("running the child");
+    assert!(
+        out.status.success(),
+        "{test}, alone on the driver:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `CudaDevice` on a real GPU, for the checks that mean nothing on the fake driver
 /// (checkpoint agreement, speed); `None` when there is none.
 pub fn gpu() -> Option<Arc<CudaDevice>> {
