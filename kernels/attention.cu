@@ -22,8 +22,8 @@
 //   replays correctly, and does only the work its contexts need, for any later step. Blocks
 //   of the tile's later splits end after one barrier (no rows, no loads). With one split the
 //   block writes the normalized output; with more, each takes an equal share of its pass's KV
-//   blocks and writes unnormalized partials (accumulator, max, sum), which attention_merge
-//   combines in split order.
+//   blocks and writes unnormalized partials (accumulator, max, sum), which the tile's last
+//   block to finish combines in split order (att_merge_if_last: no merge launch).
 // - Causal per row: row of token t sees keys 0 ..= position(t), below its context length.
 //   Rows of context 0 (padding of decode batches) write zeros.
 // - Every reduction has a fixed order for a given launch shape.
@@ -266,6 +266,7 @@ __device__ __forceinline__ void chunk_pv(float (&acc)[S::PV_ROWS][S::E], const f
 template <typename S, bool EXACT, typename TOut>
 __device__ __forceinline__ void paged_attention(
     TOut* __restrict__ out, float* __restrict__ part_o, float2* __restrict__ part_ml,
+    unsigned* __restrict__ tile_counters,
     const float* __restrict__ qkv, const bf16* __restrict__ k_cache,
     const bf16* __restrict__ v_cache, const unsigned* __restrict__ tiles,
     const unsigned* __restrict__ positions, const unsigned* __restrict__ context_lens,
@@ -394,18 +395,21 @@ __device__ __forceinline__ void paged_attention(
         }
         __syncthreads();
     }
+    if (splits_s > 1 && split < splits_s)
+        att_merge_if_last(out, part_o, part_ml, tile_counters, tiles, splits_s, num_tokens, q_heads,
+                          hd);
 }
 
 #define ATTENTION(NAME, SHAPE, EXACT, TOut, MIN_BLOCKS)                                          \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS, MIN_BLOCKS)                        \
         NAME(TOut* __restrict__ out, float* __restrict__ part_o, float2* __restrict__ part_ml,   \
-             const float* __restrict__ qkv, const bf16* __restrict__ k_cache,                    \
+             unsigned* __restrict__ tile_counters, const float* __restrict__ qkv, const bf16* __restrict__ k_cache,                    \
              const bf16* __restrict__ v_cache, const unsigned* __restrict__ tiles,               \
              const unsigned* __restrict__ positions, const unsigned* __restrict__ context_lens,  \
              const unsigned* __restrict__ block_tables, unsigned block_stride,                  \
              unsigned num_tokens, unsigned q_heads, unsigned kv_heads, unsigned head_dim,       \
              float scale) {                                                                     \
-        paged_attention<SHAPE, EXACT>(out, part_o, part_ml, qkv, k_cache, v_cache, tiles,       \
+        paged_attention<SHAPE, EXACT>(out, part_o, part_ml, tile_counters, qkv, k_cache, v_cache, tiles,       \
                                       positions, context_lens, block_tables, block_stride,      \
                                       num_tokens, q_heads, kv_heads, head_dim, scale);          \
     }
@@ -418,56 +422,3 @@ ATTENTION(attention_decode_any_f32, DecodeAny, false, float, 1)
 ATTENTION(attention_decode_any_bf16, DecodeAny, false, bf16, 1)
 ATTENTION(attention_prefill_any_f32, PrefillAny, false, float, 1)
 ATTENTION(attention_prefill_any_bf16, PrefillAny, false, bf16, 1)
-
-// Merges the splits' partials of the tiles that have more than one (attention_split.cuh):
-// block (tile blockIdx.x, rows blockIdx.y · 4 ..), a warp per (token, q head) row of the tile,
-// lanes over head_dim. out[row] = Σ_s 2^(m_s - M) o_s / Σ_s 2^(m_s - M) l_s, M = max_s m_s,
-// over the tile's splits in order; a tile of one split already wrote its rows.
-template <typename TOut>
-__device__ __forceinline__ void merge_splits(TOut* __restrict__ out,
-                                             const float* __restrict__ part_o,
-                                             const float2* __restrict__ part_ml,
-                                             const unsigned* __restrict__ tiles,
-                                             const unsigned* __restrict__ positions,
-                                             const unsigned* __restrict__ context_lens,
-                                             unsigned num_tokens, unsigned q_heads,
-                                             unsigned head_dim, unsigned bound) {
-    const unsigned lane = threadIdx.x & 31u;
-    const unsigned r = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (r >= tiles[3 * blockIdx.x + 2] * q_heads) return;
-    const unsigned splits =
-        att_tile_splits(att_tile_keys(tiles, positions, context_lens, blockIdx.x), bound);
-    if (splits == 1) return;
-    const unsigned long long rows = (unsigned long long)num_tokens * q_heads;
-    const unsigned long long row = (unsigned long long)tiles[3 * blockIdx.x + 1] * q_heads + r;
-    float m = LMI_NEG_INF;
-    for (unsigned s = 0; s < splits; s++) m = fmaxf(m, part_ml[s * rows + row].x);
-    const float base = m == LMI_NEG_INF ? 0.0f : m;
-    float l = 0.0f;
-    for (unsigned s = 0; s < splits; s++) {
-        const float2 ml = part_ml[s * rows + row];
-        l += exp2f(ml.x - base) * ml.y;
-    }
-    for (unsigned d = lane; d < head_dim; d += 32) {
-        float o = 0.0f;
-        for (unsigned s = 0; s < splits; s++)
-            o += exp2f(part_ml[s * rows + row].x - base) * part_o[(s * rows + row) * head_dim + d];
-        store_f32(out, row * head_dim + d, l > 0.0f ? o / l : 0.0f);
-    }
-}
-
-// Grid (tiles, ceil(rows of the largest tile / 4)), 128 threads; `splits` is the attention
-// launch's gridDim.z.
-#define ATTENTION_MERGE(NAME, TOut)                                                              \
-    extern "C" __global__ void NAME(TOut* __restrict__ out, const float* __restrict__ part_o,    \
-                                    const float2* __restrict__ part_ml,                          \
-                                    const unsigned* __restrict__ tiles,                          \
-                                    const unsigned* __restrict__ positions,                      \
-                                    const unsigned* __restrict__ context_lens,                   \
-                                    unsigned num_tokens, unsigned q_heads, unsigned head_dim,    \
-                                    unsigned splits) {                                           \
-        merge_splits(out, part_o, part_ml, tiles, positions, context_lens, num_tokens, q_heads,  \
-                     head_dim, splits);                                                          \
-    }
-ATTENTION_MERGE(attention_merge_f32, float)
-ATTENTION_MERGE(attention_merge_bf16, bf16)

@@ -1,6 +1,6 @@
 // Paged causal attention for prefill steps on tensor cores (bf16 wmma, f32 accumulation), for
-// head_dim 64 and 128. attention.cu has the decode kernels, the 256-wide padded family and
-// the split merge; crates/engine/src/cuda/attention.rs picks among them.
+// head_dim 64 and 128. attention.cu has the decode kernels, and the 256-wide padded family;
+// crates/engine/src/cuda/attention.rs picks among them.
 //
 // FlashAttention-2 tiling, with the launch and outputs of attention.cu's kernels:
 // - Grid (tiles, kv_heads, splits), 256 threads (8 warps). A tile is up to 16 query tokens of
@@ -24,7 +24,8 @@
 // - Split-KV as in attention.cu (attention_split.cuh): a tile uses att_tile_splits of the
 //   gridDim.z splits; blocks past them end at once; with one split the block writes the
 //   normalized output, with more each split takes an equal share of the pass's KV blocks and
-//   writes unnormalized partials (O, and max and sum) for attention_merge.
+//   writes unnormalized partials (O, and max and sum), merged by the tile's last block
+//   (att_merge_if_last).
 // - Every reduction has a fixed order for a given launch shape; the emulator checks the warp
 //   rules (crates/cuda-emu: its wmma has a layout of its own, so nothing here may assume one).
 #include "common.cuh"
@@ -234,6 +235,7 @@ __device__ __forceinline__ void pf_warp_chunk(AccFrag (&o)[S::FRAGS], const bf16
 template <typename S, typename TOut>
 __device__ __forceinline__ void prefill_attention(
     TOut* __restrict__ out, float* __restrict__ part_o, float2* __restrict__ part_ml,
+    unsigned* __restrict__ tile_counters,
     const float* __restrict__ qkv, const bf16* __restrict__ k_cache,
     const bf16* __restrict__ v_cache, const unsigned* __restrict__ tiles,
     const unsigned* __restrict__ positions, const unsigned* __restrict__ context_lens,
@@ -402,18 +404,21 @@ __device__ __forceinline__ void prefill_attention(
         }
         __syncthreads();
     }
+    if (splits_s > 1 && split < splits_s)
+        att_merge_if_last(out, part_o, part_ml, tile_counters, tiles, splits_s, num_tokens, q_heads,
+                          hd);
 }
 
 #define PREFILL_ATTENTION(NAME, SHAPE, TOut)                                                      \
     extern "C" __global__ void __launch_bounds__(PF_THREADS, 2)                                   \
         NAME(TOut* __restrict__ out, float* __restrict__ part_o, float2* __restrict__ part_ml,    \
-             const float* __restrict__ qkv, const bf16* __restrict__ k_cache,                     \
+             unsigned* __restrict__ tile_counters, const float* __restrict__ qkv, const bf16* __restrict__ k_cache,                     \
              const bf16* __restrict__ v_cache, const unsigned* __restrict__ tiles,                \
              const unsigned* __restrict__ positions, const unsigned* __restrict__ context_lens,   \
              const unsigned* __restrict__ block_tables, unsigned block_stride,                   \
              unsigned num_tokens, unsigned q_heads, unsigned kv_heads, unsigned head_dim,        \
              float scale) {                                                                      \
-        prefill_attention<SHAPE>(out, part_o, part_ml, qkv, k_cache, v_cache, tiles, positions,  \
+        prefill_attention<SHAPE>(out, part_o, part_ml, tile_counters, qkv, k_cache, v_cache, tiles, positions,  \
                                  context_lens, block_tables, block_stride, num_tokens, q_heads,  \
                                  kv_heads, scale);                                               \
     }

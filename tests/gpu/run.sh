@@ -10,7 +10,8 @@
 #             of prompts, logprobs within 0.1, a seeded request identical run after run); a request served
 #             by `lmi serve --device cuda`
 #   bench     (4) the ceilings, then `lmi bench engine --device cuda` on the default model, a
-#             4-layer and a full 8B-shaped random model (made here)
+#             4-layer and a full 8B-shaped random model (made here), and the 8B shape again
+#             with the down projection unfused (LMI_CUDA_FUSED_DOWN_ROWS=0)
 #   hf        (5) HF transformers generate() on the same shapes
 # `run.sh --fake STEP` runs a step on this machine's fake driver (tests/gpu/fake-driver.sh),
 # from .gpu/bin (tests/gpu/stage.sh): the rehearsal, small shapes; what this machine lacks
@@ -172,6 +173,11 @@ bench)
         check "lmi bench engine: 8B-shaped, $layers layers" "roofline|^\| 1 \|" \
             "$BIN/lmi" bench engine --device cuda --model "$dir" "${batches[@]}"
     done
+    # The down projection's fused SwiGLU + GEMV (kernels/mlp_down.cu, steps of <= 8 rows)
+    # against silu_mul then cuBLAS, on the full 8B shape: which to keep is decided here.
+    if [ $fake = 1 ]; then ab=(--batch 1 --prompt-len 16 --decode-steps 4 "${small[@]}"); else ab=(--batch 1,8); fi
+    check "lmi bench engine: 8B-shaped, 32 layers, down projection unfused" "roofline|^\| 1 \|" \
+        env LMI_CUDA_FUSED_DOWN_ROWS=0 "$BIN/lmi" bench engine --device cuda --model "$WORK/llama8b-32" "${ab[@]}"
     grep -E "^\|" "$LOG" >"$OUT/bench-tables.md"
     ;;
 hf)

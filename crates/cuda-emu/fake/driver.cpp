@@ -1121,7 +1121,8 @@ API CUresult cuModuleGetFunction(CUfunction* out, CUmodule module, const char* n
     for (size_t i = 0; same && i < n; ++i)
         same = lmi_emu_kernel_param_size((size_t)emu, i) == meta->params[i].size;
     if (!same) {
-        report("kernel `%s`: the CUBIN's parameters differ from the emulator's signature", name);
+        report("kernel `%s`: the CUBIN's %zu parameters differ from the emulator's %zu (count or "
+               "sizes)", name, meta->params.size(), n);
         return CUDA_ERROR_INVALID_IMAGE;
     }
     auto f = std::make_unique<FakeFunction>(FakeFunction{

@@ -289,6 +289,25 @@ pub trait Backend: Send + Sync + 'static {
         width: usize,
         out: &mut Self::Buf,
     ) -> Result<()>;
+    /// The MLP's down projection from its `[gate | up]` rows: `act = silu(gate) * up`
+    /// ([`Backend::silu_mul`]), then `out = act · wᵀ`. `act` must hold the activations
+    /// afterwards only when `keep_act` (a LoRA on the projection reads them). A backend may
+    /// fuse the two (CUDA does for a few rows); this default runs them in turn.
+    #[allow(clippy::too_many_arguments)]
+    fn silu_mul_linear(
+        &self,
+        gate_up: &Self::Buf,
+        rows: usize,
+        width: usize,
+        w: &Self::Weight,
+        act: &mut Self::Buf,
+        keep_act: bool,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = keep_act;
+        self.silu_mul(gate_up, rows, width, act)?;
+        self.linear(act, rows, w, None, out)
+    }
     /// LoRA deltas on one projection, `site`, for every adapter of the step at once (SGMV's
     /// grouping): for each group, the token rows of `BatchLayout::adapter_rows[group]` get
     /// `out[r, offset .. offset + n] += B · (A · x[r])`, with A `[rank, x_width]` and B

@@ -442,9 +442,10 @@ fn decode_launches(spec: &TinySpec) -> (u64, u64) {
 
 /// A decode step launches, per layer, attention's kernels and four more: add_rms_norm,
 /// qk_norm_rope_write_kv (q/k norms, RoPE and the K/V write in one), add_rms_norm and
-/// silu_mul; and four outside the layers (embedding, the residual add, the logits rows'
-/// gather and final norm). Before the fusion a layer took five (Llama) or seven (Qwen3:
-/// two head_rms_norm, rope, write_kv).
+/// silu_mul_down (SwiGLU fused with the down projection, which cuBLAS computed before: the
+/// emulator does not count cuBLAS calls as launches); and four outside the layers
+/// (embedding, the residual add, the logits rows' gather and final norm). Before the fusion
+/// a layer took five (Llama) or seven (Qwen3: two head_rms_norm, rope, write_kv).
 #[test]
 fn a_decode_step_launches_four_kernels_per_layer_besides_attention() {
     let specs = specs();

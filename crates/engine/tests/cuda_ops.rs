@@ -526,6 +526,53 @@ fn check_silu_add_gather<D: Device>(g: &CudaBackend<D>) {
     assert_eq!(to_host(g, &out), want, "gather_logit_rows");
 }
 
+/// The down projection fused with SwiGLU (kernels/mlp_down.cu, up to 8 rows) against the
+/// same device's silu_mul then cuBLAS, and the CPU's: K over two 2048-wide chunks (2056) and
+/// within one (40), N not a multiple of a block's 16 columns; the activations kept for a LoRA
+/// only when asked; 9 rows take the unfused path.
+fn check_silu_mul_down<D: Device>(g: &CudaBackend<D>) {
+    let c = cpu();
+    for (rows, k, n) in [(1, 2056, 37), (8, 2056, 37), (3, 40, 16), (9, 40, 21)] {
+        let what = format!("down projection of {rows} rows [{k} -> {n}]");
+        let gu = random(rows * 2 * k, 20 + rows as u64, 4.0);
+        let (_, w) = bf16_matrix(n, k, 21, 0.5);
+        let (cw, gw) = (
+            c.upload_weight(w.clone()).unwrap(),
+            g.upload_weight(w).unwrap(),
+        );
+        let mut want = c.alloc(rows * n).unwrap();
+        let mut cact = c.alloc_matmul_input(rows * k).unwrap();
+        c.silu_mul_linear(&gu, rows, k, &cw, &mut cact, true, &mut want)
+            .unwrap();
+        let ggu = g.upload_f32(&gu).unwrap();
+        let run = |fused_rows: usize, keep_act: bool| {
+            g.set_fused_down_rows(fused_rows);
+            let mut act = g.alloc_matmul_input(rows * k).unwrap();
+            // bf16 NaNs, so an activation the kernel should not write shows.
+            g.device()
+                .htod_slice(&vec![0x7fc0u16; rows * k], act.ptr)
+                .unwrap();
+            let mut out = g.alloc(rows * n).unwrap();
+            g.silu_mul_linear(&ggu, rows, k, &gw, &mut act, keep_act, &mut out)
+                .unwrap();
+            (to_host(g, &out), to_host(g, &act))
+        };
+        let (unfused, unfused_act) = run(0, true);
+        let (fused, fused_act) = run(8, true);
+        let (fused_alone, untouched) = run(8, false);
+        g.set_fused_down_rows(8);
+        // The same activation bits on this device; sums in another order than cuBLAS's.
+        assert_eq!(fused_act, unfused_act, "{what}: activations kept");
+        assert_close(&what, &fused, &unfused, 1e-4, 1e-5);
+        assert_eq!(fused_alone, fused, "{what}: without the activations");
+        if rows <= 8 {
+            assert!(untouched.iter().all(|v| v.is_nan()), "{what}: act written");
+        }
+        // The CPU's f32 SwiGLU may round a few activations to the neighbouring bf16.
+        assert_close(&what, &fused, &want, 2e-2, 2e-3);
+    }
+}
+
 fn check_linear_and_lora<D: Device>(g: &CudaBackend<D>) {
     let c = cpu();
     let (k, n) = (192, 80);
@@ -823,6 +870,11 @@ fn kv_writes_and_block_copies() {
 #[test]
 fn silu_add_and_gather() {
     on_every_device!(check_silu_add_gather);
+}
+
+#[test]
+fn silu_mul_down_projection() {
+    on_every_device!(check_silu_mul_down);
 }
 
 #[test]

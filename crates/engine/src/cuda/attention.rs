@@ -1,6 +1,6 @@
 //! Paged attention on the device (kernels/attention.cu, kernels/attention_prefill.cu): one
-//! launch over the step's tiles for every token of the ragged batch, and a merge launch when
-//! the keys are split.
+//! launch over the step's tiles for every token of the ragged batch, split keys included (the
+//! last of a tile's blocks to finish merges its splits).
 //!
 //! Launch rules:
 //! - grid (tiles, kv_heads, splits) of 256 threads; a block takes one tile (up to 16 tokens of
@@ -15,8 +15,9 @@
 //!   an upper bound: each tile uses [`tile_splits`] of them, one per [`MIN_SPLIT_KEYS`] keys
 //!   its furthest token sees, computed by the kernels from device memory
 //!   (kernels/attention_split.cuh). A tile's blocks past its count return at once; a tile of
-//!   one split writes its output itself and the merge leaves it alone; the merge combines
-//!   exactly a tile's splits, in order;
+//!   one split writes its output itself; otherwise the last of its blocks to finish (counted
+//!   in the step's `tile_counters`) combines exactly its splits, in order, so no merge launch
+//!   follows;
 //! - CUDA graphs: a step with a graph key is launched from the key alone (its block-table
 //!   width bounds the context), never from its context lengths, which the kernels read from
 //!   device memory; a captured graph replays the same launches for later steps, and the
@@ -46,8 +47,6 @@ pub const KERNELS: &[&str] = &[
     "attention_prefill_hd128_bf16",
     "attention_prefill_any_f32",
     "attention_prefill_any_bf16",
-    "attention_merge_f32",
-    "attention_merge_bf16",
 ];
 
 const THREADS: u32 = 256;
@@ -60,10 +59,6 @@ const BLOCKS_PER_SM: usize = 2;
 const MIN_SPLIT_KEYS: usize = 128;
 /// Bounds the split scratch and the merge's loop.
 const MAX_SPLITS: usize = 256;
-/// Rows (token, q head) per merge block: a warp each.
-const MERGE_ROWS: usize = 4;
-/// Query tokens of one tile (`step::ATTENTION_TILE_TOKENS`).
-const TILE_TOKENS: usize = super::step::ATTENTION_TILE_TOKENS;
 /// Dynamic shared memory a kernel gets without opting in.
 const DEFAULT_SHARED: u32 = 48 << 10;
 
@@ -209,16 +204,6 @@ fn tile_splits(keys: usize, bound: usize) -> usize {
     (keys / MIN_SPLIT_KEYS).clamp(1, bound.max(1))
 }
 
-/// The merge's grid: a block per tile and per [`MERGE_ROWS`] rows of the largest tile (one
-/// token per tile in a decode step, else up to [`TILE_TOKENS`]).
-fn merge_grid(num_tiles: usize, decode: bool, tokens: usize, q_heads: usize) -> (u32, u32) {
-    let tile_tokens = if decode { 1 } else { tokens.min(TILE_TOKENS) };
-    (
-        num_tiles as u32,
-        (tile_tokens * q_heads).div_ceil(MERGE_ROWS) as u32,
-    )
-}
-
 #[allow(clippy::too_many_arguments)]
 pub fn run<D: Device>(
     b: &CudaBackend<D>,
@@ -291,6 +276,7 @@ pub fn run<D: Device>(
             out.ptr.into(),
             part_o.into(),
             part_ml.into(),
+            step.tile_counters.into(),
             qkv.ptr.into(),
             k_cache.into(),
             v_cache.into(),
@@ -304,34 +290,6 @@ pub fn run<D: Device>(
             (kv_heads as u32).into(),
             (hd as u32).into(),
             scale.into(),
-        ],
-    )?;
-    if splits == 1 {
-        return Ok(());
-    }
-    let merge = match out.dtype {
-        ElemType::F32 => "attention_merge_f32",
-        ElemType::BF16 => "attention_merge_bf16",
-    };
-    let (tiles_x, rows_y) = merge_grid(step.num_tiles, decode, tokens, q_heads);
-    b.launch(
-        merge,
-        LaunchConfig {
-            grid: (tiles_x, rows_y, 1),
-            block: (32 * MERGE_ROWS as u32, 1, 1),
-            shared_mem_bytes: 0,
-        },
-        &[
-            out.ptr.into(),
-            part_o.into(),
-            part_ml.into(),
-            step.tiles.into(),
-            step.positions.into(),
-            step.context_lens.into(),
-            (tokens as u32).into(),
-            (q_heads as u32).into(),
-            (hd as u32).into(),
-            (splits as u32).into(),
         ],
     )
 }
@@ -390,19 +348,19 @@ mod tests {
 
     /// Per attention call of a batch-1 decode step with tiles seeing `keys` keys: (kernel
     /// launches, blocks that attend, blocks that return at once, partial bytes written, which
-    /// the merge reads back), before (every tile used the whole bound) and now.
+    /// the merge reads back), before (every tile used the whole bound, a merge launch
+    /// followed) and now (the tile's last block merges).
     fn decode_costs(keys: usize, bound: usize, kv: usize, q_heads: usize, hd: usize) -> [usize; 8] {
         let row_bytes = q_heads * (hd * 4 + 8);
-        let launches = if bound > 1 { 2 } else { 1 };
         let before = [
-            launches,
+            if bound > 1 { 2 } else { 1 },
             kv * bound,
             0,
             if bound > 1 { bound * row_bytes } else { 0 },
         ];
         let used = tile_splits(keys, bound);
         let now = [
-            launches,
+            1,
             kv * used,
             kv * (bound - used),
             if used > 1 { used * row_bytes } else { 0 },
@@ -422,31 +380,22 @@ mod tests {
         // Context 300: 2 splits attend (160 and 140 keys), 31 return; partials 2 of 33.
         assert_eq!(
             decode_costs(300, bound, 8, 32, 128),
-            [2, 264, 0, full, 2, 16, 248, 2 * row_bytes]
+            [2, 264, 0, full, 1, 16, 248, 2 * row_bytes]
         );
         // 4k: 32 splits of 128 keys; 32k: all 33.
         assert_eq!(
             decode_costs(4096, bound, 8, 32, 128),
-            [2, 264, 0, full, 2, 256, 8, 32 * row_bytes]
+            [2, 264, 0, full, 1, 256, 8, 32 * row_bytes]
         );
         assert_eq!(
             decode_costs(32 << 10, bound, 8, 32, 128),
-            [2, 264, 0, full, 2, 264, 0, full]
+            [2, 264, 0, full, 1, 264, 0, full]
         );
-        // Below 256 keys a tile needs no partials at all: the merge leaves it alone.
-        assert_eq!(decode_costs(255, bound, 8, 32, 128)[4..], [2, 8, 256, 0]);
+        // Below 256 keys a tile needs no partials at all and writes its output itself.
+        assert_eq!(decode_costs(255, bound, 8, 32, 128)[4..], [1, 8, 256, 0]);
         // Without a graph key the bound follows the step's own longest context.
         assert_eq!(split_count(8, 300, 132), 2);
         assert_eq!(split_count(8, 255, 132), 1);
-    }
-
-    #[test]
-    fn the_merge_covers_every_row_of_the_largest_tile() {
-        // Decode: one token per tile; prefill: up to 16 tokens, fewer in a short step.
-        assert_eq!(merge_grid(4, true, 4, 32), (4, 8));
-        assert_eq!(merge_grid(1, true, 1, 6), (1, 2));
-        assert_eq!(merge_grid(3, false, 40, 8), (3, 32));
-        assert_eq!(merge_grid(2, false, 5, 6), (2, 8));
     }
 
     #[test]

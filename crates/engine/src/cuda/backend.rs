@@ -40,6 +40,7 @@ const KERNELS: &[&str] = &[
     "copy_blocks",
     "silu_mul_f32",
     "silu_mul_bf16",
+    "silu_mul_down_bf16",
     "add_f32",
     "add_bias_f32",
     "gather_rows_f32",
@@ -108,7 +109,13 @@ pub struct CudaBackend<D: Device> {
     /// Steps uploaded so far.
     steps_uploaded: std::sync::atomic::AtomicU64,
     pub(super) sampler: sampler::Sampler<D>,
+    /// Steps of at most this many rows run the down projection fused with SwiGLU
+    /// (kernels/mlp_down.cu); 0 sends every step through silu_mul and cuBLAS.
+    fused_down_rows: std::sync::atomic::AtomicUsize,
 }
+
+/// The most rows kernels/mlp_down.cu takes (`MD_MAX_ROWS`).
+pub const FUSED_DOWN_MAX_ROWS: usize = 8;
 
 /// Locks a mutex, ignoring poisoning (a panic elsewhere must not wedge the engine).
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -147,10 +154,28 @@ pub(super) fn row_threads(width: usize) -> u32 {
 }
 
 impl<D: Device> CudaBackend<D> {
-    /// A backend on `dev`; CUDA graphs for decode steps unless `LMI_CUDA_GRAPHS=0`.
+    /// A backend on `dev`; CUDA graphs for decode steps unless `LMI_CUDA_GRAPHS=0`; the
+    /// fused down projection up to `LMI_CUDA_FUSED_DOWN_ROWS` rows (default and most
+    /// [`FUSED_DOWN_MAX_ROWS`], 0 for never: the device runbook compares the two).
     pub fn new(dev: Arc<D>) -> Result<Self> {
         let graphs = std::env::var("LMI_CUDA_GRAPHS").map_or(true, |v| v != "0");
-        Self::with_graphs(dev, graphs)
+        let fused = std::env::var("LMI_CUDA_FUSED_DOWN_ROWS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(FUSED_DOWN_MAX_ROWS);
+        let b = Self::with_graphs(dev, graphs)?;
+        b.set_fused_down_rows(fused);
+        Ok(b)
+    }
+
+    /// Steps of at most `rows` rows (clamped to [`FUSED_DOWN_MAX_ROWS`]) run the down
+    /// projection fused with SwiGLU; 0 never. Set before graphs are captured: a captured
+    /// graph keeps the launches it recorded.
+    pub fn set_fused_down_rows(&self, rows: usize) {
+        self.fused_down_rows.store(
+            rows.min(FUSED_DOWN_MAX_ROWS),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// A backend on `dev` that replays decode steps from CUDA graphs when `graphs` is set.
@@ -184,6 +209,7 @@ impl<D: Device> CudaBackend<D> {
             }),
             steps_uploaded: Default::default(),
             sampler: sampler::Sampler::new(&dev),
+            fused_down_rows: FUSED_DOWN_MAX_ROWS.into(),
             kernels,
             dev,
         })
@@ -637,6 +663,57 @@ impl<D: Device> Backend for CudaBackend<D> {
                 gate_up.ptr.into(),
                 (width as u32).into(),
                 (n as u64).into(),
+            ],
+        )
+    }
+
+    fn silu_mul_linear(
+        &self,
+        gate_up: &CudaBuf,
+        rows: usize,
+        width: usize,
+        w: &CudaWeight<D>,
+        act: &mut CudaBuf,
+        keep_act: bool,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let n = w.shape[0];
+        let limit = self
+            .fused_down_rows
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let fused = rows > 0
+            && rows <= limit
+            && w.dtype == ElemType::BF16
+            && w.shape[1] == width
+            && width % 8 == 0
+            && act.dtype == ElemType::BF16
+            && out.dtype == ElemType::F32
+            && gate_up.dtype == ElemType::F32;
+        if !fused {
+            self.silu_mul(gate_up, rows, width, act)?;
+            return self.linear(act, rows, w, None, out);
+        }
+        if gate_up.len < rows * 2 * width || out.len < rows * n || act.len < rows * width {
+            return Err(EngineError::Backend(format!(
+                "down projection of {rows} rows [{width} -> {n}]: a buffer is too small"
+            )));
+        }
+        // MD_BLOCK_COLS (16) columns per block of 256 threads.
+        self.launch(
+            "silu_mul_down_bf16",
+            LaunchConfig {
+                grid: (n.div_ceil(16) as u32, 1, 1),
+                block: (256, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            &[
+                out.ptr.into(),
+                if keep_act { act.ptr } else { DevPtr::NULL }.into(),
+                gate_up.ptr.into(),
+                w.ptr().into(),
+                (rows as u32).into(),
+                (n as u32).into(),
+                (width as u32).into(),
             ],
         )
     }

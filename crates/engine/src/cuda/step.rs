@@ -204,6 +204,12 @@ impl Packed {
             self.bytes.extend_from_slice(&x.to_le_bytes());
         }
     }
+
+    fn push_zeros(&mut self, words: usize) {
+        let at = self.bytes.len().next_multiple_of(16);
+        self.offsets.push(at);
+        self.bytes.resize(at + 4 * words, 0);
+    }
 }
 
 /// Device addresses of a step's arrays (valid until the next step is uploaded).
@@ -228,6 +234,9 @@ pub struct CudaStep {
     /// `[num_tiles, 3]`: seq, first, count.
     pub tiles: DevPtr,
     pub num_tiles: usize,
+    /// `[num_tiles]` u32, zero between launches: attention's count of a tile's finished
+    /// split blocks, so the last one merges (kernels/attention_split.cuh).
+    pub tile_counters: DevPtr,
     /// The step's adapter rows (None without adapters).
     pub lora: Option<LoraRows>,
     pub graph_key: Option<GraphKey>,
@@ -262,6 +271,9 @@ pub fn pack(l: &BatchLayout, lora: Option<&LoraEntries>, p: &mut Packed) -> Vec<
         .flat_map(|t| [t.seq, t.first, t.count])
         .collect();
     p.push(&flat);
+    // Attention's per-tile counters of finished split blocks (kernels/attention_split.cuh),
+    // zero at the start of every step; the kernels leave them at zero after each launch.
+    p.push_zeros(tiles.len());
     if let Some(e) = lora {
         p.push(&e.rows);
         p.push(&e.slots);
@@ -294,9 +306,10 @@ pub fn view(
         num_logits_rows: l.logits_rows.len(),
         tiles: at(8),
         num_tiles: tiles.len(),
+        tile_counters: at(9),
         lora: lora.map(|e| LoraRows {
-            rows: at(9),
-            slots: at(10),
+            rows: at(10),
+            slots: at(11),
             entries: e.rows.len(),
             group_slots: e.group_slots,
         }),

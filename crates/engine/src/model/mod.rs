@@ -231,8 +231,16 @@ impl<B: Backend> Model<B> {
             backend.linear(&normed, n, &layer.gate_up, None, &mut gate_up)?;
             lora(i, Target::Gate, &normed, h, &mut gate_up, 2 * inter, 0)?;
             lora(i, Target::Up, &normed, h, &mut gate_up, 2 * inter, inter)?;
-            backend.silu_mul(&gate_up, n, c.intermediate_size, &mut act)?;
-            backend.linear(&act, n, &layer.down, None, &mut proj)?;
+            let keep_act = !active.is_empty();
+            backend.silu_mul_linear(
+                &gate_up,
+                n,
+                inter,
+                &layer.down,
+                &mut act,
+                keep_act,
+                &mut proj,
+            )?;
             lora(i, Target::Down, &act, inter, &mut proj, h, 0)?;
         }
         backend.add(&mut residual, &proj, n * hidden)?;
