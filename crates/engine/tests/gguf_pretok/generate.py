@@ -132,16 +132,20 @@ def train(pre, nfc, steps, ignore_merges, add_bos):
     tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
     if nfc:
         tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(steps) if len(steps) > 1 else steps[0]
+    # Trained on whole lines, so that merges cross every boundary the row's splits draw: a
+    # split missing on the importer's side then changes the ids (with merges learnt under the
+    # row's own splits it could not). The row's pre-tokenizer is set once trained.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([split(r"[^\n]+"), byte_level(False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=520,
+        vocab_size=640,
         min_frequency=1,
         special_tokens=SPECIALS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(TRAIN, trainer)
+    tok.pre_tokenizer = pre_tokenizers.Sequence(steps) if len(steps) > 1 else steps[0]
     tok.add_tokens([AddedToken(USER_DEFINED, special=False, normalized=False)])
     bos = tok.token_to_id("<|bos|>")
     if add_bos:
