@@ -765,6 +765,24 @@ fn sentencepiece_vocabulary_becomes_byte_fallback_bpe() {
 }
 
 #[test]
+fn sentencepiece_remove_extra_whitespaces_trims_and_collapses_spaces() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = build_model("llama", false, 13);
+    let gguf = tmp.path().join("spm.gguf");
+    let mut keys = spm_tokenizer();
+    keys.push((
+        "tokenizer.ggml.remove_extra_whitespaces".into(),
+        Kv::Bool(true),
+    ));
+    write_model_with(&m, &gguf, keys);
+    let out = tmp.path().join("hf");
+    convert_gguf(&gguf, &out, DType::F32, false).unwrap();
+    let tok = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
+    let enc = tok.encode("   hello    world  ", false).unwrap();
+    assert_eq!(enc.get_ids(), &[18, 21, 8, 12]);
+}
+
+#[test]
 fn qwen3_gguf_maps_qk_norms() {
     let tmp = tempfile::tempdir().unwrap();
     let m = build_model("qwen3", false, 17);

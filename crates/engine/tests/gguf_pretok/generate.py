@@ -58,10 +58,17 @@ CORPUS = [
     "<sentinel:12> IMGIMGABZ tab\tnew\nline    four  two",
 ]
 
-TRAIN = CORPUS * 3 + [
-    "The quick brown fox jumps over the lazy dog. " * 3,
-    "import numpy as np\nx = np.zeros((3, 4), dtype=np.float32)\nprint(x.sum())\n" * 2,
+# Short strings across the boundaries the rows' splits draw (scripts, digits, punctuation,
+# spaces, newlines, case, contractions). Repeated in training, each is learnt as one or two
+# tokens, so a split the importer draws differently from HF changes their ids.
+PROBES = [
+    "在apple工作", " 日本語です", "東京はtokyo", "한국어abc", "abc123def", "x=1;y+=22",
+    "Hello,World!", "a\n\n  b", "end  \n\t", "I'M'll", "١٢٣x٤", "Cafe\u0301s", "\t\tfoo",
+    "ab   cd", "<<=>>|~", "3...33", "path/to/file", "ÀÖØöÿ", "ΑΒΓαβγ", "3333333",
 ]
+CORPUS.append(" ".join(PROBES))
+
+TRAIN = CORPUS * 2 + PROBES * 40
 
 GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
