@@ -14,6 +14,8 @@ use crate::gguf::reader::GgufFile;
 
 const TOKEN_NORMAL: i64 = 1;
 const TOKEN_USER_DEFINED: i64 = 4;
+/// Fillers the converter writes for ids the HF vocabulary lacks (`[PAD{i}]`).
+const TOKEN_UNUSED: i64 = 5;
 const TOKEN_BYTE: i64 = 6;
 
 /// The two JSON files, ready to be written.
@@ -134,7 +136,9 @@ pub fn build(g: &GgufFile, model_max_length: u64) -> Result<HfTokenizer> {
         .types
         .iter()
         .enumerate()
-        .filter(|&(_, &t)| t != TOKEN_NORMAL && t != TOKEN_BYTE)
+        // Control, user-defined and unknown tokens are matched on the raw text, as in llama.cpp;
+        // unused fillers and bytes are plain vocabulary entries that text never produces.
+        .filter(|&(_, &t)| t != TOKEN_NORMAL && t != TOKEN_BYTE && t != TOKEN_UNUSED)
         .map(|(id, &t)| {
             json!({
                 "id": id,
