@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the fixtures of `crates/engine/tests/gguf_pretok.rs`: for each pre-tokenizer row, a
-small byte-level BPE trained with the `tokenizers` package under that pre-tokenizer (as the
-original model's tokenizer.json declares it), saved beside a tiny random Llama, converted by
+small byte-level BPE trained with the `tokenizers` package (on whole lines, so that its merges
+cross the row's boundaries) and given that row's pre-tokenizer as the original model's
+tokenizer.json declares it, saved beside a tiny random Llama, converted by
 llama.cpp's own `convert_hf_to_gguf.py` with `tokenizer.ggml.pre` set to the row's name (its hash
 lookup cannot know a freshly trained tokenizer), and the HF ids of a corpus of hard strings.
 Where llama.cpp's `llama-server` is built, its `/tokenize` ids on the same file are recorded too.
@@ -16,7 +17,6 @@ sources of the llama-cpp-python 0.3.36 source package:
 
 import argparse
 import json
-import os
 import socket
 import subprocess
 import sys
