@@ -765,6 +765,50 @@ fn sentencepiece_vocabulary_becomes_byte_fallback_bpe() {
 }
 
 #[test]
+fn sentencepiece_remove_extra_whitespaces_trims_and_collapses_spaces() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = build_model("llama", false, 13);
+    let gguf = tmp.path().join("spm.gguf");
+    let mut keys = spm_tokenizer();
+    keys.push((
+        "tokenizer.ggml.remove_extra_whitespaces".into(),
+        Kv::Bool(true),
+    ));
+    write_model_with(&m, &gguf, keys);
+    let out = tmp.path().join("hf");
+    convert_gguf(&gguf, &out, DType::F32, false).unwrap();
+    let tok = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
+    let enc = tok.encode("   hello    world  ", false).unwrap();
+    assert_eq!(enc.get_ids(), &[18, 21, 8, 12]);
+}
+
+#[test]
+fn unused_filler_tokens_are_not_matched_in_text() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = build_model("llama", false, 9);
+    let gguf = tmp.path().join("tiny.gguf");
+    let mut keys = bpe_tokenizer("gpt-2");
+    // The converter fills ids missing from the HF vocabulary with "[PAD{i}]", type UNUSED (5).
+    if let Some((_, Kv::Strs(tokens))) = keys.iter_mut().find(|(k, _)| k == "tokenizer.ggml.tokens")
+    {
+        tokens[39] = "[PAD39]".into();
+    }
+    if let Some((_, Kv::I32s(types))) = keys
+        .iter_mut()
+        .find(|(k, _)| k == "tokenizer.ggml.token_type")
+    {
+        types[39] = 5;
+    }
+    write_model_with(&m, &gguf, keys);
+    let out = tmp.path().join("hf");
+    convert_gguf(&gguf, &out, DType::F32, false).unwrap();
+    let tok = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
+    let ids = tok.encode("[PAD39]", false).unwrap().get_ids().to_vec();
+    assert!(!ids.contains(&39), "{ids:?}");
+    assert_eq!(tok.decode(&[39], false).unwrap(), "[PAD39]");
+}
+
+#[test]
 fn qwen3_gguf_maps_qk_norms() {
     let tmp = tempfile::tempdir().unwrap();
     let m = build_model("qwen3", false, 17);

@@ -6,6 +6,7 @@ pub mod convert;
 pub mod dequant;
 pub mod ggml_type;
 pub mod hparams;
+pub mod pretokenizers;
 pub mod reader;
 pub mod tensor_names;
 pub mod tokenizer;

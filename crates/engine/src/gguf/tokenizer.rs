@@ -9,15 +9,13 @@ use std::collections::HashMap;
 use serde_json::{Map, Value, json};
 
 use crate::error::{EngineError, Result};
+use crate::gguf::pretokenizers;
 use crate::gguf::reader::GgufFile;
-
-/// Llama 3's pre-tokenizer regex (llama.cpp `LLAMA_VOCAB_PRE_TYPE_LLAMA3`, HF Llama 3 tokenizer.json).
-const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-/// Qwen2's: as Llama 3's but digits are split one by one.
-const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 const TOKEN_NORMAL: i64 = 1;
 const TOKEN_USER_DEFINED: i64 = 4;
+/// Fillers the converter writes for ids the HF vocabulary lacks (`[PAD{i}]`).
+const TOKEN_UNUSED: i64 = 5;
 const TOKEN_BYTE: i64 = 6;
 
 /// The two JSON files, ready to be written.
@@ -115,14 +113,22 @@ pub fn build(g: &GgufFile, model_max_length: u64) -> Result<HfTokenizer> {
         "gpt2" => false,
         other => {
             return Err(gguf_err(format!(
-                "tokenizer.ggml.model {other:?} is not supported (supported: \"gpt2\" byte-level BPE, \"llama\" SentencePiece)"
+                "tokenizer.ggml.model {other:?} is not supported (supported: \"gpt2\" byte-level BPE, \"llama\" SentencePiece); serve the model from its original HF directory instead"
             )));
         }
     };
-    // llama.cpp defaults: SPM adds BOS, BPE does not unless told.
+    // The byte-level pre-tokenizer, looked up before anything else is built so that an unknown
+    // name is refused in one line.
+    let pre = if is_spm {
+        None
+    } else {
+        let name = g.get_str("tokenizer.ggml.pre")?.unwrap_or("default");
+        Some(pretokenizers::lookup(name).map_err(gguf_err)?)
+    };
+    // llama.cpp defaults: SPM adds BOS, BPE only for a few pre-tokenizers, unless told.
     let add_bos = g
         .get_bool("tokenizer.ggml.add_bos_token")?
-        .unwrap_or(is_spm);
+        .unwrap_or(is_spm || pre.is_some_and(|p| p.add_bos_default));
     let add_eos = g.get_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
     let tok_str = |id: Option<u32>| id.map(|i| vocab.tokens[i as usize].clone());
 
@@ -130,7 +136,9 @@ pub fn build(g: &GgufFile, model_max_length: u64) -> Result<HfTokenizer> {
         .types
         .iter()
         .enumerate()
-        .filter(|&(_, &t)| t != TOKEN_NORMAL && t != TOKEN_BYTE)
+        // Control, user-defined and unknown tokens are matched on the raw text, as in llama.cpp;
+        // unused fillers and bytes are plain vocabulary entries that text never produces.
+        .filter(|&(_, &t)| t != TOKEN_NORMAL && t != TOKEN_BYTE && t != TOKEN_UNUSED)
         .map(|(id, &t)| {
             json!({
                 "id": id,
@@ -160,113 +168,102 @@ pub fn build(g: &GgufFile, model_max_length: u64) -> Result<HfTokenizer> {
             .flatten()
             .map(|id| (id, vocab.tokens[id as usize].as_str())),
     );
-    if is_spm {
-        let add_space_prefix = g
-            .get_bool("tokenizer.ggml.add_space_prefix")?
-            .unwrap_or(true);
-        let mut normalizers = Vec::new();
-        if add_space_prefix {
-            normalizers.push(json!({"type": "Prepend", "prepend": "▁"}));
-        }
-        normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"}));
-        let mut decoders = vec![
-            json!({"type": "Replace", "pattern": {"String": "▁"}, "content": " "}),
-            json!({"type": "ByteFallback"}),
-            json!({"type": "Fuse"}),
-        ];
-        if add_space_prefix {
-            decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
-        }
-        tokenizer.insert(
-            "normalizer".into(),
-            json!({"type": "Sequence", "normalizers": normalizers}),
-        );
-        tokenizer.insert("pre_tokenizer".into(), Value::Null);
-        tokenizer.insert("post_processor".into(), template.unwrap_or(Value::Null));
-        tokenizer.insert(
-            "decoder".into(),
-            json!({"type": "Sequence", "decoders": decoders}),
-        );
-        tokenizer.insert(
-            "model".into(),
-            bpe_model(
-                vocab_map(&vocab.tokens),
-                Value::Array(spm_merges(&vocab)?),
-                tok_str(unk).or_else(|| Some("<unk>".into())),
-                true,
-                false,
-            ),
-        );
-    } else {
-        let pre = g.get_str("tokenizer.ggml.pre")?.unwrap_or("default");
-        let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
-        let split = |regex: &str| json!({"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false});
-        let (normalizer, pre_tokenizer, ignore_merges) = match pre {
-            "smollm" | "refact" | "starcoder" => (
-                Value::Null,
-                json!({"type": "Sequence", "pretokenizers": [
-                    {"type": "Digits", "individual_digits": true}, byte_level(true)]}),
-                false,
-            ),
-            "gpt2" | "default" => (Value::Null, byte_level(true), false),
-            "llama-bpe" | "llama3" => (
-                Value::Null,
-                json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_REGEX), byte_level(false)]}),
-                true,
-            ),
-            "qwen2" => (
-                json!({"type": "NFC"}),
-                json!({"type": "Sequence", "pretokenizers": [split(QWEN2_REGEX), byte_level(false)]}),
-                false,
-            ),
-            other => {
-                return Err(gguf_err(format!(
-                    "tokenizer.ggml.pre {other:?} is not supported (supported: smollm, refact, starcoder, gpt2, default, llama-bpe, llama3, qwen2); refusing to guess its pre-tokenizer regex"
-                )));
+    match pre {
+        None => {
+            let add_space_prefix = g
+                .get_bool("tokenizer.ggml.add_space_prefix")?
+                .unwrap_or(true);
+            let mut normalizers = Vec::new();
+            // SentencePiece's own normalizer: trim, and collapse runs of spaces into one.
+            if g.get_bool("tokenizer.ggml.remove_extra_whitespaces")?
+                .unwrap_or(false)
+            {
+                normalizers.push(
+                    json!({"type": "Replace", "pattern": {"Regex": "^ +| +$"}, "content": ""}),
+                );
+                normalizers.push(
+                    json!({"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}),
+                );
             }
-        };
-        let merges = g
-            .get_array("tokenizer.ggml.merges")?
-            .ok_or_else(|| {
-                gguf_err(
-                    "missing key \"tokenizer.ggml.merges\" (required for a gpt2 tokenizer)".into(),
-                )
-            })?
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                v.as_str()
-                    .filter(|s| s.split(' ').count() == 2)
-                    .map(|s| Value::String(s.to_string()))
-                    .ok_or_else(|| {
-                        gguf_err(format!(
-                            "tokenizer.ggml.merges[{i}] is not a \"left right\" string"
-                        ))
-                    })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let byte_level_post = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
-        let post = match template {
-            Some(t) => json!({"type": "Sequence", "processors": [byte_level_post, t]}),
-            None => byte_level_post,
-        };
-        tokenizer.insert("normalizer".into(), normalizer);
-        tokenizer.insert("pre_tokenizer".into(), pre_tokenizer);
-        tokenizer.insert("post_processor".into(), post);
-        tokenizer.insert(
+            if add_space_prefix {
+                normalizers.push(json!({"type": "Prepend", "prepend": "▁"}));
+            }
+            normalizers
+                .push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"}));
+            let mut decoders = vec![
+                json!({"type": "Replace", "pattern": {"String": "▁"}, "content": " "}),
+                json!({"type": "ByteFallback"}),
+                json!({"type": "Fuse"}),
+            ];
+            if add_space_prefix {
+                decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+            }
+            tokenizer.insert(
+                "normalizer".into(),
+                json!({"type": "Sequence", "normalizers": normalizers}),
+            );
+            tokenizer.insert("pre_tokenizer".into(), Value::Null);
+            tokenizer.insert("post_processor".into(), template.unwrap_or(Value::Null));
+            tokenizer.insert(
+                "decoder".into(),
+                json!({"type": "Sequence", "decoders": decoders}),
+            );
+            tokenizer.insert(
+                "model".into(),
+                bpe_model(
+                    vocab_map(&vocab.tokens),
+                    Value::Array(spm_merges(&vocab)?),
+                    tok_str(unk).or_else(|| Some("<unk>".into())),
+                    true,
+                    false,
+                ),
+            );
+        }
+        Some(pre) => {
+            let merges = g
+                .get_array("tokenizer.ggml.merges")?
+                .ok_or_else(|| {
+                    gguf_err(
+                        "missing key \"tokenizer.ggml.merges\" (required for a gpt2 tokenizer)"
+                            .into(),
+                    )
+                })?
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    v.as_str()
+                        .filter(|s| s.split(' ').count() == 2)
+                        .map(|s| Value::String(s.to_string()))
+                        .ok_or_else(|| {
+                            gguf_err(format!(
+                                "tokenizer.ggml.merges[{i}] is not a \"left right\" string"
+                            ))
+                        })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let byte_level_post = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
+            let post = match template {
+                Some(t) => json!({"type": "Sequence", "processors": [byte_level_post, t]}),
+                None => byte_level_post,
+            };
+            tokenizer.insert("normalizer".into(), pre.normalizer_json());
+            tokenizer.insert("pre_tokenizer".into(), pre.pre_tokenizer_json());
+            tokenizer.insert("post_processor".into(), post);
+            tokenizer.insert(
             "decoder".into(),
             json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true}),
         );
-        tokenizer.insert(
-            "model".into(),
-            bpe_model(
-                vocab_map(&vocab.tokens),
-                Value::Array(merges),
-                None,
-                false,
-                ignore_merges,
-            ),
-        );
+            tokenizer.insert(
+                "model".into(),
+                bpe_model(
+                    vocab_map(&vocab.tokens),
+                    Value::Array(merges),
+                    None,
+                    false,
+                    pre.ignore_merges,
+                ),
+            );
+        }
     }
 
     let added_tokens_decoder: Map<String, Value> = added_tokens
