@@ -685,7 +685,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             && rows <= limit
             && w.dtype == ElemType::BF16
             && w.shape[1] == width
-            && width % 8 == 0
+            && width.is_multiple_of(8)
             && act.dtype == ElemType::BF16
             && out.dtype == ElemType::F32
             && gate_up.dtype == ElemType::F32;
