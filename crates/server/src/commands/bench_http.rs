@@ -76,6 +76,10 @@ pub struct HttpArgs {
     /// Worker threads of the client's tokio runtime (1: a current-thread runtime).
     #[arg(long, default_value_t = 1)]
     client_threads: usize,
+    /// The HTML report (plots of TTFT, inter-token and E2E latency, tokens/s over time) is
+    /// written here.
+    #[arg(long, default_value = "lmi-bench-http.html")]
+    report: std::path::PathBuf,
 }
 
 pub fn run(a: HttpArgs) -> anyhow::Result<()> {
@@ -313,6 +317,9 @@ struct Stats {
     ttft: Vec<u64>,
     itl: Vec<u64>,
     e2e: Vec<u64>,
+    /// When each output token arrived, ns after `origin` (the measured run's start).
+    token_at: Vec<u64>,
+    origin: Option<Instant>,
     first_error: Option<String>,
 }
 
@@ -324,6 +331,7 @@ impl Stats {
         self.ttft.extend(o.ttft);
         self.itl.extend(o.itl);
         self.e2e.extend(o.e2e);
+        self.token_at.extend(o.token_at);
         if self.first_error.is_none() {
             self.first_error = o.first_error;
         }
@@ -387,6 +395,13 @@ async fn one_request(
         stats.ok += 1;
         stats.tokens += tokens;
         stats.e2e.push(e2e);
+        if let Some(o) = stats.origin {
+            // Without a stream the tokens all arrive with the body.
+            let at = (Instant::now() - o).as_nanos() as u64;
+            stats
+                .token_at
+                .extend(std::iter::repeat_n(at, tokens as usize));
+        }
         return Ok(());
     }
     let mut parser = EventParser::new(sse);
@@ -400,6 +415,10 @@ async fn one_request(
             match last {
                 None => st.ttft.push((now - sent).as_nanos() as u64),
                 Some(prev) => st.itl.push((now - prev).as_nanos() as u64),
+            }
+            if let Some(o) = st.origin {
+                st.token_at
+                    .push((now.saturating_duration_since(o)).as_nanos() as u64);
             }
             last = Some(now);
         }
@@ -462,6 +481,7 @@ async fn client(load: Arc<Load>) -> (Stats, Instant) {
     }
     load.barrier.wait().await;
     let start = Instant::now();
+    stats.origin = Some(start);
     let deadline = load.duration.map(|d| start + d);
     loop {
         if let Some(d) = deadline
@@ -632,6 +652,9 @@ async fn main(a: HttpArgs) -> anyhow::Result<()> {
         .as_ref()
         .and_then(|i| i["model_device_type"].as_str().map(str::to_string));
     report(&a, &load.work, &stats, secs, backend.as_deref());
+    let html = html_report(&a, &load.work, &stats, secs);
+    super::bench_report::write(&html, &a.report)?;
+    println!("report: {}", a.report.display());
     if let (Some(c0), Some(c1)) = (cpu0, cpu1) {
         println!(
             "client CPU: {:.2} s over {secs:.2} s ({:.0}% of one core)",
@@ -649,6 +672,75 @@ async fn main(a: HttpArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The plots of the run for the HTML report.
+fn html_report(a: &HttpArgs, w: &Workload, s: &Stats, secs: f64) -> super::bench_report::Report {
+    use super::bench_report::Chart;
+    let to_ms = |v: &[u64]| v.iter().map(|&ns| ms(ns)).collect::<Vec<f64>>();
+    let mut charts = Vec::new();
+    if w.stream {
+        charts.push(Chart::Histogram {
+            title: format!("Time to first token ({} requests)", s.ttft.len()),
+            samples_ms: to_ms(&s.ttft),
+        });
+        charts.push(Chart::Histogram {
+            title: format!("Inter-token latency ({} gaps)", s.itl.len()),
+            samples_ms: to_ms(&s.itl),
+        });
+    }
+    charts.push(Chart::Histogram {
+        title: format!("End-to-end latency ({} requests)", s.e2e.len()),
+        samples_ms: to_ms(&s.e2e),
+    });
+    charts.push(Chart::Line {
+        title: format!("Output tokens/s over time ({} connections)", a.concurrency),
+        x_label: "seconds since the start".into(),
+        y_label: "tokens/s".into(),
+        points: tokens_per_second(&s.token_at, secs),
+    });
+    let text = format!(
+        "lmi bench http: {} {} connections, prompt {} words, max_new_tokens {}, stream {}\n\
+         {} requests ok, {} errors in {secs:.2} s: {:.1} requests/s, {:.0} output tokens/s",
+        w.path,
+        a.concurrency,
+        a.prompt_len,
+        a.max_new_tokens,
+        w.stream,
+        s.ok,
+        s.errors,
+        s.ok as f64 / secs,
+        s.tokens as f64 / secs,
+    );
+    super::bench_report::Report {
+        title: format!(
+            "lmi bench http: {} at concurrency {}",
+            w.path, a.concurrency
+        ),
+        text,
+        charts,
+    }
+}
+
+/// Output tokens/s in about 20 equal windows over the run (at least 100 ms each), each
+/// point at its window's middle.
+pub fn tokens_per_second(token_at_ns: &[u64], secs: f64) -> Vec<(f64, f64)> {
+    let end = token_at_ns
+        .iter()
+        .map(|&t| t as f64 / 1e9)
+        .fold(secs, f64::max);
+    let width = (end / 20.0).max(0.1);
+    let n = ((end / width).ceil() as usize).max(1);
+    let mut counts = vec![0u64; n];
+    for &t in token_at_ns {
+        let i = ((t as f64 / 1e9 / width) as usize).min(n - 1);
+        counts[i] += 1;
+    }
+    counts
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| ((i as f64 + 0.5) * width, c as f64 / width))
+        .collect()
 }
 
 fn report(a: &HttpArgs, w: &Workload, s: &Stats, secs: f64, backend: Option<&str>) {
@@ -743,6 +835,18 @@ fn report(a: &HttpArgs, w: &Workload, s: &Stats, secs: f64, backend: Option<&str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_per_second_counts_each_token_in_its_window() {
+        // 2 s run, 100 ms windows: 3 tokens in the first, 1 in the last.
+        let at = [0, 50_000_000, 99_000_000, 1_950_000_000];
+        let pts = tokens_per_second(&at, 2.0);
+        assert_eq!(pts.len(), 20);
+        assert!((pts[0].0 - 0.05).abs() < 1e-9 && (pts[0].1 - 30.0).abs() < 1e-9);
+        assert!((pts[19].1 - 10.0).abs() < 1e-9);
+        let total: f64 = pts.iter().map(|p| p.1 * 0.1).sum();
+        assert!((total - 4.0).abs() < 1e-9);
+    }
 
     fn events(sse: bool, chunks: &[&[u8]]) -> Vec<String> {
         let mut p = EventParser::new(sse);
