@@ -1,5 +1,6 @@
 """`lmi bench http` writes, beside its tables, a self-contained HTML report with plots (TTFT,
-inter-token and E2E latency distributions, tokens/s over time). The report is opened in
+inter-token and E2E latency distributions, tokens/s over time, throughput against
+concurrency). The report is opened in
 headless Chromium (as the chat page test drives it): every plot must render as an SVG of
 non-zero size with drawn marks, and the page must load nothing from elsewhere."""
 
@@ -18,7 +19,7 @@ def test_bench_http_report_renders_its_plots_in_chromium(url, tmp_path):
         pytest.fail("LMI_BIN is not set: these tests run from crates/server/tests/clients.rs")
     report = tmp_path / "report.html"
     r = subprocess.run(
-        [binary, "bench", "http", "--url", url, "--concurrency", "2", "--requests", "4",
+        [binary, "bench", "http", "--url", url, "--concurrency", "1,2", "--requests", "4",
          "--warmup", "0", "--prompt-len", "8", "--max-new-tokens", "8",
          "--report", str(report)],
         capture_output=True, text=True, timeout=600,
@@ -36,9 +37,9 @@ def test_bench_http_report_renders_its_plots_in_chromium(url, tmp_path):
             d.get(report.as_uri())
             figures = d.find_elements(By.CSS_SELECTOR, "figure.chart")
             captions = [f.find_element(By.TAG_NAME, "figcaption").text for f in figures]
-            assert len(figures) == 4, captions
-            for want in ["Time to first token", "Inter-token latency", "End-to-end latency",
-                         "Output tokens/s over time"]:
+            assert len(figures) == 5, captions
+            for want in ["Output tokens/s against concurrency", "Time to first token",
+                         "Inter-token latency", "End-to-end latency", "Output tokens/s over time"]:
                 assert any(c.startswith(want) for c in captions), (want, captions)
             for f, caption in zip(figures, captions):
                 svg = f.find_element(By.TAG_NAME, "svg")

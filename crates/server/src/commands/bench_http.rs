@@ -41,13 +41,18 @@ pub enum Route {
     Chat,
 }
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub struct HttpArgs {
     /// Base URL of the server.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     url: String,
-    /// Client connections, each sending requests back to back (closed loop).
-    #[arg(long, default_value_t = 64)]
+    /// Client connections, each sending requests back to back (closed loop); several
+    /// (comma-separated, e.g. 1,4,16) run one after the other, and the report plots
+    /// throughput against them.
+    #[arg(long = "concurrency", value_delimiter = ',', default_value = "64")]
+    levels: Vec<usize>,
+    /// The level being run.
+    #[arg(skip)]
     concurrency: usize,
     /// Measured requests in all (after the warm-up); conflicts with --duration.
     #[arg(long, conflicts_with = "duration")]
@@ -83,8 +88,10 @@ pub struct HttpArgs {
 }
 
 pub fn run(a: HttpArgs) -> anyhow::Result<()> {
-    if a.concurrency == 0 {
-        bail!("--concurrency must be at least 1");
+    if a.levels.is_empty() || a.levels.contains(&0) {
+        bail!(
+            "--concurrency takes one or more connection counts (comma-separated), each at least 1"
+        );
     }
     let rt = if a.client_threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -96,7 +103,26 @@ pub fn run(a: HttpArgs) -> anyhow::Result<()> {
             .enable_all()
             .build()?
     };
-    rt.block_on(main(a))
+    let mut levels = Vec::new();
+    for &c in &a.levels {
+        let one = HttpArgs {
+            concurrency: c,
+            ..a.clone()
+        };
+        levels.push(rt.block_on(main(&one))?);
+    }
+    let target = Target::parse(&a.url)?;
+    let html = html_report(&a, &workload(&a, &target), &levels);
+    super::bench_report::write(&html, &a.report)?;
+    println!("\nreport: {}", a.report.display());
+    Ok(())
+}
+
+/// What one concurrency level measured.
+struct Level {
+    concurrency: usize,
+    stats: Stats,
+    secs: f64,
 }
 
 /// Where requests go: socket address, Host header and the request path.
@@ -575,7 +601,7 @@ fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
-async fn main(a: HttpArgs) -> anyhow::Result<()> {
+async fn main(a: &HttpArgs) -> anyhow::Result<Level> {
     let target = Target::parse(&a.url)?;
     let (status, _) = get(&target, "/health")
         .await
@@ -587,7 +613,7 @@ async fn main(a: HttpArgs) -> anyhow::Result<()> {
         Ok((StatusCode::OK, b)) => serde_json::from_slice::<Value>(&b).ok(),
         _ => None,
     };
-    let work = workload(&a, &target);
+    let work = workload(a, &target);
     let duration = match (a.requests, a.duration) {
         (Some(_), _) => None,
         (None, d) => Some(Duration::from_secs_f64(d.unwrap_or(10.0))),
@@ -651,10 +677,7 @@ async fn main(a: HttpArgs) -> anyhow::Result<()> {
     let backend = info
         .as_ref()
         .and_then(|i| i["model_device_type"].as_str().map(str::to_string));
-    report(&a, &load.work, &stats, secs, backend.as_deref());
-    let html = html_report(&a, &load.work, &stats, secs);
-    super::bench_report::write(&html, &a.report)?;
-    println!("report: {}", a.report.display());
+    report(a, &load.work, &stats, secs, backend.as_deref());
     if let (Some(c0), Some(c1)) = (cpu0, cpu1) {
         println!(
             "client CPU: {:.2} s over {secs:.2} s ({:.0}% of one core)",
@@ -671,51 +694,90 @@ async fn main(a: HttpArgs) -> anyhow::Result<()> {
             if fwd > 0.0 { step / fwd } else { f64::NAN },
         );
     }
-    Ok(())
+    Ok(Level {
+        concurrency: a.concurrency,
+        stats,
+        secs,
+    })
 }
 
-/// The plots of the run for the HTML report.
-fn html_report(a: &HttpArgs, w: &Workload, s: &Stats, secs: f64) -> super::bench_report::Report {
+/// The plots of the run for the HTML report: latency distributions and tokens/s over time of
+/// the last (highest) level, and throughput against concurrency when there are several.
+fn html_report(a: &HttpArgs, w: &Workload, levels: &[Level]) -> super::bench_report::Report {
     use super::bench_report::Chart;
     let to_ms = |v: &[u64]| v.iter().map(|&ns| ms(ns)).collect::<Vec<f64>>();
     let mut charts = Vec::new();
+    let mut text = format!(
+        "lmi bench http: {}, prompt {} words, max_new_tokens {}, stream {}\n",
+        w.path, a.prompt_len, a.max_new_tokens, w.stream,
+    );
+    for l in levels {
+        let s = &l.stats;
+        text.push_str(&format!(
+            "{} connections: {} requests ok, {} errors in {:.2} s: {:.1} requests/s, {:.0} output \
+             tokens/s\n",
+            l.concurrency,
+            s.ok,
+            s.errors,
+            l.secs,
+            s.ok as f64 / l.secs,
+            s.tokens as f64 / l.secs,
+        ));
+    }
+    if levels.len() > 1 {
+        charts.push(Chart::Line {
+            title: "Output tokens/s against concurrency".into(),
+            x_label: "client connections".into(),
+            y_label: "output tokens/s".into(),
+            points: levels
+                .iter()
+                .map(|l| (l.concurrency as f64, l.stats.tokens as f64 / l.secs))
+                .collect(),
+        });
+    }
+    let Some(last) = levels.last() else {
+        return super::bench_report::Report {
+            title: "lmi bench http".into(),
+            text,
+            charts,
+        };
+    };
+    let (s, c) = (&last.stats, last.concurrency);
     if w.stream {
         charts.push(Chart::Histogram {
-            title: format!("Time to first token ({} requests)", s.ttft.len()),
+            title: format!(
+                "Time to first token ({} requests, {c} connections)",
+                s.ttft.len()
+            ),
             samples_ms: to_ms(&s.ttft),
         });
         charts.push(Chart::Histogram {
-            title: format!("Inter-token latency ({} gaps)", s.itl.len()),
+            title: format!(
+                "Inter-token latency ({} gaps, {c} connections)",
+                s.itl.len()
+            ),
             samples_ms: to_ms(&s.itl),
         });
     }
     charts.push(Chart::Histogram {
-        title: format!("End-to-end latency ({} requests)", s.e2e.len()),
+        title: format!(
+            "End-to-end latency ({} requests, {c} connections)",
+            s.e2e.len()
+        ),
         samples_ms: to_ms(&s.e2e),
     });
     charts.push(Chart::Line {
-        title: format!("Output tokens/s over time ({} connections)", a.concurrency),
+        title: format!("Output tokens/s over time ({c} connections)"),
         x_label: "seconds since the start".into(),
         y_label: "tokens/s".into(),
-        points: tokens_per_second(&s.token_at, secs),
+        points: tokens_per_second(&s.token_at, last.secs),
     });
-    let text = format!(
-        "lmi bench http: {} {} connections, prompt {} words, max_new_tokens {}, stream {}\n\
-         {} requests ok, {} errors in {secs:.2} s: {:.1} requests/s, {:.0} output tokens/s",
-        w.path,
-        a.concurrency,
-        a.prompt_len,
-        a.max_new_tokens,
-        w.stream,
-        s.ok,
-        s.errors,
-        s.ok as f64 / secs,
-        s.tokens as f64 / secs,
-    );
+    let list: Vec<String> = levels.iter().map(|l| l.concurrency.to_string()).collect();
     super::bench_report::Report {
         title: format!(
             "lmi bench http: {} at concurrency {}",
-            w.path, a.concurrency
+            w.path,
+            list.join(", ")
         ),
         text,
         charts,
