@@ -78,6 +78,9 @@ pub struct GenerationOut {
     pub prompt_tokens: usize,
     /// Prompt tokens with their logprobs (first one None) when decoder_input_details.
     pub prefill: Vec<TokenOut>,
+    /// Alternatives at each prompt position (beside `prefill`) when prompt logprobs were
+    /// asked with a top-k; else empty.
+    pub prefill_top: Vec<TopTokens>,
     pub best: SequenceOut,
     /// The other sequences (best_of_sequences, or choices 1.. for n > 1), in order.
     pub others: Vec<SequenceOut>,

@@ -16,6 +16,8 @@ use crate::app::{AppState, LoadedModel};
 /// What the model is asked to continue.
 pub enum Prompt {
     Text(String),
+    /// Token ids, used as they are (no special tokens added).
+    Tokens(Vec<u32>),
     /// OpenAI-shaped messages, rendered with the model's chat template, and the tools
     /// (OpenAI tool objects) the model is offered.
     Chat {
@@ -63,13 +65,14 @@ pub fn prepare(model: &LoadedModel, prompt: Prompt, spec: GenerationSpec) -> Res
 pub fn prepare_with(
     model: &LoadedModel,
     prompt: Prompt,
-    mut spec: GenerationSpec,
+    spec: GenerationSpec,
     check: impl FnOnce(usize, &mut GenerationSpec) -> Result<(), ApiError>,
 ) -> Result<Job, ApiError> {
     let tok = &model.tokenizer;
     check_sequences(&spec, model.max_sequences)?;
     let (prompt_text, add_special) = match prompt {
         Prompt::Text(t) => (t, true),
+        Prompt::Tokens(ids) => return prepare_ids(model, ids, spec, check),
         Prompt::Chat { messages, tools } => {
             let template = model.chat_template.as_ref().ok_or_else(|| {
                 ApiError::validation(
@@ -91,9 +94,43 @@ pub fn prepare_with(
             (text, false)
         }
     };
-    let mut ids = tok
+    let ids = tok
         .encode(&prompt_text, add_special)
         .map_err(|e| ApiError::validation(format!("tokenizing the input: {e}")))?;
+    build(model, prompt_text, ids, spec, check)
+}
+
+/// [`prepare_with`] for a prompt of token ids: each must be in the vocabulary; the prompt's
+/// text (for echo and `inputs`) is their decoding.
+fn prepare_ids(
+    model: &LoadedModel,
+    ids: Vec<u32>,
+    spec: GenerationSpec,
+    check: impl FnOnce(usize, &mut GenerationSpec) -> Result<(), ApiError>,
+) -> Result<Job, ApiError> {
+    let tok = &model.tokenizer;
+    if let Some(bad) = ids.iter().find(|&&id| tok.id_to_token(id).is_none()) {
+        return Err(ApiError::validation(format!(
+            "prompt token id {bad} is not in the model's vocabulary ({} tokens)",
+            tok.vocab_size()
+        ))
+        .with_param("prompt"));
+    }
+    let text = tok
+        .decode(&ids, false)
+        .map_err(|e| ApiError::validation(format!("decoding the prompt's token ids: {e}")))?;
+    build(model, text, ids, spec, check)
+}
+
+/// The scheduler request for a tokenized prompt, checked against the model's limits.
+fn build(
+    model: &LoadedModel,
+    prompt_text: String,
+    mut ids: Vec<u32>,
+    mut spec: GenerationSpec,
+    check: impl FnOnce(usize, &mut GenerationSpec) -> Result<(), ApiError>,
+) -> Result<Job, ApiError> {
+    let tok = &model.tokenizer;
     if ids.is_empty() {
         return Err(ApiError::validation("`inputs` cannot be empty").with_param("inputs"));
     }
@@ -280,6 +317,7 @@ pub struct Accumulator {
     keep: usize,
     want_top: bool,
     prefill: Vec<TokenOut>,
+    prefill_top: Vec<Vec<TokenOut>>,
     seqs: Vec<SeqAcc>,
 }
 
@@ -305,6 +343,7 @@ impl Accumulator {
                 .map_or(job.request.n, |b| b.num_return),
             want_top: job.request.sampling.top_logprobs > 0,
             prefill: Vec::new(),
+            prefill_top: Vec::new(),
             seqs: Vec::new(),
         }
     }
@@ -318,6 +357,12 @@ impl Accumulator {
     pub fn apply(&mut self, e: Event) -> Option<StreamItem> {
         match e {
             Event::Prefill(p) => {
+                if p.iter().any(|t| !t.top.is_empty()) {
+                    self.prefill_top = p
+                        .iter()
+                        .map(|t| t.top.iter().map(|&(id, lp)| self.piece(id, lp)).collect())
+                        .collect();
+                }
                 self.prefill = p
                     .into_iter()
                     .map(|t| {
@@ -368,6 +413,12 @@ impl Accumulator {
         self.prompt_tokens
     }
 
+    /// The prompt's tokens with their logprobs, and their alternatives, once the prefill is
+    /// done (empty unless prompt logprobs were asked).
+    pub fn prefill(&self) -> (&[TokenOut], &[Vec<TokenOut>]) {
+        (&self.prefill, &self.prefill_top)
+    }
+
     pub fn generated_tokens(&self) -> usize {
         self.seqs.iter().map(|s| s.tokens.len()).sum()
     }
@@ -389,6 +440,7 @@ impl Accumulator {
             inputs: self.prompt_text.clone(),
             prompt_tokens: self.prompt_tokens,
             prefill: self.prefill.clone(),
+            prefill_top: self.prefill_top.clone(),
             best: SequenceOut {
                 text: tokens.iter().map(|t| t.text.as_str()).collect(),
                 finish_reason: finish,
@@ -436,6 +488,7 @@ impl Accumulator {
             inputs: self.prompt_text,
             prompt_tokens: self.prompt_tokens,
             prefill: self.prefill,
+            prefill_top: self.prefill_top,
             best,
             others,
         })

@@ -2,7 +2,7 @@
 //! text_completion, /v1/models). Streams end with `data: [DONE]` ([`crate::sse::DONE`]).
 
 use crate::error::compact;
-use crate::output::{FinishReason, GenerationOut, SequenceOut, TokenOut, finite};
+use crate::output::{FinishReason, GenerationOut, SequenceOut, TokenOut, TopTokens, finite};
 use crate::spec::GenerationSpec;
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -484,28 +484,42 @@ pub fn chat_chunk_usage(meta: &OpenAiMeta, usage: Usage) -> String {
 #[derive(Serialize)]
 struct CompletionLogprobs<'a> {
     tokens: Vec<&'a str>,
-    token_logprobs: Vec<f32>,
-    top_logprobs: Vec<Map<String, Value>>,
+    /// null for the first prompt token (nothing precedes it). Widened to f64 as the
+    /// alternatives are, so that a token's logprob and the same token among its alternatives
+    /// print the same (lm-eval compares them to tell a greedy continuation).
+    token_logprobs: Vec<Option<f64>>,
+    top_logprobs: Vec<Option<Map<String, Value>>>,
     text_offset: Vec<usize>,
 }
 
-fn completion_logprobs<'a>(
-    seq: &'a SequenceOut,
-    k: usize,
-    offset0: usize,
-) -> CompletionLogprobs<'a> {
-    let mut offset = offset0;
-    let mut text_offset = Vec::with_capacity(seq.tokens.len());
-    for t in &seq.tokens {
-        text_offset.push(offset);
-        offset += t.text.len();
-    }
-    CompletionLogprobs {
-        tokens: seq.tokens.iter().map(|t| t.text.as_str()).collect(),
-        token_logprobs: seq.tokens.iter().map(lp).collect(),
-        top_logprobs: (0..seq.tokens.len())
-            .map(|i| {
-                seq.top_tokens
+/// Tokens for a completion choice's `logprobs`: the tokens, their alternatives by position
+/// (a missing entry reads as none), and the text offset of the first token.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenRun<'a> {
+    pub tokens: &'a [TokenOut],
+    pub top: &'a [TopTokens],
+    pub offset: usize,
+}
+
+/// OpenAI's legacy `logprobs` over `runs` in order (echoed prompt, then generated tokens); a
+/// token without a logprob (the prompt's first) has null for its logprob and alternatives.
+fn completion_logprobs<'a>(runs: &[TokenRun<'a>], k: usize) -> CompletionLogprobs<'a> {
+    let mut out = CompletionLogprobs {
+        tokens: Vec::new(),
+        token_logprobs: Vec::new(),
+        top_logprobs: Vec::new(),
+        text_offset: Vec::new(),
+    };
+    for run in runs {
+        let mut offset = run.offset;
+        for (i, t) in run.tokens.iter().enumerate() {
+            out.tokens.push(&t.text);
+            out.text_offset.push(offset);
+            offset += t.text.len();
+            let logprob = finite(t.logprob).map(f64::from);
+            out.token_logprobs.push(logprob);
+            out.top_logprobs.push(logprob.map(|_| {
+                run.top
                     .get(i)
                     .map(|alts| {
                         alts.iter()
@@ -514,10 +528,10 @@ fn completion_logprobs<'a>(
                             .collect()
                     })
                     .unwrap_or_default()
-            })
-            .collect(),
-        text_offset,
+            }));
+        }
     }
+    out
 }
 
 #[derive(Serialize)]
@@ -539,12 +553,21 @@ pub fn text_completion(meta: &OpenAiMeta, outs: &[GenerationOut], spec: &Generat
             } else {
                 (s.text.clone(), 0)
             };
+            let generated = TokenRun {
+                tokens: &s.tokens,
+                top: &s.top_tokens,
+                offset: offset0,
+            };
+            let runs = match echoed_prompt(out, spec) {
+                Some(prompt) => vec![prompt, generated],
+                None => vec![generated],
+            };
             choices.push(CompletionChoice {
                 index: p * n + i,
                 text,
                 logprobs: spec
                     .logprobs
-                    .map(|k| completion_logprobs(s, k as usize, offset0)),
+                    .map(|k| completion_logprobs(&runs, k as usize)),
                 finish_reason: Some(s.finish_reason.as_openai()),
             });
         }
@@ -558,6 +581,16 @@ pub fn text_completion(meta: &OpenAiMeta, outs: &[GenerationOut], spec: &Generat
     ))
 }
 
+/// The prompt's tokens as an echo lists them in `logprobs` (offsets from 0), when the
+/// request echoes the prompt and its logprobs were computed.
+pub fn echoed_prompt<'a>(out: &'a GenerationOut, spec: &GenerationSpec) -> Option<TokenRun<'a>> {
+    (spec.return_full_text && !out.prefill.is_empty()).then_some(TokenRun {
+        tokens: &out.prefill,
+        top: &out.prefill_top,
+        offset: 0,
+    })
+}
+
 /// One streamed completion chunk for choice `index` (text may be "" on a finish-only chunk).
 pub fn completion_chunk(
     meta: &OpenAiMeta,
@@ -566,10 +599,24 @@ pub fn completion_chunk(
     finish: Option<FinishReason>,
     include_usage: bool,
 ) -> String {
+    completion_chunk_with_logprobs(meta, index, text, &[], None, finish, include_usage)
+}
+
+/// [`completion_chunk`] with `logprobs` over `runs` (top `k` alternatives) when `k` is set:
+/// a stream's echo chunk carries the prompt's, each token chunk its token's.
+pub fn completion_chunk_with_logprobs(
+    meta: &OpenAiMeta,
+    index: usize,
+    text: &str,
+    runs: &[TokenRun<'_>],
+    k: Option<u32>,
+    finish: Option<FinishReason>,
+    include_usage: bool,
+) -> String {
     let choice = CompletionChoice {
         index,
         text: text.to_string(),
-        logprobs: None,
+        logprobs: k.map(|k| completion_logprobs(runs, k as usize)),
         finish_reason: finish.map(FinishReason::as_openai),
     };
     compact(&envelope(

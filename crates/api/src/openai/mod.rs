@@ -9,9 +9,10 @@ pub mod tools;
 
 pub use chat::{ChatRequest, parse_chat_request};
 pub use completion::{
-    CompletionRequest, DEFAULT_COMPLETION_MAX_TOKENS, OpenAiConfig, parse_completion_request,
+    CompletionPrompt, CompletionRequest, DEFAULT_COMPLETION_MAX_TOKENS, OpenAiConfig,
+    parse_completion_request,
 };
-pub use format::{ChatTurn, OpenAiMeta, ToolCallOut, ToolDelta, Usage};
+pub use format::{ChatTurn, OpenAiMeta, TokenRun, ToolCallOut, ToolDelta, Usage};
 pub use message::{
     ChatMessage, ContentPart, FunctionCall, ImageUrl, MessageContent, Role, ToolCall,
 };

@@ -152,11 +152,19 @@ pub fn schemas() -> Map<String, Value> {
     add(
         "CompletionRequest",
         json!({"type": "object", "required": ["prompt"],
-        "description": "OpenAI completions; `max_tokens` defaults to 16.",
+        "description": "OpenAI completions; `max_tokens` defaults to 16. `prompt` is text, texts, \
+            token ids or lists of token ids. `echo` with `logprobs` lists the prompt's tokens and \
+            logprobs (the first null) before the completion's; `max_tokens: 0` (only with `echo`) \
+            scores the prompt without generating.",
         "properties": {
         "model": {"type": "string"},
-        "prompt": strings_or_string(),
-        "max_tokens": {"type": "integer", "minimum": 1, "default": 16, "nullable": true},
+        "prompt": {"oneOf": [
+            {"type": "string"},
+            {"type": "array", "minItems": 1, "items": {"type": "string"}},
+            {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": 4294967295u64}},
+            {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1,
+                "items": {"type": "integer", "minimum": 0, "maximum": 4294967295u64}}}]},
+        "max_tokens": {"type": "integer", "minimum": 0, "default": 16, "nullable": true},
         "echo": {"type": "boolean", "nullable": true},
         "logprobs": {"type": "integer", "minimum": 0, "maximum": 5, "nullable": true},
         "temperature": {"type": "number", "minimum": 0, "maximum": 2, "nullable": true},
@@ -422,8 +430,9 @@ pub fn schemas() -> Map<String, Value> {
         "text": {"type": "string"},
         "logprobs": {"type": "object", "nullable": true, "properties": {
             "tokens": {"type": "array", "items": {"type": "string"}},
-            "token_logprobs": {"type": "array", "items": {"type": "number"}},
-            "top_logprobs": {"type": "array", "items": {"type": "object", "additionalProperties": {"type": "number"}}},
+            "token_logprobs": {"type": "array", "items": {"type": "number", "nullable": true}},
+            "top_logprobs": {"type": "array", "items": {"type": "object", "nullable": true,
+                "additionalProperties": {"type": "number"}}},
             "text_offset": {"type": "array", "items": {"type": "integer", "minimum": 0}}}},
         "finish_reason": {"type": "string", "enum": ["stop", "length"], "nullable": true}}});
     add(

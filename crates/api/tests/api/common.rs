@@ -22,6 +22,7 @@ pub fn out(inputs: &str, prompt_tokens: usize, best: SequenceOut) -> GenerationO
         inputs: inputs.into(),
         prompt_tokens,
         prefill: Vec::new(),
+        prefill_top: Vec::new(),
         best,
         others: Vec::new(),
     }

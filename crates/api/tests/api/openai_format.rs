@@ -112,6 +112,53 @@ fn chat_chunk_without_usage_and_finish_only() {
     );
 }
 
+/// `echo` with `logprobs`: the prompt's tokens first (the first with null logprob and
+/// alternatives, offsets from 0), then the generated ones (offsets after the prompt text).
+#[test]
+fn text_completion_echoes_the_prompt_logprobs() {
+    let m = OpenAiMeta {
+        id: "cmpl-1".into(),
+        ..meta()
+    };
+    let mut a = out(
+        "Say hi",
+        2,
+        seq("!", FinishReason::Length, vec![tok(3, "!", -0.25)]),
+    );
+    a.prefill = vec![TokenOut::new(1, "Say", None, false), tok(2, " hi", -1.5)];
+    a.prefill_top = vec![vec![], vec![tok(9, " yes", -0.5), tok(2, " hi", -1.5)]];
+    a.best.top_tokens = vec![vec![tok(3, "!", -0.25)]];
+    let spec = GenerationSpec {
+        return_full_text: true,
+        logprobs: Some(1),
+        prompt_logprobs: Some(1),
+        ..GenerationSpec::default()
+    };
+    assert_eq!(
+        format::text_completion(&m, std::slice::from_ref(&a), &spec),
+        r#"{"id":"cmpl-1","object":"text_completion","created":1700000000,"model":"smol","choices":[{"index":0,"text":"Say hi!","logprobs":{"tokens":["Say"," hi","!"],"token_logprobs":[null,-1.5,-0.25],"top_logprobs":[null,{" yes":-0.5},{"!":-0.25}],"text_offset":[0,3,6]},"finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}}"#
+    );
+    // Without echo the prompt's logprobs are not listed.
+    let spec = GenerationSpec {
+        return_full_text: false,
+        ..spec
+    };
+    assert_eq!(
+        format::text_completion(&m, std::slice::from_ref(&a), &spec),
+        r#"{"id":"cmpl-1","object":"text_completion","created":1700000000,"model":"smol","choices":[{"index":0,"text":"!","logprobs":{"tokens":["!"],"token_logprobs":[-0.25],"top_logprobs":[{"!":-0.25}],"text_offset":[0]},"finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}}"#
+    );
+    // A stream's echo chunk carries the prompt's logprobs.
+    let run = format::TokenRun {
+        tokens: &a.prefill,
+        top: &a.prefill_top,
+        offset: 0,
+    };
+    assert_eq!(
+        format::completion_chunk_with_logprobs(&m, 1, "Say hi", &[run], Some(2), None, false),
+        r#"{"id":"cmpl-1","object":"text_completion","created":1700000000,"model":"smol","choices":[{"index":1,"text":"Say hi","logprobs":{"tokens":["Say"," hi"],"token_logprobs":[null,-1.5],"top_logprobs":[null,{" yes":-0.5," hi":-1.5}],"text_offset":[0,3]},"finish_reason":null}]}"#
+    );
+}
+
 #[test]
 fn text_completion_body_and_chunks() {
     let m = OpenAiMeta {

@@ -1,7 +1,7 @@
 use crate::common::json;
 use lmi_api::openai::{
-    ChatMessage, ContentPart, MessageContent, OpenAiConfig, Role, ToolChoice, parse_chat_request,
-    parse_completion_request,
+    ChatMessage, CompletionPrompt, ContentPart, MessageContent, OpenAiConfig, Role, ToolChoice,
+    parse_chat_request, parse_completion_request,
 };
 use lmi_api::{ErrorKind, Schema};
 
@@ -152,7 +152,7 @@ fn completion_request_fields() {
         &cfg,
     )
     .unwrap();
-    assert_eq!(r.prompts, vec!["Say"]);
+    assert_eq!(r.prompts, vec![CompletionPrompt::Text("Say".into())]);
     assert_eq!(
         (r.spec.max_new_tokens, r.spec.max_new_tokens_explicit),
         (16, false)
@@ -164,8 +164,83 @@ fn completion_request_fields() {
     );
     let r =
         parse_completion_request(&json(r#"{"prompt":["a","b"],"max_tokens":5}"#), &cfg).unwrap();
-    assert_eq!(r.prompts, vec!["a", "b"]);
+    assert_eq!(
+        r.prompts,
+        vec![
+            CompletionPrompt::Text("a".into()),
+            CompletionPrompt::Text("b".into())
+        ]
+    );
     assert_eq!(r.spec.max_new_tokens, 5);
+    assert!(!r.prompt_only && r.spec.prompt_logprobs.is_none());
+}
+
+/// lm-eval's loglikelihood request (and vLLM's prompt scoring): token-id prompts, `echo` with
+/// `logprobs`, `max_tokens` 0 or 1.
+#[test]
+fn completion_scores_the_prompt_with_echo_and_logprobs() {
+    let cfg = OpenAiConfig::default();
+    let r = parse_completion_request(
+        &json(
+            r#"{"prompt":[[1,2,3],[4,5]],"echo":true,"logprobs":1,"max_tokens":0,"temperature":0}"#,
+        ),
+        &cfg,
+    )
+    .unwrap();
+    assert_eq!(
+        r.prompts,
+        vec![
+            CompletionPrompt::Tokens(vec![1, 2, 3]),
+            CompletionPrompt::Tokens(vec![4, 5])
+        ]
+    );
+    // Nothing is returned, but the scheduler draws one token after the prefill.
+    assert!(r.prompt_only);
+    assert_eq!(r.spec.max_new_tokens, 1);
+    assert_eq!(
+        (r.spec.prompt_logprobs, r.spec.logprobs),
+        (Some(1), Some(1))
+    );
+    let r = parse_completion_request(
+        &json(r#"{"prompt":[7,8],"echo":true,"logprobs":3,"max_completion_tokens":0}"#),
+        &cfg,
+    )
+    .unwrap();
+    assert_eq!(r.prompts, vec![CompletionPrompt::Tokens(vec![7, 8])]);
+    assert!(r.prompt_only && r.spec.prompt_logprobs == Some(3));
+    let r = parse_completion_request(
+        &json(r#"{"prompt":"a","echo":true,"logprobs":1,"max_tokens":1}"#),
+        &cfg,
+    )
+    .unwrap();
+    assert!(!r.prompt_only && r.spec.max_new_tokens == 1);
+    assert_eq!(r.spec.prompt_logprobs, Some(1));
+    // echo without logprobs scores nothing.
+    let r = parse_completion_request(&json(r#"{"prompt":"a","echo":true}"#), &cfg).unwrap();
+    assert_eq!(r.spec.prompt_logprobs, None);
+}
+
+#[test]
+fn completion_prompt_and_max_tokens_errors_say_what_to_fix() {
+    let cfg = OpenAiConfig::default();
+    let err = |body: &str| parse_completion_request(&json(body), &cfg).unwrap_err();
+    let e = err(r#"{"prompt":"a","max_tokens":0}"#);
+    assert_eq!(
+        e.message,
+        "max_tokens must be a positive integer, got 0 (0 is only for scoring the prompt, with \"echo\": true)"
+    );
+    assert_eq!(e.status(Schema::OpenAi), 422);
+    let e = err(r#"{"prompt":[1,-2]}"#);
+    assert_eq!(
+        e.message,
+        "prompt[1] must be a token id (integer 0..=4294967295), got -2"
+    );
+    let e = err(r#"{"prompt":[[1],[]]}"#);
+    assert_eq!(e.message, "prompt[1] must not be an empty list");
+    let e = err(r#"{"prompt":[[1],[4294967296]]}"#);
+    assert_eq!(e.param.as_deref(), Some("prompt[1][0]"));
+    let e = err(r#"{"prompt":[1,"a"]}"#);
+    assert_eq!(e.message, "prompt[0] must be a string, got number");
 }
 
 #[test]

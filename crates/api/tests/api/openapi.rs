@@ -49,6 +49,14 @@ fn cases() -> Vec<(GenerationOut, GenerationSpec)> {
         best_of: 2,
         ..GenerationSpec::default()
     };
+    // /v1/completions with echo and logprobs: the prompt's logprobs come first.
+    let echoed = GenerationSpec {
+        return_full_text: true,
+        logprobs: Some(2),
+        top_n_tokens: 2,
+        prompt_logprobs: Some(2),
+        ..GenerationSpec::default()
+    };
     let mut rich = hello();
     rich.prefill = vec![tok(1, "<s>", 0.0), tok(4, "This", -3.5)];
     rich.prefill[0].logprob = None;
@@ -60,7 +68,14 @@ fn cases() -> Vec<(GenerationOut, GenerationSpec)> {
         FinishReason::EosToken,
         vec![tok(77, "Bye", -2.0)],
     ));
-    vec![(hello(), plain), (rich, detailed), (two, multi)]
+    let mut scored = rich.clone();
+    scored.prefill_top = vec![vec![], vec![tok(4, "This", -3.5), tok(5, "That", -4.0)]];
+    vec![
+        (hello(), plain),
+        (rich, detailed),
+        (two, multi),
+        (scored, echoed),
+    ]
 }
 
 fn meta() -> OpenAiMeta {
@@ -169,6 +184,23 @@ fn openai_formatters_conform() {
             conforms(
                 "TextCompletion",
                 &oai::completion_chunk(&m, 0, "x", None, usage),
+            );
+            let run = oai::TokenRun {
+                tokens: &o.prefill,
+                top: &o.prefill_top,
+                offset: 0,
+            };
+            conforms(
+                "TextCompletion",
+                &oai::completion_chunk_with_logprobs(
+                    &m,
+                    0,
+                    "x",
+                    &[run],
+                    spec.logprobs,
+                    None,
+                    usage,
+                ),
             );
         }
     }

@@ -41,13 +41,18 @@ pub enum Route {
     Chat,
 }
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub struct HttpArgs {
     /// Base URL of the server.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     url: String,
-    /// Client connections, each sending requests back to back (closed loop).
-    #[arg(long, default_value_t = 64)]
+    /// Client connections, each sending requests back to back (closed loop); several
+    /// (comma-separated, e.g. 1,4,16) run one after the other, and the report plots
+    /// throughput against them.
+    #[arg(long = "concurrency", value_delimiter = ',', default_value = "64")]
+    levels: Vec<usize>,
+    /// The level being run.
+    #[arg(skip)]
     concurrency: usize,
     /// Measured requests in all (after the warm-up); conflicts with --duration.
     #[arg(long, conflicts_with = "duration")]
@@ -76,11 +81,17 @@ pub struct HttpArgs {
     /// Worker threads of the client's tokio runtime (1: a current-thread runtime).
     #[arg(long, default_value_t = 1)]
     client_threads: usize,
+    /// The HTML report (plots of TTFT, inter-token and E2E latency, tokens/s over time) is
+    /// written here.
+    #[arg(long, default_value = "lmi-bench-http.html")]
+    report: std::path::PathBuf,
 }
 
 pub fn run(a: HttpArgs) -> anyhow::Result<()> {
-    if a.concurrency == 0 {
-        bail!("--concurrency must be at least 1");
+    if a.levels.is_empty() || a.levels.contains(&0) {
+        bail!(
+            "--concurrency takes one or more connection counts (comma-separated), each at least 1"
+        );
     }
     let rt = if a.client_threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -92,7 +103,26 @@ pub fn run(a: HttpArgs) -> anyhow::Result<()> {
             .enable_all()
             .build()?
     };
-    rt.block_on(main(a))
+    let mut levels = Vec::new();
+    for &c in &a.levels {
+        let one = HttpArgs {
+            concurrency: c,
+            ..a.clone()
+        };
+        levels.push(rt.block_on(main(&one))?);
+    }
+    let target = Target::parse(&a.url)?;
+    let html = html_report(&a, &workload(&a, &target), &levels);
+    super::bench_report::write(&html, &a.report)?;
+    println!("\nreport: {}", a.report.display());
+    Ok(())
+}
+
+/// What one concurrency level measured.
+struct Level {
+    concurrency: usize,
+    stats: Stats,
+    secs: f64,
 }
 
 /// Where requests go: socket address, Host header and the request path.
@@ -313,6 +343,9 @@ struct Stats {
     ttft: Vec<u64>,
     itl: Vec<u64>,
     e2e: Vec<u64>,
+    /// When each output token arrived, ns after `origin` (the measured run's start).
+    token_at: Vec<u64>,
+    origin: Option<Instant>,
     first_error: Option<String>,
 }
 
@@ -324,6 +357,7 @@ impl Stats {
         self.ttft.extend(o.ttft);
         self.itl.extend(o.itl);
         self.e2e.extend(o.e2e);
+        self.token_at.extend(o.token_at);
         if self.first_error.is_none() {
             self.first_error = o.first_error;
         }
@@ -387,6 +421,13 @@ async fn one_request(
         stats.ok += 1;
         stats.tokens += tokens;
         stats.e2e.push(e2e);
+        if let Some(o) = stats.origin {
+            // Without a stream the tokens all arrive with the body.
+            let at = (Instant::now() - o).as_nanos() as u64;
+            stats
+                .token_at
+                .extend(std::iter::repeat_n(at, tokens as usize));
+        }
         return Ok(());
     }
     let mut parser = EventParser::new(sse);
@@ -400,6 +441,10 @@ async fn one_request(
             match last {
                 None => st.ttft.push((now - sent).as_nanos() as u64),
                 Some(prev) => st.itl.push((now - prev).as_nanos() as u64),
+            }
+            if let Some(o) = st.origin {
+                st.token_at
+                    .push((now.saturating_duration_since(o)).as_nanos() as u64);
             }
             last = Some(now);
         }
@@ -462,6 +507,7 @@ async fn client(load: Arc<Load>) -> (Stats, Instant) {
     }
     load.barrier.wait().await;
     let start = Instant::now();
+    stats.origin = Some(start);
     let deadline = load.duration.map(|d| start + d);
     loop {
         if let Some(d) = deadline
@@ -555,7 +601,7 @@ fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
-async fn main(a: HttpArgs) -> anyhow::Result<()> {
+async fn main(a: &HttpArgs) -> anyhow::Result<Level> {
     let target = Target::parse(&a.url)?;
     let (status, _) = get(&target, "/health")
         .await
@@ -567,7 +613,7 @@ async fn main(a: HttpArgs) -> anyhow::Result<()> {
         Ok((StatusCode::OK, b)) => serde_json::from_slice::<Value>(&b).ok(),
         _ => None,
     };
-    let work = workload(&a, &target);
+    let work = workload(a, &target);
     let duration = match (a.requests, a.duration) {
         (Some(_), _) => None,
         (None, d) => Some(Duration::from_secs_f64(d.unwrap_or(10.0))),
@@ -631,7 +677,7 @@ async fn main(a: HttpArgs) -> anyhow::Result<()> {
     let backend = info
         .as_ref()
         .and_then(|i| i["model_device_type"].as_str().map(str::to_string));
-    report(&a, &load.work, &stats, secs, backend.as_deref());
+    report(a, &load.work, &stats, secs, backend.as_deref());
     if let (Some(c0), Some(c1)) = (cpu0, cpu1) {
         println!(
             "client CPU: {:.2} s over {secs:.2} s ({:.0}% of one core)",
@@ -648,7 +694,115 @@ async fn main(a: HttpArgs) -> anyhow::Result<()> {
             if fwd > 0.0 { step / fwd } else { f64::NAN },
         );
     }
-    Ok(())
+    Ok(Level {
+        concurrency: a.concurrency,
+        stats,
+        secs,
+    })
+}
+
+/// The plots of the run for the HTML report: latency distributions and tokens/s over time of
+/// the last (highest) level, and throughput against concurrency when there are several.
+fn html_report(a: &HttpArgs, w: &Workload, levels: &[Level]) -> super::bench_report::Report {
+    use super::bench_report::Chart;
+    let to_ms = |v: &[u64]| v.iter().map(|&ns| ms(ns)).collect::<Vec<f64>>();
+    let mut charts = Vec::new();
+    let mut text = format!(
+        "lmi bench http: {}, prompt {} words, max_new_tokens {}, stream {}\n",
+        w.path, a.prompt_len, a.max_new_tokens, w.stream,
+    );
+    for l in levels {
+        let s = &l.stats;
+        text.push_str(&format!(
+            "{} connections: {} requests ok, {} errors in {:.2} s: {:.1} requests/s, {:.0} output \
+             tokens/s\n",
+            l.concurrency,
+            s.ok,
+            s.errors,
+            l.secs,
+            s.ok as f64 / l.secs,
+            s.tokens as f64 / l.secs,
+        ));
+    }
+    if levels.len() > 1 {
+        charts.push(Chart::Line {
+            title: "Output tokens/s against concurrency".into(),
+            x_label: "client connections".into(),
+            y_label: "output tokens/s".into(),
+            points: levels
+                .iter()
+                .map(|l| (l.concurrency as f64, l.stats.tokens as f64 / l.secs))
+                .collect(),
+        });
+    }
+    let Some(last) = levels.last() else {
+        return super::bench_report::Report {
+            title: "lmi bench http".into(),
+            text,
+            charts,
+        };
+    };
+    let (s, c) = (&last.stats, last.concurrency);
+    if w.stream {
+        charts.push(Chart::Histogram {
+            title: format!(
+                "Time to first token ({} requests, {c} connections)",
+                s.ttft.len()
+            ),
+            samples_ms: to_ms(&s.ttft),
+        });
+        charts.push(Chart::Histogram {
+            title: format!(
+                "Inter-token latency ({} gaps, {c} connections)",
+                s.itl.len()
+            ),
+            samples_ms: to_ms(&s.itl),
+        });
+    }
+    charts.push(Chart::Histogram {
+        title: format!(
+            "End-to-end latency ({} requests, {c} connections)",
+            s.e2e.len()
+        ),
+        samples_ms: to_ms(&s.e2e),
+    });
+    charts.push(Chart::Line {
+        title: format!("Output tokens/s over time ({c} connections)"),
+        x_label: "seconds since the start".into(),
+        y_label: "tokens/s".into(),
+        points: tokens_per_second(&s.token_at, last.secs),
+    });
+    let list: Vec<String> = levels.iter().map(|l| l.concurrency.to_string()).collect();
+    super::bench_report::Report {
+        title: format!(
+            "lmi bench http: {} at concurrency {}",
+            w.path,
+            list.join(", ")
+        ),
+        text,
+        charts,
+    }
+}
+
+/// Output tokens/s in about 20 equal windows over the run (at least 100 ms each), each
+/// point at its window's middle.
+pub fn tokens_per_second(token_at_ns: &[u64], secs: f64) -> Vec<(f64, f64)> {
+    let end = token_at_ns
+        .iter()
+        .map(|&t| t as f64 / 1e9)
+        .fold(secs, f64::max);
+    let width = (end / 20.0).max(0.1);
+    let n = ((end / width).ceil() as usize).max(1);
+    let mut counts = vec![0u64; n];
+    for &t in token_at_ns {
+        let i = ((t as f64 / 1e9 / width) as usize).min(n - 1);
+        counts[i] += 1;
+    }
+    counts
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| ((i as f64 + 0.5) * width, c as f64 / width))
+        .collect()
 }
 
 fn report(a: &HttpArgs, w: &Workload, s: &Stats, secs: f64, backend: Option<&str>) {
@@ -743,6 +897,18 @@ fn report(a: &HttpArgs, w: &Workload, s: &Stats, secs: f64, backend: Option<&str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_per_second_counts_each_token_in_its_window() {
+        // 2 s run, 100 ms windows: 3 tokens in the first, 1 in the last.
+        let at = [0, 50_000_000, 99_000_000, 1_950_000_000];
+        let pts = tokens_per_second(&at, 2.0);
+        assert_eq!(pts.len(), 20);
+        assert!((pts[0].0 - 0.05).abs() < 1e-9 && (pts[0].1 - 30.0).abs() < 1e-9);
+        assert!((pts[19].1 - 10.0).abs() < 1e-9);
+        let total: f64 = pts.iter().map(|p| p.1 * 0.1).sum();
+        assert!((total - 4.0).abs() < 1e-9);
+    }
 
     fn events(sse: bool, chunks: &[&[u8]]) -> Vec<String> {
         let mut p = EventParser::new(sse);

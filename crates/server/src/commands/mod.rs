@@ -1,6 +1,7 @@
 pub mod bench;
 pub mod bench_http;
 pub mod bench_lora;
+pub mod bench_report;
 pub mod bench_soak;
 pub mod bench_speculative;
 pub mod bench_structured;

@@ -8,8 +8,10 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
 use axum::routing::post;
-use lmi_api::openai::{self, ChatRequest, CompletionRequest, OpenAiMeta, ToolChoice, Usage};
-use lmi_api::{ApiError, Schema, sse};
+use lmi_api::openai::{
+    self, ChatRequest, CompletionPrompt, CompletionRequest, OpenAiMeta, TokenRun, ToolChoice, Usage,
+};
+use lmi_api::{ApiError, FinishReason, GenerationOut, GenerationSpec, Schema, sse};
 
 use super::respond::{self, Frame, SSE};
 use crate::app::{AppState, new_request_id};
@@ -188,7 +190,13 @@ pub async fn completions(
     let jobs: Result<Vec<_>, ApiError> = req
         .prompts
         .iter()
-        .map(|p| generation::prepare(model, Prompt::Text(p.clone()), req.spec.clone()))
+        .map(|p| {
+            let prompt = match p {
+                CompletionPrompt::Text(t) => Prompt::Text(t.clone()),
+                CompletionPrompt::Tokens(ids) => Prompt::Tokens(ids.clone()),
+            };
+            generation::prepare(model, prompt, req.spec.clone())
+        })
         .collect();
     let jobs = match jobs {
         Ok(j) => j,
@@ -212,55 +220,21 @@ pub async fn completions(
             Err(e) => return respond::reject(tracker, &e, schema),
         };
         let acc = Accumulator::new(model, job);
-        let include_usage = req.include_usage;
-        let usage_spec = job.spec.clone();
-        let echo = req.echo.then(|| job.prompt_text.clone());
+        let mut chunks = CompletionChunks {
+            meta,
+            include_usage: req.include_usage,
+            spec: job.spec.clone(),
+            echo: req.echo.then(|| job.prompt_text.clone()),
+            prompt_only: req.prompt_only,
+            offsets: Vec::new(),
+        };
         return respond::stream(
             SSE,
             events,
             acc,
             tracker,
             job.spec.max_new_tokens,
-            move |f| match f {
-                Frame::Start => match &echo {
-                    Some(p) => sse::data(&openai::format::completion_chunk(
-                        &meta,
-                        0,
-                        p,
-                        None,
-                        include_usage,
-                    )),
-                    None => String::new(),
-                },
-                Frame::Token(t, _) => {
-                    let text = if t.token.special {
-                        ""
-                    } else {
-                        t.token.text.as_str()
-                    };
-                    sse::data(&openai::format::completion_chunk(
-                        &meta,
-                        t.index as usize,
-                        text,
-                        t.finish,
-                        include_usage,
-                    ))
-                }
-                Frame::End(acc) => {
-                    let mut out = String::new();
-                    if include_usage {
-                        let (kept, left) = acc.draft_tokens();
-                        let usage = Usage::new(acc.prompt_tokens(), acc.generated_tokens())
-                            .with_predictions(&usage_spec, kept, left);
-                        out.push_str(&sse::data(&openai::format::completion_chunk_usage(
-                            &meta, usage,
-                        )));
-                    }
-                    out.push_str(sse::DONE);
-                    out
-                }
-                Frame::Error(e) => e.openai_stream_events(),
-            },
+            move |f| chunks.render(f),
         );
     }
     // Every prompt runs concurrently, each reported to the metrics as a request.
@@ -272,9 +246,119 @@ pub async fn completions(
     let mut outs = Vec::with_capacity(jobs.len());
     for r in futures_util::future::join_all(runs).await {
         match r {
-            Ok(o) => outs.push(o),
+            Ok(mut o) => {
+                if req.prompt_only {
+                    drop_generated(&mut o);
+                }
+                outs.push(o)
+            }
             Err(e) => return respond::error(&e, schema),
         }
     }
     respond::ok_json(openai::format::text_completion(&meta, &outs, &req.spec))
+}
+
+/// `max_tokens: 0`: the token the scheduler drew after the prefill is not part of the answer.
+fn drop_generated(out: &mut GenerationOut) {
+    for s in std::iter::once(&mut out.best).chain(out.others.iter_mut()) {
+        s.text.clear();
+        s.tokens.clear();
+        s.top_tokens.clear();
+        s.generated_tokens = 0;
+        s.finish_reason = FinishReason::Length;
+    }
+}
+
+/// Renders a completions stream: with `echo`, each choice starts with the prompt (and its
+/// logprobs, as vLLM sends them in the first chunk); token chunks carry their logprobs.
+struct CompletionChunks {
+    meta: OpenAiMeta,
+    include_usage: bool,
+    spec: GenerationSpec,
+    echo: Option<String>,
+    prompt_only: bool,
+    /// Text offset of each choice's next token; a choice is echoed once it has one.
+    offsets: Vec<Option<usize>>,
+}
+
+impl CompletionChunks {
+    fn render(&mut self, f: Frame<'_>) -> String {
+        let k = self.spec.logprobs;
+        match f {
+            Frame::Start => String::new(),
+            Frame::Token(t, acc) => {
+                let i = t.index as usize;
+                if self.offsets.len() <= i {
+                    self.offsets.resize(i + 1, None);
+                }
+                let mut out = String::new();
+                let offset = match self.offsets[i] {
+                    Some(o) => o,
+                    None => {
+                        let prompt = self.echo.as_deref().unwrap_or("");
+                        if self.echo.is_some() {
+                            let (tokens, top) = acc.prefill();
+                            let run = TokenRun {
+                                tokens,
+                                top,
+                                offset: 0,
+                            };
+                            out.push_str(&sse::data(
+                                &openai::format::completion_chunk_with_logprobs(
+                                    &self.meta,
+                                    i,
+                                    prompt,
+                                    &[run],
+                                    k.filter(|_| !tokens.is_empty()),
+                                    None,
+                                    self.include_usage,
+                                ),
+                            ));
+                        }
+                        prompt.len()
+                    }
+                };
+                let keep = !self.prompt_only && !t.token.special;
+                let text = if keep { t.token.text.as_str() } else { "" };
+                self.offsets[i] = Some(offset + text.len());
+                let tokens = std::slice::from_ref(&t.token);
+                let top = std::slice::from_ref(&t.top);
+                let runs = [TokenRun {
+                    tokens,
+                    top,
+                    offset,
+                }];
+                let runs: &[TokenRun] = if self.prompt_only { &[] } else { &runs };
+                out.push_str(&sse::data(&openai::format::completion_chunk_with_logprobs(
+                    &self.meta,
+                    i,
+                    text,
+                    runs,
+                    k.filter(|_| !self.prompt_only),
+                    t.finish,
+                    self.include_usage,
+                )));
+                out
+            }
+            Frame::End(acc) => {
+                let mut out = String::new();
+                if self.include_usage {
+                    let (kept, left) = acc.draft_tokens();
+                    let generated = if self.prompt_only {
+                        0
+                    } else {
+                        acc.generated_tokens()
+                    };
+                    let usage = Usage::new(acc.prompt_tokens(), generated)
+                        .with_predictions(&self.spec, kept, left);
+                    out.push_str(&sse::data(&openai::format::completion_chunk_usage(
+                        &self.meta, usage,
+                    )));
+                }
+                out.push_str(sse::DONE);
+                out
+            }
+            Frame::Error(e) => e.openai_stream_events(),
+        }
+    }
 }
