@@ -57,6 +57,50 @@ impl ChatTemplate {
         }
     }
 
+    /// [`Self::render_with_tools`] with a request's `chat_template_kwargs`: a Jinja template
+    /// sees each of them as a variable (see [`JinjaChatTemplate::render_with_kwargs`]); a
+    /// JSON template (seed 003) reads `enable_thinking` (a boolean, false when absent) to pick
+    /// `generation_prompt_thinking`, as `lmi infer` does.
+    pub fn render_with_kwargs(
+        &self,
+        messages: &[Message],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
+        match self {
+            ChatTemplate::Json(t) => {
+                let thinking = kwargs
+                    .get("enable_thinking")
+                    .and_then(serde_json::Value::as_bool)
+                    .unwrap_or(false);
+                t.render(messages, add_generation_prompt, thinking)
+            }
+            ChatTemplate::Jinja(t) => {
+                t.render_with_kwargs(messages, tools, add_generation_prompt, kwargs)
+            }
+        }
+    }
+
+    /// The reasoning format the template implies (see
+    /// [`crate::ReasoningFormat::detect`]): a JSON template with a thinking prompt, or a Jinja
+    /// template that writes `</think>`.
+    pub fn reasoning_format(&self) -> Option<crate::ReasoningFormat> {
+        match self {
+            ChatTemplate::Json(t) => {
+                let prompts = [
+                    Some(&t.generation_prompt),
+                    t.generation_prompt_thinking.as_ref(),
+                ];
+                prompts
+                    .into_iter()
+                    .flatten()
+                    .find_map(|p| crate::ReasoningFormat::detect(p))
+            }
+            ChatTemplate::Jinja(t) => crate::ReasoningFormat::detect(t.source()),
+        }
+    }
+
     /// Whether the template renders tool definitions itself (a Jinja template reading
     /// `tools`). The JSON format of seed 003 has no place for them.
     pub fn supports_tools(&self) -> bool {
