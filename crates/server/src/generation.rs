@@ -17,10 +17,13 @@ use crate::app::{AppState, LoadedModel};
 pub enum Prompt {
     Text(String),
     /// OpenAI-shaped messages, rendered with the model's chat template, and the tools
-    /// (OpenAI tool objects) the model is offered.
+    /// (OpenAI tool objects) the model is offered; the request's `chat_template_kwargs` and
+    /// thinking budget (`None`: the server's).
     Chat {
         messages: Vec<lmi_text::Message>,
         tools: Vec<serde_json::Value>,
+        kwargs: serde_json::Map<String, serde_json::Value>,
+        budget: Option<lmi_api::openai::ThinkingBudget>,
     },
 }
 
@@ -31,6 +34,8 @@ pub struct Job {
     pub spec: GenerationSpec,
     pub seed: u64,
     pub request: GenerateRequest,
+    /// How the replies are read for reasoning (chat prompts of a model with a parser).
+    pub reasoning: Option<crate::reasoning::ReplyReasoning>,
 }
 
 fn random_seed() -> u64 {
@@ -68,9 +73,15 @@ pub fn prepare_with(
 ) -> Result<Job, ApiError> {
     let tok = &model.tokenizer;
     check_sequences(&spec, model.max_sequences)?;
+    let mut reasoning = None;
     let (prompt_text, add_special) = match prompt {
         Prompt::Text(t) => (t, true),
-        Prompt::Chat { messages, tools } => {
+        Prompt::Chat {
+            messages,
+            tools,
+            kwargs,
+            budget,
+        } => {
             let template = model.chat_template.as_ref().ok_or_else(|| {
                 ApiError::validation(
                     "this model has no chat template: send `inputs` text instead of `messages`",
@@ -83,10 +94,18 @@ pub fn prepare_with(
                 lmi_text::tools::prepare_messages(model.tool_format, &messages, &tools, native);
             let offered = (native && !tools.is_empty()).then_some(tools.as_slice());
             let text = template
-                .render_with_tools(&msgs, offered, true, false)
+                .render_with_kwargs(&msgs, offered, true, &kwargs)
                 .map_err(|e| {
                     ApiError::validation(format!("chat template: {e}")).with_param("messages")
                 })?;
+            let (read, constraint) = crate::reasoning::plan(
+                model.reasoning,
+                &text,
+                budget.unwrap_or(model.reasoning_budget),
+                spec.constraint.as_ref(),
+            )?;
+            reasoning = read;
+            spec.constraint = constraint;
             // Templates write their own BOS; HF tokenizes chat text without special tokens.
             (text, false)
         }
@@ -204,6 +223,7 @@ pub fn prepare_with(
         spec,
         seed,
         request,
+        reasoning,
     })
 }
 
