@@ -102,18 +102,34 @@ pub fn budget_grammar(
     } else {
         lark_string(f.open_tag())
     };
-    let close = lark_string(&format!("{}{}", f.close_tag(), f.after_close()));
-    // `max_tokens=0` compiles to the empty string, so a budget of 0 forces the tags at once.
-    let think = format!(
-        "think[max_tokens={budget}, lazy]: /(?s:.*)/ & ~/(?s:.*){}.*/",
-        regex_syntax::escape(f.close_tag()).replace('/', "\\/")
-    );
+    let tag = lark_string(f.close_tag());
+    let after = lark_string(f.after_close());
     let answer = match answer {
         None => "/(?s:.*)/".to_string(),
         Some(c) => answer_rule(c)?,
     };
+    if budget == 0 {
+        return Ok(format!(
+            "start: {open} {tag} {after} answer\nanswer: {answer}\n"
+        ));
+    }
+    // Two readings of the reasoning, each a lexeme of at most `budget` tokens (llguidance
+    // counts a lexeme's tokens and drops those over their limit): `cut`, text without the
+    // closing tag, after which the tag is forced; and `closed`, the same text with the tag the
+    // model wrote itself. One lexeme holds text and tag because lexemes are greedy: text
+    // followed by a separate tag lexeme could not see the tag coming. When the budget is
+    // spent only `cut` can end, so the tag is forced.
+    let text = format!(
+        "TEXT: /(?s:.*)/ & ~/(?s:.*{}.*)/",
+        regex_syntax::escape(f.close_tag()).replace('/', "\\/")
+    );
     Ok(format!(
-        "start: {open} think {close} answer\n{think}\nanswer: {answer}\n"
+        "start: {open} reasoning answer\n\
+         reasoning: cut {tag} {after} | closed {after}\n\
+         cut[max_tokens={budget}]: TEXT\n\
+         closed[max_tokens={budget}]: TEXT {tag}\n\
+         {text}\n\
+         answer: {answer}\n"
     ))
 }
 
