@@ -178,6 +178,48 @@ impl ChatTemplate {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn kwargs(v: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn template_kwargs_reach_jinja_and_json_templates() {
+        let src = "{% if enable_thinking is defined %}[{{ enable_thinking }}]{% endif %}\
+                   {{ note | default('') }}{{ messages | length }}";
+        let t = ChatTemplate::Jinja(JinjaChatTemplate::new(src, None, None).unwrap());
+        let msgs: Vec<Message> =
+            serde_json::from_value(serde_json::json!([{"role": "user", "content": "hi"}])).unwrap();
+        let render = |k| t.render_with_kwargs(&msgs, None, true, &kwargs(k)).unwrap();
+        // Undefined unless sent, as transformers does.
+        assert_eq!(render(serde_json::json!({})), "1");
+        assert_eq!(
+            render(serde_json::json!({"enable_thinking": false, "note": "n"})),
+            "[False]n1"
+        );
+        // A kwarg cannot replace the conversation.
+        assert_eq!(render(serde_json::json!({"messages": []})), "1");
+        assert_eq!(t.reasoning_format(), None);
+
+        let json = ChatTemplate::Json(JsonChatTemplate {
+            roles: [("user".to_string(), RoleFormat::default())].into(),
+            generation_prompt: "A:<think>\n\n</think>\n\n".into(),
+            generation_prompt_thinking: Some("A:".into()),
+            ..Default::default()
+        });
+        let render = |k| {
+            json.render_with_kwargs(&msgs, None, true, &kwargs(k))
+                .unwrap()
+        };
+        assert_eq!(render(serde_json::json!({})), "hiA:<think>\n\n</think>\n\n");
+        assert_eq!(render(serde_json::json!({"enable_thinking": true})), "hiA:");
+        assert_eq!(
+            json.reasoning_format(),
+            Some(crate::ReasoningFormat::ThinkTags)
+        );
+    }
+
     #[test]
     fn templates_are_shareable_across_threads() {
         fn assert_send_sync<T: Send + Sync>() {}
