@@ -37,6 +37,11 @@ pub struct LoadedModel {
     pub grammars: crate::grammars::Grammars,
     /// How the model writes tool calls (option.tool_call_parser or its chat template).
     pub tool_format: lmi_text::tools::ToolCallFormat,
+    /// How the model marks its reasoning (option.reasoning_parser or its chat template);
+    /// `None`: replies are not read for reasoning.
+    pub reasoning: Option<lmi_text::ReasoningFormat>,
+    /// The thinking budget of requests that name none (option.reasoning_budget).
+    pub reasoning_budget: lmi_api::openai::ThinkingBudget,
     /// Most sequences (n, best_of) one request may ask for (option.max_sequences_per_request).
     pub max_sequences: usize,
 }

@@ -19,10 +19,13 @@ pub enum Prompt {
     /// Token ids, used as they are (no special tokens added).
     Tokens(Vec<u32>),
     /// OpenAI-shaped messages, rendered with the model's chat template, and the tools
-    /// (OpenAI tool objects) the model is offered.
+    /// (OpenAI tool objects) the model is offered; the request's `chat_template_kwargs` and
+    /// thinking budget (`None`: the server's).
     Chat {
         messages: Vec<lmi_text::Message>,
         tools: Vec<serde_json::Value>,
+        kwargs: serde_json::Map<String, serde_json::Value>,
+        budget: Option<lmi_api::openai::ThinkingBudget>,
     },
 }
 
@@ -33,6 +36,8 @@ pub struct Job {
     pub spec: GenerationSpec,
     pub seed: u64,
     pub request: GenerateRequest,
+    /// How the replies are read for reasoning (chat prompts of a model with a parser).
+    pub reasoning: Option<crate::reasoning::ReplyReasoning>,
 }
 
 fn random_seed() -> u64 {
@@ -65,15 +70,21 @@ pub fn prepare(model: &LoadedModel, prompt: Prompt, spec: GenerationSpec) -> Res
 pub fn prepare_with(
     model: &LoadedModel,
     prompt: Prompt,
-    spec: GenerationSpec,
+    mut spec: GenerationSpec,
     check: impl FnOnce(usize, &mut GenerationSpec) -> Result<(), ApiError>,
 ) -> Result<Job, ApiError> {
     let tok = &model.tokenizer;
     check_sequences(&spec, model.max_sequences)?;
+    let mut reasoning = None;
     let (prompt_text, add_special) = match prompt {
         Prompt::Text(t) => (t, true),
         Prompt::Tokens(ids) => return prepare_ids(model, ids, spec, check),
-        Prompt::Chat { messages, tools } => {
+        Prompt::Chat {
+            messages,
+            tools,
+            kwargs,
+            budget,
+        } => {
             let template = model.chat_template.as_ref().ok_or_else(|| {
                 ApiError::validation(
                     "this model has no chat template: send `inputs` text instead of `messages`",
@@ -86,10 +97,18 @@ pub fn prepare_with(
                 lmi_text::tools::prepare_messages(model.tool_format, &messages, &tools, native);
             let offered = (native && !tools.is_empty()).then_some(tools.as_slice());
             let text = template
-                .render_with_tools(&msgs, offered, true, false)
+                .render_with_kwargs(&msgs, offered, true, &kwargs)
                 .map_err(|e| {
                     ApiError::validation(format!("chat template: {e}")).with_param("messages")
                 })?;
+            let (read, constraint) = crate::reasoning::plan(
+                model.reasoning,
+                &text,
+                budget.unwrap_or(model.reasoning_budget),
+                spec.constraint.as_ref(),
+            )?;
+            reasoning = read;
+            spec.constraint = constraint;
             // Templates write their own BOS; HF tokenizes chat text without special tokens.
             (text, false)
         }
@@ -97,7 +116,7 @@ pub fn prepare_with(
     let ids = tok
         .encode(&prompt_text, add_special)
         .map_err(|e| ApiError::validation(format!("tokenizing the input: {e}")))?;
-    build(model, prompt_text, ids, spec, check)
+    build(model, prompt_text, ids, spec, reasoning, check)
 }
 
 /// [`prepare_with`] for a prompt of token ids: each must be in the vocabulary; the prompt's
@@ -119,7 +138,7 @@ fn prepare_ids(
     let text = tok
         .decode(&ids, false)
         .map_err(|e| ApiError::validation(format!("decoding the prompt's token ids: {e}")))?;
-    build(model, text, ids, spec, check)
+    build(model, text, ids, spec, None, check)
 }
 
 /// The scheduler request for a tokenized prompt, checked against the model's limits.
@@ -128,6 +147,7 @@ fn build(
     prompt_text: String,
     mut ids: Vec<u32>,
     mut spec: GenerationSpec,
+    reasoning: Option<crate::reasoning::ReplyReasoning>,
     check: impl FnOnce(usize, &mut GenerationSpec) -> Result<(), ApiError>,
 ) -> Result<Job, ApiError> {
     let tok = &model.tokenizer;
@@ -241,6 +261,7 @@ fn build(
         spec,
         seed,
         request,
+        reasoning,
     })
 }
 

@@ -11,6 +11,7 @@ mod guard;
 mod infer;
 mod metrics;
 mod null_engine;
+mod reasoning;
 mod router;
 mod routes;
 mod tool_calls;

@@ -48,11 +48,13 @@ pub fn read_turn(tools: &ToolSpec, format: ToolCallFormat, text: &str) -> ChatTu
             Ok(calls) => ChatTurn {
                 content: String::new(),
                 tool_calls: calls.into_iter().map(out).collect(),
+                reasoning: None,
             },
             // Cut short by max_tokens: what was written stays, as text.
             Err(_) => ChatTurn {
                 content: text.to_string(),
                 tool_calls: Vec::new(),
+                reasoning: None,
             },
         };
     }
@@ -60,6 +62,7 @@ pub fn read_turn(tools: &ToolSpec, format: ToolCallFormat, text: &str) -> ChatTu
     ChatTurn {
         content,
         tool_calls: calls.into_iter().map(out).collect(),
+        reasoning: None,
     }
 }
 
@@ -67,6 +70,7 @@ pub fn read_turn(tools: &ToolSpec, format: ToolCallFormat, text: &str) -> ChatTu
 pub enum Piece {
     Content(String),
     Call(ToolCallOut),
+    Reasoning(String),
 }
 
 /// A reply read as it streams.
@@ -74,14 +78,16 @@ pub enum StreamReader {
     Parsed(ToolStreamParser),
     /// A forced call: its JSON is complete only at the end.
     Forced(String),
+    /// No tools: the answer goes out as it comes.
+    Plain,
 }
 
 impl StreamReader {
-    pub fn new(tools: &ToolSpec, format: ToolCallFormat) -> Self {
-        if tools.forced() {
-            StreamReader::Forced(String::new())
-        } else {
-            StreamReader::Parsed(ToolStreamParser::new(format))
+    pub fn new(tools: Option<&ToolSpec>, format: ToolCallFormat) -> Self {
+        match tools {
+            None => StreamReader::Plain,
+            Some(t) if t.forced() => StreamReader::Forced(String::new()),
+            Some(_) => StreamReader::Parsed(ToolStreamParser::new(format)),
         }
     }
 
@@ -96,6 +102,7 @@ impl StreamReader {
 
     pub fn push(&mut self, delta: &str) -> Vec<Piece> {
         match self {
+            StreamReader::Plain => vec![Piece::Content(delta.to_string())],
             StreamReader::Parsed(p) => Self::pieces(p.push(delta)),
             StreamReader::Forced(buf) => {
                 buf.push_str(delta);
@@ -106,6 +113,7 @@ impl StreamReader {
 
     pub fn finish(self) -> Vec<Piece> {
         match self {
+            StreamReader::Plain => Vec::new(),
             StreamReader::Parsed(p) => Self::pieces(p.finish()),
             StreamReader::Forced(buf) => match parse_forced_calls(&buf) {
                 Ok(calls) => calls.into_iter().map(|c| Piece::Call(out(c))).collect(),
@@ -116,22 +124,25 @@ impl StreamReader {
     }
 }
 
-/// A streamed chat whose replies are read for tool calls: each choice's tokens go through
-/// its reader, and what the reader releases becomes OpenAI chunks (content deltas, one
-/// `tool_calls` delta per call). Tokens the reader holds back are reported, with their
-/// logprobs, on the next chunk of their choice.
+/// A streamed chat whose replies are read for reasoning and/or tool calls: each choice's
+/// tokens go through its reasoning splitter (reasoning goes out as `reasoning_content`
+/// deltas) and the answer through its reader; what the reader releases becomes OpenAI chunks
+/// (content deltas, one `tool_calls` delta per call). Tokens held back are reported, with
+/// their logprobs, on the next chunk of their choice.
 pub struct ToolStream {
     meta: OpenAiMeta,
     spec: GenerationSpec,
     include_usage: bool,
-    tools: ToolSpec,
+    tools: Option<ToolSpec>,
     format: ToolCallFormat,
+    reasoning: Option<crate::reasoning::ReplyReasoning>,
     choices: Vec<ChoiceStream>,
 }
 
 #[derive(Default)]
 struct ChoiceStream {
     reader: Option<StreamReader>,
+    thinking: Option<lmi_text::ReasoningStream>,
     pending: Vec<(TokenOut, Vec<TokenOut>)>,
     calls: usize,
 }
@@ -141,24 +152,45 @@ impl ToolStream {
         meta: OpenAiMeta,
         spec: GenerationSpec,
         include_usage: bool,
-        tools: ToolSpec,
+        tools: Option<ToolSpec>,
         format: ToolCallFormat,
+        reasoning: Option<crate::reasoning::ReplyReasoning>,
         n: usize,
     ) -> Self {
-        let choices = (0..n)
-            .map(|_| ChoiceStream {
-                reader: Some(StreamReader::new(&tools, format)),
-                ..ChoiceStream::default()
-            })
-            .collect();
-        Self {
+        let mut s = Self {
             meta,
             spec,
             include_usage,
             tools,
             format,
-            choices,
+            reasoning,
+            choices: Vec::new(),
+        };
+        s.grow(n);
+        s
+    }
+
+    fn grow(&mut self, n: usize) {
+        while self.choices.len() < n {
+            self.choices.push(ChoiceStream {
+                reader: Some(StreamReader::new(self.tools.as_ref(), self.format)),
+                thinking: self.reasoning.map(|r| r.stream()),
+                ..ChoiceStream::default()
+            });
         }
+    }
+
+    /// Reasoning tokens over all choices (`usage.completion_tokens_details`), when the
+    /// replies are read for reasoning.
+    pub fn reasoning_tokens(&self) -> Option<usize> {
+        self.reasoning?;
+        Some(
+            self.choices
+                .iter()
+                .filter_map(|c| c.thinking.as_ref())
+                .map(|t| t.reasoning_tokens())
+                .sum(),
+        )
     }
 
     /// The SSE events for one generated token of choice `index` (often none while a call is
@@ -170,12 +202,7 @@ impl ToolStream {
         top: &[TokenOut],
         finish: Option<FinishReason>,
     ) -> String {
-        if index >= self.choices.len() {
-            self.choices.resize_with(index + 1, || ChoiceStream {
-                reader: Some(StreamReader::new(&self.tools, self.format)),
-                ..ChoiceStream::default()
-            });
-        }
+        self.grow(index + 1);
         let c = &mut self.choices[index];
         c.pending.push((token.clone(), top.to_vec()));
         let keep_special = reads_special_tokens(self.format)
@@ -186,21 +213,40 @@ impl ToolStream {
         } else {
             token.text.as_str()
         };
-        let mut pieces = match c.reader.as_mut() {
-            Some(r) => r.push(text),
-            None => Vec::new(),
+        // Reasoning goes out as it is; the answer goes on to the reader.
+        let split = match c.thinking.as_mut() {
+            Some(t) => {
+                let mut p = t.push_token(text);
+                if finish.is_some() {
+                    p.extend(t.finish());
+                }
+                p
+            }
+            None => vec![lmi_text::ReasoningPiece::Content(text.to_string())],
         };
+        let mut pieces = Vec::new();
+        for p in split {
+            match p {
+                lmi_text::ReasoningPiece::Reasoning(t) => pieces.push(Piece::Reasoning(t)),
+                lmi_text::ReasoningPiece::Content(t) => {
+                    if let Some(r) = c.reader.as_mut() {
+                        pieces.extend(r.push(&t));
+                    }
+                }
+            }
+        }
         if finish.is_some()
             && let Some(r) = c.reader.take()
         {
             pieces.extend(r.finish());
         }
-        pieces.retain(|p| !matches!(p, Piece::Content(t) if t.is_empty()));
+        pieces.retain(|p| !matches!(p, Piece::Content(t) | Piece::Reasoning(t) if t.is_empty()));
         let mut out = String::new();
         let count = pieces.len();
         for (i, piece) in pieces.iter().enumerate() {
             let delta = match piece {
                 Piece::Content(t) => ToolDelta::Content(t),
+                Piece::Reasoning(t) => ToolDelta::Reasoning(t),
                 Piece::Call(call) => {
                     c.calls += 1;
                     ToolDelta::Call(c.calls - 1, call)
@@ -279,7 +325,7 @@ mod tests {
         assert_eq!((t.content.as_str(), t.tool_calls.len()), ("Sure.", 1));
 
         let mut r = StreamReader::new(
-            &spec(ToolChoice::Function("f".into())),
+            Some(&spec(ToolChoice::Function("f".into()))),
             ToolCallFormat::Hermes,
         );
         assert!(r.push(r#"{"name":"f","#).is_empty());

@@ -4,6 +4,7 @@
 pub mod chat;
 mod detokenizer;
 mod error;
+pub mod reasoning;
 mod tokenizer;
 pub mod tools;
 
@@ -13,6 +14,7 @@ pub use chat::{
 };
 pub use detokenizer::IncrementalDetokenizer;
 pub use error::{Result, TextError};
+pub use reasoning::{ReasoningFormat, ReasoningPiece, ReasoningStream, split_reasoning};
 pub use tokenizer::Tokenizer;
 pub use tools::{
     ParsedToolCall, ToolCallFormat, ToolStreamParser, ToolStreamPiece, parse_forced_calls,

@@ -4,6 +4,7 @@ use crate::constraint::Constraint;
 use crate::error::ApiError;
 use crate::fields::{Fields, Res};
 use crate::openai::message::{ChatMessage, Role};
+use crate::openai::reasoning::{REASONING_FIELDS, ReasoningControls, read_reasoning};
 use crate::openai::sampling::{COMMON_FIELDS, read_common, read_max_tokens};
 use crate::openai::tools::{ToolSpec, read_tools};
 use crate::spec::GenerationSpec;
@@ -24,6 +25,8 @@ pub struct ChatRequest {
     /// `tools` / `tool_choice` / `parallel_tool_calls`; a forced call is already in
     /// `spec.constraint`.
     pub tools: Option<ToolSpec>,
+    /// `chat_template_kwargs` and the thinking budget.
+    pub reasoning: ReasoningControls,
     /// Unknown top-level fields (sorted), ignored.
     pub unknown_fields: Vec<String>,
 }
@@ -88,7 +91,13 @@ pub fn parse_chat_request(body: &Value) -> Res<ChatRequest> {
         }
         spec.constraint = Some(Constraint::JsonSchema(forced));
     }
-    let known: Vec<&str> = COMMON_FIELDS.iter().chain(CHAT_FIELDS).copied().collect();
+    let reasoning = read_reasoning(&f)?;
+    let known: Vec<&str> = COMMON_FIELDS
+        .iter()
+        .chain(CHAT_FIELDS)
+        .chain(REASONING_FIELDS)
+        .copied()
+        .collect();
     Ok(ChatRequest {
         model: f.str("model")?.map(str::to_string),
         messages,
@@ -97,6 +106,7 @@ pub fn parse_chat_request(body: &Value) -> Res<ChatRequest> {
         top_logprobs,
         include_usage,
         tools,
+        reasoning,
         unknown_fields: f.unknown(&known),
     })
 }

@@ -23,17 +23,22 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
-    /// Present when the request carried a `prediction`.
+    /// Present when the request carried a `prediction` or the reply was read for reasoning.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub completion_tokens_details: Option<PredictionUsage>,
+    pub completion_tokens_details: Option<CompletionDetails>,
 }
 
-/// OpenAI's `usage.completion_tokens_details` for predicted outputs: draft tokens that were
-/// (and were not) kept in the output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct PredictionUsage {
-    pub accepted_prediction_tokens: usize,
-    pub rejected_prediction_tokens: usize,
+/// OpenAI's `usage.completion_tokens_details`: for predicted outputs, draft tokens that were
+/// (and were not) kept in the output; for reasoning models, the tokens of the reasoning
+/// (counted in `completion_tokens` too, as OpenAI and vLLM count them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CompletionDetails {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accepted_prediction_tokens: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rejected_prediction_tokens: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_tokens: Option<usize>,
 }
 
 impl Usage {
@@ -54,10 +59,19 @@ impl Usage {
         rejected: usize,
     ) -> Self {
         if spec.draft.is_some() {
-            self.completion_tokens_details = Some(PredictionUsage {
-                accepted_prediction_tokens: accepted,
-                rejected_prediction_tokens: rejected,
-            });
+            let d = self.completion_tokens_details.get_or_insert_default();
+            d.accepted_prediction_tokens = Some(accepted);
+            d.rejected_prediction_tokens = Some(rejected);
+        }
+        self
+    }
+
+    /// Adds the reasoning token count when the reply was read for reasoning.
+    pub fn with_reasoning(mut self, reasoning_tokens: Option<usize>) -> Self {
+        if let Some(n) = reasoning_tokens {
+            self.completion_tokens_details
+                .get_or_insert_default()
+                .reasoning_tokens = Some(n);
         }
         self
     }
@@ -146,6 +160,9 @@ struct AssistantMessage<'a> {
     role: &'static str,
     /// null when the turn is only tool calls.
     content: Option<&'a str>,
+    /// The reasoning, apart from the answer (DeepSeek's and vLLM's field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_calls: Option<Vec<ToolCallJson<'a>>>,
 }
@@ -160,11 +177,13 @@ pub struct ToolCallOut {
     pub arguments: String,
 }
 
-/// An assistant reply read for tool calls: the text outside the calls and the calls.
+/// An assistant reply read for tool calls and reasoning: the answer outside the calls, the
+/// calls, and the reasoning (`None` when the reply had none or was not read for it).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ChatTurn {
     pub content: String,
     pub tool_calls: Vec<ToolCallOut>,
+    pub reasoning: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -275,6 +294,19 @@ pub fn chat_completion_with_tools(
     spec: &GenerationSpec,
     turns: &[ChatTurn],
 ) -> String {
+    chat_completion_read(meta, out, spec, turns, None)
+}
+
+/// [`chat_completion_with_tools`] where the replies were also read for reasoning:
+/// `message.reasoning_content` from each turn, and `reasoning_tokens` (over all choices) in
+/// `usage.completion_tokens_details`.
+pub fn chat_completion_read(
+    meta: &OpenAiMeta,
+    out: &GenerationOut,
+    spec: &GenerationSpec,
+    turns: &[ChatTurn],
+    reasoning_tokens: Option<usize>,
+) -> String {
     let choices = out
         .sequences()
         .enumerate()
@@ -291,6 +323,7 @@ pub fn chat_completion_with_tools(
                 message: AssistantMessage {
                     role: "assistant",
                     content,
+                    reasoning_content: turn.and_then(|t| t.reasoning.as_deref()),
                     tool_calls: calls.map(|t| t.tool_calls.iter().map(|c| c.json(None)).collect()),
                 },
                 logprobs: chat_logprobs(s, spec),
@@ -302,7 +335,7 @@ pub fn chat_completion_with_tools(
         meta,
         "chat.completion",
         choices,
-        UsageField::Some(Usage::of_request(&[out], spec)),
+        UsageField::Some(Usage::of_request(&[out], spec).with_reasoning(reasoning_tokens)),
     ))
 }
 
@@ -312,6 +345,8 @@ struct Delta<'a> {
     role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_calls: Option<Vec<ToolCallJson<'a>>>,
 }
@@ -339,6 +374,7 @@ pub fn chat_chunk_role(meta: &OpenAiMeta, index: usize, include_usage: bool) -> 
         delta: Delta {
             role: Some("assistant"),
             content: Some(""),
+            reasoning_content: None,
             tool_calls: None,
         },
         logprobs: None,
@@ -377,6 +413,7 @@ pub fn chat_chunk_token(
         delta: Delta {
             role: None,
             content: Some(text),
+            reasoning_content: None,
             tool_calls: None,
         },
         logprobs,
@@ -403,6 +440,7 @@ pub fn chat_chunk_finish(
         delta: Delta {
             role: None,
             content: None,
+            reasoning_content: None,
             tool_calls: None,
         },
         logprobs: None,
@@ -419,6 +457,8 @@ pub fn chat_chunk_finish(
 /// What one chunk of a choice whose reply is read for tool calls carries.
 pub enum ToolDelta<'a> {
     Content(&'a str),
+    /// Reasoning text (`delta.reasoning_content`).
+    Reasoning(&'a str),
     /// The call at position `index` of the turn, whole (name and all its arguments).
     Call(usize, &'a ToolCallOut),
     /// Nothing but the finish reason.
@@ -439,10 +479,11 @@ pub fn chat_chunk_tool_delta(
     spec: &GenerationSpec,
     include_usage: bool,
 ) -> String {
-    let (content, tool_calls) = match delta {
-        ToolDelta::Content(t) => (Some(t), None),
-        ToolDelta::Call(i, c) => (None, Some(vec![c.json(Some(i))])),
-        ToolDelta::Finish => (None, None),
+    let (content, reasoning_content, tool_calls) = match delta {
+        ToolDelta::Content(t) => (Some(t), None, None),
+        ToolDelta::Reasoning(t) => (None, Some(t), None),
+        ToolDelta::Call(i, c) => (None, None, Some(vec![c.json(Some(i))])),
+        ToolDelta::Finish => (None, None, None),
     };
     let logprobs = spec
         .logprobs
@@ -458,6 +499,7 @@ pub fn chat_chunk_tool_delta(
         delta: Delta {
             role: None,
             content,
+            reasoning_content,
             tool_calls,
         },
         logprobs,

@@ -146,6 +146,13 @@ pub fn schemas() -> Map<String, Value> {
         "tools": {"type": "array", "nullable": true, "items": {"type": "object"}},
         "tool_choice": {"oneOf": [{"type": "string", "enum": ["none", "auto", "required"]}, {"type": "object"}], "nullable": true},
         "parallel_tool_calls": {"type": "boolean", "nullable": true},
+        "chat_template_kwargs": {"type": "object", "nullable": true,
+            "description": "Variables for the chat template (e.g. `enable_thinking`).",
+            "properties": {"enable_thinking": {"type": "boolean"}}},
+        "thinking_token_budget": {"type": "integer", "minimum": -1, "nullable": true,
+            "description": "Tokens the reasoning may take (-1: no limit; 0: none)."},
+        "thinking_budget_tokens": {"type": "integer", "minimum": -1, "nullable": true,
+            "description": "llama.cpp's spelling of `thinking_token_budget`."},
         "ignore_eos": {"type": "boolean"}},
         "example": {"messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 8}}),
     );
@@ -360,7 +367,11 @@ pub fn schemas() -> Map<String, Value> {
         "properties": {
         "prompt_tokens": {"type": "integer", "minimum": 0},
         "completion_tokens": {"type": "integer", "minimum": 0},
-        "total_tokens": {"type": "integer", "minimum": 0}}}),
+        "total_tokens": {"type": "integer", "minimum": 0},
+        "completion_tokens_details": {"type": "object", "properties": {
+            "accepted_prediction_tokens": {"type": "integer", "minimum": 0},
+            "rejected_prediction_tokens": {"type": "integer", "minimum": 0},
+            "reasoning_tokens": {"type": "integer", "minimum": 0}}}}}),
     );
     add(
         "TopLogprob",
@@ -402,6 +413,7 @@ pub fn schemas() -> Map<String, Value> {
         "message": {"type": "object", "required": ["role"], "properties": {
             "role": {"type": "string", "enum": ["assistant"]},
             "content": {"type": "string", "nullable": true},
+            "reasoning_content": {"type": "string"},
             "tool_calls": {"type": "array", "items": r("ToolCall")}}},
         "logprobs": r("ChatLogprobs"),
         "finish_reason": openai_finish.clone()}}),
@@ -418,6 +430,7 @@ pub fn schemas() -> Map<String, Value> {
         "delta": {"type": "object", "properties": {
             "role": {"type": "string", "enum": ["assistant"]},
             "content": {"type": "string", "nullable": true},
+            "reasoning_content": {"type": "string"},
             "tool_calls": {"type": "array", "items": r("ToolCall")}}},
         "logprobs": r("ChatLogprobs"),
         "finish_reason": {"type": "string", "enum": ["stop", "length", "tool_calls"], "nullable": true}}}),

@@ -352,9 +352,19 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
         .tool_call_parser
         .unwrap_or_else(|| ToolCallFormat::detect(chat_template.as_ref()));
     tracing::info!("tool calls read in the {tool_format} format");
+    let reasoning = match config.reasoning_parser {
+        Some(crate::config::ReasoningParserChoice::Format(f)) => Some(f),
+        Some(crate::config::ReasoningParserChoice::Off) => None,
+        None => chat_template.as_ref().and_then(|t| t.reasoning_format()),
+    };
+    if let Some(f) = reasoning {
+        tracing::info!("replies read for reasoning ({f:?}, `{}`)", f.close_tag());
+    }
     Ok(LoadedModel {
         grammars: Grammars::new(guide),
         tool_format,
+        reasoning,
+        reasoning_budget: config.reasoning_budget,
         handle,
         tokenizer,
         chat_template,

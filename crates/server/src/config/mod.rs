@@ -245,6 +245,12 @@ pub struct ServingConfig {
     /// How the model writes tool calls (option.tool_call_parser, vLLM's names); None: read
     /// from the chat template.
     pub tool_call_parser: Option<lmi_text::tools::ToolCallFormat>,
+    /// How the model marks its reasoning (option.reasoning_parser: `think`, or vLLM's
+    /// `qwen3` / `deepseek_r1`; `none` turns reading it off); None: read from the template.
+    pub reasoning_parser: Option<ReasoningParserChoice>,
+    /// Tokens a reply may spend reasoning when the request names no budget
+    /// (option.reasoning_budget: -1, the default, for no limit; 0 for none).
+    pub reasoning_budget: lmi_api::openai::ThinkingBudget,
     /// Prompt-lookup speculative decoding (option.speculative_ngram: `true` or `MIN-MAX:K`);
     /// off by default. Client drafts (`prediction`, `draft_input_ids`) are always used.
     pub speculative_ngram: Option<lmi_scheduler::NgramLookup>,
@@ -275,6 +281,14 @@ pub struct ServingConfig {
     pub access: AccessConfig,
     /// Every key, `option.*` and global, with its winning value and source.
     pub raw: BTreeMap<String, Setting>,
+}
+
+/// option.reasoning_parser as given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReasoningParserChoice {
+    Format(lmi_text::ReasoningFormat),
+    /// `none`: replies are not read for reasoning, whatever the template.
+    Off,
 }
 
 impl ServingConfig {
@@ -503,6 +517,37 @@ impl ServingConfig {
                 })?,
             ),
         };
+        let reasoning_parser = match str_of("option.reasoning_parser") {
+            None => None,
+            Some(name) if name.trim().eq_ignore_ascii_case("none") => {
+                Some(ReasoningParserChoice::Off)
+            }
+            Some(name) => Some(
+                lmi_text::ReasoningFormat::from_name(&name)
+                    .map(ReasoningParserChoice::Format)
+                    .ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "option.reasoning_parser={name:?} ({}): expected one of {}, or none",
+                            source_of(&raw, "option.reasoning_parser"),
+                            lmi_text::ReasoningFormat::NAMES.join(", ")
+                        )
+                    })?,
+            ),
+        };
+        let reasoning_budget = match str_of("option.reasoning_budget") {
+            None => lmi_api::openai::ThinkingBudget::Unlimited,
+            Some(v) => v
+                .trim()
+                .parse::<i64>()
+                .ok()
+                .and_then(lmi_api::openai::ThinkingBudget::from_i64)
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "option.reasoning_budget={v:?} ({}): expected -1 (no limit) or a count of tokens",
+                        source_of(&raw, "option.reasoning_budget")
+                    )
+                })?,
+        };
         let speculative_ngram = match str_of("option.speculative_ngram") {
             None => None,
             Some(v) if v.trim().eq_ignore_ascii_case("false") => None,
@@ -546,6 +591,8 @@ impl ServingConfig {
             adapter_dirs,
             enable_auto_tool_choice,
             tool_call_parser,
+            reasoning_parser,
+            reasoning_budget,
             speculative_ngram,
             speculative_draft_model,
             adapters,

@@ -399,3 +399,36 @@ fn example_serving_properties_load_through_the_real_path() {
         Source::Properties(dir.join("tgi-compat.serving.properties"))
     );
 }
+
+#[test]
+fn reasoning_options() {
+    let load =
+        |pairs: &[(&str, &str)]| ServingConfig::load(&ServeArgs::default(), &env(pairs), None);
+    let c = load(&[]).unwrap();
+    assert_eq!(c.reasoning_parser, None);
+    assert_eq!(
+        c.reasoning_budget,
+        lmi_api::openai::ThinkingBudget::Unlimited
+    );
+    let c = load(&[
+        ("OPTION_REASONING_PARSER", "deepseek_r1"),
+        ("OPTION_REASONING_BUDGET", "256"),
+    ])
+    .unwrap();
+    assert_eq!(
+        c.reasoning_parser,
+        Some(ReasoningParserChoice::Format(
+            lmi_text::ReasoningFormat::ThinkTags
+        ))
+    );
+    assert_eq!(
+        c.reasoning_budget,
+        lmi_api::openai::ThinkingBudget::Tokens(256)
+    );
+    let c = load(&[("OPTION_REASONING_PARSER", "none")]).unwrap();
+    assert_eq!(c.reasoning_parser, Some(ReasoningParserChoice::Off));
+    let e = load(&[("OPTION_REASONING_PARSER", "harmonica")]).unwrap_err();
+    assert!(e.to_string().contains("option.reasoning_parser"), "{e}");
+    let e = load(&[("OPTION_REASONING_BUDGET", "-5")]).unwrap_err();
+    assert!(e.to_string().contains("option.reasoning_budget"), "{e}");
+}

@@ -94,6 +94,8 @@ pub async fn chat(
         let prompt = Prompt::Chat {
             messages,
             tools: offered,
+            kwargs: req.reasoning.template_kwargs.clone(),
+            budget: req.reasoning.budget,
         };
         generation::prepare(model, prompt, spec)
     });
@@ -111,13 +113,15 @@ pub async fn chat(
         let spec = job.spec.clone();
         let include_usage = req.include_usage;
         let n = job.request.n;
-        let mut reader = tools.map(|t| {
+        // Replies read for tool calls or reasoning; the others go out token by token.
+        let mut reader = (tools.is_some() || job.reasoning.is_some()).then(|| {
             ToolStream::new(
                 meta.clone(),
                 spec.clone(),
                 include_usage,
-                t,
+                tools,
                 model.tool_format,
+                job.reasoning,
                 n,
             )
         });
@@ -148,7 +152,8 @@ pub async fn chat(
                     if include_usage {
                         let (kept, left) = acc.draft_tokens();
                         let usage = Usage::new(acc.prompt_tokens(), acc.generated_tokens())
-                            .with_predictions(&spec, kept, left);
+                            .with_predictions(&spec, kept, left)
+                            .with_reasoning(reader.as_ref().and_then(|r| r.reasoning_tokens()));
                         out.push_str(&sse::data(&openai::format::chat_chunk_usage(&meta, usage)));
                     }
                     out.push_str(sse::DONE);
@@ -160,15 +165,26 @@ pub async fn chat(
     }
     match generation::run(model, &job, tracker).await {
         Ok(out) => {
-            let turns: Vec<_> = match &tools {
-                Some(t) => out
-                    .sequences()
-                    .map(|s| tool_calls::read_turn(t, model.tool_format, tool_calls::reply_text(s)))
-                    .collect(),
-                None => Vec::new(),
-            };
-            respond::ok_json(openai::format::chat_completion_with_tools(
-                &meta, &out, &job.spec, &turns,
+            if tools.is_none() && job.reasoning.is_none() {
+                return respond::ok_json(openai::format::chat_completion(&meta, &out, &job.spec));
+            }
+            let read: Vec<_> = out
+                .sequences()
+                .map(|s| {
+                    crate::reasoning::read_reply(
+                        s,
+                        job.reasoning,
+                        tools.as_ref(),
+                        model.tool_format,
+                    )
+                })
+                .collect();
+            let counted = job
+                .reasoning
+                .map(|_| read.iter().map(|(_, n)| n).sum::<usize>());
+            let turns: Vec<_> = read.into_iter().map(|(t, _)| t).collect();
+            respond::ok_json(openai::format::chat_completion_read(
+                &meta, &out, &job.spec, &turns, counted,
             ))
         }
         Err(e) => respond::error(&e, schema),

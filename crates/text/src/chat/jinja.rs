@@ -101,10 +101,33 @@ impl JinjaChatTemplate {
         add_generation_prompt: bool,
         enable_thinking: bool,
     ) -> Result<String> {
+        let kwargs = serde_json::Map::from_iter([(
+            "enable_thinking".to_owned(),
+            serde_json::Value::Bool(enable_thinking),
+        )]);
+        self.render_with_kwargs(messages, tools, add_generation_prompt, &kwargs)
+    }
+
+    /// Renders with the variables transformers passes (`messages`, `tools`,
+    /// `add_generation_prompt`, `bos_token`, `eos_token`) and a request's
+    /// `chat_template_kwargs` (`enable_thinking` and whatever else the template reads), which
+    /// are defined only when given, as `apply_chat_template(**kwargs)` does. A kwarg cannot
+    /// replace the five variables above.
+    pub fn render_with_kwargs(
+        &self,
+        messages: &[Message],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
         let messages: Value = messages.iter().map(message_value).collect();
         // transformers passes `tools=None` when there are none, so `tools is defined` holds.
         let tools = tools.map_or(Value::from(()), |t| t.iter().map(json_value).collect());
-        let ctx = Value::from_object(BTreeMap::from([
+        let mut vars: BTreeMap<String, Value> = kwargs
+            .iter()
+            .map(|(k, v)| (k.clone(), json_value(v)))
+            .collect();
+        vars.extend([
             ("messages".to_owned(), messages),
             ("tools".to_owned(), tools),
             (
@@ -113,8 +136,8 @@ impl JinjaChatTemplate {
             ),
             ("bos_token".to_owned(), Value::from(self.bos_token.clone())),
             ("eos_token".to_owned(), Value::from(self.eos_token.clone())),
-            ("enable_thinking".to_owned(), Value::from(enable_thinking)),
-        ]));
+        ]);
+        let ctx = Value::from_object(vars);
         let template = self
             .env
             .get_template(TEMPLATE_NAME)

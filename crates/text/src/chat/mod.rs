@@ -57,6 +57,50 @@ impl ChatTemplate {
         }
     }
 
+    /// [`Self::render_with_tools`] with a request's `chat_template_kwargs`: a Jinja template
+    /// sees each of them as a variable (see [`JinjaChatTemplate::render_with_kwargs`]); a
+    /// JSON template (seed 003) reads `enable_thinking` (a boolean, false when absent) to pick
+    /// `generation_prompt_thinking`, as `lmi infer` does.
+    pub fn render_with_kwargs(
+        &self,
+        messages: &[Message],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
+        match self {
+            ChatTemplate::Json(t) => {
+                let thinking = kwargs
+                    .get("enable_thinking")
+                    .and_then(serde_json::Value::as_bool)
+                    .unwrap_or(false);
+                t.render(messages, add_generation_prompt, thinking)
+            }
+            ChatTemplate::Jinja(t) => {
+                t.render_with_kwargs(messages, tools, add_generation_prompt, kwargs)
+            }
+        }
+    }
+
+    /// The reasoning format the template implies (see
+    /// [`crate::ReasoningFormat::detect`]): a JSON template with a thinking prompt, or a Jinja
+    /// template that writes `</think>`.
+    pub fn reasoning_format(&self) -> Option<crate::ReasoningFormat> {
+        match self {
+            ChatTemplate::Json(t) => {
+                let prompts = [
+                    Some(&t.generation_prompt),
+                    t.generation_prompt_thinking.as_ref(),
+                ];
+                prompts
+                    .into_iter()
+                    .flatten()
+                    .find_map(|p| crate::ReasoningFormat::detect(p))
+            }
+            ChatTemplate::Jinja(t) => crate::ReasoningFormat::detect(t.source()),
+        }
+    }
+
     /// Whether the template renders tool definitions itself (a Jinja template reading
     /// `tools`). The JSON format of seed 003 has no place for them.
     pub fn supports_tools(&self) -> bool {
@@ -134,6 +178,48 @@ impl ChatTemplate {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn kwargs(v: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn template_kwargs_reach_jinja_and_json_templates() {
+        let src = "{% if enable_thinking is defined %}[{{ enable_thinking }}]{% endif %}\
+                   {{ note | default('') }}{{ messages | length }}";
+        let t = ChatTemplate::Jinja(JinjaChatTemplate::new(src, None, None).unwrap());
+        let msgs: Vec<Message> =
+            serde_json::from_value(serde_json::json!([{"role": "user", "content": "hi"}])).unwrap();
+        let render = |k| t.render_with_kwargs(&msgs, None, true, &kwargs(k)).unwrap();
+        // Undefined unless sent, as transformers does.
+        assert_eq!(render(serde_json::json!({})), "1");
+        assert_eq!(
+            render(serde_json::json!({"enable_thinking": false, "note": "n"})),
+            "[False]n1"
+        );
+        // A kwarg cannot replace the conversation.
+        assert_eq!(render(serde_json::json!({"messages": []})), "1");
+        assert_eq!(t.reasoning_format(), None);
+
+        let json = ChatTemplate::Json(JsonChatTemplate {
+            roles: [("user".to_string(), RoleFormat::default())].into(),
+            generation_prompt: "A:<think>\n\n</think>\n\n".into(),
+            generation_prompt_thinking: Some("A:".into()),
+            ..Default::default()
+        });
+        let render = |k| {
+            json.render_with_kwargs(&msgs, None, true, &kwargs(k))
+                .unwrap()
+        };
+        assert_eq!(render(serde_json::json!({})), "hiA:<think>\n\n</think>\n\n");
+        assert_eq!(render(serde_json::json!({"enable_thinking": true})), "hiA:");
+        assert_eq!(
+            json.reasoning_format(),
+            Some(crate::ReasoningFormat::ThinkTags)
+        );
+    }
+
     #[test]
     fn templates_are_shareable_across_threads() {
         fn assert_send_sync<T: Send + Sync>() {}

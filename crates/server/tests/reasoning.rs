@@ -1,0 +1,477 @@
+//! Reasoning replies end to end: the built `lmi` serving tiny random models whose chat
+//! templates think as Qwen3's and DeepSeek-R1's do. The default model does not think, so the
+//! replies are shaped by a guided regex (the server really generates `<think>...</think>answer`
+//! token by token) or left free under a thinking budget; checked over HTTP and with the
+//! `openai` SDK (tests/reasoning/test_openai_sdk.py).
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use lmi_engine::testing::{TinySpec, write_tiny_model};
+use serde_json::{Value, json};
+
+/// Qwen3's template, reduced: `enable_thinking: false` writes an empty reasoning block into
+/// the prompt; `note` is any other variable a template may read.
+const QWEN3_TEMPLATE: &str = "{%- if note is defined %}{{ note }}{% endif %}\
+{%- for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endfor %}\
+{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}\
+{%- if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}";
+
+/// A tiny Qwen3 model; `tag_tokens`: `<think>` and `</think>` are single (added, not special)
+/// tokens 260 and 261, as in Qwen3's vocabulary; otherwise they are 7 and 8 byte tokens.
+fn qwen3_model(dir: &Path, tag_tokens: bool) {
+    let vocab = if tag_tokens { 262 } else { 260 };
+    let spec = TinySpec {
+        vocab_size: vocab,
+        ..TinySpec::qwen3()
+    };
+    write_tiny_model(dir, &spec).unwrap();
+    let path = dir.join("tokenizer.json");
+    let mut tok: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    if tag_tokens {
+        for (id, t) in [(260, "<think>"), (261, "</think>")] {
+            tok["added_tokens"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"id": id, "content": t,
+                "single_word": false, "lstrip": false, "rstrip": false, "normalized": false,
+                "special": false}));
+            tok["model"]["vocab"][t] = json!(id);
+        }
+    }
+    std::fs::write(&path, tok.to_string()).unwrap();
+    let path = dir.join("tokenizer_config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    cfg["chat_template"] = json!(QWEN3_TEMPLATE);
+    std::fs::write(&path, cfg.to_string()).unwrap();
+}
+
+fn chat(port: u16, body: Value) -> Value {
+    let r = post(port, "/v1/chat/completions", &body.to_string());
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()
+}
+
+/// The stream's chunks (without `[DONE]`).
+fn chat_stream(port: u16, mut body: Value) -> Vec<Value> {
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let r = post(port, "/v1/chat/completions", &body.to_string());
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+/// The generated tokens' texts, from `logprobs.content`.
+fn token_texts(reply: &Value) -> Vec<String> {
+    reply["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["token"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Tokens up to and including the one that completes `</think>` (the reasoning's share of
+/// the reply, as the server should count it).
+fn tokens_through_close(texts: &[String]) -> usize {
+    let mut text = String::new();
+    for (i, t) in texts.iter().enumerate() {
+        text.push_str(t);
+        if text.contains("</think>") {
+            return i + 1;
+        }
+    }
+    panic!("no </think> in {texts:?}")
+}
+
+fn reasoning_tokens(reply: &Value) -> &Value {
+    &reply["usage"]["completion_tokens_details"]["reasoning_tokens"]
+}
+
+/// Reasoning deltas, then content deltas, never interleaved; returns both joined.
+fn stream_parts(chunks: &[Value]) -> (String, String) {
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    for c in chunks {
+        let Some(delta) = c["choices"].get(0).map(|ch| &ch["delta"]) else {
+            continue;
+        };
+        if let Some(r) = delta["reasoning_content"].as_str() {
+            assert!(
+                content.is_empty(),
+                "reasoning after the answer began: {chunks:?}"
+            );
+            reasoning.push_str(r);
+        }
+        if let Some(t) = delta["content"].as_str() {
+            content.push_str(t);
+        }
+    }
+    (reasoning, content)
+}
+
+fn prompt_tokens(port: u16, body: Value) -> i64 {
+    chat(port, body)["usage"]["prompt_tokens"].as_i64().unwrap()
+}
+
+fn tokenize(port: u16, text: &str) -> usize {
+    let r = post(port, "/tokenize", &json!({"inputs": text}).to_string());
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json().as_array().unwrap().len()
+}
+
+#[test]
+fn reasoning_apart_from_the_answer_on_a_qwen3_style_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("tiny-qwen3-think");
+    qwen3_model(&model, true);
+    let mut server = start(
+        &model,
+        &[
+            "--kv-cache-bytes",
+            "16M",
+            "-o",
+            "option.tool_call_parser=hermes",
+        ],
+    );
+    wait_ready(&mut server, "tiny-qwen3-think");
+    let port = server.port;
+
+    // The split, and its count from the tokens the server reports.
+    let body = json!({"messages": user("Is it?"), "max_tokens": 40, "temperature": 0,
+        "logprobs": true, "guided_regex": "<think>[a-z]{4}</think>\n\n(yes|no)"});
+    let reply = chat(port, body.clone());
+    let msg = &reply["choices"][0]["message"];
+    let thought = msg["reasoning_content"].as_str().unwrap();
+    assert!(
+        thought.len() == 4 && thought.bytes().all(|b| b.is_ascii_lowercase()),
+        "{msg}"
+    );
+    let answer = msg["content"].as_str().unwrap();
+    assert!(answer == "yes" || answer == "no", "{msg}");
+    let texts = token_texts(&reply);
+    assert_eq!(
+        texts.concat(),
+        format!("<think>{thought}</think>\n\n{answer}")
+    );
+    assert_eq!(
+        reasoning_tokens(&reply),
+        &json!(tokens_through_close(&texts))
+    );
+
+    // Streamed: the same split, reasoning first, and the same count.
+    let chunks = chat_stream(port, body);
+    assert_eq!(
+        stream_parts(&chunks),
+        (thought.to_string(), answer.to_string())
+    );
+    let usage = chunks.last().unwrap();
+    assert_eq!(reasoning_tokens(usage), reasoning_tokens(&reply));
+
+    // Never closed (cut by max_tokens): all of it is reasoning.
+    let reply = chat(
+        port,
+        json!({"messages": user("Hm"), "max_tokens": 6, "temperature": 0,
+            "guided_regex": "<think>[a-z]{30}</think>x"}),
+    );
+    let msg = &reply["choices"][0]["message"];
+    assert_eq!(reply["choices"][0]["finish_reason"], "length");
+    assert_eq!(msg["reasoning_content"].as_str().unwrap().len(), 5, "{msg}");
+    assert_eq!(msg["content"], "");
+    assert_eq!(reasoning_tokens(&reply), &json!(6));
+
+    // A tool call after the reasoning is a call; one inside the reasoning is not.
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let call =
+        r#"<tool_call>\{"name": "get_weather", "arguments": \{"city": "Paris"\}\}</tool_call>"#;
+    let reply = chat(
+        port,
+        json!({"messages": user("Weather?"), "max_tokens": 110, "temperature": 0, "tools": tools,
+            "guided_regex": format!("<think>[a-z]{{3}}</think>\n\n{call}")}),
+    );
+    let choice = &reply["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{choice}");
+    assert_eq!(
+        choice["message"]["tool_calls"][0]["function"]["name"],
+        "get_weather"
+    );
+    assert_eq!(
+        choice["message"]["reasoning_content"]
+            .as_str()
+            .unwrap()
+            .len(),
+        3
+    );
+    let reply = chat(
+        port,
+        json!({"messages": user("Weather?"), "max_tokens": 110, "temperature": 0, "tools": tools,
+            "guided_regex": format!("<think>{call}</think>\n\nok")}),
+    );
+    let choice = &reply["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "{choice}");
+    assert!(choice["message"].get("tool_calls").is_none(), "{choice}");
+    assert_eq!(choice["message"]["content"], "ok");
+    assert!(
+        choice["message"]["reasoning_content"]
+            .as_str()
+            .unwrap()
+            .starts_with("<tool_call>")
+    );
+    let chunks = chat_stream(
+        port,
+        json!({"messages": user("Weather?"), "max_tokens": 110, "temperature": 0, "tools": tools,
+            "guided_regex": format!("<think>[a-z]{{3}}</think>\n\n{call}")}),
+    );
+    let (thought, content) = stream_parts(&chunks);
+    assert_eq!((thought.len(), content.as_str()), (3, ""));
+    let calls: Vec<&Value> = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array())
+        .collect();
+    assert_eq!(calls.len(), 1, "{chunks:?}");
+
+    // chat_template_kwargs reach the template: the prompt grows by what it writes.
+    let plain = prompt_tokens(port, json!({"messages": user("Hi"), "max_tokens": 1}));
+    let no_think = prompt_tokens(
+        port,
+        json!({"messages": user("Hi"), "max_tokens": 1,
+            "chat_template_kwargs": {"enable_thinking": false}}),
+    );
+    assert_eq!(
+        (no_think - plain) as usize,
+        tokenize(port, "<think>\n\n</think>\n\n")
+    );
+    assert_eq!(tokenize(port, "<think>\n\n</think>\n\n"), 6);
+    let noted = prompt_tokens(
+        port,
+        json!({"messages": user("Hi"), "max_tokens": 1,
+            "chat_template_kwargs": {"note": "abc"}}),
+    );
+    assert_eq!(noted - plain, 3);
+    // Thinking off: the reply is all answer, and a budget does not apply.
+    let reply = chat(
+        port,
+        json!({"messages": user("Hi"), "max_tokens": 8, "temperature": 0,
+            "chat_template_kwargs": {"enable_thinking": false}, "thinking_token_budget": 2,
+            "guided_regex": "yes"}),
+    );
+    assert_eq!(reply["choices"][0]["message"]["content"], "yes");
+    assert!(
+        reply["choices"][0]["message"]
+            .get("reasoning_content")
+            .is_none()
+    );
+
+    // A budget cuts the reasoning at its count; the closing tag is forced and the answer
+    // follows. Both spellings.
+    for (field, budget) in [("thinking_token_budget", 5), ("thinking_budget_tokens", 2)] {
+        let reply = chat(
+            port,
+            json!({"messages": user("Think"), "max_tokens": 40, "temperature": 0,
+                "logprobs": true, field: budget}),
+        );
+        let texts = token_texts(&reply);
+        let msg = &reply["choices"][0]["message"];
+        let thought = msg["reasoning_content"].as_str().unwrap();
+        // The tokens between the tags are the budget's.
+        let open = texts.iter().position(|t| t == "<think>").unwrap_or(6);
+        let close = tokens_through_close(&texts);
+        let inner: String = texts[open + 1..close].concat();
+        assert_eq!(inner.strip_suffix("</think>"), Some(thought), "{texts:?}");
+        // The tag as one token, or as 8 bytes (the last token may also carry the rest of a
+        // character the budget cut).
+        let closing_tokens = if texts[close - 1].ends_with("</think>") {
+            1
+        } else {
+            8
+        };
+        assert_eq!(close - open - 1 - closing_tokens, budget, "{texts:?}");
+        assert_eq!(reasoning_tokens(&reply), &json!(close));
+        assert_eq!(texts[close..close + 2].concat(), "\n\n", "{texts:?}");
+        assert!(!thought.contains("</think>"));
+        assert_eq!(
+            msg["content"].as_str().unwrap(),
+            texts[close + 2..]
+                .concat()
+                .trim_start()
+                .trim_end_matches("<|im_end|>")
+        );
+    }
+    // 0: no reasoning at all; a JSON schema applies to the answer.
+    let reply = chat(
+        port,
+        json!({"messages": user("Json"), "max_tokens": 60, "temperature": 0,
+            "thinking_token_budget": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema":
+                {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                 "additionalProperties": false}}}}),
+    );
+    let msg = &reply["choices"][0]["message"];
+    assert_eq!(msg["reasoning_content"], "", "{msg}");
+    let answer: Value = serde_json::from_str(msg["content"].as_str().unwrap()).unwrap();
+    assert!(answer["ok"].is_boolean(), "{msg}");
+    // max_tokens counts reasoning and answer together.
+    let reply = chat(
+        port,
+        json!({"messages": user("Think"), "max_tokens": 4, "temperature": 0,
+            "thinking_token_budget": 10}),
+    );
+    assert_eq!(reply["usage"]["completion_tokens"], 4);
+    assert_eq!(reply["choices"][0]["finish_reason"], "length");
+    // Bad budgets and kwargs are 4xx that name the field.
+    for (body, field) in [
+        (
+            json!({"thinking_token_budget": -2}),
+            "thinking_token_budget",
+        ),
+        (
+            json!({"thinking_token_budget": 3, "thinking_budget_tokens": 4}),
+            "thinking_budget_tokens",
+        ),
+        (
+            json!({"chat_template_kwargs": {"enable_thinking": "no"}}),
+            "chat_template_kwargs.enable_thinking",
+        ),
+        (json!({"chat_template_kwargs": 3}), "chat_template_kwargs"),
+    ] {
+        let mut b = body.clone();
+        b["messages"] = user("x");
+        let r = post(port, "/v1/chat/completions", &b.to_string());
+        assert!(r.status == 400 || r.status == 422, "{body}: {}", r.body);
+        assert!(r.body.contains(field), "{body}: {}", r.body);
+    }
+
+    // The openai SDK reads reasoning_content from a real reply, streamed and not.
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let status = std::process::Command::new("python3")
+        .args(["-m", "pytest", "-q", "-x", "tests/reasoning"])
+        .current_dir(root)
+        .env("LMI_TEST_URL", format!("http://127.0.0.1:{port}"))
+        .status()
+        .expect("python3 -m pytest");
+    assert!(status.success(), "tests/reasoning failed");
+    assert!(sigterm_and_wait(&mut server).success());
+}
+
+#[test]
+fn tags_spelled_in_bytes_a_json_template_and_a_model_without_a_parser() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("tiny-qwen3-bytes");
+    qwen3_model(&model, false);
+    let mut server = start(&model, &["--kv-cache-bytes", "16M"]);
+    wait_ready(&mut server, "tiny-qwen3-bytes");
+    let body = json!({"messages": user("Is it?"), "max_tokens": 40, "temperature": 0,
+        "guided_regex": "<think>[a-z]{4}</think>\n\n(yes|no)"});
+    // Each tag is 7 or 8 tokens: split across tokens in the stream.
+    let chunks = chat_stream(server.port, body.clone());
+    let (thought, answer) = stream_parts(&chunks);
+    assert_eq!(thought.len(), 4);
+    assert!(answer == "yes" || answer == "no");
+    assert_eq!(reasoning_tokens(chunks.last().unwrap()), &json!(7 + 4 + 8));
+    let reply = chat(server.port, body.clone());
+    assert_eq!(reply["choices"][0]["message"]["reasoning_content"], thought);
+    assert_eq!(reply["choices"][0]["message"]["content"], answer);
+    assert!(sigterm_and_wait(&mut server).success());
+
+    // Without a parser (option.reasoning_parser=none) the reply is as before: all content.
+    let mut server = start(
+        &model,
+        &[
+            "--kv-cache-bytes",
+            "16M",
+            "-o",
+            "option.reasoning_parser=none",
+        ],
+    );
+    wait_ready(&mut server, "tiny-qwen3-bytes");
+    let reply = chat(server.port, body);
+    let msg = &reply["choices"][0]["message"];
+    assert!(
+        msg["content"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("<think>{thought}</think>\n\n")),
+        "{msg}"
+    );
+    assert!(msg.get("reasoning_content").is_none());
+    assert!(reply["usage"].get("completion_tokens_details").is_none());
+    assert!(sigterm_and_wait(&mut server).success());
+
+    // A seed-003 JSON template whose thinking prompt opens `<think>` (as DeepSeek-R1's does):
+    // enable_thinking comes from chat_template_kwargs (false by default, as in `lmi infer`),
+    // and option.reasoning_budget is the default budget.
+    let template = json!({
+        "roles": {
+            "system": {"prefix": "<|im_start|>system\n", "suffix": "<|im_end|>\n"},
+            "user": {"prefix": "<|im_start|>user\n", "suffix": "<|im_end|>\n"},
+            "assistant": {"prefix": "<|im_start|>assistant\n", "suffix": "<|im_end|>\n"}
+        },
+        "generation_prompt": "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+        "generation_prompt_thinking": "<|im_start|>assistant\n<think>\n"
+    });
+    std::fs::write(
+        model.join("processed_chat_template.json"),
+        template.to_string(),
+    )
+    .unwrap();
+    let mut server = start(
+        &model,
+        &["--kv-cache-bytes", "16M", "-o", "option.reasoning_budget=3"],
+    );
+    wait_ready(&mut server, "tiny-qwen3-bytes");
+    let port = server.port;
+    let off = chat(
+        port,
+        json!({"messages": user("Hi"), "max_tokens": 8, "temperature": 0, "guided_regex": "fine"}),
+    );
+    assert_eq!(off["choices"][0]["message"]["content"], "fine");
+    assert!(
+        off["choices"][0]["message"]
+            .get("reasoning_content")
+            .is_none()
+    );
+    let on_body = json!({"messages": user("Hi"), "max_tokens": 30, "temperature": 0,
+        "logprobs": true, "chat_template_kwargs": {"enable_thinking": true}});
+    let on = chat(port, on_body.clone());
+    // "<think>\n\n</think>\n\n" (19 byte tokens) against "<think>\n" (8).
+    assert_eq!(
+        off["usage"]["prompt_tokens"].as_i64().unwrap()
+            - on["usage"]["prompt_tokens"].as_i64().unwrap(),
+        11
+    );
+    // Starts inside the reasoning: 3 tokens of it (bytes), then `</think>` (8) forced.
+    let texts = token_texts(&on);
+    assert_eq!(tokens_through_close(&texts), 3 + 8, "{texts:?}");
+    assert_eq!(reasoning_tokens(&on), &json!(3 + 8));
+    let msg = &on["choices"][0]["message"];
+    assert_eq!(
+        format!("{}</think>", msg["reasoning_content"].as_str().unwrap()),
+        texts[..11].concat()
+    );
+    // LMI `messages` bodies take the same fields and reply the same way.
+    let r = post(port, "/invocations", &on_body.to_string());
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.json()["choices"][0]["message"],
+        on["choices"][0]["message"]
+    );
+    // A request's -1 lifts the server's budget (the reply is then whatever the model writes).
+    let free = chat(
+        port,
+        json!({"messages": user("Hi"), "max_tokens": 12, "temperature": 0,
+            "chat_template_kwargs": {"enable_thinking": true}, "thinking_token_budget": -1}),
+    );
+    assert_eq!(free["usage"]["completion_tokens"], 12);
+    assert!(sigterm_and_wait(&mut server).success());
+}
