@@ -150,7 +150,7 @@ pub fn prepare_with(
         None
     };
     let request = GenerateRequest {
-        prompt: ids.clone(),
+        prompt: ids.clone().into(),
         sampling,
         stopping: StoppingParams {
             max_new_tokens: spec.max_new_tokens,
