@@ -152,3 +152,82 @@ impl KvManager {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prompt::{MediaSpan, Prompt, Span};
+
+    const TEXT: CacheKey<'static> = CacheKey {
+        media: &[],
+        adapter: None,
+    };
+
+    #[test]
+    fn a_fork_copies_the_shared_partial_block_before_writing_it() {
+        let mut kv = KvManager::new(8);
+        let mut a = SeqBlocks::default();
+        let mut copies = Vec::new();
+        assert!(kv.grow(&mut a, 20, &mut copies));
+        a.num_computed = 20;
+        assert_eq!(a.block_table.len(), 2);
+        let mut b = kv.share(&a);
+        assert_eq!(kv.pool().num_used(), 2);
+        // Writing position 20 of the fork: block 1 (positions 16..32) is shared, so copied.
+        assert!(kv.grow(&mut b, 1, &mut copies));
+        assert_eq!(copies, vec![(a.block_table[1], b.block_table[1])]);
+        assert_eq!(a.block_table[0], b.block_table[0]);
+        assert_eq!(kv.pool().ref_count(a.block_table[0]), 2);
+        assert_eq!(kv.pool().ref_count(a.block_table[1]), 1);
+        // The fork trims back to what 16 tokens need; both release everything.
+        kv.trim(&mut b, 16);
+        assert_eq!(b.block_table.len(), 1);
+        kv.release(&mut a);
+        kv.release(&mut b);
+        assert_eq!(kv.pool().num_used(), 0);
+        kv.pool().check_invariants().unwrap();
+    }
+
+    #[test]
+    fn prefixes_are_reused_by_token_ids_and_media_hash() {
+        let mut kv = KvManager::new(16);
+        let image = |hash| {
+            Prompt::from_spans([
+                Span::Text(vec![1; 8]),
+                Span::Media(MediaSpan {
+                    placeholder: 7,
+                    len: 30,
+                    hash,
+                }),
+                Span::Text(vec![2; 3]),
+            ])
+        };
+        let (p1, p2) = (image(1), image(2));
+        let mut a = SeqBlocks::default();
+        assert!(kv.grow(&mut a, p1.len(), &mut Vec::new()));
+        a.num_computed = p1.len();
+        kv.register_full_blocks(&mut a, &p1, key(&p1), 0);
+        assert_eq!(a.hashes.len(), 2);
+
+        let mut same = SeqBlocks::default();
+        kv.reuse_prefix(&mut same, &p1, key(&p1));
+        assert_eq!(same.num_computed, 32);
+        let mut other = SeqBlocks::default();
+        kv.reuse_prefix(&mut other, &p2, key(&p2));
+        assert_eq!(other.num_computed, 0, "same placeholder ids, another item");
+        let mut text = SeqBlocks::default();
+        kv.reuse_prefix(&mut text, &p1, TEXT);
+        assert_eq!(text.num_computed, 0, "the ids alone are not the item");
+        for s in [&mut a, &mut same, &mut other, &mut text] {
+            kv.release(s);
+        }
+        kv.pool().check_invariants().unwrap();
+    }
+
+    fn key(p: &Prompt) -> CacheKey<'_> {
+        CacheKey {
+            media: p.media(),
+            adapter: None,
+        }
+    }
+}
