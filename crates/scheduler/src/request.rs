@@ -134,9 +134,15 @@ pub struct GenerateRequest {
 }
 
 impl GenerateRequest {
-    pub fn new(prompt: impl Into<Prompt>) -> Self {
+    /// A text prompt with default controls.
+    pub fn new(prompt: Vec<u32>) -> Self {
+        Self::with_prompt(Prompt::text(prompt))
+    }
+
+    /// A prompt of spans (text and media) with default controls.
+    pub fn with_prompt(prompt: Prompt) -> Self {
         GenerateRequest {
-            prompt: prompt.into(),
+            prompt,
             sampling: SamplingParams::default(),
             stopping: StoppingParams::default(),
             n: 1,
