@@ -29,6 +29,23 @@ pub struct SeqChunk {
     pub adapter: Option<u64>,
 }
 
+/// A run of a chunk's positions that stand for one media item (an image's placeholder tokens),
+/// whose embeddings a vision encoder supplies. A run covers the rest of its item from
+/// `item_offset`: the scheduler never cuts an item between steps, but a prefix-cache hit may
+/// already hold its first positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkMedia {
+    /// Index of the chunk in the step.
+    pub chunk: usize,
+    /// First position of the run in the chunk's `tokens`.
+    pub offset: usize,
+    pub len: usize,
+    /// Which of the item's placeholder positions the run starts at.
+    pub item_offset: usize,
+    /// The item's content hash (what its encoder output is cached by).
+    pub hash: u128,
+}
+
 /// Flat per-token and per-sequence metadata, computed once per step and shared by every layer.
 #[derive(Debug, Clone, Default)]
 pub struct BatchLayout {

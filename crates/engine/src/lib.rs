@@ -29,7 +29,7 @@ pub mod warmup;
 pub mod weights;
 
 pub use backend::Backend;
-pub use batch::{BatchLayout, LogitsWanted, SeqChunk};
+pub use batch::{BatchLayout, ChunkMedia, LogitsWanted, SeqChunk};
 pub use config::{Architecture, ModelConfig};
 pub use dtype::DType;
 pub use engine::Engine;

@@ -11,7 +11,7 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use crate::batch::{BatchLayout, LogitsWanted, SeqChunk};
+use crate::batch::{BatchLayout, ChunkMedia, LogitsWanted, SeqChunk};
 use crate::error::{EngineError, Result};
 use crate::sampling::{Sampled, SamplingParams, SequenceContext};
 
@@ -71,6 +71,9 @@ pub struct StepBatch<'a> {
     pub chunks: &'a [SeqChunk],
     pub samples: &'a [SampleRequest<'a>],
     pub prompt_logprobs: &'a [PromptLogprobRequest<'a>],
+    /// Which chunk positions stand for media items (empty for text). No engine reads it yet:
+    /// it is the seam where a vision encoder's embeddings will replace placeholder tokens'.
+    pub media: &'a [ChunkMedia],
 }
 
 /// The log-probability of one token and the most likely alternatives at its position.

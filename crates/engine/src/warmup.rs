@@ -108,6 +108,7 @@ impl<B: Backend> Engine<B> {
                 chunks: &chunks,
                 samples: &samples,
                 prompt_logprobs: &[],
+                media: &[],
             })?;
         }
         self.backend().finish_warmup()?;

@@ -78,6 +78,7 @@ fn greedy<E: StepEngine + ?Sized>(e: &mut E, chunks: &[SeqChunk]) -> Vec<u32> {
             chunks,
             samples: &samples,
             prompt_logprobs: &[],
+            media: &[],
         })
         .unwrap();
     out.samples.iter().map(|s| s.token).collect()
@@ -507,6 +508,7 @@ fn generate<E: StepEngine + ?Sized>(
                 chunks: std::slice::from_ref(&chunk),
                 samples: &[draw],
                 prompt_logprobs: &[],
+                media: &[],
             })
             .unwrap();
         let t = s.samples[0].token;

@@ -1,29 +1,36 @@
-//! The rolling-batch scheduler: one thread owns the engine and the KV block pool and runs
+//! The rolling-batch scheduler: one thread owns the engine and the KV manager and runs
 //! continuous batching over a paged KV cache with a prefix cache (see `scheduler.rs`).
 //! Callers submit through a [`Handle`] and read [`Event`]s from a [`RequestStream`].
 
 mod adapters;
 pub mod block_pool;
 pub mod constraint;
+mod entry;
 mod error;
 mod event;
 mod handle;
+mod kv_manager;
 mod metrics;
 mod prefix_hash;
+mod prompt;
 mod request;
+mod request_state;
 mod scheduler;
 mod sequence;
 mod step_plan;
 mod stop;
+mod strategy;
 
 pub use error::SubmitError;
 pub use event::{Event, FinishReason, Finished, PromptToken, Timings, TokenEvent};
 pub use handle::{Handle, Limits, RequestStream};
 pub use metrics::{MetricsSnapshot, SchedulerMetrics};
+pub use prompt::{MediaHash, MediaSpan, PlacedMedia, Prompt, Span};
 pub use request::{
     AdapterId, AdapterRef, AdapterWeights, BeamParams, EarlyStopping, GenerateRequest,
     StoppingParams,
 };
-pub use scheduler::{DraftSource, NgramLookup, Scheduler, SchedulerConfig, SpeculativeConfig};
+pub use scheduler::{Scheduler, SchedulerConfig};
 pub use sequence::RequestId;
 pub use stop::StopMatcher;
+pub use strategy::speculation::{DraftSource, NgramLookup, SpeculativeConfig};

@@ -1,10 +1,12 @@
-//! What a caller submits: token ids and every generation control, already validated and
-//! tokenized by the front end.
+//! What a caller submits: the prompt (token ids, and media spans) and every generation
+//! control, already validated and tokenized by the front end.
 
 use std::sync::{Arc, OnceLock};
 
 use lmi_engine::lora::LoraWeights;
 use lmi_engine::sampling::SamplingParams;
+
+use crate::prompt::Prompt;
 
 /// An opaque adapter id; prefix-cache hashes are keyed by it (KV differs per adapter). Ids
 /// are never reused for other weights.
@@ -107,7 +109,8 @@ pub struct BeamParams {
 
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
-    pub prompt: Vec<u32>,
+    /// Token ids, and media items standing as placeholder tokens (`Prompt::from(ids)`).
+    pub prompt: Prompt,
     /// `min_new_tokens` and the seed live here too.
     pub sampling: SamplingParams,
     pub stopping: StoppingParams,
@@ -131,7 +134,13 @@ pub struct GenerateRequest {
 }
 
 impl GenerateRequest {
+    /// A text prompt with default controls.
     pub fn new(prompt: Vec<u32>) -> Self {
+        Self::with_prompt(Prompt::text(prompt))
+    }
+
+    /// A prompt of spans (text and media) with default controls.
+    pub fn with_prompt(prompt: Prompt) -> Self {
         GenerateRequest {
             prompt,
             sampling: SamplingParams::default(),

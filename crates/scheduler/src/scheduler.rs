@@ -1,5 +1,7 @@
-//! The rolling-batch loop body: admission, chunked prefill, preemption, one engine step,
-//! sampling, detokenization, stop rules and events. Owned by one thread (see `handle.rs`);
+//! The rolling-batch loop: it plans each step and owns the objects that carry it out (the
+//! engine, the KV manager, the sequences with their strategies' state, the adapter slots).
+//! Admission, chunked prefill, preemption, one engine step, sampling, detokenization, stop
+//! rules and events. Owned by one thread (see `handle.rs`);
 //! everything here is synchronous and deterministic for a given order of submissions.
 
 use std::collections::{HashMap, VecDeque};
@@ -7,20 +9,27 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use lmi_engine::StepBatch;
 use lmi_engine::engine::StepEngine;
-use lmi_engine::{BLOCK_SIZE, StepBatch};
 use lmi_text::{IncrementalDetokenizer, Tokenizer};
 use tokio::sync::mpsc::Sender;
 
 use crate::adapters::AdapterSlots;
 use crate::block_pool::BlockPool;
+use crate::entry::SeqEntry;
 use crate::error::SubmitError;
 use crate::event::Event;
+use crate::kv_manager::{KvManager, SeqBlocks, blocks_for};
 use crate::metrics::SchedulerMetrics;
 use crate::request::GenerateRequest;
-use crate::sequence::{RequestId, RequestState, Sequence};
+use crate::request_state::RequestState;
+use crate::sequence::{RequestId, Sequence};
 use crate::step_plan;
 use crate::stop::StopMatcher;
+use crate::strategy::beam::{BeamSearch, BeamState};
+use crate::strategy::draft_model::DraftModel;
+use crate::strategy::sampling::SamplingState;
+use crate::strategy::speculation::{SpecState, SpeculativeConfig};
 
 mod admission;
 mod beams;
@@ -30,9 +39,6 @@ mod lora;
 mod masks;
 mod output;
 mod speculation;
-pub(crate) use beams::BeamSearch;
-pub(crate) use draft_model::DraftKv;
-pub use speculation::{DraftSource, NgramLookup, SpeculativeConfig};
 
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
@@ -74,20 +80,16 @@ pub struct Scheduler {
     tokenizer: Tokenizer,
     eos: Vec<u32>,
     cfg: SchedulerConfig,
-    pool: BlockPool,
-    waiting: VecDeque<Sequence>,
-    running: Vec<Sequence>,
+    kv: KvManager,
+    waiting: VecDeque<SeqEntry>,
+    running: Vec<SeqEntry>,
     requests: HashMap<RequestId, RequestState>,
     metrics: Arc<SchedulerMetrics>,
     next_arrival: u64,
     adapters: AdapterSlots,
     mask_pool: Option<rayon::ThreadPool>,
     /// Speculative decoding's draft model, when one is configured.
-    draft_model: Option<draft_model::DraftModel>,
-}
-
-fn blocks_for(tokens: usize) -> usize {
-    tokens.div_ceil(BLOCK_SIZE)
+    draft_model: Option<DraftModel>,
 }
 
 impl Scheduler {
@@ -107,11 +109,11 @@ impl Scheduler {
             .min(engine.model_config().max_position_embeddings);
         cfg.max_batch_size = cfg.max_batch_size.max(1);
         cfg.max_batch_tokens = cfg.max_batch_tokens.max(1);
-        let pool = BlockPool::new(engine.num_blocks());
+        let kv = KvManager::new(engine.num_blocks());
         let metrics = Arc::new(SchedulerMetrics::default());
         metrics
             .kv_blocks_total
-            .store(pool.num_blocks() as u64, Relaxed);
+            .store(kv.pool().num_blocks() as u64, Relaxed);
         if let Some(g) = engine.graph_stats() {
             metrics
                 .cuda_graphs_captured
@@ -126,7 +128,7 @@ impl Scheduler {
             tokenizer,
             eos,
             cfg,
-            pool,
+            kv,
             waiting: VecDeque::new(),
             running: Vec::new(),
             requests: HashMap::new(),
@@ -138,7 +140,7 @@ impl Scheduler {
     /// Adds a draft model for speculative decoding (option.speculative_draft_model); it must
     /// share the target's vocabulary (and tokenizer).
     pub fn with_draft_model(mut self, engine: Box<dyn StepEngine>) -> Result<Self, String> {
-        let dm = draft_model::DraftModel::new(engine);
+        let dm = DraftModel::new(engine);
         let (d, t) = (dm.vocab_size(), self.engine.model_config().vocab_size);
         if d != t {
             return Err(format!(
@@ -167,7 +169,7 @@ impl Scheduler {
     }
 
     pub fn pool(&self) -> &BlockPool {
-        &self.pool
+        self.kv.pool()
     }
 
     pub fn has_work(&self) -> bool {
@@ -175,13 +177,16 @@ impl Scheduler {
     }
 
     pub fn num_waiting_requests(&self) -> usize {
-        self.waiting.iter().filter(|s| s.num_computed == 0).count()
+        self.waiting
+            .iter()
+            .filter(|e| e.seq.kv.num_computed == 0)
+            .count()
     }
 
     /// Checks that a request fits the pool as it is now (pinned prefixes take blocks for
     /// good). Everything else was checked once by `Handle::submit` ([`check_request`]).
     fn check_fits_now(&self, req: &GenerateRequest) -> Result<(), SubmitError> {
-        check_fits(req, self.pool.num_blocks() - self.pool.num_pinned())
+        check_fits(req, self.kv.usable_blocks())
     }
 
     /// Queues a request whose events go to `tx`.
@@ -209,13 +214,10 @@ impl Scheduler {
         let seq = Sequence {
             req: id,
             index: 0,
-            seed: req.sampling.seed,
             arrival: self.next_arrival,
-            tokens: req.prompt.clone(),
+            tokens: req.prompt.to_vec(),
             prompt_len: req.prompt.len(),
-            num_computed: 0,
-            block_table: Vec::new(),
-            hashes: Vec::new(),
+            kv: SeqBlocks::default(),
             detok: IncrementalDetokenizer::with_prompt_tail(
                 &req.prompt,
                 &self.tokenizer,
@@ -225,22 +227,16 @@ impl Scheduler {
                 &req.stopping.stop_strings,
                 req.stopping.include_stop_str_in_output,
             ),
-            cum_logprob: 0.0,
-            first_token_at: None,
-            last_token_at: None,
-            inter_token: Vec::new(),
+        };
+        let entry = SeqEntry {
+            seq,
+            sampling: SamplingState::new(req.sampling.seed),
+            spec: SpecState::default(),
             constraint: req
                 .constraint
                 .as_ref()
                 .map(|g| Arc::new(Mutex::new(g.start()))),
-            draft_len: 0,
-            draft_source: DraftSource::Client,
-            spec_k: 4,
-            draft_accepted: 0,
-            draft_rejected: 0,
-            beam_pending: None,
-            beam_scores: Vec::new(),
-            draft_kv: Default::default(),
+            beam: BeamState::default(),
         };
         self.next_arrival += 1;
         self.requests.insert(
@@ -259,7 +255,7 @@ impl Scheduler {
                 beam,
             },
         );
-        self.waiting.push_back(seq);
+        self.waiting.push_back(entry);
         self.update_gauges();
         Ok(())
     }
@@ -278,20 +274,20 @@ impl Scheduler {
     }
 
     fn drop_request(&mut self, id: RequestId) {
-        let mut gone: Vec<Sequence> = Vec::new();
-        let (running, waiting): (Vec<Sequence>, Vec<Sequence>) = (
+        let mut gone: Vec<SeqEntry> = Vec::new();
+        let (running, waiting): (Vec<SeqEntry>, Vec<SeqEntry>) = (
             std::mem::take(&mut self.running),
             std::mem::take(&mut self.waiting).into(),
         );
         for s in running {
-            if s.req == id {
+            if s.seq.req == id {
                 gone.push(s)
             } else {
                 self.running.push(s)
             }
         }
         for s in waiting {
-            if s.req == id {
+            if s.seq.req == id {
                 gone.push(s)
             } else {
                 self.waiting.push_back(s)
@@ -325,7 +321,7 @@ impl Scheduler {
             self.update_gauges();
             return false;
         }
-        let chunks = step_plan::chunks(&self.running, &self.requests, &scheduled);
+        let (chunks, media) = step_plan::chunks(&self.running, &self.requests, &scheduled);
         // Constrained draws: their masks are computed on the mask workers while the forward
         // pass runs; the engine waits for each right before its draw.
         let masks = self.start_masks(&scheduled);
@@ -336,6 +332,7 @@ impl Scheduler {
             chunks: &chunks,
             samples: &samples,
             prompt_logprobs: &prompt_logprobs,
+            media: &media,
         };
         let tf = Instant::now();
         let result = self
@@ -370,7 +367,7 @@ impl Scheduler {
                 tracing::error!("engine step failed: {e}");
                 let ids: Vec<RequestId> = scheduled
                     .iter()
-                    .map(|&(i, _)| self.running[i].req)
+                    .map(|&(i, _)| self.running[i].seq.req)
                     .collect();
                 for id in ids {
                     self.fail_request(id, format!("generation failed: {e}"));
@@ -388,7 +385,8 @@ impl Scheduler {
         let m = &self.metrics;
         m.running.store(self.running.len() as u64, Relaxed);
         m.waiting.store(self.waiting.len() as u64, Relaxed);
-        m.kv_blocks_used.store(self.pool.num_used() as u64, Relaxed);
+        m.kv_blocks_used
+            .store(self.kv.pool().num_used() as u64, Relaxed);
     }
 }
 
@@ -418,6 +416,7 @@ pub(crate) fn check_request(
             ));
         }
     }
+    check_media(req, cfg, vocab_size)?;
     if let Some(t) = req.draft.iter().find(|&&t| t as usize >= vocab_size) {
         return Err(SubmitError::InvalidParams(format!(
             "draft token id {t} is not in the vocabulary (size {vocab_size})"
@@ -445,6 +444,41 @@ pub(crate) fn check_request(
         });
     }
     check_fits(req, usable_blocks)
+}
+
+/// Media items: placeholders in the vocabulary, and each item small enough for one step's
+/// token budget. An item is never split between steps (its positions are computed together),
+/// so one longer than the budget could never run; it is refused rather than given a step of
+/// its own because the budget is what bounds the engine's step buffers and how long one step
+/// holds every other stream.
+fn check_media(
+    req: &GenerateRequest,
+    cfg: &SchedulerConfig,
+    vocab_size: usize,
+) -> Result<(), SubmitError> {
+    for m in req.prompt.media() {
+        let (len, id) = (m.item.len, m.item.placeholder);
+        if len == 0 {
+            return Err(SubmitError::InvalidParams(format!(
+                "the media item at prompt position {} has no placeholder tokens",
+                m.start
+            )));
+        }
+        if id as usize >= vocab_size {
+            return Err(SubmitError::InvalidParams(format!(
+                "media placeholder token id {id} is not in the vocabulary (size {vocab_size})"
+            )));
+        }
+        if len > cfg.max_batch_tokens {
+            return Err(SubmitError::InvalidParams(format!(
+                "a media item of {len} tokens exceeds the step's token budget of {} \
+                 (option.max_rolling_batch_prefill_tokens): an item is never split between \
+                 steps; raise the budget or send a smaller item",
+                cfg.max_batch_tokens
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Whether the request's longest output fits `usable_blocks` (beams may each hold their own).

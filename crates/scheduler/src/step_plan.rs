@@ -1,13 +1,17 @@
-//! Turns the sequences scheduled for a step into the engine's [`StepBatch`]: each chunk, the
-//! draws (one per sequence that reaches its end, `n` of them when a request forks off its
-//! first sequence), and the prompt tokens to score.
+//! Turns the sequences scheduled for a step into the engine's [`StepBatch`]: each chunk and
+//! the media items among its positions, the draws (one per sequence that reaches its end, `n`
+//! of them when a request forks off its first sequence), and the prompt tokens to score.
 
 use std::collections::HashMap;
 
 use lmi_engine::sampling::derive_seed;
-use lmi_engine::{LogitsWanted, PromptLogprobRequest, SampleRequest, SeqChunk, TokenMask};
+use lmi_engine::{
+    ChunkMedia, LogitsWanted, PromptLogprobRequest, SampleRequest, SeqChunk, TokenMask,
+};
 
-use crate::sequence::{RequestId, RequestState, Sequence};
+use crate::entry::SeqEntry;
+use crate::request_state::RequestState;
+use crate::sequence::{RequestId, Sequence};
 
 /// How one scheduled sequence's results are found in the step's output.
 #[derive(Debug, Clone)]
@@ -29,20 +33,36 @@ pub(crate) fn wants_prompt_logprobs(s: &Sequence, r: &RequestState) -> bool {
     s.index == 0 && r.params.prompt_logprobs.is_some() && !r.prompt_logprobs_sent
 }
 
-/// The chunks of `scheduled` (running index, new tokens), in order.
+/// The chunks of `scheduled` (running index, new tokens), in order, and the media items
+/// among their positions.
 pub(crate) fn chunks(
-    running: &[Sequence],
+    running: &[SeqEntry],
     requests: &HashMap<RequestId, RequestState>,
     scheduled: &[(usize, usize)],
-) -> Vec<SeqChunk> {
-    scheduled
+) -> (Vec<SeqChunk>, Vec<ChunkMedia>) {
+    let mut media = Vec::new();
+    let chunks = scheduled
         .iter()
-        .map(|&(i, n)| {
-            let s = &running[i];
+        .enumerate()
+        .map(|(k, &(i, n))| {
+            let (s, draft_len) = (&running[i].seq, running[i].spec.draft_len);
             let r = requests.get(&s.req);
-            let end = s.num_computed + n;
-            let logits = if s.draft_len > 0
-                || (r.is_some_and(|r| wants_prompt_logprobs(s, r)) && s.num_computed < s.prompt_len)
+            let start = s.kv.num_computed;
+            let end = start + n;
+            if let Some(r) = r {
+                for m in r.params.prompt.media_in(start..end) {
+                    let from = m.start.max(start);
+                    media.push(ChunkMedia {
+                        chunk: k,
+                        offset: from - start,
+                        len: m.end().min(end) - from,
+                        item_offset: from - m.start,
+                        hash: m.item.hash,
+                    });
+                }
+            }
+            let logits = if draft_len > 0
+                || (r.is_some_and(|r| wants_prompt_logprobs(s, r)) && start < s.prompt_len)
             {
                 // A draft is verified at every position; prompt logprobs score every one.
                 LogitsWanted::All
@@ -52,20 +72,21 @@ pub(crate) fn chunks(
                 LogitsWanted::None
             };
             SeqChunk {
-                tokens: s.tokens[s.num_computed..end].to_vec(),
-                start_pos: s.num_computed,
-                block_table: s.block_table.clone(),
+                tokens: s.tokens[start..end].to_vec(),
+                start_pos: start,
+                block_table: s.kv.block_table.clone(),
                 logits,
                 adapter: r.and_then(|r| r.params.adapter_id()),
             }
         })
-        .collect()
+        .collect();
+    (chunks, media)
 }
 
 /// The draws and prompt scores of a step over `chunks` (from [`chunks`]), and where each
 /// scheduled sequence's results land.
 pub(crate) fn requests<'a>(
-    running: &'a [Sequence],
+    running: &'a [SeqEntry],
     requests: &'a HashMap<RequestId, RequestState>,
     scheduled: &[(usize, usize)],
     chunks: &[SeqChunk],
@@ -79,13 +100,17 @@ pub(crate) fn requests<'a>(
     let mut scores = Vec::new();
     let mut planned = Vec::with_capacity(scheduled.len());
     for (k, (&(i, n), chunk)) in scheduled.iter().zip(chunks).enumerate() {
-        let s = &running[i];
+        let (s, seed, draft_len) = (
+            &running[i].seq,
+            running[i].sampling.seed,
+            running[i].spec.draft_len,
+        );
         let first = samples.len();
         let mut prompt_logprobs = None;
         if let Some(r) = requests.get(&s.req) {
-            if chunk.logits == LogitsWanted::All && s.draft_len == 0 {
-                let end = (s.num_computed + n + 1).min(s.prompt_len);
-                let from = (s.num_computed + 1).min(end);
+            if chunk.logits == LogitsWanted::All && draft_len == 0 {
+                let end = (s.kv.num_computed + n + 1).min(s.prompt_len);
+                let from = (s.kv.num_computed + 1).min(end);
                 prompt_logprobs = Some(scores.len());
                 scores.push(PromptLogprobRequest {
                     chunk: k,
@@ -93,17 +118,17 @@ pub(crate) fn requests<'a>(
                     top_n: r.params.prompt_logprobs.unwrap_or(0),
                 });
             }
-            if s.draft_len > 0 {
+            if draft_len > 0 {
                 // One draw after the last sampled token and after each draft token, each
                 // with the context (and output position) it would have without the draft.
-                let d = s.draft_len;
+                let d = draft_len;
                 let end = s.tokens.len() - d;
                 for j in 0..=d {
                     samples.push(SampleRequest {
                         chunk: k,
                         position: n - 1 - d + j,
                         params: &r.params.sampling,
-                        seed: s.seed,
+                        seed,
                         ctx: lmi_engine::sampling::SequenceContext {
                             prompt: &s.tokens[..s.prompt_len],
                             output: &s.tokens[s.prompt_len..end + j],
@@ -112,7 +137,7 @@ pub(crate) fn requests<'a>(
                         allowed: None,
                     });
                 }
-            } else if s.num_computed + n == s.tokens.len() {
+            } else if s.kv.num_computed + n == s.tokens.len() {
                 // The first sequence of a request with n > 1 forks when its prompt is done:
                 // every parallel sequence draws its first token from these logits.
                 let draws = if s.index == 0 && !r.forked && r.params.beam.is_none() {
@@ -126,7 +151,7 @@ pub(crate) fn requests<'a>(
                         position: n - 1,
                         params: &r.params.sampling,
                         seed: if d == 0 {
-                            s.seed
+                            seed
                         } else {
                             derive_seed(r.params.sampling.seed, d as u64)
                         },
@@ -144,7 +169,7 @@ pub(crate) fn requests<'a>(
         planned.push(Planned {
             running: i,
             tokens: n,
-            start: s.num_computed,
+            start: s.kv.num_computed,
             samples: first..samples.len(),
             prompt_logprobs,
         });

@@ -207,7 +207,7 @@ fn build(
         None
     };
     let request = GenerateRequest {
-        prompt: ids.clone(),
+        prompt: ids.clone().into(),
         sampling,
         stopping: StoppingParams {
             max_new_tokens: spec.max_new_tokens,

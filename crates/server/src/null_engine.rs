@@ -231,6 +231,7 @@ mod tests {
                     targets: &[1, 1],
                     top_n: 0,
                 }],
+                media: &[],
             })
             .unwrap();
         let tokens: Vec<u32> = out.samples.iter().map(|s| s.token).collect();

@@ -1,19 +1,6 @@
-//! Beam search with HF `generate()` semantics. A request's beams are sequences sharing KV
-//! blocks copy-on-write (the fork machinery of `n`/`best_of`). Each beam draws greedily with
-//! `2 * width` top alternatives; the draw waits on the sequence (`beam_pending`) until every
-//! beam of the request has one, then the request advances as a whole:
-//!
-//! 1. candidates (beam, token) are ranked by the beam's cumulative logprob + the token's;
-//! 2. going down the ranking, a stop token (EOS, stop ids) ranked within the first `width`
-//!    finishes a hypothesis; other candidates become the next beams until there are `width`;
-//! 3. a parent with one child extends in place, one with several is forked, one with none is
-//!    freed; a beam whose text hits a stop string, or that reaches the length limit, becomes a
-//!    hypothesis;
-//! 4. hypotheses are scored `cum_logprob / generated_len ^ length_penalty` (the stop token
-//!    counted), the `width` best kept; `early_stopping` decides when to stop (HF's rule).
-//!
-//! Nothing streams: the best `num_return` hypotheses are sent at the end, as sequences
-//! 0..num_return, best first.
+//! Beam search, the step loop's side (the search and each beam's state: `strategy/beam.rs`):
+//! once every beam of a request holds its draw, rank the candidates, extend, fork or free
+//! beams, collect hypotheses, and send the best at the end.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
@@ -21,73 +8,11 @@ use std::time::Instant;
 use lmi_text::IncrementalDetokenizer;
 
 use super::Scheduler;
+use crate::entry::SeqEntry;
 use crate::event::{Event, FinishReason, Finished, Timings, TokenEvent};
-use crate::request::{BeamParams, EarlyStopping};
-use crate::sequence::{RequestId, Sequence};
+use crate::sequence::RequestId;
 use crate::stop::StopMatcher;
-
-/// A finished hypothesis.
-#[derive(Debug, Clone)]
-pub(crate) struct Hypothesis {
-    pub tokens: Vec<u32>,
-    pub scores: Vec<(f32, Vec<(u32, f32)>)>,
-    pub cum_logprob: f64,
-    pub score: f64,
-    pub reason: FinishReason,
-}
-
-/// A beam request's state besides its beams.
-#[derive(Debug, Clone)]
-pub struct BeamSearch {
-    params: BeamParams,
-    /// Top alternatives the client asked for (draws ask for at least `2 * width`).
-    user_top_n: usize,
-    /// The best `width` hypotheses, best first.
-    hyps: Vec<Hypothesis>,
-    next_index: u32,
-}
-
-impl BeamSearch {
-    pub(crate) fn new(params: BeamParams, user_top_n: usize) -> Self {
-        BeamSearch {
-            params,
-            user_top_n,
-            hyps: Vec::new(),
-            next_index: 1,
-        }
-    }
-
-    fn score(&self, cum: f64, len: usize) -> f64 {
-        cum / (len.max(1) as f64).powf(f64::from(self.params.length_penalty))
-    }
-
-    fn add(&mut self, h: Hypothesis) {
-        let at = self.hyps.partition_point(|x| x.score >= h.score);
-        self.hyps.insert(at, h);
-        self.hyps.truncate(self.params.width);
-    }
-
-    /// HF's `BeamHypotheses.is_done`: `best_cum` is the best candidate's cumulative logprob at
-    /// generated length `len`; `max_len` the most tokens a beam may generate.
-    fn is_done(&self, best_cum: f64, len: usize, max_len: usize) -> bool {
-        if self.hyps.len() < self.params.width {
-            return false;
-        }
-        let worst = self.hyps.last().map_or(f64::NEG_INFINITY, |h| h.score);
-        match self.params.early_stopping {
-            EarlyStopping::Done => true,
-            EarlyStopping::Heuristic => worst >= self.score(best_cum, len),
-            EarlyStopping::Never => {
-                let at = if self.params.length_penalty > 0.0 {
-                    max_len
-                } else {
-                    len
-                };
-                worst >= self.score(best_cum, at)
-            }
-        }
-    }
-}
+use crate::strategy::beam::{BeamSearch, Hypothesis};
 
 /// One continuation of a beam.
 #[derive(Debug, Clone)]
@@ -107,13 +32,13 @@ impl Scheduler {
             .iter()
             .filter(|(id, r)| {
                 r.beam.is_some()
-                    && !self.waiting.iter().any(|s| s.req == **id)
-                    && self.running.iter().any(|s| s.req == **id)
+                    && !self.waiting.iter().any(|e| e.seq.req == **id)
+                    && self.running.iter().any(|e| e.seq.req == **id)
                     && self
                         .running
                         .iter()
-                        .filter(|s| s.req == **id)
-                        .all(|s| s.beam_pending.is_some())
+                        .filter(|e| e.seq.req == **id)
+                        .all(|e| e.beam.pending.is_some())
             })
             .map(|(&id, _)| id)
             .collect();
@@ -133,9 +58,9 @@ impl Scheduler {
         };
         let width = search.params.width;
         let beams: Vec<usize> = (0..self.running.len())
-            .filter(|&i| self.running[i].req == id)
+            .filter(|&i| self.running[i].seq.req == id)
             .collect();
-        let first = &self.running[beams[0]];
+        let first = &self.running[beams[0]].seq;
         let len = first.tokens.len() - first.prompt_len + 1;
         let max_len = params
             .stopping
@@ -144,13 +69,13 @@ impl Scheduler {
 
         let mut cands: Vec<Candidate> = Vec::new();
         for (b, &i) in beams.iter().enumerate() {
-            let s = &self.running[i];
-            for &(token, logprob) in s.beam_pending.iter().flat_map(|p| &p.top) {
+            let e = &self.running[i];
+            for &(token, logprob) in e.beam.pending.iter().flat_map(|p| &p.top) {
                 cands.push(Candidate {
                     beam: b,
                     token,
                     logprob,
-                    cum: s.cum_logprob + f64::from(logprob),
+                    cum: e.sampling.cum_logprob + f64::from(logprob),
                 });
             }
         }
@@ -187,7 +112,7 @@ impl Scheduler {
             } else {
                 let idx = search.next_index;
                 search.next_index += 1;
-                let seed = self.running[parent].seed;
+                let seed = self.running[parent].sampling.seed;
                 targets.push((self.fork_running(parent, idx, seed), c));
             }
         }
@@ -206,12 +131,13 @@ impl Scheduler {
                 } else {
                     FinishReason::Length
                 };
-                let s = &self.running[i];
+                let e = &self.running[i];
+                let cum = e.sampling.cum_logprob;
                 let h = Hypothesis {
-                    tokens: s.output().to_vec(),
-                    scores: s.beam_scores.clone(),
-                    cum_logprob: s.cum_logprob,
-                    score: search.score(s.cum_logprob, s.output().len()),
+                    tokens: e.seq.output().to_vec(),
+                    scores: e.beam.scores.clone(),
+                    cum_logprob: cum,
+                    score: search.score(cum, e.seq.output().len()),
                     reason,
                 };
                 search.add(h);
@@ -221,10 +147,10 @@ impl Scheduler {
         remove.sort_unstable();
         remove.dedup();
         for &i in remove.iter().rev() {
-            let mut s = self.running.remove(i);
-            self.release(&mut s);
+            let mut e = self.running.remove(i);
+            self.release(&mut e);
         }
-        let alive = self.running.iter().any(|s| s.req == id);
+        let alive = self.running.iter().any(|e| e.seq.req == id);
         let done = !alive || at_limit || search.is_done(best_cum, len, max_len);
         if done {
             self.finish_beams(id, search);
@@ -241,11 +167,11 @@ impl Scheduler {
         reason: FinishReason,
         search: &BeamSearch,
     ) -> Hypothesis {
-        let s = &self.running[i];
-        let mut tokens = s.output().to_vec();
+        let e = &self.running[i];
+        let mut tokens = e.seq.output().to_vec();
         tokens.push(c.token);
-        let mut scores = s.beam_scores.clone();
-        scores.push((c.logprob, self.pending_top(s)));
+        let mut scores = e.beam.scores.clone();
+        scores.push((c.logprob, pending_top(e)));
         Hypothesis {
             score: search.score(c.cum, tokens.len()),
             tokens,
@@ -255,22 +181,16 @@ impl Scheduler {
         }
     }
 
-    fn pending_top(&self, s: &Sequence) -> Vec<(u32, f32)> {
-        s.beam_pending
-            .as_ref()
-            .map(|p| p.top.clone())
-            .unwrap_or_default()
-    }
-
     /// Appends candidate `c` to beam `i`; true when its text hit a stop string.
     fn extend_beam(&mut self, i: usize, c: &Candidate) -> bool {
-        let top = self.pending_top(&self.running[i]);
-        let s = &mut self.running[i];
-        s.tokens.push(c.token);
-        s.cum_logprob = c.cum;
-        s.beam_scores.push((c.logprob, top));
-        s.beam_pending = None;
+        let e = &mut self.running[i];
+        let top = pending_top(e);
+        e.seq.tokens.push(c.token);
+        e.sampling.cum_logprob = c.cum;
+        e.beam.scores.push((c.logprob, top));
+        e.beam.pending = None;
         self.metrics.generated_tokens.fetch_add(1, Relaxed);
+        let s = &mut e.seq;
         let delta = s.detok.push(&self.tokenizer, c.token).unwrap_or_default();
         s.stop.push(&delta).1
     }
@@ -340,52 +260,11 @@ impl Scheduler {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn hyp(score: f64) -> Hypothesis {
-        Hypothesis {
-            tokens: vec![],
-            scores: vec![],
-            cum_logprob: score,
-            score,
-            reason: FinishReason::EosToken,
-        }
-    }
-
-    fn search(early: EarlyStopping, lp: f32) -> BeamSearch {
-        BeamSearch::new(
-            BeamParams {
-                width: 2,
-                length_penalty: lp,
-                early_stopping: early,
-                num_return: 1,
-            },
-            0,
-        )
-    }
-
-    #[test]
-    fn keeps_the_width_best_and_stops_by_hf_rules() {
-        let mut s = search(EarlyStopping::Heuristic, 1.0);
-        for x in [-3.0, -1.0, -2.0] {
-            s.add(hyp(x));
-        }
-        let scores: Vec<f64> = s.hyps.iter().map(|h| h.score).collect();
-        assert_eq!(scores, vec![-1.0, -2.0]);
-        // Heuristic: a live beam at cum -5 over 2 tokens scores -2.5 < -2: done.
-        assert!(s.is_done(-5.0, 2, 10));
-        assert!(!s.is_done(-3.0, 2, 10));
-        // Never with a positive length penalty: judged at the longest length (-5/10 = -0.5).
-        let mut n = search(EarlyStopping::Never, 1.0);
-        n.hyps = s.hyps.clone();
-        assert!(!n.is_done(-5.0, 2, 10));
-        // True: done as soon as `width` hypotheses exist.
-        let mut t = search(EarlyStopping::Done, 1.0);
-        t.add(hyp(-9.0));
-        assert!(!t.is_done(0.0, 1, 10));
-        t.add(hyp(-9.0));
-        assert!(t.is_done(0.0, 1, 10));
-    }
+/// The top alternatives of the draw a beam holds.
+fn pending_top(e: &SeqEntry) -> Vec<(u32, f32)> {
+    e.beam
+        .pending
+        .as_ref()
+        .map(|p| p.top.clone())
+        .unwrap_or_default()
 }

@@ -1,6 +1,7 @@
 //! Forks: a running sequence copied into another that shares its KV blocks copy-on-write
-//! (the shared partial block is copied when either writes to it, see `grow`). Parallel
-//! sequences (`n`, `best_of`) fork off the first one's prefill; beams fork off their parents.
+//! (the shared partial block is copied when either writes to it, see `KvManager::grow`).
+//! Parallel sequences (`n`, `best_of`) fork off the first one's prefill; beams fork off their
+//! parents.
 
 use super::Scheduler;
 
@@ -9,10 +10,8 @@ impl Scheduler {
     /// returns the fork's running index.
     pub(super) fn fork_running(&mut self, i: usize, index: u32, seed: u64) -> usize {
         let base = &self.running[i];
-        for &b in &base.block_table {
-            self.pool.share(b);
-        }
-        let fork = base.fork(index, seed);
+        let kv = self.kv.share(&base.seq.kv);
+        let fork = base.fork(index, seed, kv);
         self.running.push(fork);
         self.running.len() - 1
     }

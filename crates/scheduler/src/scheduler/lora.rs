@@ -22,7 +22,7 @@ impl Scheduler {
     pub(super) fn busy_adapters(&self) -> HashSet<AdapterId> {
         self.running
             .iter()
-            .filter_map(|s| self.requests.get(&s.req)?.params.adapter_id())
+            .filter_map(|e| self.requests.get(&e.seq.req)?.params.adapter_id())
             .collect()
     }
 

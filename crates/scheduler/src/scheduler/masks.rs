@@ -18,9 +18,9 @@ impl Scheduler {
         scheduled
             .iter()
             .map(|&(i, n)| {
-                let s = &self.running[i];
-                let c = s.constraint.as_ref()?;
-                if s.num_computed + n != s.tokens.len() {
+                let e = &self.running[i];
+                let c = e.constraint.as_ref()?;
+                if e.seq.kv.num_computed + n != e.seq.tokens.len() {
                     return None; // a prefill chunk that draws nothing
                 }
                 let mask = Arc::new(TokenMask::pending());

@@ -5,12 +5,11 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
+use lmi_engine::StepOutput;
 use lmi_engine::sampling::{Sampled, derive_seed};
-use lmi_engine::{BLOCK_SIZE, StepOutput};
 
 use super::{Scheduler, lock};
 use crate::event::{Event, FinishReason, Finished, PromptToken, Timings, TokenEvent};
-use crate::prefix_hash::block_hash;
 use crate::step_plan::Planned;
 
 impl Scheduler {
@@ -25,7 +24,7 @@ impl Scheduler {
         let mut drafted: Vec<(usize, Vec<Sampled>)> = Vec::new();
         for p in planned {
             let i = p.running;
-            if self.running[i].draft_len > 0 {
+            if self.running[i].spec.draft_len > 0 {
                 // Verified after the others (it may append several tokens).
                 let draws = p
                     .samples
@@ -35,23 +34,23 @@ impl Scheduler {
                 drafted.push((i, draws));
                 continue;
             }
-            self.running[i].num_computed += p.tokens;
+            self.running[i].seq.kv.num_computed += p.tokens;
             self.register_full_blocks(i);
             if let Some(lp) = p.prompt_logprobs.and_then(|k| prompt_logprobs[k].take()) {
                 self.collect_prompt_logprobs(i, p.start, p.tokens, lp);
             }
             let mut draws = p.samples.clone().filter_map(|k| samples[k].take());
             let Some(first) = draws.next() else { continue };
-            let id = self.running[i].req;
+            let id = self.running[i].seq.req;
             if let Some(req) = self.requests.get_mut(&id)
                 && req.beam.is_some()
             {
                 // Beams advance together once all have drawn (beams.rs).
                 req.forked = true;
-                self.running[i].beam_pending = Some(first);
+                self.running[i].beam.pending = Some(first);
                 continue;
             }
-            if self.running[i].index == 0
+            if self.running[i].seq.index == 0
                 && let Some(req) = self.requests.get_mut(&id)
                 && !req.forked
             {
@@ -82,12 +81,12 @@ impl Scheduler {
         }
         finished.sort_unstable();
         for &i in finished.iter().rev() {
-            let mut s = self.running.remove(i);
-            self.release(&mut s);
-            if let Some(r) = self.requests.get_mut(&s.req) {
+            let mut e = self.running.remove(i);
+            self.release(&mut e);
+            if let Some(r) = self.requests.get_mut(&e.seq.req) {
                 r.alive = r.alive.saturating_sub(1);
                 if r.alive == 0 {
-                    self.requests.remove(&s.req);
+                    self.requests.remove(&e.seq.req);
                 }
             }
         }
@@ -97,25 +96,13 @@ impl Scheduler {
     /// Registers newly full blocks of running sequence `i` in the prefix cache, pinning those
     /// inside the request's pinned prefix.
     pub(super) fn register_full_blocks(&mut self, i: usize) {
-        let s = &mut self.running[i];
+        let s = &mut self.running[i].seq;
         let Some(r) = self.requests.get(&s.req) else {
             return;
         };
-        let adapter = r.params.adapter_id();
         let pin_upto = r.params.pin_prefix_tokens;
-        while (s.hashes.len() + 1) * BLOCK_SIZE <= s.num_computed {
-            let b = s.hashes.len();
-            let h = block_hash(
-                s.hashes.last().copied(),
-                &s.tokens[b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE],
-                adapter,
-            );
-            self.pool.register(s.block_table[b], h);
-            if (b + 1) * BLOCK_SIZE <= pin_upto {
-                self.pool.pin(h);
-            }
-            s.hashes.push(h);
-        }
+        self.kv
+            .register_full_blocks(&mut s.kv, &s.tokens, r.cache_key(), pin_upto);
     }
 
     /// Adds the scores of prompt tokens `start + 1 ..= start + n` (those inside the prompt)
@@ -127,7 +114,7 @@ impl Scheduler {
         n: usize,
         scores: Vec<lmi_engine::TokenLogprob>,
     ) {
-        let s = &self.running[i];
+        let s = &self.running[i].seq;
         let Some(r) = self.requests.get_mut(&s.req) else {
             return;
         };
@@ -162,28 +149,24 @@ impl Scheduler {
         top: Vec<(u32, f32)>,
         now: Instant,
     ) -> bool {
-        let s = &mut self.running[i];
-        let Some(r) = self.requests.get(&s.req) else {
+        let e = &mut self.running[i];
+        let Some(r) = self.requests.get(&e.seq.req) else {
             return true;
         };
         let p = &r.params;
-        s.tokens.push(token);
-        s.cum_logprob += logprob as f64;
+        e.seq.tokens.push(token);
         // Constrained output moves on in its grammar; a complete grammar ends the sequence.
         let mut grammar_done = false;
-        if let Some(c) = &s.constraint {
+        if let Some(c) = &e.constraint {
             let mut c = lock(c);
-            if let Err(e) = c.commit(token) {
-                r.send(Event::Error(format!("the output left its grammar: {e}")));
+            if let Err(err) = c.commit(token) {
+                r.send(Event::Error(format!("the output left its grammar: {err}")));
                 return true;
             }
             grammar_done = c.is_finished();
         }
-        match s.last_token_at {
-            Some(t) => s.inter_token.push(now - t),
-            None => s.first_token_at = Some(now),
-        }
-        s.last_token_at = Some(now);
+        e.sampling.record(logprob, now);
+        let s = &mut e.seq;
         self.metrics.generated_tokens.fetch_add(1, Relaxed);
         let generated = s.tokens.len() - s.prompt_len;
 
@@ -234,11 +217,15 @@ impl Scheduler {
         }));
         let Some(reason) = reason else { return !alive };
         let submitted = r.submitted;
+        let draws = &mut e.sampling;
         let timings = Timings {
             queue: r.first_scheduled.map(|t| t - submitted).unwrap_or_default(),
-            time_to_first_token: s.first_token_at.map(|t| t - submitted).unwrap_or_default(),
+            time_to_first_token: draws
+                .first_token_at
+                .map(|t| t - submitted)
+                .unwrap_or_default(),
             total: now - submitted,
-            inter_token: std::mem::take(&mut s.inter_token),
+            inter_token: std::mem::take(&mut draws.inter_token),
         };
         r.send(Event::Finished(Finished {
             index: s.index,
@@ -247,10 +234,10 @@ impl Scheduler {
             generated_tokens: generated,
             prompt_tokens: s.prompt_len,
             cached_prompt_tokens: r.cached_prompt_tokens,
-            cumulative_logprob: s.cum_logprob,
+            cumulative_logprob: draws.cum_logprob,
             timings,
-            accepted_draft_tokens: s.draft_accepted,
-            rejected_draft_tokens: s.draft_rejected,
+            accepted_draft_tokens: e.spec.accepted,
+            rejected_draft_tokens: e.spec.rejected,
         }));
         true
     }

@@ -1,199 +1,32 @@
-//! Speculative decoding. Before a decode step a sequence may take a draft of k tokens (from
-//! the client's prediction, or by prompt lookup); its chunk is then the last sampled token
-//! plus the draft, the engine draws at each of the k + 1 positions with the context the
-//! sequence would have had (the seeded draw is keyed by output position), and the longest
-//! prefix of the draft equal to those draws is kept, plus the draw after it.
-//!
-//! Drafts here are single token sequences (a point mass), for which "draw from the target,
-//! accept while the draw equals the draft" *is* the rejection-sampling rule: the draft token
-//! is kept with probability p(draft), and otherwise the draw is distributed as p without the
-//! draft token. So sampled requests keep their distribution, and with the same seed every
-//! request, greedy or not, gives exactly the tokens it gives without speculation.
-//!
-//! How many tokens to draft: the step's spare rows (`step_rows` less the running sequences;
-//! none once the batch is that large, where extra rows are no longer almost free) shared
-//! among the sequences, and per sequence a length that doubles while whole drafts are kept
-//! and falls back to what was accepted + 1 otherwise.
+//! Speculative decoding, the step loop's side (the strategy and its state:
+//! `strategy/speculation.rs`): a draft is appended to a decoding sequence before the step,
+//! and verified against the engine's draws after it.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use lmi_engine::sampling::Sampled;
 
-use super::{Scheduler, blocks_for};
-use crate::sequence::Sequence;
-
-/// Where a draft came from (metrics are kept per source).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DraftSource {
-    /// The client's draft: OpenAI `prediction`, TensorRT-LLM `draft_input_ids`.
-    Client = 0,
-    /// N-gram match against the prompt and the output so far.
-    PromptLookup = 1,
-    /// The draft model (option.speculative_draft_model).
-    Model = 2,
-}
-
-impl DraftSource {
-    pub const ALL: [DraftSource; 3] = [
-        DraftSource::Client,
-        DraftSource::PromptLookup,
-        DraftSource::Model,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            DraftSource::Client => "client",
-            DraftSource::PromptLookup => "prompt_lookup",
-            DraftSource::Model => "draft_model",
-        }
-    }
-}
-
-/// Prompt lookup: the longest suffix of the sequence (`max` down to `min` tokens) found
-/// earlier in it proposes the tokens that followed, at most `k`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NgramLookup {
-    pub min: usize,
-    pub max: usize,
-    pub k: usize,
-}
-
-impl Default for NgramLookup {
-    fn default() -> Self {
-        NgramLookup {
-            min: 2,
-            max: 4,
-            k: 8,
-        }
-    }
-}
-
-impl std::str::FromStr for NgramLookup {
-    type Err = String;
-
-    /// `true` (the defaults), or `MIN-MAX:K` (e.g. `2-4:8`), or `N:K`.
-    fn from_str(s: &str) -> Result<Self, String> {
-        let s = s.trim();
-        if s.eq_ignore_ascii_case("true") {
-            return Ok(Self::default());
-        }
-        let bad = || format!("\"{s}\": expected true, MIN-MAX:K (e.g. 2-4:8) or N:K");
-        let (sizes, k) = s.split_once(':').ok_or_else(bad)?;
-        let (min, max) = sizes.split_once('-').unwrap_or((sizes, sizes));
-        let num = |v: &str| v.trim().parse::<usize>().map_err(|_| bad());
-        let g = NgramLookup {
-            min: num(min)?,
-            max: num(max)?,
-            k: num(k)?,
-        };
-        if g.min == 0 || g.min > g.max || g.k == 0 {
-            return Err(format!(
-                "\"{s}\": sizes must satisfy 1 <= MIN <= MAX and K >= 1"
-            ));
-        }
-        Ok(g)
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpeculativeConfig {
-    /// Prompt lookup for every request (option.speculative_ngram); off when None. Client
-    /// drafts are used whenever a request has one.
-    pub ngram: Option<NgramLookup>,
-    /// Most draft tokens of one sequence in one step.
-    pub max_draft: usize,
-    /// Speculation fills a step up to this many rows (running sequences + drafts): below it a
-    /// step costs about the same (the CPU's matrix units pad to 16 rows; a GPU is memory bound
-    /// well past it). At this batch size or more it is off.
-    pub step_rows: usize,
-}
-
-impl Default for SpeculativeConfig {
-    fn default() -> Self {
-        SpeculativeConfig {
-            ngram: None,
-            max_draft: 15,
-            step_rows: 16,
-        }
-    }
-}
-
-/// The tokens that followed the most recent earlier occurrence in `corpus` of the longest
-/// suffix of `tokens` (`max` down to `min` long), at most `k`. When `corpus` is `tokens`
-/// itself the suffix's own position does not count.
-pub(crate) fn lookup<'a>(
-    corpus: &'a [u32],
-    tokens: &[u32],
-    min: usize,
-    max: usize,
-    k: usize,
-) -> Option<&'a [u32]> {
-    for n in (min.max(1)..=max.min(tokens.len())).rev() {
-        let suffix = &tokens[tokens.len() - n..];
-        // A match needs at least one token after it.
-        let last_start = corpus.len().checked_sub(n + 1)?;
-        if let Some(p) = (0..=last_start)
-            .rev()
-            .find(|&p| &corpus[p..p + n] == suffix)
-        {
-            let after = &corpus[p + n..];
-            return Some(&after[..k.min(after.len())]);
-        }
-    }
-    None
-}
-
-/// A draft of at most `k` tokens for a sequence (`tokens`: prompt then output).
-pub(crate) fn propose(
-    tokens: &[u32],
-    prompt_len: usize,
-    client: &[u32],
-    model: &[u32],
-    ngram: Option<&NgramLookup>,
-    k: usize,
-) -> Option<(DraftSource, Vec<u32>)> {
-    if k == 0 {
-        return None;
-    }
-    if !client.is_empty() {
-        let out = &tokens[prompt_len..];
-        // The usual case: the output so far follows the prediction.
-        let draft = if client.starts_with(out) {
-            Some(&client[out.len()..(out.len() + k).min(client.len())])
-        } else {
-            let g = ngram.copied().unwrap_or_default();
-            lookup(client, tokens, g.min, g.max, k)
-        };
-        if let Some(d) = draft.filter(|d| !d.is_empty()) {
-            return Some((DraftSource::Client, d.to_vec()));
-        }
-    }
-    if !model.is_empty() {
-        return Some((DraftSource::Model, model[..k.min(model.len())].to_vec()));
-    }
-    let g = ngram?;
-    lookup(tokens, tokens, g.min, g.max, k.min(g.k))
-        .filter(|d| !d.is_empty())
-        .map(|d| (DraftSource::PromptLookup, d.to_vec()))
-}
+use super::Scheduler;
+use crate::strategy::speculation::propose;
 
 impl Scheduler {
     /// Appends a draft of at most `room` tokens to running sequence `i` when it is decoding
     /// one token unconstrained; returns the draft's length.
     pub(super) fn add_draft(&mut self, i: usize, room: usize) -> usize {
-        let s = &self.running[i];
+        let e = &self.running[i];
+        let s = &e.seq;
         let Some(r) = self.requests.get(&s.req) else {
             return 0;
         };
         let p = &r.params;
         if room == 0
             || s.remaining() != 1
-            || s.constraint.is_some()
+            || e.constraint.is_some()
             || p.beam.is_some()
             || !r.forked
             || (p.draft.is_empty()
-                && s.draft_kv.proposal.is_empty()
+                && e.spec.draft_kv.proposal.is_empty()
                 && self.cfg.speculative.ngram.is_none())
         {
             return 0;
@@ -201,24 +34,28 @@ impl Scheduler {
         // The draft and the token after it must fit the output and the context.
         let generated = s.tokens.len() - s.prompt_len;
         let k = room
-            .min(s.spec_k.clamp(1, self.cfg.speculative.max_draft.max(1)))
+            .min(
+                e.spec
+                    .spec_k
+                    .clamp(1, self.cfg.speculative.max_draft.max(1)),
+            )
             .min(p.stopping.max_new_tokens.saturating_sub(generated + 1))
             .min(self.cfg.max_model_len.saturating_sub(s.tokens.len() + 1));
         let Some((source, draft)) = propose(
             &s.tokens,
             s.prompt_len,
             &p.draft,
-            &s.draft_kv.proposal,
+            &e.spec.draft_kv.proposal,
             self.cfg.speculative.ngram.as_ref(),
             k,
         ) else {
             return 0;
         };
         self.metrics.spec_proposed[source as usize].fetch_add(draft.len() as u64, Relaxed);
-        let s = &mut self.running[i];
-        s.draft_len = draft.len();
-        s.draft_source = source;
-        s.tokens.extend_from_slice(&draft);
+        let e = &mut self.running[i];
+        e.spec.draft_len = draft.len();
+        e.spec.source = source;
+        e.seq.tokens.extend_from_slice(&draft);
         draft.len()
     }
 
@@ -226,23 +63,20 @@ impl Scheduler {
     /// draws, then the draw after it, appending each as an ordinary token. Returns true when
     /// the sequence finished.
     pub(super) fn accept_draft(&mut self, i: usize, draws: Vec<Sampled>, now: Instant) -> bool {
-        let s = &mut self.running[i];
-        let k = s.draft_len;
-        let base = s.tokens.len() - k;
+        let e = &mut self.running[i];
+        let k = e.spec.draft_len;
+        let base = e.seq.tokens.len() - k;
         let accepted = (0..k)
-            .take_while(|&j| draws.get(j).is_some_and(|d| d.token == s.tokens[base + j]))
+            .take_while(|&j| {
+                draws
+                    .get(j)
+                    .is_some_and(|d| d.token == e.seq.tokens[base + j])
+            })
             .count();
-        s.tokens.truncate(base);
-        s.draft_len = 0;
-        s.num_computed = base;
-        s.draft_accepted += accepted;
-        s.draft_rejected += k - accepted;
-        s.spec_k = if accepted == k {
-            (k * 2).min(self.cfg.speculative.max_draft)
-        } else {
-            accepted + 1
-        };
-        self.metrics.spec_accepted[s.draft_source as usize].fetch_add(accepted as u64, Relaxed);
+        e.seq.tokens.truncate(base);
+        e.seq.kv.num_computed = base;
+        e.spec.settle(accepted, self.cfg.speculative.max_draft);
+        self.metrics.spec_accepted[e.spec.source as usize].fetch_add(accepted as u64, Relaxed);
         let mut finished = false;
         for (j, d) in draws.into_iter().take(accepted + 1).enumerate() {
             if self.append_token(i, d.token, d.logprob, d.top, now) {
@@ -251,99 +85,13 @@ impl Scheduler {
             }
             if j < accepted {
                 // This token was the draft's: its K/V were computed in this step.
-                self.running[i].num_computed += 1;
+                self.running[i].seq.kv.num_computed += 1;
             }
         }
         self.register_full_blocks(i);
         // Blocks that only held rejected draft tokens go back to the pool.
-        let s = &mut self.running[i];
-        while s.block_table.len() > blocks_for(s.tokens.len()) {
-            if let Some(b) = s.block_table.pop() {
-                self.pool.free(b);
-            }
-        }
+        let s = &mut self.running[i].seq;
+        self.kv.trim(&mut s.kv, s.tokens.len());
         finished
-    }
-}
-
-/// Takes a draft that was not run (the sequence is preempted, or its blocks did not fit).
-pub(super) fn strip_draft(s: &mut Sequence) {
-    let len = s.tokens.len() - s.draft_len;
-    s.tokens.truncate(len);
-    s.draft_len = 0;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lookup_finds_the_latest_longest_match() {
-        //            0  1  2  3  4  5  6  7  8
-        let toks = [1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3];
-        // Suffix [1,2,3] occurs at 0 and 4; the latest (4) proposes 7, 1, 2.
-        assert_eq!(lookup(&toks, &toks, 1, 3, 3), Some(&[7, 1, 2][..]));
-        // The suffix's own position never matches.
-        assert_eq!(lookup(&[5, 6], &[5, 6], 1, 2, 4), None);
-        // A shorter n-gram when the longer one is absent.
-        assert_eq!(
-            lookup(&[4, 3, 8, 8], &[1, 2, 3], 1, 3, 2),
-            Some(&[8, 8][..])
-        );
-        assert_eq!(lookup(&[4, 3, 8, 8], &[1, 2, 3], 2, 3, 2), None);
-    }
-
-    #[test]
-    fn client_drafts_follow_the_output_then_fall_back_to_lookup() {
-        let prompt = [100, 101];
-        let client = [1, 2, 3, 4, 5, 6];
-        let mut toks = prompt.to_vec();
-        assert_eq!(
-            propose(&toks, 2, &client, &[], None, 4),
-            Some((DraftSource::Client, vec![1, 2, 3, 4]))
-        );
-        toks.extend([1, 2]);
-        assert_eq!(
-            propose(&toks, 2, &client, &[], None, 8),
-            Some((DraftSource::Client, vec![3, 4, 5, 6]))
-        );
-        // Diverged ([1, 9]): the output's tail [3, 4] is found in the prediction.
-        toks = vec![100, 101, 1, 9, 3, 4];
-        assert_eq!(
-            propose(&toks, 2, &client, &[], None, 8),
-            Some((DraftSource::Client, vec![5, 6]))
-        );
-        // Nothing left to predict and no prompt lookup: no draft.
-        toks = vec![100, 101, 1, 2, 3, 4, 5, 6];
-        assert_eq!(propose(&toks, 2, &client, &[], None, 8), None);
-        let g = NgramLookup::default();
-        toks = vec![7, 8, 9, 10, 7, 8];
-        assert_eq!(
-            propose(&toks, 2, &[], &[], Some(&g), 2),
-            Some((DraftSource::PromptLookup, vec![9, 10]))
-        );
-    }
-
-    #[test]
-    fn ngram_option_parses() {
-        assert_eq!("true".parse::<NgramLookup>(), Ok(NgramLookup::default()));
-        assert_eq!(
-            "1-3:5".parse::<NgramLookup>(),
-            Ok(NgramLookup {
-                min: 1,
-                max: 3,
-                k: 5
-            })
-        );
-        assert_eq!(
-            "2:4".parse::<NgramLookup>(),
-            Ok(NgramLookup {
-                min: 2,
-                max: 2,
-                k: 4
-            })
-        );
-        assert!("3-2:4".parse::<NgramLookup>().is_err());
-        assert!("2-4".parse::<NgramLookup>().is_err());
     }
 }

@@ -288,6 +288,7 @@ fn greedy_step(engine: &mut dyn StepEngine, chunks: &[SeqChunk]) -> anyhow::Resu
         chunks,
         samples: &samples,
         prompt_logprobs: &[],
+        media: &[],
     })?;
     Ok(())
 }

@@ -110,6 +110,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             chunks: std::slice::from_ref(&chunk),
             samples: &[draw],
             prompt_logprobs: &[],
+            media: &[],
         })?;
         let tok = out
             .samples
