@@ -2,6 +2,7 @@
 
 mod adapters;
 mod app;
+mod chat_job;
 mod commands;
 mod config;
 mod dynamic_batch;
@@ -11,6 +12,8 @@ mod guard;
 mod infer;
 mod metrics;
 mod null_engine;
+mod reply;
+mod responses_store;
 mod router;
 mod routes;
 mod tool_calls;
