@@ -20,7 +20,11 @@ fn part(p: Piece) -> ReplyPart {
 }
 
 /// A finished sequence read whole: its text, then its calls.
-pub fn read_whole(tools: Option<&ToolSpec>, format: ToolCallFormat, s: &SequenceOut) -> Vec<ReplyPart> {
+pub fn read_whole(
+    tools: Option<&ToolSpec>,
+    format: ToolCallFormat,
+    s: &SequenceOut,
+) -> Vec<ReplyPart> {
     let Some(t) = tools else {
         return vec![ReplyPart::Text(s.text.clone())];
     };
@@ -117,15 +121,21 @@ pub fn assistant_message(parts: &[ReplyPart]) -> ChatMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lmi_api::openai::{Tool, ToolChoice, ToolCallOut};
+    use lmi_api::openai::{Tool, ToolCallOut, ToolChoice};
 
     #[test]
     fn plain_text_passes_and_calls_are_read() {
         let spec = GenerationSpec::default();
         let mut r = ReplyReader::new(None, ToolCallFormat::SmolLm, &spec);
         let tok = |t: &str, special| TokenOut::new(1, t.to_string(), Some(0.0), special);
-        assert_eq!(r.token(&tok("Hi", false), None), [ReplyPart::Text("Hi".into())]);
-        assert!(r.token(&tok("</s>", true), Some(FinishReason::EosToken)).is_empty());
+        assert_eq!(
+            r.token(&tok("Hi", false), None),
+            [ReplyPart::Text("Hi".into())]
+        );
+        assert!(
+            r.token(&tok("</s>", true), Some(FinishReason::EosToken))
+                .is_empty()
+        );
 
         let tools = ToolSpec {
             tools: vec![Tool {
@@ -138,9 +148,14 @@ mod tests {
         };
         let mut r = ReplyReader::new(Some(&tools), ToolCallFormat::SmolLm, &spec);
         assert!(r.token(&tok(r#"[{"name":"f","#, false), None).is_empty());
-        let parts = r.token(&tok(r#""arguments":{"a":1}}]"#, false), Some(FinishReason::EosToken));
+        let parts = r.token(
+            &tok(r#""arguments":{"a":1}}]"#, false),
+            Some(FinishReason::EosToken),
+        );
         match parts.as_slice() {
-            [ReplyPart::ToolCall(c)] => assert_eq!((c.name.as_str(), c.arguments.as_str()), ("f", r#"{"a":1}"#)),
+            [ReplyPart::ToolCall(c)] => {
+                assert_eq!((c.name.as_str(), c.arguments.as_str()), ("f", r#"{"a":1}"#))
+            }
             other => panic!("one call expected, got {other:?}"),
         }
         let m = assistant_message(&parts);

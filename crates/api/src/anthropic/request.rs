@@ -276,15 +276,16 @@ fn chat_tool_choice(o: &Map<String, Value>) -> Res<(Value, bool)> {
 }
 
 /// Chat's parameter names in an error, in this API's names.
+fn fix_names(s: &str) -> String {
+    s.replace(".function", "")
+        .replace(".parameters", ".input_schema")
+        .replace("\"required\"", "\"any\"")
+        .replace("stop", "stop_sequences")
+}
+
 fn rename(mut e: ApiError) -> ApiError {
-    let fix = |s: &str| {
-        s.replace(".function", "")
-            .replace(".parameters", ".input_schema")
-            .replace("\"required\"", "\"any\"")
-            .replace("stop", "stop_sequences")
-    };
-    e.message = fix(&e.message);
-    e.param = e.param.as_deref().map(fix);
+    e.message = fix_names(&e.message);
+    e.param = e.param.as_deref().map(fix_names);
     e
 }
 

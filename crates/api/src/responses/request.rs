@@ -311,18 +311,19 @@ fn response_format(text: &Map<String, Value>) -> Res<Option<Value>> {
 }
 
 /// Chat's parameter names in an error, in this API's names.
+fn fix_names(s: &str) -> String {
+    s.replace("tools[", "\u{0}")
+        .replace(".function", "")
+        .replace('\u{0}', "tools[")
+        .replace("response_format.json_schema", "text.format")
+        .replace("response_format", "text.format")
+        .replace("max_tokens", "max_output_tokens")
+        .replace("messages", "input")
+}
+
 fn rename(mut e: ApiError) -> ApiError {
-    let fix = |s: &str| {
-        s.replace("tools[", "\u{0}")
-            .replace(".function", "")
-            .replace('\u{0}', "tools[")
-            .replace("response_format.json_schema", "text.format")
-            .replace("response_format", "text.format")
-            .replace("max_tokens", "max_output_tokens")
-            .replace("messages", "input")
-    };
-    e.message = fix(&e.message);
-    e.param = e.param.as_deref().map(fix);
+    e.message = fix_names(&e.message);
+    e.param = e.param.as_deref().map(fix_names);
     e
 }
 
