@@ -49,6 +49,11 @@ pub enum Schema {
     Tgi,
     /// OpenAI routes (`/v1/chat/completions`, `/v1/completions`); TGI's body shape.
     OpenAi,
+    /// OpenAI's Responses API (`/v1/responses`): OpenAI's own `{"error": {message, type, param,
+    /// code}}`, 400 for a bad request, as the OpenAI SDK expects.
+    Responses,
+    /// Anthropic's Messages API (`/v1/messages`): `{"type": "error", "error": {type, message}}`.
+    Anthropic,
 }
 
 /// A request or generation error with a message that says what to fix.
@@ -161,6 +166,14 @@ impl ApiError {
                 ErrorKind::NotFound => 404,
                 ErrorKind::IncompleteGeneration | ErrorKind::Internal => 500,
                 _ => 422,
+            },
+            Schema::Responses | Schema::Anthropic => match self.kind {
+                ErrorKind::Generation => 424,
+                ErrorKind::Overloaded => 429,
+                ErrorKind::Unhealthy => 503,
+                ErrorKind::NotFound => 404,
+                ErrorKind::IncompleteGeneration | ErrorKind::Internal => 500,
+                _ => 400,
             },
         }
     }
@@ -289,7 +302,116 @@ impl ApiError {
             Schema::LmiDynamicBatch => self.dynamic_batch_body(),
             Schema::Tgi => self.tgi_body(),
             Schema::OpenAi => self.openai_body(),
+            Schema::Responses => self.responses_body(),
+            Schema::Anthropic => self.anthropic_body(),
         }
+    }
+
+    /// OpenAI's error `type` (Responses API).
+    fn openai_error_type(&self) -> &'static str {
+        match self.kind {
+            ErrorKind::Unauthorized => "authentication_error",
+            ErrorKind::NotFound => "not_found_error",
+            ErrorKind::Overloaded => "rate_limit_error",
+            ErrorKind::Timeout => "timeout_error",
+            ErrorKind::Generation
+            | ErrorKind::IncompleteGeneration
+            | ErrorKind::Unhealthy
+            | ErrorKind::Internal => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The Responses API's error body: `{"error": {"message", "type", "param", "code"}}`.
+    pub fn responses_body(&self) -> String {
+        #[derive(Serialize)]
+        struct Inner<'a> {
+            message: &'a str,
+            #[serde(rename = "type")]
+            kind: &'a str,
+            param: Option<&'a str>,
+            code: Option<&'a str>,
+        }
+        #[derive(Serialize)]
+        struct Body<'a> {
+            error: Inner<'a>,
+        }
+        compact(&Body {
+            error: Inner {
+                message: &self.message,
+                kind: self.openai_error_type(),
+                param: self.param.as_deref(),
+                code: (self.kind == ErrorKind::Unauthorized).then_some("invalid_api_key"),
+            },
+        })
+    }
+
+    /// The `error` event that ends a failed Responses stream; `sequence_number` as numbered
+    /// by the stream (absent when the stream is cut from outside, by the time limit).
+    pub fn responses_stream_event(&self, sequence_number: Option<u64>) -> String {
+        #[derive(Serialize)]
+        struct Event<'a> {
+            #[serde(rename = "type")]
+            kind: &'static str,
+            code: &'a str,
+            message: &'a str,
+            param: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            sequence_number: Option<u64>,
+        }
+        crate::sse::event(
+            "error",
+            &compact(&Event {
+                kind: "error",
+                code: self.openai_error_type(),
+                message: &self.message,
+                param: self.param.as_deref(),
+                sequence_number,
+            }),
+        )
+    }
+
+    /// Anthropic's error `type`.
+    fn anthropic_error_type(&self) -> &'static str {
+        match self.kind {
+            ErrorKind::Unauthorized => "authentication_error",
+            ErrorKind::NotFound => "not_found_error",
+            ErrorKind::Overloaded => "rate_limit_error",
+            ErrorKind::Timeout => "timeout_error",
+            ErrorKind::Unhealthy => "overloaded_error",
+            ErrorKind::Generation | ErrorKind::IncompleteGeneration | ErrorKind::Internal => {
+                "api_error"
+            }
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// Anthropic's error body: `{"type": "error", "error": {"type", "message"}}`.
+    pub fn anthropic_body(&self) -> String {
+        #[derive(Serialize)]
+        struct Inner<'a> {
+            #[serde(rename = "type")]
+            kind: &'a str,
+            message: &'a str,
+        }
+        #[derive(Serialize)]
+        struct Body<'a> {
+            #[serde(rename = "type")]
+            kind: &'static str,
+            error: Inner<'a>,
+        }
+        compact(&Body {
+            kind: "error",
+            error: Inner {
+                kind: self.anthropic_error_type(),
+                message: &self.message,
+            },
+        })
+    }
+
+    /// The `error` event that ends a failed Anthropic stream.
+    pub fn anthropic_stream_event(&self) -> String {
+        crate::sse::event("error", &self.anthropic_body())
     }
 }
 

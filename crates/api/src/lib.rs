@@ -5,7 +5,9 @@
 //! [`TokenOut`] values that the formatters turn into each schema's exact bytes.
 //!
 //! Map:
-//! - requests: [`parse_invocation`] (LMI routes, dispatch on `prompt`/`inputs`/`messages`),
+//! - requests: [`responses::parse_responses_request`] (OpenAI Responses API) and
+//!   [`anthropic::parse_messages_request`] (Anthropic Messages API), both run as chat requests;
+//!   [`parse_invocation`] (LMI routes, dispatch on `prompt`/`inputs`/`messages`),
 //!   [`lmi::parse_lmi_request`], [`tgi::parse_tgi_request`] (+ [`tgi::validate_input_length`]
 //!   after tokenizing), [`openai::parse_chat_request`], [`openai::parse_completion_request`].
 //! - responses: [`lmi::format`], [`tgi::format`], [`tgi::info`], [`openai::format`], [`sse`].
@@ -13,6 +15,7 @@
 //! - [`openapi::openapi`] for `/api-doc/openapi.json`.
 #![recursion_limit = "256"] // the OpenAPI document's json! literals
 
+pub mod anthropic;
 pub mod constraint;
 pub mod error;
 mod fields;
@@ -22,6 +25,8 @@ pub mod openai;
 pub mod openapi;
 pub mod output;
 mod pyjson;
+pub mod reply;
+pub mod responses;
 pub mod spec;
 pub mod sse;
 pub mod tgi;

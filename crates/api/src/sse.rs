@@ -7,3 +7,9 @@ pub const DONE: &str = "data: [DONE]\n\n";
 pub fn data(json: &str) -> String {
     format!("data: {json}\n\n")
 }
+
+/// One named SSE event: `event: <name>\ndata: <json>\n\n` (the Responses and Anthropic
+/// streams name each event after its `type`).
+pub fn event(name: &str, json: &str) -> String {
+    format!("event: {name}\ndata: {json}\n\n")
+}

@@ -61,6 +61,8 @@ pub struct AppState {
     api_keys: crate::guard::auth::Keys,
     /// Groups LMI dynamic-batch requests (batch_size, max_batch_delay).
     batcher: crate::dynamic_batch::DynamicBatcher,
+    /// Finished Responses API responses (`store`, `previous_response_id`).
+    pub responses: crate::responses_store::ResponseStore,
     loaded: OnceLock<LoadedModel>,
 }
 
@@ -81,6 +83,7 @@ impl AppState {
                 config.batch_size,
                 std::time::Duration::from_millis(config.max_batch_delay_ms),
             ),
+            responses: crate::responses_store::ResponseStore::new(config.responses_store),
             config,
             metrics,
             model_name,

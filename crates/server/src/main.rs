@@ -2,6 +2,7 @@
 
 mod adapters;
 mod app;
+mod chat_job;
 mod commands;
 mod config;
 mod dynamic_batch;
@@ -12,6 +13,8 @@ mod infer;
 mod metrics;
 mod null_engine;
 mod reasoning;
+mod reply;
+mod responses_store;
 mod router;
 mod routes;
 mod tool_calls;

@@ -35,7 +35,7 @@ fn python_clients_against_the_default_model() {
     let deps = Command::new("python3")
         .args([
             "-c",
-            "import huggingface_hub, text_generation, openai, pytest, requests, schemathesis, selenium, lm_eval, transformers",
+            "import huggingface_hub, text_generation, openai, anthropic, pytest, requests, schemathesis, selenium, lm_eval, transformers",
         ])
         .status()
         .expect("python3");

@@ -9,6 +9,7 @@
 //! document with schemathesis (tests/clients/test_schemathesis.py), checking every response's
 //! status, content type and body.
 
+mod agents;
 pub mod check;
 mod paths;
 mod schemas;

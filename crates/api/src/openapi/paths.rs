@@ -119,6 +119,89 @@ fn openai_route(summary: &str, req: &str, ok_schema: &str, event: &str) -> Value
     json!({"post": op("OpenAI", summary, Some(req), responses)})
 }
 
+/// The statuses of the Responses and Messages routes, each with that API's error body: 400 for
+/// any bad request, 424 generation, 429 overloaded, 503 loading or queue full.
+fn agent_errors(error: &str, responses: &mut Map<String, Value>) {
+    for (code, desc) in [
+        (
+            "400",
+            "Bad request: the body is not JSON, or a field is wrong",
+        ),
+        ("424", "Generation error"),
+        ("429", "Model is overloaded (max_concurrent_requests)"),
+        ("503", "Model not loaded yet, or the scheduler stopped"),
+    ] {
+        responses.insert(code.into(), response(desc, JSON, r(error)));
+    }
+    guarded(error, responses);
+}
+
+/// `/v1/responses`, `/v1/responses/{id}`, `/v1/messages`, `/v1/messages/count_tokens`.
+fn agent_routes(p: &mut Map<String, Value>) {
+    let mut create = ok(
+        "The response; with `stream: true` server-sent events named after their `type`",
+        r("Response"),
+        &[(
+            "text/event-stream",
+            sse(&["ResponsesStreamEvent", "ResponsesStreamError"]),
+        )],
+    );
+    agent_errors("ResponsesError", &mut create);
+    create.insert(
+        "404".into(),
+        response(
+            "`previous_response_id` is not in the store",
+            JSON,
+            r("ResponsesError"),
+        ),
+    );
+    p.insert(
+        "/v1/responses".into(),
+        json!({"post": op("OpenAI Responses", "Create a response", Some("ResponsesRequest"), create)}),
+    );
+    let by_id = |ok_schema: &str, summary: &str| {
+        let mut responses = Map::new();
+        responses.insert("200".into(), response("OK", JSON, r(ok_schema)));
+        responses.insert(
+            "404".into(),
+            response("No stored response of that id", JSON, r("ResponsesError")),
+        );
+        guarded("ResponsesError", &mut responses);
+        let mut o = op("OpenAI Responses", summary, None, responses);
+        o["parameters"] =
+            json!([{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}]);
+        o
+    };
+    p.insert(
+        "/v1/responses/{id}".into(),
+        json!({"get": by_id("Response", "A stored response"),
+               "delete": by_id("ResponseDeleted", "Delete a stored response")}),
+    );
+    let mut messages = ok(
+        "The message; with `stream: true` Anthropic's server-sent events",
+        r("Message"),
+        &[(
+            "text/event-stream",
+            sse(&["MessagesStreamEvent", "AnthropicError"]),
+        )],
+    );
+    agent_errors("AnthropicError", &mut messages);
+    p.insert(
+        "/v1/messages".into(),
+        json!({"post": op("Anthropic", "Anthropic Messages API", Some("MessagesRequest"), messages)}),
+    );
+    let mut count = ok(
+        "The prompt's tokens (chat template and tools included)",
+        r("TokenCount"),
+        &[],
+    );
+    agent_errors("AnthropicError", &mut count);
+    p.insert(
+        "/v1/messages/count_tokens".into(),
+        json!({"post": op("Anthropic", "Count a Messages request's input tokens", Some("CountTokensRequest"), count)}),
+    );
+}
+
 fn lmi_route(summary: &str, path_param: bool) -> Value {
     let mut responses = ok(
         "`json` formatter (or a dynamic batch list, or an OpenAI body for `messages` / `prompt`); \
@@ -391,6 +474,7 @@ pub fn paths() -> Map<String, Value> {
             false,
         ),
     );
+    agent_routes(&mut p);
     for with_model in [true, false] {
         for (path, item) in adapter_ops(with_model) {
             p.insert(path, item);

@@ -512,5 +512,6 @@ pub fn schemas() -> Map<String, Value> {
         json!({"type": "object", "required": ["adapters"], "properties": {
         "adapters": {"type": "array", "items": r("Adapter")}}}),
     );
+    super::agents::schemas(&mut s);
     s
 }

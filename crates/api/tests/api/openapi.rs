@@ -258,3 +258,109 @@ fn request_examples_parse() {
         "{lmi}"
     );
 }
+
+/// The payloads of named events (`event: x\ndata: {...}`).
+fn named_events(sse: &str) -> Vec<String> {
+    sse.split("\n\n")
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn responses_and_messages_conform() {
+    use lmi_api::anthropic::{self, MessageMeta, MessagesStream, MessagesUsage};
+    use lmi_api::openai::ToolCallOut;
+    use lmi_api::reply::{ReplyPart, StopKind};
+    use lmi_api::responses::{self, ResponseMeta, ResponsesStream, ResponsesUsage};
+
+    let d = doc();
+    let example = |name: &str| component(&d, name).unwrap()["example"].clone();
+    let req = responses::parse_responses_request(&example("ResponsesRequest")).unwrap();
+    assert!(anthropic::parse_messages_request(&example("MessagesRequest"), false).is_ok());
+    assert!(anthropic::parse_messages_request(&example("CountTokensRequest"), true).is_ok());
+
+    let call = ToolCallOut {
+        id: "call_1".into(),
+        name: "f".into(),
+        arguments: r#"{"a":1}"#.into(),
+    };
+    let parts = [ReplyPart::Text("Hi".into()), ReplyPart::ToolCall(call)];
+    let meta = ResponseMeta {
+        id: "resp_1".into(),
+        created_at: 1,
+        model: "m".into(),
+    };
+    let usage = ResponsesUsage {
+        input_tokens: 3,
+        cached_tokens: 0,
+        output_tokens: 2,
+    };
+    for stop in [StopKind::ToolUse, StopKind::MaxTokens, StopKind::EndTurn] {
+        let items = responses::output_items(&meta, &parts);
+        let r = responses::response_object(&meta, &req.echo, &items, Some(stop), Some(usage));
+        conforms("Response", &r.to_string());
+        let mut s = ResponsesStream::new(meta.clone(), req.echo.clone());
+        let mut out = s.start();
+        for p in &parts {
+            out.push_str(&s.part(p));
+        }
+        out.push_str(&s.finish(stop, usage).0);
+        for ev in named_events(&out) {
+            conforms("ResponsesStreamEvent", &ev);
+        }
+    }
+    conforms("ResponseDeleted", &responses::deleted("resp_1").to_string());
+
+    let mmeta = MessageMeta {
+        id: "msg_1".into(),
+        model: "m".into(),
+    };
+    let musage = MessagesUsage {
+        input_tokens: 3,
+        cached_tokens: 1,
+        output_tokens: 2,
+    };
+    let m = anthropic::message(
+        &mmeta,
+        anthropic::content_blocks(&parts),
+        Some(StopKind::StopSequence),
+        Some("\n"),
+        musage,
+    );
+    conforms("Message", &m.to_string());
+    let mut s = MessagesStream::new(mmeta);
+    let mut out = s.start(musage);
+    for p in &parts {
+        out.push_str(&s.part(p));
+    }
+    out.push_str(&s.finish(StopKind::ToolUse, None, 2));
+    for ev in named_events(&out) {
+        conforms("MessagesStreamEvent", &ev);
+    }
+    conforms("TokenCount", &anthropic::token_count(7).to_string());
+
+    for e in [
+        ApiError::validation("bad").with_param("input"),
+        ApiError::invalid_json("eof"),
+        ApiError::generation("oom"),
+        ApiError::overloaded(),
+        ApiError::unauthorized(),
+        ApiError::not_found("no such response"),
+        ApiError::timeout(std::time::Duration::from_secs(1)),
+    ] {
+        conforms("ResponsesError", &e.body(Schema::Responses));
+        conforms("AnthropicError", &e.body(Schema::Anthropic));
+        for ev in named_events(&e.responses_stream_event(Some(3))) {
+            conforms("ResponsesStreamError", &ev);
+        }
+        for ev in named_events(&e.anthropic_stream_event()) {
+            conforms("AnthropicError", &ev);
+        }
+        let status = e.status(Schema::Responses);
+        assert_eq!(status, e.status(Schema::Anthropic));
+        if e.kind == lmi_api::ErrorKind::Validation || e.kind == lmi_api::ErrorKind::InvalidJson {
+            assert_eq!(status, 400);
+        }
+    }
+}

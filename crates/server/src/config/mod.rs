@@ -277,6 +277,9 @@ pub struct ServingConfig {
     pub max_stop_sequences: usize,
     pub max_top_n_tokens: usize,
     pub max_client_batch_size: usize,
+    /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}`
+    /// (option.responses_store, default 1024, least recently used dropped; 0 keeps none).
+    pub responses_store: usize,
     /// API keys, CORS, time and shape limits.
     pub access: AccessConfig,
     /// Every key, `option.*` and global, with its winning value and source.
@@ -606,6 +609,7 @@ impl ServingConfig {
             max_stop_sequences: nonneg(&raw, "option.max_stop_sequences", 4)?,
             max_top_n_tokens: nonneg(&raw, "option.max_top_n_tokens", 5)?,
             max_client_batch_size: positive(&raw, "option.max_client_batch_size", 4)?,
+            responses_store: nonneg(&raw, "option.responses_store", 1024)?,
             access: AccessConfig::load(&raw, env)?,
             raw,
         })

@@ -55,6 +55,8 @@ fn stream_error(path: &str, content_type: &str, limit: Duration) -> Option<Strin
     let e = ApiError::timeout(limit);
     Some(match shape_of(path) {
         Shape::Api(Schema::OpenAi) => e.openai_stream_events(),
+        Shape::Api(Schema::Responses) => e.responses_stream_event(None),
+        Shape::Api(Schema::Anthropic) => e.anthropic_stream_event(),
         Shape::Api(Schema::Lmi | Schema::LmiDynamicBatch) if sse => {
             lmi_api::lmi::format::sse_error(&e.lmi_message())
         }

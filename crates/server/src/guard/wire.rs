@@ -16,6 +16,10 @@ pub enum Shape {
 pub fn shape_of(path: &str) -> Shape {
     if path == "/invocations" || path.starts_with("/predictions/") {
         Shape::Api(Schema::Lmi)
+    } else if path == "/v1/responses" || path.starts_with("/v1/responses/") {
+        Shape::Api(Schema::Responses)
+    } else if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+        Shape::Api(Schema::Anthropic)
     } else if path.starts_with("/v1/") {
         Shape::Api(Schema::OpenAi)
     } else if path.starts_with("/models/") || path == "/adapters" || path.starts_with("/adapters/")
@@ -62,6 +66,15 @@ mod tests {
         assert_eq!(shape_of("/invocations"), Shape::Api(Schema::Lmi));
         assert_eq!(shape_of("/predictions/m"), Shape::Api(Schema::Lmi));
         assert_eq!(shape_of("/v1/chat/completions"), Shape::Api(Schema::OpenAi));
+        assert_eq!(
+            shape_of("/v1/responses/resp_1"),
+            Shape::Api(Schema::Responses)
+        );
+        assert_eq!(shape_of("/v1/messages"), Shape::Api(Schema::Anthropic));
+        assert_eq!(
+            shape_of("/v1/messages/count_tokens"),
+            Shape::Api(Schema::Anthropic)
+        );
         assert_eq!(shape_of("/generate_stream"), Shape::Api(Schema::Tgi));
         assert_eq!(shape_of("/"), Shape::Api(Schema::Tgi));
         assert_eq!(shape_of("/models/m/adapters"), Shape::Management);

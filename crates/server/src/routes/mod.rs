@@ -10,19 +10,23 @@ use crate::app::AppState;
 mod adapters;
 mod chat;
 mod lmi;
+mod messages;
 mod openai;
 pub mod ops;
 mod respond;
+mod responses;
 mod tgi;
 
 /// LMI /invocations, /predictions/{model}; TGI POST /, /generate, /generate_stream, /tokenize;
-/// OpenAI /v1/chat/completions, /v1/completions; LMI's adapter management API; the chat page. (GET / is
+/// OpenAI /v1/chat/completions, /v1/completions, /v1/responses; Anthropic /v1/messages; LMI's adapter management API; the chat page. (GET / is
 /// TGI's health check, in `ops`.)
 pub fn generation_routes() -> Router<Arc<AppState>> {
     Router::new()
         .merge(lmi::routes())
         .merge(tgi::routes())
         .merge(openai::routes())
+        .merge(responses::routes())
+        .merge(messages::routes())
         .merge(adapters::routes())
         .merge(chat::routes())
 }

@@ -9,14 +9,14 @@ use axum::extract::State;
 use axum::response::Response;
 use axum::routing::post;
 use lmi_api::openai::{
-    self, ChatRequest, CompletionPrompt, CompletionRequest, OpenAiMeta, TokenRun, ToolChoice, Usage,
+    self, ChatRequest, CompletionPrompt, CompletionRequest, OpenAiMeta, TokenRun, Usage,
 };
 use lmi_api::{ApiError, FinishReason, GenerationOut, GenerationSpec, Schema, sse};
 
 use super::respond::{self, Frame, SSE};
 use crate::app::{AppState, new_request_id};
 use crate::generation::{self, Accumulator, Prompt};
-use crate::tool_calls::{self, ToolStream};
+use crate::tool_calls::ToolStream;
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -69,38 +69,8 @@ pub async fn chat(
     if !req.unknown_fields.is_empty() {
         tracing::info!(unknown = ?req.unknown_fields, "ignoring unknown fields");
     }
-    // Tools the reply is read for; `tool_choice: "none"` shows the model none.
-    let tools = req.tools.clone().filter(|t| t.active());
-    let mut spec = req.spec.clone();
-    if let Some(t) = &tools {
-        if t.choice == ToolChoice::Auto && !state.config.enable_auto_tool_choice {
-            let e = ApiError::validation(
-                "\"auto\" tool choice is turned off on this server \
-                 (option.enable_auto_tool_choice=false): send tool_choice \"required\", \
-                 \"none\" or a named function",
-            )
-            .with_param("tool_choice");
-            return respond::reject(tracker, &e, schema);
-        }
-        if tool_calls::reads_special_tokens(model.tool_format) {
-            spec.skip_special_tokens = false;
-        }
-    }
-    let offered: Vec<serde_json::Value> = tools
-        .iter()
-        .flat_map(|t| t.offered().iter().map(|tool| tool.raw.clone()))
-        .collect();
-    let job = generation::chat_messages(&req.messages).and_then(|messages| {
-        let prompt = Prompt::Chat {
-            messages,
-            tools: offered,
-            kwargs: req.reasoning.template_kwargs.clone(),
-            budget: req.reasoning.budget,
-        };
-        generation::prepare(model, prompt, spec)
-    });
-    let job = match job {
-        Ok(j) => j,
+    let (job, tools) = match crate::chat_job::prepare(&state, model, &req) {
+        Ok(c) => (c.job, c.tools),
         Err(e) => return respond::reject(tracker, &e, schema),
     };
     let meta = meta(&state, "chatcmpl", req.model.as_deref());

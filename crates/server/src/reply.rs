@@ -1,0 +1,175 @@
+//! Reading the model's reply into [`ReplyPart`]s (text, tool calls) for the APIs that give each
+//! part its own item or block: the Responses API and Anthropic's Messages API.
+//!
+//! This is the seam for reasoning: a splitter that separates `<think>` text from the answer
+//! goes in [`ReplyReader::push`] / [`read_whole`], before the tool-call reader, and yields a
+//! reasoning part (a Responses `reasoning` item, an Anthropic `thinking` block).
+
+use lmi_api::openai::{ChatMessage, FunctionCall, MessageContent, Role, ToolCall, ToolSpec};
+use lmi_api::reply::ReplyPart;
+use lmi_api::{FinishReason, GenerationSpec, SequenceOut, TokenOut};
+use lmi_text::tools::ToolCallFormat;
+
+use crate::tool_calls::{self, Piece, StreamReader};
+
+fn part(p: Piece) -> ReplyPart {
+    match p {
+        Piece::Content(t) => ReplyPart::Text(t),
+        Piece::Call(c) => ReplyPart::ToolCall(c),
+        // The tool reader never releases reasoning (only the chat stream's splitter does).
+        Piece::Reasoning(t) => ReplyPart::Text(t),
+    }
+}
+
+/// A finished sequence read whole: its text, then its calls.
+pub fn read_whole(
+    tools: Option<&ToolSpec>,
+    format: ToolCallFormat,
+    s: &SequenceOut,
+) -> Vec<ReplyPart> {
+    let Some(t) = tools else {
+        return vec![ReplyPart::Text(s.text.clone())];
+    };
+    let turn = tool_calls::read_turn(t, format, tool_calls::reply_text(s));
+    std::iter::once(ReplyPart::Text(turn.content))
+        .chain(turn.tool_calls.into_iter().map(ReplyPart::ToolCall))
+        .collect()
+}
+
+/// A reply read as it streams, token by token.
+pub struct ReplyReader {
+    tools: Option<StreamReader>,
+    format: ToolCallFormat,
+    skip_special_tokens: bool,
+}
+
+impl ReplyReader {
+    pub fn new(tools: Option<&ToolSpec>, format: ToolCallFormat, spec: &GenerationSpec) -> Self {
+        Self {
+            tools: tools.map(|t| StreamReader::new(Some(t), format)),
+            format,
+            skip_special_tokens: spec.skip_special_tokens,
+        }
+    }
+
+    /// What one generated token releases (the rest of the reply too on its last token).
+    pub fn token(&mut self, token: &TokenOut, finish: Option<FinishReason>) -> Vec<ReplyPart> {
+        // Formats whose call marker is a special token read it (not the final EOS).
+        let keep_special = tool_calls::reads_special_tokens(self.format)
+            && self.tools.is_some()
+            && finish != Some(FinishReason::EosToken)
+            && !self.skip_special_tokens;
+        let text = if token.special && !keep_special {
+            ""
+        } else {
+            token.text.as_str()
+        };
+        let mut parts = self.push(text);
+        if finish.is_some() {
+            parts.extend(self.finish());
+        }
+        parts.retain(|p| !matches!(p, ReplyPart::Text(t) if t.is_empty()));
+        parts
+    }
+
+    fn push(&mut self, text: &str) -> Vec<ReplyPart> {
+        match self.tools.as_mut() {
+            Some(r) => r.push(text).into_iter().map(part).collect(),
+            None => vec![ReplyPart::Text(text.to_string())],
+        }
+    }
+
+    fn finish(&mut self) -> Vec<ReplyPart> {
+        match self.tools.take() {
+            Some(r) => r.finish().into_iter().map(part).collect(),
+            None => Vec::new(),
+        }
+    }
+}
+
+/// The reply as the assistant turn of a conversation (to continue it later).
+pub fn assistant_message(parts: &[ReplyPart]) -> ChatMessage {
+    let text: String = parts
+        .iter()
+        .filter_map(|p| match p {
+            ReplyPart::Text(t) => Some(t.as_str()),
+            ReplyPart::ToolCall(_) => None,
+        })
+        .collect();
+    let calls: Vec<ToolCall> = parts
+        .iter()
+        .filter_map(|p| match p {
+            ReplyPart::ToolCall(c) => Some(ToolCall {
+                id: c.id.clone(),
+                kind: "function".into(),
+                function: FunctionCall {
+                    name: c.name.clone(),
+                    arguments: c.arguments.clone(),
+                },
+            }),
+            ReplyPart::Text(_) => None,
+        })
+        .collect();
+    let text = text.trim();
+    ChatMessage {
+        role: Role::Assistant,
+        content: (!text.is_empty() || calls.is_empty()).then(|| MessageContent::Text(text.into())),
+        name: None,
+        tool_calls: (!calls.is_empty()).then_some(calls),
+        tool_call_id: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lmi_api::openai::{Tool, ToolCallOut, ToolChoice};
+
+    #[test]
+    fn plain_text_passes_and_calls_are_read() {
+        let spec = GenerationSpec::default();
+        let mut r = ReplyReader::new(None, ToolCallFormat::SmolLm, &spec);
+        let tok = |t: &str, special| TokenOut::new(1, t.to_string(), Some(0.0), special);
+        assert_eq!(
+            r.token(&tok("Hi", false), None),
+            [ReplyPart::Text("Hi".into())]
+        );
+        assert!(
+            r.token(&tok("</s>", true), Some(FinishReason::EosToken))
+                .is_empty()
+        );
+
+        let tools = ToolSpec {
+            tools: vec![Tool {
+                name: "f".into(),
+                parameters: serde_json::json!({"type": "object"}),
+                raw: serde_json::json!({}),
+            }],
+            choice: ToolChoice::Required,
+            parallel: true,
+        };
+        let mut r = ReplyReader::new(Some(&tools), ToolCallFormat::SmolLm, &spec);
+        assert!(r.token(&tok(r#"[{"name":"f","#, false), None).is_empty());
+        let parts = r.token(
+            &tok(r#""arguments":{"a":1}}]"#, false),
+            Some(FinishReason::EosToken),
+        );
+        match parts.as_slice() {
+            [ReplyPart::ToolCall(c)] => {
+                assert_eq!((c.name.as_str(), c.arguments.as_str()), ("f", r#"{"a":1}"#))
+            }
+            other => panic!("one call expected, got {other:?}"),
+        }
+        let m = assistant_message(&parts);
+        assert!(m.content.is_none() && m.tool_calls.as_ref().unwrap()[0].function.name == "f");
+        let m = assistant_message(&[
+            ReplyPart::Text("Sure.".into()),
+            ReplyPart::ToolCall(ToolCallOut {
+                id: "call_1".into(),
+                name: "f".into(),
+                arguments: "{}".into(),
+            }),
+        ]);
+        assert_eq!(m.text(), "Sure.");
+    }
+}
