@@ -1,13 +1,15 @@
 //! A finished or streamed assistant reply read into parts, for the formats that give each part
 //! its own item or block (the Responses API's output items, Anthropic's content blocks). The
-//! server reads the model's text into these parts (tool calls parsed out); a reasoning part
-//! (Responses `reasoning` items, Anthropic `thinking` blocks) belongs here when the server
-//! learns to split it from the text.
+//! server reads the model's text into these parts: reasoning split from the answer (for a
+//! model with a reasoning parser: Responses `reasoning` items, Anthropic `thinking` blocks),
+//! tool calls parsed out of the answer.
 
 use crate::openai::ToolCallOut;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplyPart {
+    /// The model's reasoning before its answer (streamed: a delta of it).
+    Reasoning(String),
     /// Text the model said (streamed: a delta of it).
     Text(String),
     /// A function call, whole.

@@ -1,15 +1,17 @@
-//! Reading the model's reply into [`ReplyPart`]s (text, tool calls) for the APIs that give each
-//! part its own item or block: the Responses API and Anthropic's Messages API.
+//! Reading the model's reply into [`ReplyPart`]s (reasoning, text, tool calls) for the APIs that
+//! give each part its own item or block: the Responses API and Anthropic's Messages API.
 //!
-//! This is the seam for reasoning: a splitter that separates `<think>` text from the answer
-//! goes in [`ReplyReader::push`] / [`read_whole`], before the tool-call reader, and yields a
-//! reasoning part (a Responses `reasoning` item, an Anthropic `thinking` block).
+//! For a model with a reasoning parser the reply first goes through its splitter (the chat
+//! route's, `lmi_text::reasoning`): the reasoning becomes a reasoning part (a Responses
+//! `reasoning` item, an Anthropic `thinking` block) and only the answer reaches the tool-call
+//! reader, so calls are parsed from the answer alone.
 
 use lmi_api::openai::{ChatMessage, FunctionCall, MessageContent, Role, ToolCall, ToolSpec};
 use lmi_api::reply::ReplyPart;
 use lmi_api::{FinishReason, GenerationSpec, SequenceOut, TokenOut};
 use lmi_text::tools::ToolCallFormat;
 
+use crate::reasoning::ReplyReasoning;
 use crate::tool_calls::{self, Piece, StreamReader};
 
 fn part(p: Piece) -> ReplyPart {
@@ -21,35 +23,54 @@ fn part(p: Piece) -> ReplyPart {
     }
 }
 
-/// A finished sequence read whole: its text, then its calls.
+/// A finished sequence read whole: its reasoning (when `reasoning`), its text, then its calls;
+/// with the count of its reasoning tokens.
 pub fn read_whole(
     tools: Option<&ToolSpec>,
     format: ToolCallFormat,
+    reasoning: Option<ReplyReasoning>,
     s: &SequenceOut,
-) -> Vec<ReplyPart> {
-    let Some(t) = tools else {
-        return vec![ReplyPart::Text(s.text.clone())];
-    };
-    let turn = tool_calls::read_turn(t, format, tool_calls::reply_text(s));
-    std::iter::once(ReplyPart::Text(turn.content))
+) -> (Vec<ReplyPart>, usize) {
+    if reasoning.is_none() && tools.is_none() {
+        return (vec![ReplyPart::Text(s.text.clone())], 0);
+    }
+    let (turn, count) = crate::reasoning::read_reply(s, reasoning, tools, format);
+    let parts = turn
+        .reasoning
+        .map(ReplyPart::Reasoning)
+        .into_iter()
+        .chain(std::iter::once(ReplyPart::Text(turn.content)))
         .chain(turn.tool_calls.into_iter().map(ReplyPart::ToolCall))
-        .collect()
+        .collect();
+    (parts, count)
 }
 
 /// A reply read as it streams, token by token.
 pub struct ReplyReader {
     tools: Option<StreamReader>,
+    thinking: Option<lmi_text::ReasoningStream>,
     format: ToolCallFormat,
     skip_special_tokens: bool,
 }
 
 impl ReplyReader {
-    pub fn new(tools: Option<&ToolSpec>, format: ToolCallFormat, spec: &GenerationSpec) -> Self {
+    pub fn new(
+        tools: Option<&ToolSpec>,
+        format: ToolCallFormat,
+        reasoning: Option<ReplyReasoning>,
+        spec: &GenerationSpec,
+    ) -> Self {
         Self {
             tools: tools.map(|t| StreamReader::new(Some(t), format)),
+            thinking: reasoning.map(|r| r.stream()),
             format,
             skip_special_tokens: spec.skip_special_tokens,
         }
+    }
+
+    /// The reasoning's tokens so far (tags included; 0 without a reasoning parser).
+    pub fn reasoning_tokens(&self) -> usize {
+        self.thinking.as_ref().map_or(0, |t| t.reasoning_tokens())
     }
 
     /// What one generated token releases (the rest of the reply too on its last token).
@@ -64,11 +85,28 @@ impl ReplyReader {
         } else {
             token.text.as_str()
         };
-        let mut parts = self.push(text);
+        let split = match self.thinking.as_mut() {
+            Some(t) => {
+                let mut p = t.push_token(text);
+                if finish.is_some() {
+                    p.extend(t.finish());
+                }
+                p
+            }
+            None => vec![lmi_text::ReasoningPiece::Content(text.to_string())],
+        };
+        let mut parts = Vec::new();
+        for piece in split {
+            match piece {
+                lmi_text::ReasoningPiece::Reasoning(t) => parts.push(ReplyPart::Reasoning(t)),
+                lmi_text::ReasoningPiece::Content(t) => parts.extend(self.push(&t)),
+            }
+        }
         if finish.is_some() {
             parts.extend(self.finish());
         }
-        parts.retain(|p| !matches!(p, ReplyPart::Text(t) if t.is_empty()));
+        parts
+            .retain(|p| !matches!(p, ReplyPart::Text(t) | ReplyPart::Reasoning(t) if t.is_empty()));
         parts
     }
 
@@ -93,7 +131,8 @@ pub fn assistant_message(parts: &[ReplyPart]) -> ChatMessage {
         .iter()
         .filter_map(|p| match p {
             ReplyPart::Text(t) => Some(t.as_str()),
-            ReplyPart::ToolCall(_) => None,
+            // Reasoning is not carried into the next turn (as Qwen3's templates drop it).
+            ReplyPart::ToolCall(_) | ReplyPart::Reasoning(_) => None,
         })
         .collect();
     let calls: Vec<ToolCall> = parts
@@ -107,7 +146,7 @@ pub fn assistant_message(parts: &[ReplyPart]) -> ChatMessage {
                     arguments: c.arguments.clone(),
                 },
             }),
-            ReplyPart::Text(_) => None,
+            ReplyPart::Text(_) | ReplyPart::Reasoning(_) => None,
         })
         .collect();
     let text = text.trim();
@@ -128,7 +167,7 @@ mod tests {
     #[test]
     fn plain_text_passes_and_calls_are_read() {
         let spec = GenerationSpec::default();
-        let mut r = ReplyReader::new(None, ToolCallFormat::SmolLm, &spec);
+        let mut r = ReplyReader::new(None, ToolCallFormat::SmolLm, None, &spec);
         let tok = |t: &str, special| TokenOut::new(1, t.to_string(), Some(0.0), special);
         assert_eq!(
             r.token(&tok("Hi", false), None),
@@ -148,7 +187,7 @@ mod tests {
             choice: ToolChoice::Required,
             parallel: true,
         };
-        let mut r = ReplyReader::new(Some(&tools), ToolCallFormat::SmolLm, &spec);
+        let mut r = ReplyReader::new(Some(&tools), ToolCallFormat::SmolLm, None, &spec);
         assert!(r.token(&tok(r#"[{"name":"f","#, false), None).is_empty());
         let parts = r.token(
             &tok(r#""arguments":{"a":1}}]"#, false),

@@ -475,3 +475,156 @@ fn tags_spelled_in_bytes_a_json_template_and_a_model_without_a_parser() {
     assert_eq!(free["usage"]["completion_tokens"], 12);
     assert!(sigterm_and_wait(&mut server).success());
 }
+
+/// An SSE body's data objects, in order.
+fn sse_data(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+fn post_ok(port: u16, path: &str, body: Value) -> Resp {
+    let r = post(port, path, &body.to_string());
+    assert_eq!(r.status, 200, "{path}: {}", r.body);
+    r
+}
+
+/// The `text` of `events` of type `kind`, joined, and the index of the first.
+fn joined(events: &[Value], kind: &str, field: &str) -> (String, Option<usize>) {
+    let first = events.iter().position(|e| e["type"] == kind);
+    let text = events
+        .iter()
+        .filter(|e| e["type"] == kind)
+        .map(|e| e[field].as_str().unwrap_or_default())
+        .collect();
+    (text, first)
+}
+
+/// The Responses and Messages APIs give the reasoning shapes of their own (a `reasoning`
+/// output item, a `thinking` block), whole and streamed, with the split the chat route makes:
+/// the same conversation under the server's thinking budget (`option.reasoning_budget`)
+/// through all three routes must agree. Anthropic's `thinking` sets the budget (`disabled`:
+/// none at all).
+#[test]
+fn responses_and_messages_return_the_reasoning_apart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("tiny-qwen3-think");
+    qwen3_model(&model, true);
+    let mut server = start(
+        &model,
+        &["--kv-cache-bytes", "16M", "-o", "option.reasoning_budget=5"],
+    );
+    wait_ready(&mut server, "tiny-qwen3-think");
+    let port = server.port;
+
+    let chat_split = |extra: Value| {
+        let mut body = json!({"messages": user("Think"), "max_tokens": 24, "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let reply = chat(port, body);
+        let msg = &reply["choices"][0]["message"];
+        (
+            msg["reasoning_content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            msg["content"].as_str().unwrap().trim().to_string(),
+            reasoning_tokens(&reply).clone(),
+        )
+    };
+    let (thought, answer, count) = chat_split(json!({}));
+    assert!(
+        !thought.trim().is_empty(),
+        "the budget's reasoning: {thought:?}"
+    );
+
+    // Responses, whole: a reasoning item first, then the answer, and its token count.
+    let body = json!({"input": "Think", "max_output_tokens": 24, "temperature": 0});
+    let r = post_ok(port, "/v1/responses", body.clone()).json();
+    let out = r["output"].as_array().unwrap();
+    assert_eq!(out[0]["type"], "reasoning", "{r}");
+    assert_eq!(out[0]["content"][0]["text"], thought.as_str(), "{r}");
+    let said: String = out
+        .iter()
+        .filter(|i| i["type"] == "message")
+        .map(|i| i["content"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(said.trim(), answer);
+    assert_eq!(
+        r["usage"]["output_tokens_details"]["reasoning_tokens"],
+        count
+    );
+
+    // Responses, streamed: reasoning_text deltas, then output_text deltas.
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let events = sse_data(&post_ok(port, "/v1/responses", streamed).body);
+    let (r_text, r_first) = joined(&events, "response.reasoning_text.delta", "delta");
+    let (a_text, a_first) = joined(&events, "response.output_text.delta", "delta");
+    assert_eq!(r_text, thought);
+    assert_eq!(a_text.trim(), answer);
+    if let (Some(r), Some(a)) = (r_first, a_first) {
+        assert!(r < a, "reasoning after the answer began: {events:?}");
+    }
+    let done = events.last().unwrap();
+    assert_eq!(done["response"]["output"][0]["type"], "reasoning", "{done}");
+
+    // Messages, whole and streamed: a thinking block, then the text.
+    let body = json!({"model": "m", "max_tokens": 24, "temperature": 0,
+        "messages": [{"role": "user", "content": "Think"}]});
+    let m = post_ok(port, "/v1/messages", body.clone()).json();
+    assert_eq!(m["content"][0]["type"], "thinking", "{m}");
+    assert_eq!(m["content"][0]["thinking"], thought.as_str(), "{m}");
+    assert_eq!(m["content"][1]["text"].as_str().unwrap().trim(), answer);
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = sse_data(&post_ok(port, "/v1/messages", streamed).body);
+    let deltas: Vec<Value> = events
+        .iter()
+        .filter(|e| e["type"] == "content_block_delta")
+        .map(|e| e["delta"].clone())
+        .collect();
+    let (t_text, t_first) = joined(&deltas, "thinking_delta", "thinking");
+    let (a_text, a_first) = joined(&deltas, "text_delta", "text");
+    assert_eq!(t_text, thought);
+    assert_eq!(a_text.trim(), answer);
+    if let (Some(t), Some(a)) = (t_first, a_first) {
+        assert!(t < a, "thinking after the text began: {events:?}");
+    }
+
+    // Anthropic's thinking budget is the chat route's; `disabled` leaves no thinking block.
+    let (short, short_answer, _) = chat_split(json!({"thinking_token_budget": 2}));
+    let mut budgeted = body.clone();
+    budgeted["thinking"] = json!({"type": "enabled", "budget_tokens": 2});
+    let m = post_ok(port, "/v1/messages", budgeted).json();
+    let thinking: String = m["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["type"] == "thinking")
+        .map(|b| b["thinking"].as_str().unwrap())
+        .collect();
+    assert_eq!(thinking, short, "{m}");
+    let text: String = m["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["type"] == "text")
+        .map(|b| b["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text.trim(), short_answer);
+    let mut off = body;
+    off["thinking"] = json!({"type": "disabled"});
+    let m = post_ok(port, "/v1/messages", off).json();
+    assert!(
+        m["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b["type"] != "thinking"),
+        "{m}"
+    );
+}

@@ -61,12 +61,19 @@ fn tool_use_block(c: &ToolCallOut) -> Value {
     json!({"type": "tool_use", "id": tool_use_id(c), "name": c.name, "input": input(c)})
 }
 
+/// A `thinking` block: the served model's reasoning, unsigned (no signature to verify: an
+/// earlier turn's thinking is dropped when a conversation continues).
+fn thinking_block(t: &str) -> Value {
+    json!({"type": "thinking", "thinking": t, "signature": ""})
+}
+
 /// The content blocks of a finished reply.
 pub fn content_blocks(parts: &[ReplyPart]) -> Vec<Value> {
     parts
         .iter()
         .filter_map(|p| match p {
-            ReplyPart::Text(t) if t.trim().is_empty() => None,
+            ReplyPart::Text(t) | ReplyPart::Reasoning(t) if t.trim().is_empty() => None,
+            ReplyPart::Reasoning(t) => Some(thinking_block(t)),
             ReplyPart::Text(t) => Some(json!({"type": "text", "text": t})),
             ReplyPart::ToolCall(c) => Some(tool_use_block(c)),
         })
@@ -105,6 +112,8 @@ pub struct MessagesStream {
     blocks: usize,
     /// A text block is open (index `blocks - 1`).
     text_open: bool,
+    /// A thinking block is open (index `blocks - 1`).
+    thinking_open: bool,
     called: bool,
 }
 
@@ -119,6 +128,7 @@ impl MessagesStream {
             meta,
             blocks: 0,
             text_open: false,
+            thinking_open: false,
             called: false,
         }
     }
@@ -131,9 +141,41 @@ impl MessagesStream {
 
     pub fn part(&mut self, part: &ReplyPart) -> String {
         match part {
+            ReplyPart::Reasoning(t) => self.thinking(t),
             ReplyPart::Text(t) => self.text(t),
             ReplyPart::ToolCall(c) => self.call(c),
         }
+    }
+
+    /// Reasoning comes first: a `thinking` block with `thinking_delta`s, closed when the
+    /// answer (or a call) begins.
+    fn thinking(&mut self, delta: &str) -> String {
+        if delta.is_empty() || (!self.thinking_open && delta.trim().is_empty()) {
+            return String::new();
+        }
+        let mut out = String::new();
+        if !self.thinking_open {
+            out.push_str(&self.close_text());
+            out.push_str(&event(
+                "content_block_start",
+                json!({"index": self.blocks, "content_block": thinking_block("")}),
+            ));
+            self.blocks += 1;
+            self.thinking_open = true;
+        }
+        out.push_str(&event(
+            "content_block_delta",
+            json!({"index": self.blocks - 1, "delta": {"type": "thinking_delta", "thinking": delta}}),
+        ));
+        out
+    }
+
+    fn close_thinking(&mut self) -> String {
+        if !self.thinking_open {
+            return String::new();
+        }
+        self.thinking_open = false;
+        event("content_block_stop", json!({"index": self.blocks - 1}))
     }
 
     fn text(&mut self, delta: &str) -> String {
@@ -142,6 +184,7 @@ impl MessagesStream {
         }
         let mut out = String::new();
         if !self.text_open {
+            out.push_str(&self.close_thinking());
             out.push_str(&event(
                 "content_block_start",
                 json!({"index": self.blocks, "content_block": {"type": "text", "text": ""}}),
@@ -165,7 +208,8 @@ impl MessagesStream {
     }
 
     fn call(&mut self, c: &ToolCallOut) -> String {
-        let mut out = self.close_text();
+        let mut out = self.close_thinking();
+        out.push_str(&self.close_text());
         let index = self.blocks;
         self.blocks += 1;
         self.called = true;
@@ -195,7 +239,8 @@ impl MessagesStream {
         stop_sequence: Option<&str>,
         output_tokens: usize,
     ) -> String {
-        let mut out = self.close_text();
+        let mut out = self.close_thinking();
+        out.push_str(&self.close_text());
         out.push_str(&event(
             "message_delta",
             json!({"delta": {"stop_reason": stop_reason(stop), "stop_sequence": stop_sequence},

@@ -14,7 +14,7 @@ pub struct MessagesRequest {
     pub chat: ChatRequest,
     /// The stop sequences, to name the one that ended a reply.
     pub stop_sequences: Vec<String>,
-    /// `thinking` was asked for (accepted; the served model does not think aloud yet).
+    /// `thinking` was asked for (`enabled`; its `budget_tokens` go to the chat request).
     pub thinking: bool,
     /// Unknown top-level fields (sorted), ignored.
     pub unknown_fields: Vec<String>,
@@ -358,18 +358,29 @@ pub fn parse_messages_request(body: &Value, count_only: bool) -> Res<MessagesReq
     if let Some(m) = f.object("metadata")? {
         Fields::new(m, "metadata").str("user_id")?;
     }
+    // `enabled` with `budget_tokens` is the chat route's thinking budget (for a model with a
+    // reasoning parser; others have nothing to budget), `disabled` a budget of 0, no thinking.
     let thinking = match f.object("thinking")? {
         Some(t) => {
             let tf = Fields::new(t, "thinking");
-            tf.int_in(
+            let budget = tf.int_in(
                 "budget_tokens",
                 0,
                 i64::from(u32::MAX),
                 "a non-negative integer",
             )?;
             match tf.str("type")? {
-                Some("enabled") => true,
-                Some("disabled") | None => false,
+                Some("enabled") => {
+                    if let Some(b) = budget {
+                        chat.insert("thinking_token_budget".into(), json!(b));
+                    }
+                    true
+                }
+                Some("disabled") => {
+                    chat.insert("thinking_token_budget".into(), json!(0));
+                    false
+                }
+                None => false,
                 Some(other) => {
                     return Err(verr(
                         "thinking.type",

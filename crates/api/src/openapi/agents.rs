@@ -64,14 +64,24 @@ pub fn schemas(s: &mut Map<String, Value>) {
     add(
         "ResponsesOutputItem",
         json!({"type": "object", "required": ["type", "id", "status"], "properties": {
-        "type": {"type": "string", "enum": ["message", "function_call"]},
+        "type": {"type": "string", "enum": ["message", "function_call", "reasoning"]},
         "id": {"type": "string"},
         "status": {"type": "string", "enum": ["in_progress", "completed", "incomplete"]},
         "role": {"type": "string", "enum": ["assistant"]},
-        "content": {"type": "array", "items": r("ResponsesOutputText")},
+        "content": {"type": "array", "items": {"anyOf": [r("ResponsesOutputText"), r("ResponsesReasoningText")]}},
+        "summary": {"type": "array", "items": {}},
         "call_id": {"type": "string"},
         "name": {"type": "string"},
         "arguments": {"type": "string"}}}),
+    );
+    add(
+        "ResponsesReasoningText",
+        object(
+            &["type", "text"],
+            json!({
+        "type": {"type": "string", "enum": ["reasoning_text"]},
+        "text": {"type": "string"}}),
+        ),
     );
     add(
         "ResponsesOutputText",
@@ -136,13 +146,15 @@ pub fn schemas(s: &mut Map<String, Value>) {
         json!({"type": "object", "required": ["type", "sequence_number"],
         "description": "`response.created`, `response.in_progress`, `response.output_item.added` / \
             `.done`, `response.content_part.added` / `.done`, `response.output_text.delta` / \
-            `.done`, `response.function_call_arguments.delta` / `.done`, then \
+            `.done`, `response.reasoning_text.delta` / `.done` (a model with a reasoning \
+            parser), `response.function_call_arguments.delta` / `.done`, then \
             `response.completed` (`response.incomplete` at max_output_tokens).",
         "properties": {
         "type": {"type": "string", "enum": ["response.created", "response.in_progress",
             "response.output_item.added", "response.output_item.done",
             "response.content_part.added", "response.content_part.done",
             "response.output_text.delta", "response.output_text.done",
+            "response.reasoning_text.delta", "response.reasoning_text.done",
             "response.function_call_arguments.delta", "response.function_call_arguments.done",
             "response.completed", "response.incomplete"]},
         "sequence_number": {"type": "integer", "minimum": 0},
@@ -194,7 +206,7 @@ pub fn schemas(s: &mut Map<String, Value>) {
         "tool_choice": object(&["type"], json!({
             "type": {"type": "string", "enum": ["auto", "any", "tool", "none"]},
             "name": {"type": "string"}, "disable_parallel_tool_use": {"type": "boolean"}})),
-        "thinking": {"type": "object", "description": "Accepted; the served model does not think aloud."}
+        "thinking": {"type": "object", "description": "`{\"type\": \"enabled\", \"budget_tokens\": N}`: a thinking budget for a model with a reasoning parser (its reasoning comes back as `thinking` blocks); `disabled`: budget 0; absent: the server's default."}
     });
     let mut messages_request = message_fields.clone();
     if let Some(m) = messages_request.as_object_mut() {
@@ -246,8 +258,10 @@ pub fn schemas(s: &mut Map<String, Value>) {
     let block = object(
         &["type"],
         json!({
-        "type": {"type": "string", "enum": ["text", "tool_use"]},
+        "type": {"type": "string", "enum": ["text", "tool_use", "thinking"]},
         "text": {"type": "string"},
+        "thinking": {"type": "string"},
+        "signature": {"type": "string"},
         "id": {"type": "string"},
         "name": {"type": "string"},
         "input": {"type": "object"}}),
@@ -290,8 +304,9 @@ pub fn schemas(s: &mut Map<String, Value>) {
         "index": {"type": "integer", "minimum": 0},
         "content_block": block,
         "delta": {"type": "object", "properties": {
-            "type": {"type": "string", "enum": ["text_delta", "input_json_delta"]},
+            "type": {"type": "string", "enum": ["text_delta", "input_json_delta", "thinking_delta"]},
             "text": {"type": "string"},
+            "thinking": {"type": "string"},
             "partial_json": {"type": "string"},
             "stop_reason": stop_reason,
             "stop_sequence": {"type": "string", "nullable": true}}},

@@ -36,6 +36,8 @@ pub struct ResponsesUsage {
     pub input_tokens: usize,
     pub cached_tokens: usize,
     pub output_tokens: usize,
+    /// Of the output tokens, those of the reasoning (tags included).
+    pub reasoning_tokens: usize,
 }
 
 impl ResponsesUsage {
@@ -44,7 +46,7 @@ impl ResponsesUsage {
             "input_tokens": self.input_tokens,
             "input_tokens_details": {"cached_tokens": self.cached_tokens},
             "output_tokens": self.output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
             "total_tokens": self.input_tokens + self.output_tokens,
         })
     }
@@ -63,6 +65,11 @@ fn message_item(id: &str, text: &str, status: &str) -> Value {
     json!({"type": "message", "id": id, "status": status, "role": "assistant", "content": content})
 }
 
+fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
+    json!({"type": "reasoning", "id": id, "status": status, "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}]})
+}
+
 fn call_item(id: &str, call: &ToolCallOut, arguments: &str, status: &str) -> Value {
     json!({"type": "function_call", "id": id, "call_id": call.id, "name": call.name,
         "arguments": arguments, "status": status})
@@ -75,7 +82,10 @@ pub fn output_items(meta: &ResponseMeta, parts: &[ReplyPart]) -> Vec<Value> {
     for p in parts {
         let index = items.len();
         match p {
-            ReplyPart::Text(t) if t.trim().is_empty() => {}
+            ReplyPart::Text(t) | ReplyPart::Reasoning(t) if t.trim().is_empty() => {}
+            ReplyPart::Reasoning(t) => {
+                items.push(reasoning_item(&meta.item_id("rs", index), t, "completed"))
+            }
             ReplyPart::Text(t) => {
                 items.push(message_item(&meta.item_id("msg", index), t, "completed"))
             }
@@ -150,6 +160,8 @@ pub struct ResponsesStream {
     seq: u64,
     output: Vec<Value>,
     text: Option<OpenText>,
+    /// The reasoning item being streamed.
+    thinking: Option<OpenText>,
 }
 
 impl ResponsesStream {
@@ -160,6 +172,7 @@ impl ResponsesStream {
             seq: 0,
             output: Vec::new(),
             text: None,
+            thinking: None,
         }
     }
 
@@ -186,9 +199,61 @@ impl ResponsesStream {
     /// The events for one released part of the reply.
     pub fn part(&mut self, part: &ReplyPart) -> String {
         match part {
+            ReplyPart::Reasoning(t) => self.reasoning_delta(t),
             ReplyPart::Text(t) => self.text_delta(t),
             ReplyPart::ToolCall(c) => self.call(c),
         }
+    }
+
+    /// Reasoning comes first: a `reasoning` item with `reasoning_text` deltas, closed when
+    /// the answer (or a call) begins.
+    fn reasoning_delta(&mut self, delta: &str) -> String {
+        if delta.is_empty() || (self.thinking.is_none() && delta.trim().is_empty()) {
+            return String::new();
+        }
+        let mut out = String::new();
+        if self.thinking.is_none() {
+            out.push_str(&self.close_text());
+            let index = self.output.len();
+            let id = self.meta.item_id("rs", index);
+            self.output.push(Value::Null); // its place; filled when it is done
+            out.push_str(&self.event(
+                "response.output_item.added",
+                json!({"output_index": index, "item": reasoning_item(&id, "", "in_progress")}),
+            ));
+            self.thinking = Some(OpenText {
+                index,
+                id,
+                text: String::new(),
+            });
+        }
+        let Some(t) = self.thinking.as_mut() else {
+            return out;
+        };
+        t.text.push_str(delta);
+        let (id, index) = (t.id.clone(), t.index);
+        out.push_str(&self.event(
+            "response.reasoning_text.delta",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "delta": delta}),
+        ));
+        out
+    }
+
+    fn close_reasoning(&mut self) -> String {
+        let Some(t) = self.thinking.take() else {
+            return String::new();
+        };
+        let mut out = self.event(
+            "response.reasoning_text.done",
+            json!({"item_id": t.id, "output_index": t.index, "content_index": 0, "text": t.text}),
+        );
+        let item = reasoning_item(&t.id, &t.text, "completed");
+        out.push_str(&self.event(
+            "response.output_item.done",
+            json!({"output_index": t.index, "item": item}),
+        ));
+        self.output[t.index] = item;
+        out
     }
 
     fn text_delta(&mut self, delta: &str) -> String {
@@ -197,6 +262,7 @@ impl ResponsesStream {
         }
         let mut out = String::new();
         if self.text.is_none() {
+            out.push_str(&self.close_reasoning());
             let index = self.output.len();
             let id = self.meta.item_id("msg", index);
             self.output.push(Value::Null); // its place; filled when it is done
@@ -248,7 +314,8 @@ impl ResponsesStream {
     }
 
     fn call(&mut self, call: &ToolCallOut) -> String {
-        let mut out = self.close_text();
+        let mut out = self.close_reasoning();
+        out.push_str(&self.close_text());
         let index = self.output.len();
         let id = self.meta.item_id("fc", index);
         out.push_str(&self.event(
@@ -280,7 +347,8 @@ impl ResponsesStream {
     /// Closes the open item and sends `response.completed` (`response.incomplete` at the token
     /// limit); returns the events and the final response object.
     pub fn finish(&mut self, stop: StopKind, usage: ResponsesUsage) -> (String, Value) {
-        let mut out = self.close_text();
+        let mut out = self.close_reasoning();
+        out.push_str(&self.close_text());
         let r = response_object(
             &self.meta,
             &self.echo,
@@ -341,6 +409,7 @@ mod tests {
                 input_tokens: 3,
                 cached_tokens: 0,
                 output_tokens: 4,
+                reasoning_tokens: 0,
             },
         );
         out.push_str(&end);

@@ -285,7 +285,19 @@ fn responses_and_messages_conform() {
         name: "f".into(),
         arguments: r#"{"a":1}"#.into(),
     };
-    let parts = [ReplyPart::Text("Hi".into()), ReplyPart::ToolCall(call)];
+    // A model with a reasoning parser: its reasoning first, as a part of its own (streamed
+    // in deltas; a whole reply has it in one).
+    let parts = [
+        ReplyPart::Reasoning("Hm, ".into()),
+        ReplyPart::Reasoning("a call.".into()),
+        ReplyPart::Text("Hi".into()),
+        ReplyPart::ToolCall(call.clone()),
+    ];
+    let whole = [
+        ReplyPart::Reasoning("Hm, a call.".into()),
+        ReplyPart::Text("Hi".into()),
+        ReplyPart::ToolCall(call),
+    ];
     let meta = ResponseMeta {
         id: "resp_1".into(),
         created_at: 1,
@@ -295,9 +307,11 @@ fn responses_and_messages_conform() {
         input_tokens: 3,
         cached_tokens: 0,
         output_tokens: 2,
+        reasoning_tokens: 1,
     };
     for stop in [StopKind::ToolUse, StopKind::MaxTokens, StopKind::EndTurn] {
-        let items = responses::output_items(&meta, &parts);
+        let items = responses::output_items(&meta, &whole);
+        assert_eq!(items[0]["content"][0]["text"], "Hm, a call.");
         let r = responses::response_object(&meta, &req.echo, &items, Some(stop), Some(usage));
         conforms("Response", &r.to_string());
         let mut s = ResponsesStream::new(meta.clone(), req.echo.clone());
@@ -323,12 +337,13 @@ fn responses_and_messages_conform() {
     };
     let m = anthropic::message(
         &mmeta,
-        anthropic::content_blocks(&parts),
+        anthropic::content_blocks(&whole),
         Some(StopKind::StopSequence),
         Some("\n"),
         musage,
     );
     conforms("Message", &m.to_string());
+    assert_eq!(m["content"][0]["thinking"], "Hm, a call.");
     let mut s = MessagesStream::new(mmeta);
     let mut out = s.start(musage);
     for p in &parts {

@@ -96,7 +96,8 @@ async fn run(state: Arc<AppState>, mut req: MessagesRequest) -> Response {
             Err(e) => return respond::reject(tracker, &e, SCHEMA),
         };
         let acc = Accumulator::new(model, &job);
-        let mut reader = ReplyReader::new(tools.as_ref(), model.tool_format, &job.spec);
+        let mut reader =
+            ReplyReader::new(tools.as_ref(), model.tool_format, job.reasoning, &job.spec);
         let mut stream = MessagesStream::new(meta);
         let mut finish = FinishReason::EosToken;
         let mut text = String::new();
@@ -160,7 +161,7 @@ async fn run(state: Arc<AppState>, mut req: MessagesRequest) -> Response {
         let keep = out.best.text.len() - s.len();
         out.best.text.truncate(keep);
     }
-    let parts = reply::read_whole(tools.as_ref(), model.tool_format, &out.best);
+    let (parts, _) = reply::read_whole(tools.as_ref(), model.tool_format, job.reasoning, &out.best);
     let called = parts.iter().any(|p| matches!(p, ReplyPart::ToolCall(_)));
     let stop = StopKind::of(out.best.finish_reason, called);
     let usage = MessagesUsage {

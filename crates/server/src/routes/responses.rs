@@ -118,7 +118,8 @@ async fn run(state: Arc<AppState>, req: ResponsesRequest) -> Response {
             Err(e) => return respond::reject(tracker, &e, SCHEMA),
         };
         let acc = Accumulator::new(model, &job);
-        let mut reader = ReplyReader::new(tools.as_ref(), model.tool_format, &job.spec);
+        let mut reader =
+            ReplyReader::new(tools.as_ref(), model.tool_format, job.reasoning, &job.spec);
         let mut stream = ResponsesStream::new(meta.clone(), echo);
         let mut parts: Vec<ReplyPart> = Vec::new();
         let mut finish = FinishReason::EosToken;
@@ -147,6 +148,7 @@ async fn run(state: Arc<AppState>, req: ResponsesRequest) -> Response {
                         input_tokens: acc.prompt_tokens(),
                         cached_tokens: 0,
                         output_tokens: acc.generated_tokens(),
+                        reasoning_tokens: reader.reasoning_tokens(),
                     };
                     let stop = StopKind::of(finish, stream.called());
                     let (out, response) = stream.finish(stop, usage);
@@ -171,13 +173,15 @@ async fn run(state: Arc<AppState>, req: ResponsesRequest) -> Response {
         Ok(o) => o,
         Err(e) => return respond::error(&e, SCHEMA),
     };
-    let parts = reply::read_whole(tools.as_ref(), model.tool_format, &out.best);
+    let (parts, reasoning_tokens) =
+        reply::read_whole(tools.as_ref(), model.tool_format, job.reasoning, &out.best);
     let items = output_items(&meta, &parts);
     let called = parts.iter().any(|p| matches!(p, ReplyPart::ToolCall(_)));
     let usage = ResponsesUsage {
         input_tokens: out.prompt_tokens,
         cached_tokens: 0,
         output_tokens: out.completion_tokens(),
+        reasoning_tokens,
     };
     let stop = StopKind::of(out.best.finish_reason, called);
     let response = response_object(&meta, &echo, &items, Some(stop), Some(usage));
