@@ -27,6 +27,25 @@ impl ReplyReasoning {
     }
 }
 
+/// One streamed token's text through a reply's splitter (all answer without one); on the
+/// `last` token, what the splitter still holds too.
+pub fn split_token(
+    thinking: Option<&mut lmi_text::ReasoningStream>,
+    text: &str,
+    last: bool,
+) -> Vec<lmi_text::ReasoningPiece> {
+    match thinking {
+        Some(t) => {
+            let mut p = t.push_token(text);
+            if last {
+                p.extend(t.finish());
+            }
+            p
+        }
+        None => vec![lmi_text::ReasoningPiece::Content(text.to_string())],
+    }
+}
+
 /// A finished reply read for reasoning (when `reasoning`) and then tool calls (when
 /// `tools`: calls are parsed from the answer only); with the count of its reasoning tokens.
 pub fn read_reply(

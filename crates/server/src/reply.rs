@@ -85,16 +85,7 @@ impl ReplyReader {
         } else {
             token.text.as_str()
         };
-        let split = match self.thinking.as_mut() {
-            Some(t) => {
-                let mut p = t.push_token(text);
-                if finish.is_some() {
-                    p.extend(t.finish());
-                }
-                p
-            }
-            None => vec![lmi_text::ReasoningPiece::Content(text.to_string())],
-        };
+        let split = crate::reasoning::split_token(self.thinking.as_mut(), text, finish.is_some());
         let mut parts = Vec::new();
         for piece in split {
             match piece {

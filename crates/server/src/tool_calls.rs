@@ -214,16 +214,7 @@ impl ToolStream {
             token.text.as_str()
         };
         // Reasoning goes out as it is; the answer goes on to the reader.
-        let split = match c.thinking.as_mut() {
-            Some(t) => {
-                let mut p = t.push_token(text);
-                if finish.is_some() {
-                    p.extend(t.finish());
-                }
-                p
-            }
-            None => vec![lmi_text::ReasoningPiece::Content(text.to_string())],
-        };
+        let split = crate::reasoning::split_token(c.thinking.as_mut(), text, finish.is_some());
         let mut pieces = Vec::new();
         for p in split {
             match p {
