@@ -63,6 +63,10 @@ pub struct LoadArgs {
     /// Tokens generated per request.
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
+    /// The HTML report (a bar chart of each case's throughput beside the table); by default
+    /// `lmi-bench-<command>.html` in the working directory.
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
 }
 
 /// The model a benchmark loads, and where (flattened into each benchmark's arguments).
@@ -106,6 +110,9 @@ pub struct SchedulerArgs {
     /// Tokens generated per request.
     #[arg(long, default_value_t = 32)]
     max_new_tokens: usize,
+    /// The HTML report (decode tokens/s against concurrency beside the table).
+    #[arg(long, default_value = "lmi-bench-scheduler.html")]
+    report: std::path::PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -296,18 +303,19 @@ fn greedy_step(engine: &mut dyn StepEngine, chunks: &[SeqChunk]) -> anyhow::Resu
 fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
     let (dir, dtype, gguf) = a.m.resolve()?;
     let tokenizer = lmi_text::Tokenizer::from_dir(&dir)?;
-    println!(
-        "model {} ({} weights), prompt {} tokens, {} new tokens per request, {} threads\n",
+    let mut text = format!(
+        "model {} ({} weights), prompt {} tokens, {} new tokens per request, {} threads\n\n",
         dir.display(),
         ModelArgs::dtype_name(dtype),
         a.prompt_len,
         a.max_new_tokens,
         rayon::current_num_threads()
     );
-    println!(
-        "| concurrent requests | decode tok/s (aggregate) | mean step ms | scheduler share of step | of which sampling | scheduler share without sampling |"
+    text.push_str(
+        "| concurrent requests | decode tok/s (aggregate) | mean step ms | scheduler share of step | of which sampling | scheduler share without sampling |\n|---:|---:|---:|---:|---:|---:|\n",
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
+    print!("{text}");
+    let mut points = Vec::new();
     for &c in &a.concurrency {
         let per_seq = (a.prompt_len + a.max_new_tokens).div_ceil(BLOCK_SIZE);
         let opts = EngineOptions {
@@ -370,7 +378,7 @@ fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
         let fwd_ns = after.forward_nanos - before.forward_nanos;
         let sample_ns = after.sample_nanos - before.sample_nanos;
         let pct = |ns: u64| ns as f64 / step_ns.max(1) as f64 * 100.0;
-        println!(
+        let row = format!(
             "| {c} | {:.1} | {:.1} | {:.2}% | {:.2}% | {:.2}% |",
             decode_tokens as f64 / elapsed,
             step_ns as f64 / steps as f64 / 1e6,
@@ -378,7 +386,23 @@ fn scheduler(a: SchedulerArgs) -> anyhow::Result<()> {
             pct(sample_ns),
             pct(step_ns - fwd_ns - sample_ns)
         );
+        println!("{row}");
+        text.push_str(&row);
+        text.push('\n');
+        points.push((c as f64, decode_tokens as f64 / elapsed));
         handle.shutdown();
     }
+    let report = super::bench_report::Report {
+        title: "lmi bench scheduler".into(),
+        text,
+        charts: vec![super::bench_report::Chart::Line {
+            title: "Decode tokens/s against concurrent requests".into(),
+            x_label: "concurrent requests".into(),
+            y_label: "decode tokens/s".into(),
+            points,
+        }],
+    };
+    super::bench_report::write(&report, &a.report)?;
+    println!("\nreport: {}", a.report.display());
     Ok(())
 }

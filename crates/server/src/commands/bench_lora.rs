@@ -66,8 +66,8 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         };
         write_peft_adapter(&root.path().join(format!("a{i}")), &config, &spec)?;
     }
-    println!(
-        "model {} on {} ({} weights), rank-{} adapters on {}, {} clients x {} requests, prompt {} tokens, {} new tokens\n",
+    let mut text = format!(
+        "model {} on {} ({} weights), rank-{} adapters on {}, {} clients x {} requests, prompt {} tokens, {} new tokens\n\n",
         dir.display(),
         a.m.device,
         ModelArgs::dtype_name(dtype),
@@ -78,10 +78,11 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         a.load.prompt_len,
         a.load.max_new_tokens
     );
-    println!(
-        "| case | max_loras | decode tok/s (aggregate) | vs no adapter | engine loads | engine evictions | host loads | failed |"
+    text.push_str(
+        "| case | max_loras | decode tok/s (aggregate) | vs no adapter | engine loads | engine evictions | host loads | failed |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    print!("{text}");
+    let mut bars = Vec::new();
     let cases = [
         ("no adapter", Pick::None, a.load.concurrency),
         ("one adapter", Pick::One, a.load.concurrency),
@@ -100,7 +101,7 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
     for (name, pick, max_loras) in cases {
         let r = run_case(&a, &dir, root.path(), &config, pick, max_loras)?;
         let b = *base.get_or_insert(r.tok_s);
-        println!(
+        let row = format!(
             "| {name} | {max_loras} | {:.1} | {:.0}% | {} | {} | {} | {} |",
             r.tok_s,
             r.tok_s / b * 100.0,
@@ -109,8 +110,17 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
             r.host_loads,
             r.failed
         );
+        println!("{row}");
+        text.push_str(&row);
+        text.push('\n');
+        bars.push((name.to_string(), r.tok_s));
     }
-    Ok(())
+    let path = a
+        .load
+        .report
+        .clone()
+        .unwrap_or_else(|| "lmi-bench-lora.html".into());
+    super::bench_report::write_cases(&path, "lmi bench lora", text, "decode tok/s", bars)
 }
 
 struct CaseResult {

@@ -12,6 +12,12 @@ use plotters::prelude::*;
 pub enum Chart {
     /// Distribution of latency samples (milliseconds).
     Histogram { title: String, samples_ms: Vec<f64> },
+    /// One bar per case (label, value): the closed-loop benchmarks' throughput per case.
+    Bars {
+        title: String,
+        y_label: String,
+        bars: Vec<(String, f64)>,
+    },
     /// A series of (x, y) points joined by a line.
     Line {
         title: String,
@@ -57,6 +63,11 @@ pub fn html(report: &Report) -> anyhow::Result<String> {
                 y_label,
                 points,
             } => (title, line_svg(title, x_label, y_label, points)?),
+            Chart::Bars {
+                title,
+                y_label,
+                bars,
+            } => (title, bars_svg(title, y_label, bars)?),
         };
         let _ = write!(
             out,
@@ -125,6 +136,71 @@ fn histogram_svg(title: &str, samples: &[f64]) -> anyhow::Result<String> {
                     Rectangle::new([(x, 0), (x + width, c)], BLUE.mix(0.6).filled())
                 }),
             )
+            .map_err(plot_err)?;
+        root.present().map_err(plot_err)?;
+    }
+    Ok(svg)
+}
+
+/// Writes a closed-loop benchmark's report (its run description and table as text, and one
+/// bar chart of `y_label` per case) to `path`, and says where.
+pub fn write_cases(
+    path: &Path,
+    title: &str,
+    text: String,
+    y_label: &str,
+    bars: Vec<(String, f64)>,
+) -> anyhow::Result<()> {
+    let report = Report {
+        title: title.into(),
+        text,
+        charts: vec![Chart::Bars {
+            title: format!("{y_label} by case"),
+            y_label: y_label.into(),
+            bars,
+        }],
+    };
+    write(&report, path)?;
+    println!("\nreport: {}", path.display());
+    Ok(())
+}
+
+fn bars_svg(title: &str, y_label: &str, bars: &[(String, f64)]) -> anyhow::Result<String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_err)?;
+        let n = bars.len().max(1) as f64;
+        let y1 = bars.iter().map(|b| b.1).fold(0.0, f64::max);
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 18))
+            .margin(10)
+            .x_label_area_size(10)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..n, 0.0..(y1 * 1.25).max(1.0))
+            .map_err(plot_err)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(0)
+            .y_desc(y_label)
+            .draw()
+            .map_err(plot_err)?;
+        chart
+            .draw_series(bars.iter().enumerate().map(|(i, &(_, v))| {
+                let x = i as f64;
+                Rectangle::new([(x + 0.15, 0.0), (x + 0.85, v)], BLUE.mix(0.6).filled())
+            }))
+            .map_err(plot_err)?;
+        // Each case's name and value above its bar.
+        chart
+            .draw_series(bars.iter().enumerate().map(|(i, (name, v))| {
+                Text::new(
+                    format!("{name}: {v:.1}"),
+                    (i as f64 + 0.15, v + y1 * 0.04),
+                    ("sans-serif", 12),
+                )
+            }))
             .map_err(plot_err)?;
         root.present().map_err(plot_err)?;
     }
@@ -223,5 +299,28 @@ mod tests {
         assert!(h.contains("<polyline"));
         assert!(h.matches("<circle").count() >= 3);
         assert!(!h.contains("<script") && !h.contains("href=\"http"));
+    }
+
+    #[test]
+    fn a_closed_loop_report_has_a_bar_and_a_label_per_case() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("r.html");
+        let cases = vec![
+            ("no adapter".to_string(), 120.0),
+            ("churn".to_string(), 80.5),
+        ];
+        write_cases(
+            &path,
+            "lmi bench lora",
+            "| table |".into(),
+            "decode tok/s",
+            cases,
+        )
+        .expect("report");
+        let h = std::fs::read_to_string(&path).expect("written");
+        assert_eq!(h.matches("<svg").count(), 1);
+        // The background and the two bars.
+        assert_eq!(h.matches("<rect").count(), 3, "{h}");
+        assert!(h.contains("no adapter: 120.0") && h.contains("churn: 80.5"));
     }
 }

@@ -44,6 +44,9 @@ pub struct SoakArgs {
     /// API key, when the server requires one.
     #[arg(long)]
     api_key: Option<String>,
+    /// The HTML report (the outcomes, latency of the answered requests, requests/s over time).
+    #[arg(long, default_value = "lmi-bench-soak.html")]
+    report: std::path::PathBuf,
 }
 
 /// A tiny deterministic generator (xorshift): the mix is reproducible run to run.
@@ -242,19 +245,26 @@ pub fn run(a: SoakArgs) -> anyhow::Result<()> {
 async fn soak(a: Arc<SoakArgs>, addr: String) -> anyhow::Result<()> {
     let rss_start = rss_mib(a.pid);
     let tally = Arc::new(Mutex::new(Tally::default()));
+    // Per request: when it ended (ns since the start), its latency (ms), answered 200.
+    let timings = Arc::new(Mutex::new(Vec::<(u64, f64, bool)>::new()));
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(a.duration);
     let mut clients = Vec::new();
     for c in 0..a.concurrency {
-        let (a, addr, tally) = (a.clone(), addr.clone(), tally.clone());
+        let (a, addr, tally, timings) = (a.clone(), addr.clone(), tally.clone(), timings.clone());
         clients.push(tokio::spawn(async move {
             let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((c as u64 + 1) * 0x1000_0001));
             while Instant::now() < end {
                 let shot = pick(&mut rng, &a);
                 let hang_up = shot.stream && rng.next() < a.disconnect_share;
+                let sent = Instant::now();
                 let outcome = shoot(&a, &addr, &shot, hang_up).await;
                 if let Ok(mut t) = tally.lock() {
                     t.add(&outcome);
+                }
+                if let Ok(mut t) = timings.lock() {
+                    let ended = start.elapsed().as_nanos() as u64;
+                    t.push((ended, sent.elapsed().as_secs_f64() * 1e3, outcome == "200"));
                 }
             }
         }));
@@ -280,21 +290,21 @@ async fn soak(a: Arc<SoakArgs>, addr: String) -> anyhow::Result<()> {
     let rss_end = rss_mib(a.pid);
     let tally = tally.lock().map(|t| t.0.clone()).unwrap_or_default();
     let total: u64 = tally.values().sum();
-    println!(
-        "soak: {} clients, {elapsed:.0} s, {total} requests ({:.1}/s)",
+    let mut text = format!(
+        "soak: {} clients, {elapsed:.0} s, {total} requests ({:.1}/s)\n",
         a.concurrency,
         total as f64 / elapsed
     );
     for (k, v) in &tally {
-        println!("  {k:<40} {v}");
+        text.push_str(&format!("  {k:<40} {v}\n"));
     }
     let show = |v: Option<f64>| v.map_or("n/a".into(), |m| format!("{m:.0} MiB"));
-    println!(
-        "  KV blocks in use at the end: {}",
+    text.push_str(&format!(
+        "  KV blocks in use at the end: {}\n",
         blocks.map_or("n/a".into(), |b| b.to_string())
-    );
-    println!(
-        "  server RSS: start {}, middle {}, end {}{}",
+    ));
+    text.push_str(&format!(
+        "  server RSS: start {}, middle {}, end {}{}\n",
         show(rss_start),
         show(rss_mid),
         show(rss_end),
@@ -302,7 +312,11 @@ async fn soak(a: Arc<SoakArgs>, addr: String) -> anyhow::Result<()> {
             (Some(m), Some(e)) => format!(" (end vs middle {:+.1}%)", (e / m - 1.0) * 100.0),
             _ => String::new(),
         }
-    );
+    ));
+    print!("{text}");
+    let timings = timings.lock().map(|t| t.clone()).unwrap_or_default();
+    super::bench_report::write(&soak_report(&a, text, &timings, elapsed), &a.report)?;
+    println!("\nreport: {}", a.report.display());
     let bad_5xx: u64 = tally
         .iter()
         .filter(|(k, _)| k.contains("5xx") && !k.contains("malformed"))
@@ -312,6 +326,35 @@ async fn soak(a: Arc<SoakArgs>, addr: String) -> anyhow::Result<()> {
         bail!("{bad_5xx} well-formed requests got a 5xx; KV blocks in use at the end: {blocks:?}");
     }
     Ok(())
+}
+
+/// The soak's report: its summary, the latency of the requests answered 200, and requests
+/// (of every outcome) finished per second over the run.
+fn soak_report(
+    a: &SoakArgs,
+    text: String,
+    timings: &[(u64, f64, bool)],
+    secs: f64,
+) -> super::bench_report::Report {
+    use super::bench_report::Chart;
+    let ok: Vec<f64> = timings.iter().filter(|t| t.2).map(|t| t.1).collect();
+    let ended: Vec<u64> = timings.iter().map(|t| t.0).collect();
+    super::bench_report::Report {
+        title: format!("lmi bench soak: {} clients, {:.0} s", a.concurrency, secs),
+        text,
+        charts: vec![
+            Chart::Histogram {
+                title: format!("Latency of the requests answered 200 ({})", ok.len()),
+                samples_ms: ok,
+            },
+            Chart::Line {
+                title: "Requests finished per second (every outcome)".into(),
+                x_label: "seconds since the start".into(),
+                y_label: "requests/s".into(),
+                points: super::bench_http::tokens_per_second(&ended, secs),
+            },
+        ],
+    }
 }
 
 #[cfg(test)]
@@ -331,7 +374,13 @@ mod tests {
             max_new_tokens: 4,
             pid: None,
             api_key: None,
+            report: "r.html".into(),
         };
+        let timings = [(100_000_000, 12.0, true), (900_000_000, 30.0, false)];
+        let html = super::super::bench_report::html(&soak_report(&a, "x".into(), &timings, 1.0))
+            .expect("report");
+        assert_eq!(html.matches("<svg").count(), 2);
+        assert!(html.contains("answered 200 (1)"));
         let mut rng = Rng(7);
         let shots: Vec<Shot> = (0..400).map(|_| pick(&mut rng, &a)).collect();
         let malformed = shots.iter().filter(|s| s.malformed).count();

@@ -32,6 +32,9 @@ pub struct SpeculativeArgs {
     /// Prompt lookup sizes and draft length (as option.speculative_ngram).
     #[arg(long, default_value = "2-4:8")]
     ngram: NgramLookup,
+    /// The HTML report (a bar chart of each case's decode tokens/s beside the table).
+    #[arg(long, default_value = "lmi-bench-speculative.html")]
+    report: std::path::PathBuf,
 }
 
 const PASSAGES: [&str; 2] = [
@@ -128,8 +131,8 @@ pub fn run(a: &SpeculativeArgs) -> anyhow::Result<()> {
     let (dir, dtype, _) = a.m.resolve()?;
     let tokenizer = Tokenizer::from_dir(&dir)?;
     let template = ChatTemplate::from_model_dir(&dir).ok().flatten();
-    println!(
-        "lmi bench speculative: {} ({}, {}), {} request(s) per client, prompt lookup {}-{}:{}",
+    let mut text = format!(
+        "lmi bench speculative: {} ({}, {}), {} request(s) per client, prompt lookup {}-{}:{}\n",
         dir.display(),
         a.m.device,
         ModelArgs::dtype_name(dtype),
@@ -138,9 +141,11 @@ pub fn run(a: &SpeculativeArgs) -> anyhow::Result<()> {
         a.ngram.max,
         a.ngram.k
     );
-    println!(
-        "\n| task | clients | draft | decode tok/s | vs none | drafted / kept | identical |\n|---|---:|---|---:|---:|---:|---|"
+    text.push_str(
+        "\n| task | clients | draft | decode tok/s | vs none | drafted / kept | identical |\n|---|---:|---|---:|---:|---:|---|\n",
     );
+    print!("{text}");
+    let mut bars = Vec::new();
     for task in [Task::Rewrite, Task::Quote] {
         let ps = prompts(task, &tokenizer, template.as_ref())?;
         let modes: &[Mode] = match task {
@@ -158,18 +163,22 @@ pub fn run(a: &SpeculativeArgs) -> anyhow::Result<()> {
                     ),
                     None => ("1.00x".into(), "-".into()),
                 };
-                println!(
-                    "| {} | {b} | {} | {:.1} | {ratio} | {} / {} | {same} |",
-                    if task == Task::Rewrite {
-                        "rewrite"
-                    } else {
-                        "quote"
-                    },
+                let task_name = if task == Task::Rewrite {
+                    "rewrite"
+                } else {
+                    "quote"
+                };
+                let row = format!(
+                    "| {task_name} | {b} | {} | {:.1} | {ratio} | {} / {} | {same} |",
                     mode.name(),
                     c.tok_s,
                     c.drafted,
                     c.kept,
                 );
+                println!("{row}");
+                text.push_str(&row);
+                text.push('\n');
+                bars.push((format!("{task_name} x{b} {}", mode.name()), c.tok_s));
                 if c.failed > 0 {
                     println!("  ({} requests failed)", c.failed);
                 }
@@ -179,7 +188,13 @@ pub fn run(a: &SpeculativeArgs) -> anyhow::Result<()> {
             }
         }
     }
-    Ok(())
+    super::bench_report::write_cases(
+        &a.report,
+        "lmi bench speculative",
+        text,
+        "decode tok/s",
+        bars,
+    )
 }
 
 struct Case {

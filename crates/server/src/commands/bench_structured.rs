@@ -84,9 +84,9 @@ pub fn run(a: StructuredArgs) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<_>>()?;
     let compile_ms = t.elapsed().as_secs_f64() * 1e3 / a.load.concurrency as f64;
-    println!(
+    let mut text = format!(
         "model {} on {} ({} weights), {} clients x {} requests, prompt {} tokens, {} new tokens; \
-         {} schemas compiled in {compile_ms:.1} ms each\n",
+         {} schemas compiled in {compile_ms:.1} ms each\n\n",
         dir.display(),
         a.m.device,
         ModelArgs::dtype_name(dtype),
@@ -96,10 +96,11 @@ pub fn run(a: StructuredArgs) -> anyhow::Result<()> {
         a.load.max_new_tokens,
         a.load.concurrency,
     );
-    println!(
-        "| case | decode tok/s (aggregate) | vs unconstrained | masks | mask p50 (µs) | mask p99 (µs) | mask mean (µs) | failed |"
+    text.push_str(
+        "| case | decode tok/s (aggregate) | vs unconstrained | masks | mask p50 (µs) | mask p99 (µs) | mask mean (µs) | failed |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    print!("{text}");
+    let mut bars = Vec::new();
     let mut base = None;
     let mut outputs = Vec::new();
     for (name, constrained) in [
@@ -110,7 +111,7 @@ pub fn run(a: StructuredArgs) -> anyhow::Result<()> {
         outputs = r.outputs;
         let b = *base.get_or_insert(r.tok_s);
         let us = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
-        println!(
+        let row = format!(
             "| {name} | {:.1} | {:.0}% | {} | {} | {} | {} | {} |",
             r.tok_s,
             r.tok_s / b * 100.0,
@@ -120,6 +121,10 @@ pub fn run(a: StructuredArgs) -> anyhow::Result<()> {
             us(r.mean),
             r.failed
         );
+        println!("{row}");
+        text.push_str(&row);
+        text.push('\n');
+        bars.push((name.to_string(), r.tok_s));
     }
     // The same masks again on one thread with nothing else running: the cost of a mask
     // itself, apart from the contention with the forward pass measured above.
@@ -144,7 +149,12 @@ pub fn run(a: StructuredArgs) -> anyhow::Result<()> {
             q(1.0)
         );
     }
-    Ok(())
+    let path = a
+        .load
+        .report
+        .clone()
+        .unwrap_or_else(|| "lmi-bench-structured.html".into());
+    super::bench_report::write_cases(&path, "lmi bench structured", text, "decode tok/s", bars)
 }
 
 struct CaseResult {
