@@ -1,0 +1,354 @@
+//! The preprocessor settings, read from a model's `preprocessor_config.json` (and
+//! `video_preprocessor_config.json` where the model has one), with transformers' defaults for
+//! `Qwen2VLImageProcessor` and `Qwen2VLVideoProcessor` where a key is absent.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::error::{MediaError, Result};
+
+/// OpenAI CLIP's mean, transformers' `OPENAI_CLIP_MEAN` (written as transformers writes it).
+#[allow(clippy::excessive_precision)]
+pub const OPENAI_CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
+/// OpenAI CLIP's standard deviation, transformers' `OPENAI_CLIP_STD`.
+#[allow(clippy::excessive_precision)]
+pub const OPENAI_CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_11];
+
+/// How images and videos are turned into vision patches (Qwen2-VL, Qwen2.5-VL).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcessorConfig {
+    /// Images: the fewest pixels after resizing (`size.shortest_edge`, or `min_pixels`).
+    pub min_pixels: u64,
+    /// Images: the most pixels after resizing (`size.longest_edge`, or `max_pixels`).
+    pub max_pixels: u64,
+    /// The side of a vision patch in pixels (14).
+    pub patch_size: usize,
+    /// Frames per patch (2): an image is its one frame repeated.
+    pub temporal_patch_size: usize,
+    /// Patches merged into one token along each side (2).
+    pub merge_size: usize,
+    pub image_mean: [f32; 3],
+    pub image_std: [f32; 3],
+    /// 1/255.
+    pub rescale_factor: f64,
+    pub do_resize: bool,
+    pub do_rescale: bool,
+    pub do_normalize: bool,
+    /// Informational: decoding here always gives RGB.
+    pub do_convert_rgb: bool,
+    /// Videos: the fewest pixels of a frame after resizing.
+    pub video_min_pixels: u64,
+    /// Videos: the most pixels of a frame after resizing.
+    pub video_max_pixels: u64,
+    /// Frames sampled per second of video by [`crate::sample_frame_indices`] (2, as the Qwen
+    /// processors and qwen-vl-utils assume when the config says `null`).
+    pub fps: f32,
+    /// A fixed number of frames to sample instead of `fps` (rounded to `temporal_patch_size`).
+    pub num_frames: Option<usize>,
+    /// The fewest frames sampled (4).
+    pub min_frames: usize,
+    /// The most frames sampled (768).
+    pub max_frames: usize,
+    /// Informational: whether the HF video processor samples by itself (`false` for
+    /// Qwen2-VL: the caller samples, as the server does with [`crate::sample_frame_indices`]).
+    pub do_sample_frames: bool,
+}
+
+/// `Qwen2VLImageProcessor`'s `min_pixels`: 56 * 56.
+const IMAGE_MIN_PIXELS: u64 = 56 * 56;
+/// `Qwen2VLImageProcessor`'s `max_pixels`: 28 * 28 * 1280.
+const IMAGE_MAX_PIXELS: u64 = 28 * 28 * 1280;
+/// `Qwen2VLVideoProcessor`'s `size.shortest_edge`: 128 * 28 * 28.
+const VIDEO_MIN_PIXELS: u64 = 128 * 28 * 28;
+/// `Qwen2VLVideoProcessor`'s `size.longest_edge`: 28 * 28 * 768.
+const VIDEO_MAX_PIXELS: u64 = 28 * 28 * 768;
+
+impl Default for ProcessorConfig {
+    /// transformers' defaults for `Qwen2VLImageProcessor` and `Qwen2VLVideoProcessor`.
+    fn default() -> Self {
+        Self {
+            min_pixels: IMAGE_MIN_PIXELS,
+            max_pixels: IMAGE_MAX_PIXELS,
+            patch_size: 14,
+            temporal_patch_size: 2,
+            merge_size: 2,
+            image_mean: OPENAI_CLIP_MEAN,
+            image_std: OPENAI_CLIP_STD,
+            rescale_factor: 1.0 / 255.0,
+            do_resize: true,
+            do_rescale: true,
+            do_normalize: true,
+            do_convert_rgb: true,
+            video_min_pixels: VIDEO_MIN_PIXELS,
+            video_max_pixels: VIDEO_MAX_PIXELS,
+            fps: 2.0,
+            num_frames: None,
+            min_frames: 4,
+            max_frames: 768,
+            do_sample_frames: false,
+        }
+    }
+}
+
+/// A mean or std: one number for all channels, or one per channel.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PerChannel {
+    One(f64),
+    Three([f64; 3]),
+}
+
+impl PerChannel {
+    fn to_f32(&self) -> [f32; 3] {
+        match self {
+            PerChannel::One(v) => [*v as f32; 3],
+            PerChannel::Three(v) => v.map(|x| x as f32),
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+struct Size {
+    shortest_edge: Option<u64>,
+    longest_edge: Option<u64>,
+    min_pixels: Option<u64>,
+    max_pixels: Option<u64>,
+}
+
+/// The keys read from a (video) preprocessor config; anything else is ignored.
+#[derive(Deserialize, Default)]
+struct RawConfig {
+    min_pixels: Option<u64>,
+    max_pixels: Option<u64>,
+    size: Option<Size>,
+    patch_size: Option<usize>,
+    temporal_patch_size: Option<usize>,
+    merge_size: Option<usize>,
+    image_mean: Option<PerChannel>,
+    image_std: Option<PerChannel>,
+    rescale_factor: Option<f64>,
+    do_resize: Option<bool>,
+    do_rescale: Option<bool>,
+    do_normalize: Option<bool>,
+    do_convert_rgb: Option<bool>,
+    fps: Option<f32>,
+    num_frames: Option<usize>,
+    min_frames: Option<usize>,
+    max_frames: Option<usize>,
+    do_sample_frames: Option<bool>,
+}
+
+impl RawConfig {
+    fn parse(json: &str, path: Option<&Path>) -> Result<Self> {
+        serde_json::from_str(json).map_err(|e| MediaError::Config {
+            path: path.map(Path::to_path_buf),
+            reason: format!("not a valid preprocessor config: {e}"),
+        })
+    }
+
+    /// (min, max) pixels as transformers reads them: `size` first, then the older
+    /// `min_pixels`/`max_pixels` keys override it (the processors' backward compatibility).
+    fn pixels(&self) -> (Option<u64>, Option<u64>) {
+        let size = self.size.as_ref();
+        let min = self
+            .min_pixels
+            .or(size.and_then(|s| s.shortest_edge.or(s.min_pixels)));
+        let max = self
+            .max_pixels
+            .or(size.and_then(|s| s.longest_edge.or(s.max_pixels)));
+        (min, max)
+    }
+
+    /// The settings that images and videos share, over `base`.
+    fn apply_shared(&self, base: &mut ProcessorConfig) {
+        let c = base;
+        c.patch_size = self.patch_size.unwrap_or(c.patch_size);
+        c.temporal_patch_size = self.temporal_patch_size.unwrap_or(c.temporal_patch_size);
+        c.merge_size = self.merge_size.unwrap_or(c.merge_size);
+        if let Some(m) = &self.image_mean {
+            c.image_mean = m.to_f32();
+        }
+        if let Some(s) = &self.image_std {
+            c.image_std = s.to_f32();
+        }
+        c.rescale_factor = self.rescale_factor.unwrap_or(c.rescale_factor);
+        c.do_resize = self.do_resize.unwrap_or(c.do_resize);
+        c.do_rescale = self.do_rescale.unwrap_or(c.do_rescale);
+        c.do_normalize = self.do_normalize.unwrap_or(c.do_normalize);
+        c.do_convert_rgb = self.do_convert_rgb.unwrap_or(c.do_convert_rgb);
+    }
+
+    /// The video-only settings over `c`.
+    fn apply_video(&self, c: &mut ProcessorConfig) {
+        let (min, max) = self.pixels();
+        c.video_min_pixels = min.unwrap_or(VIDEO_MIN_PIXELS);
+        c.video_max_pixels = max.unwrap_or(VIDEO_MAX_PIXELS);
+        c.fps = self.fps.unwrap_or(c.fps);
+        c.num_frames = self.num_frames.or(c.num_frames);
+        c.min_frames = self.min_frames.unwrap_or(c.min_frames);
+        c.max_frames = self.max_frames.unwrap_or(c.max_frames);
+        c.do_sample_frames = self.do_sample_frames.unwrap_or(c.do_sample_frames);
+    }
+}
+
+impl ProcessorConfig {
+    /// From the text of a `preprocessor_config.json`. Without a video config of its own, a model's
+    /// video processor is built by transformers from this same file: its pixel bounds and frame
+    /// settings apply to videos too (with the video processor's defaults where absent).
+    pub fn from_json(preprocessor_config: &str) -> Result<Self> {
+        Self::from_json_at(preprocessor_config, None)
+    }
+
+    fn from_json_at(json: &str, path: Option<&Path>) -> Result<Self> {
+        let raw = RawConfig::parse(json, path)?;
+        let mut c = ProcessorConfig::default();
+        raw.apply_shared(&mut c);
+        let (min, max) = raw.pixels();
+        c.min_pixels = min.unwrap_or(IMAGE_MIN_PIXELS);
+        c.max_pixels = max.unwrap_or(IMAGE_MAX_PIXELS);
+        raw.apply_video(&mut c);
+        c.validate(path)?;
+        Ok(c)
+    }
+
+    /// From a model directory: `preprocessor_config.json`, and `video_preprocessor_config.json`
+    /// for the video settings when present (which must then agree on the shared settings: patch
+    /// sizes, mean, std, rescaling).
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let image_path = dir.join("preprocessor_config.json");
+        let mut c = Self::from_json_at(&read(&image_path)?, Some(&image_path))?;
+        let video_path = dir.join("video_preprocessor_config.json");
+        if !video_path.exists() {
+            return Ok(c);
+        }
+        let raw = RawConfig::parse(&read(&video_path)?, Some(&video_path))?;
+        let mut shared = c.clone();
+        raw.apply_shared(&mut shared);
+        if shared != c {
+            return Err(MediaError::Config {
+                path: Some(video_path),
+                reason: "its patch sizes, mean, std or rescaling differ from \
+                         preprocessor_config.json's; one set of these is supported"
+                    .to_string(),
+            });
+        }
+        raw.apply_video(&mut c);
+        c.validate(Some(&video_path))?;
+        Ok(c)
+    }
+
+    /// `patch_size * merge_size`: the multiple each resized side is rounded to.
+    pub fn factor(&self) -> u32 {
+        (self.patch_size * self.merge_size) as u32
+    }
+
+    fn validate(&self, path: Option<&Path>) -> Result<()> {
+        let bad = |reason: String| MediaError::Config {
+            path: path.map(Path::to_path_buf),
+            reason,
+        };
+        for (name, v) in [
+            ("patch_size", self.patch_size),
+            ("temporal_patch_size", self.temporal_patch_size),
+            ("merge_size", self.merge_size),
+        ] {
+            if v == 0 || v > 1024 {
+                return Err(bad(format!("{name} is {v}: it must be 1 to 1024")));
+            }
+        }
+        for (what, min, max) in [
+            ("", self.min_pixels, self.max_pixels),
+            ("video ", self.video_min_pixels, self.video_max_pixels),
+        ] {
+            if min > max || max == 0 {
+                return Err(bad(format!(
+                    "{what}min_pixels {min} and max_pixels {max}: the minimum must not exceed a non-zero maximum"
+                )));
+            }
+        }
+        if self.image_std.iter().any(|s| *s == 0.0 || !s.is_finite())
+            || self.image_mean.iter().any(|m| !m.is_finite())
+        {
+            return Err(bad(format!(
+                "image_mean {:?} and image_std {:?} must be finite, the std non-zero",
+                self.image_mean, self.image_std
+            )));
+        }
+        if !self.rescale_factor.is_finite() {
+            return Err(bad("rescale_factor must be finite".to_string()));
+        }
+        if !(self.fps.is_finite() && self.fps > 0.0) {
+            return Err(bad(format!("fps is {}: it must be positive", self.fps)));
+        }
+        if self.min_frames > self.max_frames {
+            return Err(bad(format!(
+                "min_frames {} exceeds max_frames {}",
+                self.min_frames, self.max_frames
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|source| MediaError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_json_gives_transformers_defaults() {
+        let c = ProcessorConfig::from_json("{}").unwrap();
+        assert_eq!(c, ProcessorConfig::default());
+        assert_eq!((c.min_pixels, c.max_pixels), (3136, 1_003_520));
+        assert_eq!((c.video_min_pixels, c.video_max_pixels), (100_352, 602_112));
+        assert_eq!(c.factor(), 28);
+    }
+
+    #[test]
+    fn clip_constants_are_the_f32_of_transformers_values() {
+        let mean = [0.48145466f64, 0.4578275, 0.40821073].map(|v| v as f32);
+        let std = [0.26862954f64, 0.26130258, 0.27577711].map(|v| v as f32);
+        assert_eq!((OPENAI_CLIP_MEAN, OPENAI_CLIP_STD), (mean, std));
+    }
+
+    #[test]
+    fn min_max_pixels_override_size() {
+        let c = ProcessorConfig::from_json(
+            r#"{"size": {"shortest_edge": 100, "longest_edge": 5000}, "max_pixels": 9000, "fps": null}"#,
+        )
+        .unwrap();
+        assert_eq!((c.min_pixels, c.max_pixels), (100, 9000));
+        assert_eq!((c.video_min_pixels, c.video_max_pixels), (100, 9000));
+        assert_eq!(c.fps, 2.0);
+    }
+
+    #[test]
+    fn a_scalar_mean_applies_to_every_channel() {
+        let c =
+            ProcessorConfig::from_json(r#"{"image_mean": 0.5, "image_std": [1, 2, 3]}"#).unwrap();
+        assert_eq!(c.image_mean, [0.5; 3]);
+        assert_eq!(c.image_std, [1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn bad_values_say_what_to_fix() {
+        let e = ProcessorConfig::from_json(r#"{"patch_size": 0}"#).unwrap_err();
+        assert!(e.to_string().contains("patch_size is 0"), "{e}");
+        let e = ProcessorConfig::from_json(r#"{"min_pixels": 10, "max_pixels": 5}"#).unwrap_err();
+        assert!(e.to_string().contains("must not exceed"), "{e}");
+        let e = ProcessorConfig::from_json("[1]").unwrap_err();
+        assert!(
+            e.to_string().contains("not a valid preprocessor config"),
+            "{e}"
+        );
+        let e = ProcessorConfig::from_dir(Path::new("/nonexistent-dir")).unwrap_err();
+        assert!(matches!(e, MediaError::Io { .. }), "{e}");
+    }
+}

@@ -1,0 +1,288 @@
+//! Resized frames to the vision encoder's input: rescaled, normalised, cut into patches in the
+//! order of the Qwen2-VL processors.
+//!
+//! Inside a patch the values run channel, frame (of `temporal_patch_size`), row, column. The
+//! patches run by frame group, then by `merge_size x merge_size` window (rows of windows, then
+//! windows along a row), then row and column inside the window: the processors' reshape to
+//! `(grid_t, T, C, gh/m, m, p, gw/m, m, p)` and transpose `(0, 3, 6, 4, 7, 2, 1, 5, 8)`.
+
+use crate::config::ProcessorConfig;
+use crate::decode::RgbImage;
+use crate::error::{MediaError, Result};
+use crate::resize::resize_bicubic;
+use crate::smart_resize::smart_resize;
+
+/// The vision encoder's input for one image or video.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Patches {
+    /// `[num_patches, 3 * temporal_patch_size * patch_size * patch_size]`, row-major.
+    pub pixels: Vec<f32>,
+    /// Patches along time, height and width: `grid_thw[0] * grid_thw[1] * grid_thw[2]` patches.
+    pub grid_thw: [usize; 3],
+}
+
+impl Patches {
+    /// The number of patches (rows of `pixels`).
+    pub fn num_patches(&self) -> usize {
+        self.grid_thw.iter().product()
+    }
+
+    /// The values in one patch (columns of `pixels`).
+    pub fn patch_dim(&self) -> usize {
+        self.pixels
+            .len()
+            .checked_div(self.num_patches())
+            .unwrap_or(0)
+    }
+
+    /// The tokens this input takes in the prompt: the patches over `merge_size` squared.
+    pub fn num_tokens(&self, merge_size: usize) -> usize {
+        self.num_patches() / (merge_size * merge_size).max(1)
+    }
+}
+
+/// How `u8` values become the model's floats; the image and video processors differ in the
+/// last bit.
+#[derive(Clone, Copy)]
+enum Arithmetic {
+    /// numpy (the slow image processor): `f32(x * rescale_factor)` in `f64`, then
+    /// `(v - mean) / std` in `f32`.
+    Numpy,
+    /// torch (the video processor): rescaling fused into the normalisation,
+    /// `(x - mean * 255) / (std * 255)` in `f32`.
+    Torch,
+}
+
+/// One image as `Qwen2VLImageProcessor` prepares it (the slow, PIL path): resized with
+/// [`smart_resize`] and PIL's bicubic filter, rescaled, normalised, the one frame repeated
+/// `temporal_patch_size` times, cut into patches.
+pub fn preprocess_image(img: &RgbImage, cfg: &ProcessorConfig) -> Result<Patches> {
+    check_image(img)?;
+    let (frame, height, width) = resize_frame(img, cfg, cfg.min_pixels, cfg.max_pixels)?;
+    let planes = normalize(&frame, cfg, Arithmetic::Numpy);
+    patchify(&[planes], height, width, cfg)
+}
+
+/// Sampled video frames as `Qwen2VLVideoProcessor` prepares them: every frame resized to the
+/// same size (from the video pixel bounds), rescaled and normalised, the frames padded to a
+/// multiple of `temporal_patch_size` by repeating the last, cut into patches.
+///
+/// The HF video processor resizes with torchvision on tensors; this uses PIL's filter, so a
+/// resized frame can differ from the HF one by a unit here and there (frames already at a
+/// multiple of 28 in the pixel bounds are not resized and match exactly).
+pub fn preprocess_video(frames: &[RgbImage], cfg: &ProcessorConfig) -> Result<Patches> {
+    let first = frames
+        .first()
+        .ok_or_else(|| MediaError::BadVideo("the video has no frames".to_string()))?;
+    for (i, f) in frames.iter().enumerate() {
+        check_image(f)?;
+        if (f.width, f.height) != (first.width, first.height) {
+            return Err(MediaError::BadVideo(format!(
+                "frame {i} is {}x{} pixels but frame 0 is {}x{}: all frames must have one size",
+                f.width, f.height, first.width, first.height
+            )));
+        }
+    }
+    let mut planes = Vec::with_capacity(frames.len());
+    let mut size = (0, 0);
+    for f in frames {
+        let (frame, height, width) =
+            resize_frame(f, cfg, cfg.video_min_pixels, cfg.video_max_pixels)?;
+        size = (height, width);
+        planes.push(normalize(&frame, cfg, Arithmetic::Torch));
+    }
+    patchify(&planes, size.0, size.1, cfg)
+}
+
+fn check_image(img: &RgbImage) -> Result<()> {
+    let expected = img.width as usize * img.height as usize * 3;
+    if img.data.len() != expected {
+        return Err(MediaError::BadSize(format!(
+            "an RGB image of {}x{} pixels needs {expected} bytes, not {}",
+            img.width,
+            img.height,
+            img.data.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The frame at the size the processor gives it, with that size as `(height, width)`.
+fn resize_frame<'a>(
+    img: &'a RgbImage,
+    cfg: &ProcessorConfig,
+    min_pixels: u64,
+    max_pixels: u64,
+) -> Result<(std::borrow::Cow<'a, RgbImage>, usize, usize)> {
+    let factor = cfg.factor();
+    if !cfg.do_resize {
+        if !img.height.is_multiple_of(factor) || !img.width.is_multiple_of(factor) {
+            return Err(MediaError::BadSize(format!(
+                "without resizing, an image's sides must be multiples of {factor}; this one is {}x{}",
+                img.width, img.height
+            )));
+        }
+        return Ok((
+            std::borrow::Cow::Borrowed(img),
+            img.height as usize,
+            img.width as usize,
+        ));
+    }
+    let (height, width) = smart_resize(img.height, img.width, factor, min_pixels, max_pixels)?;
+    Ok((
+        std::borrow::Cow::Owned(resize_bicubic(img, width, height)),
+        height as usize,
+        width as usize,
+    ))
+}
+
+/// The frame as three planes (channel-first), rescaled and normalised as the config says.
+fn normalize(img: &RgbImage, cfg: &ProcessorConfig, arithmetic: Arithmetic) -> Vec<f32> {
+    let n = img.width as usize * img.height as usize;
+    let mut planes = vec![0f32; 3 * n];
+    for c in 0..3 {
+        let map = value_map(cfg, arithmetic, c);
+        for (out, px) in planes[c * n..(c + 1) * n]
+            .iter_mut()
+            .zip(img.data.chunks_exact(3))
+        {
+            *out = map[usize::from(px[c])];
+        }
+    }
+    planes
+}
+
+/// The float each of the 256 byte values of channel `c` becomes.
+fn value_map(cfg: &ProcessorConfig, arithmetic: Arithmetic, c: usize) -> [f32; 256] {
+    let (mean, std) = (cfg.image_mean[c], cfg.image_std[c]);
+    std::array::from_fn(|x| {
+        let x = x as f32;
+        match (arithmetic, cfg.do_rescale, cfg.do_normalize) {
+            (Arithmetic::Numpy, true, true) => {
+                ((f64::from(x) * cfg.rescale_factor) as f32 - mean) / std
+            }
+            (Arithmetic::Numpy, true, false) => (f64::from(x) * cfg.rescale_factor) as f32,
+            (Arithmetic::Torch, true, true) => {
+                let scale = (1.0 / cfg.rescale_factor) as f32;
+                (x - mean * scale) / (std * scale)
+            }
+            (Arithmetic::Torch, true, false) => x * cfg.rescale_factor as f32,
+            (_, false, true) => (x - mean) / std,
+            (_, false, false) => x,
+        }
+    })
+}
+
+/// Channel-first frames of `height x width` to patches; the frames are padded to a multiple of
+/// `temporal_patch_size` by repeating the last.
+fn patchify(
+    frames: &[Vec<f32>],
+    height: usize,
+    width: usize,
+    cfg: &ProcessorConfig,
+) -> Result<Patches> {
+    let (p, m, t) = (cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size);
+    let grid_h = height / p;
+    let grid_w = width / p;
+    if grid_h * p != height
+        || grid_w * p != width
+        || !grid_h.is_multiple_of(m)
+        || !grid_w.is_multiple_of(m)
+    {
+        return Err(MediaError::BadSize(format!(
+            "{width}x{height} pixels do not split into {p}-pixel patches merged {m} by {m}"
+        )));
+    }
+    let grid_t = frames.len().div_ceil(t);
+    let patch_dim = 3 * t * p * p;
+    let plane = height * width;
+    let mut pixels = Vec::with_capacity(grid_t * grid_h * grid_w * patch_dim);
+    for gt in 0..grid_t {
+        for bh in 0..grid_h / m {
+            for bw in 0..grid_w / m {
+                for mh in 0..m {
+                    for mw in 0..m {
+                        let y0 = (bh * m + mh) * p;
+                        let x0 = (bw * m + mw) * p;
+                        for c in 0..3 {
+                            for tt in 0..t {
+                                let frame = &frames[(gt * t + tt).min(frames.len() - 1)];
+                                let channel = &frame[c * plane..(c + 1) * plane];
+                                for y in y0..y0 + p {
+                                    pixels.extend_from_slice(
+                                        &channel[y * width + x0..y * width + x0 + p],
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(Patches {
+        pixels,
+        grid_thw: [grid_t, grid_h, grid_w],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny_cfg() -> ProcessorConfig {
+        ProcessorConfig {
+            patch_size: 1,
+            merge_size: 2,
+            temporal_patch_size: 2,
+            do_resize: false,
+            do_rescale: false,
+            do_normalize: false,
+            ..ProcessorConfig::default()
+        }
+    }
+
+    #[test]
+    fn patch_order_is_merge_windows_then_channel_frame_row_column() {
+        // 4x2 image (width 4, height 2), value = 10 * x + y in red, +100 in green, +200 in blue.
+        let mut data = Vec::new();
+        for y in 0..2u8 {
+            for x in 0..4u8 {
+                let v = 10 * x + y;
+                data.extend_from_slice(&[v, v + 100, v + 200]);
+            }
+        }
+        let img = RgbImage::new(4, 2, data).unwrap();
+        let p = preprocess_image(&img, &tiny_cfg()).unwrap();
+        assert_eq!(p.grid_thw, [1, 2, 4]);
+        assert_eq!(p.patch_dim(), 6);
+        // Patches: window (0,0): (y0,x0) (y0,x1) (y1,x0) (y1,x1); window (0,1): x2, x3.
+        let reds: Vec<f32> = p.pixels.chunks(6).map(|c| c[0]).collect();
+        assert_eq!(reds, [0., 10., 1., 11., 20., 30., 21., 31.]);
+        // Inside a patch: R R G G B B (two frames of each channel).
+        assert_eq!(&p.pixels[6..12], &[10., 10., 110., 110., 210., 210.]);
+    }
+
+    #[test]
+    fn odd_frame_counts_repeat_the_last_frame() {
+        let frames: Vec<RgbImage> = (0..3u8)
+            .map(|i| RgbImage::new(2, 2, vec![i; 12]).unwrap())
+            .collect();
+        let p = preprocess_video(&frames, &tiny_cfg()).unwrap();
+        assert_eq!(p.grid_thw, [2, 2, 2]);
+        // Second temporal group: frame 2 then frame 2 again.
+        let second = &p.pixels[4 * 6..5 * 6];
+        assert_eq!(second, &[2.; 6]);
+        assert_eq!(&p.pixels[..6], &[0., 1., 0., 1., 0., 1.]);
+    }
+
+    #[test]
+    fn frames_of_different_sizes_are_refused() {
+        let frames = [
+            RgbImage::new(2, 2, vec![0; 12]).unwrap(),
+            RgbImage::new(4, 2, vec![0; 24]).unwrap(),
+        ];
+        let e = preprocess_video(&frames, &tiny_cfg()).unwrap_err();
+        assert!(e.to_string().contains("frame 1 is 4x2"), "{e}");
+    }
+}
