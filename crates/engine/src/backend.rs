@@ -152,6 +152,31 @@ pub trait Backend: Send + Sync + 'static {
     /// Bytes a weight occupies on the device.
     fn weight_bytes(&self, w: &Self::Weight) -> usize;
     fn rope_table(&self, inv_freq: &[f64]) -> Result<Self::Rope>;
+    /// M-RoPE (Qwen-VL): frequencies `0..section[0]` turn with a token's temporal position,
+    /// the next `section[1]` with its row, the rest with its column (`BatchLayout::
+    /// rope_positions`). Backends without it refuse at load.
+    fn mrope_table(&self, inv_freq: &[f64], section: [usize; 3]) -> Result<Self::Rope> {
+        let _ = (inv_freq, section);
+        Err(crate::error::EngineError::Backend(format!(
+            "the {} engine does not run M-RoPE (Qwen2-VL, Qwen2.5-VL) yet: use --device cpu",
+            self.name()
+        )))
+    }
+    /// Overwrites rows `rows[i]` of `dst` (`width` wide) with row `i` of `src` (host data):
+    /// a vision encoder's embeddings in place of placeholder tokens'.
+    fn write_rows(
+        &self,
+        dst: &mut Self::Buf,
+        width: usize,
+        rows: &[u32],
+        src: &[f32],
+    ) -> Result<()> {
+        let _ = (dst, width, rows, src);
+        Err(crate::error::EngineError::Backend(format!(
+            "the {} engine does not take media embeddings yet: use --device cpu",
+            self.name()
+        )))
+    }
     /// One layer's K or V pool.
     fn alloc_kv(&self, cfg: &KvCacheConfig) -> Result<Self::Kv>;
     /// Every layer's (K, V) pools (a backend may place them in one allocation).

@@ -33,7 +33,7 @@ pub struct SeqChunk {
 /// whose embeddings a vision encoder supplies. A run covers the rest of its item from
 /// `item_offset`: the scheduler never cuts an item between steps, but a prefix-cache hit may
 /// already hold its first positions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ChunkMedia {
     /// Index of the chunk in the step.
     pub chunk: usize,
@@ -44,6 +44,8 @@ pub struct ChunkMedia {
     pub item_offset: usize,
     /// The item's content hash (what its encoder output is cached by).
     pub hash: u128,
+    /// Its patches, for the vision tower (None: the engine must have its embeddings cached).
+    pub input: Option<std::sync::Arc<crate::vision::VisionInput>>,
 }
 
 /// Flat per-token and per-sequence metadata, computed once per step and shared by every layer.
@@ -68,6 +70,9 @@ pub struct BatchLayout {
     pub logits_per_seq: Vec<u32>,
     /// Token indices of each LoRA adapter used in this step.
     pub adapter_rows: Vec<(u64, Vec<u32>)>,
+    /// M-RoPE models: each token's (time, height, width) rotary positions, 3 per token;
+    /// empty when the rotary position is `positions`.
+    pub rope_positions: Vec<u32>,
 }
 
 impl BatchLayout {
@@ -91,6 +96,7 @@ impl BatchLayout {
             logits_rows: Vec::new(),
             logits_per_seq: Vec::with_capacity(chunks.len()),
             adapter_rows: Vec::new(),
+            rope_positions: Vec::new(),
         };
         l.cu_tokens.push(0);
         for (s, c) in chunks.iter().enumerate() {

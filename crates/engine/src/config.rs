@@ -5,6 +5,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::error::{EngineError, Result};
+use crate::vision::{VisionConfig, VisionVariant};
 
 /// Which member of the Llama family a checkpoint is; decides biases, norms and tensor names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +26,10 @@ impl Architecture {
             "MistralForCausalLM" => Ok(Architecture::Mistral),
             "Qwen2ForCausalLM" => Ok(Architecture::Qwen2),
             "Qwen3ForCausalLM" => Ok(Architecture::Qwen3),
+            // The language model of Qwen2-VL and Qwen2.5-VL is Qwen2's (with M-RoPE).
+            "Qwen2VLForConditionalGeneration" | "Qwen2_5_VLForConditionalGeneration" => {
+                Ok(Architecture::Qwen2)
+            }
             other => Err(EngineError::UnknownArchitecture(other.to_string())),
         }
     }
@@ -35,6 +40,15 @@ impl Architecture {
             Architecture::Mistral => "MistralForCausalLM",
             Architecture::Qwen2 => "Qwen2ForCausalLM",
             Architecture::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+
+    /// The vision tower a checkpoint's architecture name implies.
+    pub fn vision_variant(name: &str) -> Option<VisionVariant> {
+        match name {
+            "Qwen2VLForConditionalGeneration" => Some(VisionVariant::Qwen2Vl),
+            "Qwen2_5_VLForConditionalGeneration" => Some(VisionVariant::Qwen25Vl),
+            _ => None,
         }
     }
 
@@ -76,6 +90,11 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// Every id listed as `eos_token_id` (an int or a list in HF configs).
     pub eos_token_ids: Vec<u32>,
+    /// M-RoPE (Qwen-VL): how many of the head's rotary frequencies follow each token's
+    /// temporal, height and width position, in that order.
+    pub mrope_section: Option<[usize; 3]>,
+    /// The vision tower of a vision-language model.
+    pub vision: Option<VisionConfig>,
 }
 
 #[derive(Deserialize)]
@@ -102,6 +121,7 @@ struct RawRopeScaling {
     low_freq_factor: Option<f64>,
     high_freq_factor: Option<f64>,
     original_max_position_embeddings: Option<f64>,
+    mrope_section: Option<Vec<usize>>,
 }
 
 #[derive(Deserialize)]
@@ -135,7 +155,18 @@ impl ModelConfig {
 
     /// Parses config.json text; the error names the missing or invalid field.
     pub fn from_json(text: &str) -> std::result::Result<Self, String> {
-        let raw: RawConfig = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let mut top: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(text).map_err(|e| e.to_string())?;
+        // Newer transformers nest a composite model's text fields under `text_config`.
+        if let Some(serde_json::Value::Object(tc)) = top.get("text_config").cloned() {
+            for (k, v) in tc {
+                if k != "architectures" {
+                    top.insert(k, v);
+                }
+            }
+        }
+        let raw: RawConfig = serde_json::from_value(serde_json::Value::Object(top.clone()))
+            .map_err(|e| e.to_string())?;
         let arch_name = raw
             .architectures
             .as_ref()
@@ -171,8 +202,30 @@ impl ModelConfig {
         if head_dim % 2 != 0 {
             return Err(format!("head_dim ({head_dim}) must be even for RoPE"));
         }
+        let mrope_section = match raw
+            .rope_scaling
+            .as_ref()
+            .and_then(|r| r.mrope_section.clone())
+        {
+            None => None,
+            Some(s) if s.len() == 3 && s.iter().sum::<usize>() == head_dim / 2 => {
+                Some([s[0], s[1], s[2]])
+            }
+            Some(s) => {
+                return Err(format!(
+                    "rope_scaling.mrope_section {s:?} must be three numbers summing to head_dim / 2 ({})",
+                    head_dim / 2
+                ));
+            }
+        };
         let rope_scaling = match raw.rope_scaling {
             None => None,
+            Some(rs) if mrope_section.is_some() => {
+                if !matches!(rs.rope_type.as_deref(), None | Some("mrope" | "default")) {
+                    return Err("rope_scaling: M-RoPE with a scaled type is not supported".into());
+                }
+                None
+            }
             Some(rs) => match rs.rope_type.as_deref() {
                 Some("llama3") => Some(Llama3RopeScaling {
                     factor: rs.factor.ok_or("rope_scaling.factor is missing")?,
@@ -190,6 +243,13 @@ impl ModelConfig {
                 }
             },
         };
+        let vision = match Architecture::vision_variant(arch_name) {
+            Some(v) => Some(crate::vision::config::parse(v, &top, hidden_size)?),
+            None => None,
+        };
+        if vision.is_some() && mrope_section.is_none() {
+            return Err("a Qwen-VL config needs rope_scaling.mrope_section".into());
+        }
         Ok(ModelConfig {
             architecture,
             vocab_size: req(raw.vocab_size, "vocab_size")?,
@@ -210,6 +270,8 @@ impl ModelConfig {
                 .eos_token_id
                 .map(OneOrMany::into_vec)
                 .unwrap_or_default(),
+            mrope_section,
+            vision,
         })
     }
 

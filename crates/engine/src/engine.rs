@@ -13,8 +13,11 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::kv::KvCacheConfig;
 use crate::lora::{LoraAdapter, LoraWeights};
+use crate::model::InputEmbeds;
 use crate::model::{KvCache, LoadOptions, Model};
 use crate::step::{LogitsWork, StepBatch, StepOutput};
+use crate::vision::EncoderCache;
+use crate::vision::prefill::{self, EncoderStats};
 use crate::warmup::{self, StepShape};
 
 #[derive(Debug, Clone)]
@@ -99,7 +102,14 @@ pub trait StepEngine: Send {
     fn graph_stats(&self) -> Option<GraphStats> {
         None
     }
+    /// What the vision encoder has done since load (vision-language models).
+    fn encoder_stats(&self) -> EncoderStats {
+        EncoderStats::default()
+    }
 }
+
+/// Bytes of vision embeddings the encoder cache keeps.
+const ENCODER_CACHE_BYTES: usize = 256 << 20;
 
 pub struct Engine<B: Backend> {
     backend: B,
@@ -108,6 +118,8 @@ pub struct Engine<B: Backend> {
     weight_bytes: usize,
     tokens_computed: u64,
     adapters: HashMap<u64, LoraAdapter<B>>,
+    encoder_cache: EncoderCache,
+    encoder_stats: EncoderStats,
 }
 
 impl Engine<CpuBackend> {
@@ -147,6 +159,8 @@ impl<B: Backend> Engine<B> {
             weight_bytes,
             tokens_computed: 0,
             adapters: HashMap::new(),
+            encoder_cache: EncoderCache::new(ENCODER_CACHE_BYTES),
+            encoder_stats: EncoderStats::default(),
         };
         if let Some(fraction) = device_share {
             let blocks = engine.measure_kv_blocks(opts.max_step, fraction)?;
@@ -183,10 +197,36 @@ impl<B: Backend> Engine<B> {
             let step = backend.upload_step(&layout)?;
             backend
                 .run_graph(&step, || {
-                    model.forward(backend, &layout, &step, kv, adapters)
+                    model.forward(backend, &layout, &step, kv, adapters, None)
                 })
                 .map(|_| ())
         })
+    }
+
+    /// A step's layout, with M-RoPE positions and media embeddings where the model has them.
+    fn prepare(
+        &mut self,
+        chunks: &[SeqChunk],
+        media: &[crate::batch::ChunkMedia],
+        rope_deltas: &[i64],
+    ) -> Result<(BatchLayout, Option<InputEmbeds>)> {
+        let mut layout = BatchLayout::new(chunks, self.kv.cfg.num_blocks)?;
+        if self.model.config.mrope_section.is_some() {
+            prefill::rope_positions(chunks, media, rope_deltas, &mut layout)?;
+        }
+        let embeds = if media.is_empty() {
+            None
+        } else {
+            Some(prefill::media_embeds(
+                self.model.vision.as_ref(),
+                &mut self.encoder_cache,
+                media,
+                &layout,
+                self.model.config.hidden_size,
+                &mut self.encoder_stats,
+            )?)
+        };
+        Ok((layout, embeds))
     }
 
     pub fn model(&self) -> &Model<B> {
@@ -200,7 +240,18 @@ impl<B: Backend> Engine<B> {
     /// Runs one forward pass and returns the requested logits on the host (no sampling):
     /// for tests that compare logits and for diagnostics.
     pub fn forward_logits(&mut self, chunks: &[SeqChunk]) -> Result<Logits> {
-        let layout = BatchLayout::new(chunks, self.kv.cfg.num_blocks)?;
+        self.forward_logits_media(chunks, &[], &[])
+    }
+
+    /// [`Self::forward_logits`] for a step with media runs and M-RoPE deltas (as
+    /// [`StepBatch::media`] and [`StepBatch::rope_deltas`]).
+    pub fn forward_logits_media(
+        &mut self,
+        chunks: &[SeqChunk],
+        media: &[crate::batch::ChunkMedia],
+        rope_deltas: &[i64],
+    ) -> Result<Logits> {
+        let (layout, embeds) = self.prepare(chunks, media, rope_deltas)?;
         let rows_per_seq = layout.logits_per_seq.clone();
         let rows = layout.logits_rows.len();
         let tokens = layout.num_tokens();
@@ -211,7 +262,7 @@ impl<B: Backend> Engine<B> {
         let data = backend.run_forward(|| {
             let step = backend.upload_step(&layout)?;
             let logits = backend.run_graph(&step, || {
-                model.forward(backend, &layout, &step, kv, adapters)
+                model.forward(backend, &layout, &step, kv, adapters, embeds.as_ref())
             })?;
             match logits {
                 Some(buf) => backend.to_host(buf, rows * vocab),
@@ -249,7 +300,7 @@ impl<B: Backend> StepEngine for Engine<B> {
     }
 
     fn step(&mut self, batch: &StepBatch<'_>) -> Result<StepOutput> {
-        let layout = BatchLayout::new(batch.chunks, self.kv.cfg.num_blocks)?;
+        let (layout, embeds) = self.prepare(batch.chunks, batch.media, batch.rope_deltas)?;
         let work = LogitsWork::new(batch, &layout)?;
         let tokens = layout.num_tokens();
         let layout = self.backend.prepare_layout(layout);
@@ -260,7 +311,7 @@ impl<B: Backend> StepEngine for Engine<B> {
         let (out, sample_time) = backend.run_forward(|| {
             let step = backend.upload_step(&layout)?;
             let logits = backend.run_graph(&step, || {
-                model.forward(backend, &layout, &step, kv, adapters)
+                model.forward(backend, &layout, &step, kv, adapters, embeds.as_ref())
             })?;
             let t = Instant::now();
             let out = match logits {
@@ -275,6 +326,10 @@ impl<B: Backend> StepEngine for Engine<B> {
 
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
         self.kv.copy_blocks(&self.backend, pairs)
+    }
+
+    fn encoder_stats(&self) -> EncoderStats {
+        self.encoder_stats
     }
 
     fn weight_bytes(&self) -> usize {

@@ -25,6 +25,7 @@ pub mod sampling;
 pub mod step;
 #[doc(hidden)]
 pub mod testing;
+pub mod vision;
 pub mod warmup;
 pub mod weights;
 

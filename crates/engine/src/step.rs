@@ -71,9 +71,12 @@ pub struct StepBatch<'a> {
     pub chunks: &'a [SeqChunk],
     pub samples: &'a [SampleRequest<'a>],
     pub prompt_logprobs: &'a [PromptLogprobRequest<'a>],
-    /// Which chunk positions stand for media items (empty for text). No engine reads it yet:
-    /// it is the seam where a vision encoder's embeddings will replace placeholder tokens'.
+    /// Which chunk positions stand for media items (empty for text): a vision model's
+    /// encoder embeddings replace their placeholder tokens' embeddings.
     pub media: &'a [ChunkMedia],
+    /// M-RoPE models: per chunk, how far its first token's rotary position trails its
+    /// sequence index because of the media items that end before it (empty: none do).
+    pub rope_deltas: &'a [i64],
 }
 
 /// The log-probability of one token and the most likely alternatives at its position.

@@ -109,6 +109,7 @@ impl<B: Backend> Engine<B> {
                 samples: &samples,
                 prompt_logprobs: &[],
                 media: &[],
+                rope_deltas: &[],
             })?;
         }
         self.backend().finish_warmup()?;

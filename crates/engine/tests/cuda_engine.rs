@@ -79,6 +79,7 @@ fn greedy<E: StepEngine + ?Sized>(e: &mut E, chunks: &[SeqChunk]) -> Vec<u32> {
             samples: &samples,
             prompt_logprobs: &[],
             media: &[],
+            rope_deltas: &[],
         })
         .unwrap();
     out.samples.iter().map(|s| s.token).collect()
@@ -509,6 +510,7 @@ fn generate<E: StepEngine + ?Sized>(
                 samples: &[draw],
                 prompt_logprobs: &[],
                 media: &[],
+                rope_deltas: &[],
             })
             .unwrap();
         let t = s.samples[0].token;

@@ -198,6 +198,7 @@ mod tests {
                     placeholder: 7,
                     len: 30,
                     hash,
+                    input: None,
                 }),
                 Span::Text(vec![2; 3]),
             ])

@@ -44,6 +44,12 @@ pub struct SchedulerMetrics {
     /// The engine's CUDA graphs: captured, and keys whose capture failed (all 0 without).
     pub cuda_graphs_captured: AtomicU64,
     pub cuda_graphs_failed: AtomicU64,
+    /// Media items in admitted prompts; items the vision encoder ran on, items served from
+    /// its cache, and its time.
+    pub media_items: AtomicU64,
+    pub encoder_items: AtomicU64,
+    pub encoder_cache_hits: AtomicU64,
+    pub encoder_nanos: AtomicU64,
     recent_masks: std::sync::Mutex<std::collections::VecDeque<u32>>,
 }
 
@@ -78,6 +84,10 @@ pub struct MetricsSnapshot {
     pub mask_nanos: u64,
     pub cuda_graphs_captured: u64,
     pub cuda_graphs_failed: u64,
+    pub media_items: u64,
+    pub encoder_items: u64,
+    pub encoder_cache_hits: u64,
+    pub encoder_nanos: u64,
 }
 
 impl MetricsSnapshot {
@@ -144,6 +154,10 @@ impl SchedulerMetrics {
             mask_nanos: self.mask_nanos.load(Relaxed),
             cuda_graphs_captured: self.cuda_graphs_captured.load(Relaxed),
             cuda_graphs_failed: self.cuda_graphs_failed.load(Relaxed),
+            media_items: self.media_items.load(Relaxed),
+            encoder_items: self.encoder_items.load(Relaxed),
+            encoder_cache_hits: self.encoder_cache_hits.load(Relaxed),
+            encoder_nanos: self.encoder_nanos.load(Relaxed),
         }
     }
 }

@@ -69,6 +69,7 @@ mod tests {
                 placeholder: 9,
                 len: 20,
                 hash,
+                input: None,
             },
         };
         let t = vec![9u32; 16];

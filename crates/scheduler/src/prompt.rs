@@ -6,20 +6,44 @@
 //! admission never cuts a media span between two steps.
 
 use std::ops::{Deref, Range};
+use std::sync::Arc;
+
+use lmi_engine::vision::VisionInput;
 
 /// A media item's content hash: at least 128 bits of a cryptographic hash of its bytes,
 /// computed by whoever decodes the item (a collision would serve another image's KV).
 pub type MediaHash = u128;
 
 /// One media item in a prompt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct MediaSpan {
     /// The token id its positions carry (the model's image pad token).
     pub placeholder: u32,
     /// Positions it takes in the sequence.
     pub len: usize,
     pub hash: MediaHash,
+    /// Its patches for the engine's vision tower (None in tests of the scheduler alone).
+    pub input: Option<Arc<VisionInput>>,
 }
+
+impl MediaSpan {
+    /// How much the item shifts M-RoPE positions after it (0 without patches).
+    pub fn rope_delta(&self) -> i64 {
+        self.input
+            .as_deref()
+            .map_or(0, lmi_engine::vision::mrope::item_delta)
+    }
+}
+
+/// Items are the same when their placement and content hash are (the hash covers the bytes
+/// the patches were made from).
+impl PartialEq for MediaSpan {
+    fn eq(&self, o: &Self) -> bool {
+        (self.placeholder, self.len, self.hash) == (o.placeholder, o.len, o.hash)
+    }
+}
+
+impl Eq for MediaSpan {}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Span {
@@ -28,7 +52,7 @@ pub enum Span {
 }
 
 /// A media item at its place in the prompt: positions `start .. start + item.len`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlacedMedia {
     pub start: usize,
     pub item: MediaSpan,
@@ -64,12 +88,12 @@ impl Prompt {
             match s {
                 Span::Text(t) => p.tokens.extend(t),
                 Span::Media(item) => {
-                    p.media.push(PlacedMedia {
-                        start: p.tokens.len(),
-                        item,
-                    });
                     p.tokens
                         .extend(std::iter::repeat_n(item.placeholder, item.len));
+                    p.media.push(PlacedMedia {
+                        start: p.tokens.len() - item.len,
+                        item,
+                    });
                 }
             }
         }
@@ -84,7 +108,7 @@ impl Prompt {
             if m.start > at {
                 out.push(Span::Text(self.tokens[at..m.start].to_vec()));
             }
-            out.push(Span::Media(m.item));
+            out.push(Span::Media(m.item.clone()));
             at = m.end();
         }
         if at < self.tokens.len() {
@@ -149,6 +173,7 @@ mod tests {
             placeholder: 9,
             len,
             hash,
+            input: None,
         })
     }
 

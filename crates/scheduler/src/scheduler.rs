@@ -321,7 +321,8 @@ impl Scheduler {
             self.update_gauges();
             return false;
         }
-        let (chunks, media) = step_plan::chunks(&self.running, &self.requests, &scheduled);
+        let (chunks, media, rope_deltas) =
+            step_plan::chunks(&self.running, &self.requests, &scheduled);
         // Constrained draws: their masks are computed on the mask workers while the forward
         // pass runs; the engine waits for each right before its draw.
         let masks = self.start_masks(&scheduled);
@@ -333,6 +334,7 @@ impl Scheduler {
             samples: &samples,
             prompt_logprobs: &prompt_logprobs,
             media: &media,
+            rope_deltas: &rope_deltas,
         };
         let tf = Instant::now();
         let result = self
@@ -353,6 +355,12 @@ impl Scheduler {
         if let Some(g) = self.engine.graph_stats() {
             m.cuda_graphs_captured.store(g.captured as u64, Relaxed);
             m.cuda_graphs_failed.store(g.failed as u64, Relaxed);
+        }
+        if !media.is_empty() {
+            let e = self.engine.encoder_stats();
+            m.encoder_items.store(e.items_encoded, Relaxed);
+            m.encoder_cache_hits.store(e.cache_hits, Relaxed);
+            m.encoder_nanos.store(e.time.as_nanos() as u64, Relaxed);
         }
         match result {
             Ok(out) => {

@@ -33,14 +33,15 @@ pub(crate) fn wants_prompt_logprobs(s: &Sequence, r: &RequestState) -> bool {
     s.index == 0 && r.params.prompt_logprobs.is_some() && !r.prompt_logprobs_sent
 }
 
-/// The chunks of `scheduled` (running index, new tokens), in order, and the media items
-/// among their positions.
+/// The chunks of `scheduled` (running index, new tokens), in order, the media items among
+/// their positions, and (when any sequence has media) each chunk's M-RoPE delta.
 pub(crate) fn chunks(
     running: &[SeqEntry],
     requests: &HashMap<RequestId, RequestState>,
     scheduled: &[(usize, usize)],
-) -> (Vec<SeqChunk>, Vec<ChunkMedia>) {
+) -> (Vec<SeqChunk>, Vec<ChunkMedia>, Vec<i64>) {
     let mut media = Vec::new();
+    let mut deltas = Vec::new();
     let chunks = scheduled
         .iter()
         .enumerate()
@@ -49,6 +50,20 @@ pub(crate) fn chunks(
             let r = requests.get(&s.req);
             let start = s.kv.num_computed;
             let end = start + n;
+            // The rotary shift of the items that end before this chunk.
+            let delta: i64 = r.map_or(0, |r| {
+                let items = r.params.prompt.media();
+                items[..items.partition_point(|m| m.end() <= start)]
+                    .iter()
+                    .map(|m| m.item.rope_delta())
+                    .sum()
+            });
+            if delta != 0 && deltas.is_empty() {
+                deltas.resize(k, 0);
+            }
+            if !deltas.is_empty() {
+                deltas.push(delta);
+            }
             if let Some(r) = r {
                 for m in r.params.prompt.media_in(start..end) {
                     let from = m.start.max(start);
@@ -58,6 +73,7 @@ pub(crate) fn chunks(
                         len: m.end().min(end) - from,
                         item_offset: from - m.start,
                         hash: m.item.hash,
+                        input: m.item.input.clone(),
                     });
                 }
             }
@@ -80,7 +96,7 @@ pub(crate) fn chunks(
             }
         })
         .collect();
-    (chunks, media)
+    (chunks, media, deltas)
 }
 
 /// The draws and prompt scores of a step over `chunks` (from [`chunks`]), and where each

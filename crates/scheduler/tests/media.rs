@@ -96,6 +96,7 @@ fn image(placeholder: u32, len: usize, hash: u128) -> Span {
         placeholder,
         len,
         hash,
+        input: None,
     })
 }
 
@@ -139,8 +140,9 @@ fn the_same_item_reuses_its_blocks_and_another_never_does() {
         len: 40,
         item_offset: 0,
         hash: 0xA,
+        input: None,
     };
-    assert_eq!(seen[0].media, vec![whole]);
+    assert_eq!(seen[0].media, vec![whole.clone()]);
     assert!(seen[1..].iter().all(|s| s.media.is_empty()), "decode steps");
 
     let again = run(&h, &with(0xA));
@@ -153,7 +155,7 @@ fn the_same_item_reuses_its_blocks_and_another_never_does() {
         offset: 0,
         len: 12,
         item_offset: 28,
-        ..whole
+        ..whole.clone()
     };
     assert_eq!(seen[0].media, vec![rest]);
 

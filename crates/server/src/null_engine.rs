@@ -232,6 +232,7 @@ mod tests {
                     top_n: 0,
                 }],
                 media: &[],
+                rope_deltas: &[],
             })
             .unwrap();
         let tokens: Vec<u32> = out.samples.iter().map(|s| s.token).collect();

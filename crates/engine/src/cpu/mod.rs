@@ -77,6 +77,13 @@ impl CpuWeight {
     }
 }
 
+/// Rotary frequencies, and for M-RoPE which position component (time, row, column) each
+/// frequency turns with.
+pub struct CpuRope {
+    pub inv_freq: Vec<f64>,
+    pub component: Option<Vec<u8>>,
+}
+
 /// One layer's K or V pool, `[blocks, kv_heads, BLOCK_SIZE, head_dim]` (every layer's pools
 /// share one allocation, `kv_pool.rs`).
 pub enum CpuKv {
@@ -121,7 +128,7 @@ impl Backend for CpuBackend {
     type Weight = CpuWeight;
     type Kv = CpuKv;
     type Step = BatchLayout;
-    type Rope = Vec<f64>;
+    type Rope = CpuRope;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -171,8 +178,39 @@ impl Backend for CpuBackend {
         w.bytes()
     }
 
-    fn rope_table(&self, inv_freq: &[f64]) -> Result<Vec<f64>> {
-        Ok(inv_freq.to_vec())
+    fn rope_table(&self, inv_freq: &[f64]) -> Result<CpuRope> {
+        Ok(CpuRope {
+            inv_freq: inv_freq.to_vec(),
+            component: None,
+        })
+    }
+
+    fn mrope_table(&self, inv_freq: &[f64], section: [usize; 3]) -> Result<CpuRope> {
+        let component = (0..inv_freq.len())
+            .map(|f| match f {
+                f if f < section[0] => 0u8,
+                f if f < section[0] + section[1] => 1,
+                _ => 2,
+            })
+            .collect();
+        Ok(CpuRope {
+            inv_freq: inv_freq.to_vec(),
+            component: Some(component),
+        })
+    }
+
+    fn write_rows(
+        &self,
+        dst: &mut Vec<f32>,
+        width: usize,
+        rows: &[u32],
+        src: &[f32],
+    ) -> Result<()> {
+        for (&r, s) in rows.iter().zip(src.chunks(width)) {
+            let r = r as usize;
+            dst[r * width..(r + 1) * width].copy_from_slice(s);
+        }
+        Ok(())
     }
 
     fn alloc_kv(&self, cfg: &KvCacheConfig) -> Result<CpuKv> {
@@ -321,10 +359,19 @@ impl Backend for CpuBackend {
         qkv: &mut Vec<f32>,
         step: &BatchLayout,
         layout: QkvLayout,
-        rope: &Vec<f64>,
+        rope: &CpuRope,
     ) -> Result<()> {
         let len = step.num_tokens() * layout.row_width();
-        ops::rope(&mut qkv[..len], &step.positions, layout, rope);
+        match &rope.component {
+            Some(c) if !step.rope_positions.is_empty() => ops::mrope(
+                &mut qkv[..len],
+                &step.rope_positions,
+                layout,
+                &rope.inv_freq,
+                c,
+            ),
+            _ => ops::rope(&mut qkv[..len], &step.positions, layout, &rope.inv_freq),
+        }
         Ok(())
     }
 

@@ -84,6 +84,30 @@ pub fn rope(qkv: &mut [f32], positions: &[u32], l: QkvLayout, inv_freq: &[f64]) 
     });
 }
 
+/// RoPE with M-RoPE positions: frequency `i` turns with component `component[i]` of the
+/// token's (time, row, column) position (`positions` holds 3 per token).
+pub fn mrope(qkv: &mut [f32], positions: &[u32], l: QkvLayout, inv_freq: &[f64], component: &[u8]) {
+    let d = l.head_dim;
+    let half = d / 2;
+    for_rows(qkv, l.row_width(), |r, row| {
+        let p = &positions[3 * r..3 * r + 3];
+        let (mut cos, mut sin) = (vec![0.0f32; half], vec![0.0f32; half]);
+        for i in 0..half {
+            let (s, c) = (p[component[i] as usize] as f64 * inv_freq[i]).sin_cos();
+            cos[i] = c as f32;
+            sin[i] = s as f32;
+        }
+        for h in 0..l.q_heads + l.kv_heads {
+            let head = &mut row[h * d..(h + 1) * d];
+            for i in 0..half {
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * cos[i] - b * sin[i];
+                head[i + half] = b * cos[i] + a * sin[i];
+            }
+        }
+    });
+}
+
 pub fn silu_mul(gate_up: &[f32], width: usize, out: &mut [f32]) {
     for_rows(out, width, |r, o| {
         let g = &gate_up[r * 2 * width..r * 2 * width + width];

@@ -5,7 +5,8 @@ use super::{Layer, Model};
 use crate::backend::Backend;
 use crate::config::ModelConfig;
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
+use crate::vision::VisionTower;
 use crate::weights::{GgufWeights, HostData, HostTensor, SafetensorsDir, WeightSource};
 
 #[derive(Debug, Clone, Default)]
@@ -74,7 +75,16 @@ impl<B: Backend> Model<B> {
         let vec = |name: &str, len: usize| -> Result<B::Weight> {
             backend.upload_weight(st.load(name, &[len], DType::F32)?)
         };
-        let embed_t = mat("model.embed_tokens.weight", &[c.vocab_size, h])?;
+        // Newer transformers save a vision-language model's text weights under
+        // `model.language_model.`; the published checkpoints under `model.`.
+        let lm = if !st.contains("model.embed_tokens.weight")
+            && st.contains("model.language_model.embed_tokens.weight")
+        {
+            "model.language_model"
+        } else {
+            "model"
+        };
+        let embed_t = mat(&format!("{lm}.embed_tokens.weight"), &[c.vocab_size, h])?;
         let lm_head = if st.contains("lm_head.weight") && !c.tie_word_embeddings {
             Some(backend.upload_weight(mat("lm_head.weight", &[c.vocab_size, h])?)?)
         } else {
@@ -83,7 +93,7 @@ impl<B: Backend> Model<B> {
         let embed = backend.upload_weight(embed_t)?;
         let mut layers = Vec::with_capacity(c.num_layers);
         for i in 0..c.num_layers {
-            let p = format!("model.layers.{i}");
+            let p = format!("{lm}.layers.{i}");
             let a = format!("{p}.self_attn");
             let qkv = HostTensor::concat_rows(vec![
                 mat(&format!("{a}.q_proj.weight"), &[c.q_size(), h])?,
@@ -129,8 +139,23 @@ impl<B: Backend> Model<B> {
                 )?)?,
             });
         }
-        let final_norm = vec("model.norm.weight", h)?;
-        let rope = backend.rope_table(&c.rope_inv_freq())?;
+        let final_norm = vec(&format!("{lm}.norm.weight"), h)?;
+        let rope = match c.mrope_section {
+            Some(section) => backend.mrope_table(&c.rope_inv_freq(), section)?,
+            None => backend.rope_table(&c.rope_inv_freq())?,
+        };
+        let vision = match (&c.vision, st) {
+            (None, _) => None,
+            (Some(v), WeightSource::Safetensors(_)) => Some(VisionTower::load(v, st)?),
+            (Some(_), WeightSource::Gguf(_)) => {
+                return Err(EngineError::Backend(
+                    "a vision-language model's vision tower is not in its GGUF file (llama.cpp \
+                     keeps it in a separate mmproj file, which lmi does not read): serve the \
+                     HF directory"
+                        .into(),
+                ));
+            }
+        };
         let weights = formats
             .into_inner()
             .into_iter()
@@ -152,6 +177,7 @@ impl<B: Backend> Model<B> {
             final_norm,
             layers,
             rope,
+            vision,
         })
     }
 }

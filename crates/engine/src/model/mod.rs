@@ -41,6 +41,16 @@ pub struct Model<B: Backend> {
     final_norm: B::Weight,
     layers: Vec<Layer<B>>,
     rope: B::Rope,
+    /// A vision-language model's vision tower (on the host).
+    pub vision: Option<crate::vision::VisionTower>,
+}
+
+/// Embeddings that replace some tokens' (media placeholders'): `rows` of the step, `data`
+/// `[rows.len(), hidden]` on the host.
+#[derive(Debug, Default)]
+pub struct InputEmbeds {
+    pub rows: Vec<u32>,
+    pub data: Vec<f32>,
 }
 
 /// The paged K/V pools of every layer.
@@ -139,6 +149,7 @@ impl<B: Backend> Model<B> {
         step: &B::Step,
         kv: &mut KvCache<B>,
         adapters: &HashMap<u64, LoraAdapter<B>>,
+        embeds: Option<&InputEmbeds>,
     ) -> Result<Option<B::Buf>> {
         let c = &self.config;
         let n = layout.num_tokens();
@@ -197,6 +208,9 @@ impl<B: Backend> Model<B> {
         };
 
         backend.embedding(&self.embed, step, &mut residual)?;
+        if let Some(e) = embeds.filter(|e| !e.rows.is_empty()) {
+            backend.write_rows(&mut residual, hidden, &e.rows, &e.data)?;
+        }
         for (i, layer) in self.layers.iter().enumerate() {
             if i == 0 {
                 backend.rms_norm(&residual, n, &layer.input_norm, eps, &mut normed)?;

@@ -115,6 +115,9 @@ impl Scheduler {
                 self.metrics
                     .prefix_cached_tokens
                     .fetch_add(cached as u64, Relaxed);
+                self.metrics
+                    .media_items
+                    .fetch_add(r.params.prompt.media().len() as u64, Relaxed);
             }
             self.running.push(e);
             out.push((self.running.len() - 1, n));

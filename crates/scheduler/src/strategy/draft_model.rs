@@ -122,6 +122,7 @@ impl DraftModel {
                 samples: &samples,
                 prompt_logprobs: &[],
                 media: &[],
+                rope_deltas: &[],
             };
             let out = match self.engine.step(&batch) {
                 Ok(o) => o,

@@ -296,6 +296,7 @@ fn greedy_step(engine: &mut dyn StepEngine, chunks: &[SeqChunk]) -> anyhow::Resu
         samples: &samples,
         prompt_logprobs: &[],
         media: &[],
+        rope_deltas: &[],
     })?;
     Ok(())
 }

@@ -111,6 +111,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             samples: &[draw],
             prompt_logprobs: &[],
             media: &[],
+            rope_deltas: &[],
         })?;
         let tok = out
             .samples

@@ -1,0 +1,97 @@
+//! What a step of a vision-language model adds before its forward pass: every token's M-RoPE
+//! position, and the encoder embeddings of the media runs it computes (from the encoder
+//! cache, or the vision tower on a miss).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::mrope::{RunAt, chunk_positions};
+use super::{EncoderCache, VisionTower};
+use crate::batch::{BatchLayout, ChunkMedia, SeqChunk};
+use crate::error::{EngineError, Result};
+use crate::model::InputEmbeds;
+
+/// What the encoder did in one step (metrics).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct EncoderStats {
+    pub items_encoded: u64,
+    pub cache_hits: u64,
+    pub time: Duration,
+}
+
+/// Fills `layout.rope_positions` from the chunks, their media runs and their M-RoPE deltas.
+pub fn rope_positions(
+    chunks: &[SeqChunk],
+    media: &[ChunkMedia],
+    deltas: &[i64],
+    layout: &mut BatchLayout,
+) -> Result<()> {
+    let mut pos = Vec::with_capacity(3 * layout.num_tokens());
+    for (k, c) in chunks.iter().enumerate() {
+        let runs = media
+            .iter()
+            .filter(|m| m.chunk == k)
+            .map(|m| {
+                let input = m.input.as_deref().ok_or_else(no_patches)?;
+                Ok(RunAt {
+                    offset: m.offset,
+                    len: m.len,
+                    item_offset: m.item_offset,
+                    input,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let delta = deltas.get(k).copied().unwrap_or(0);
+        chunk_positions(c.start_pos, c.tokens.len(), delta, &runs, &mut pos);
+    }
+    layout.rope_positions = pos;
+    Ok(())
+}
+
+/// The embeddings of the step's media runs, at their rows of the step.
+pub fn media_embeds(
+    tower: Option<&VisionTower>,
+    cache: &mut EncoderCache,
+    media: &[ChunkMedia],
+    layout: &BatchLayout,
+    hidden: usize,
+    stats: &mut EncoderStats,
+) -> Result<InputEmbeds> {
+    let mut e = InputEmbeds::default();
+    for m in media {
+        let tower = tower.ok_or_else(|| {
+            EngineError::Batch("this model has no vision tower: it takes no media items".into())
+        })?;
+        let emb = match cache.get(m.hash) {
+            Some(x) => {
+                stats.cache_hits += 1;
+                x
+            }
+            None => {
+                let input = m.input.as_deref().ok_or_else(no_patches)?;
+                let t = Instant::now();
+                let x = Arc::new(tower.forward(input)?);
+                stats.time += t.elapsed();
+                stats.items_encoded += 1;
+                cache.insert(m.hash, x.clone());
+                x
+            }
+        };
+        let (from, to) = (m.item_offset * hidden, (m.item_offset + m.len) * hidden);
+        if emb.len() < to {
+            return Err(EngineError::Batch(format!(
+                "a media item of {} tokens has placeholders up to {}",
+                emb.len() / hidden,
+                m.item_offset + m.len
+            )));
+        }
+        let first = layout.cu_tokens[m.chunk] as usize + m.offset;
+        e.rows.extend((first..first + m.len).map(|r| r as u32));
+        e.data.extend_from_slice(&emb[from..to]);
+    }
+    Ok(e)
+}
+
+fn no_patches() -> EngineError {
+    EngineError::Batch("a media item reached the engine without its patches".into())
+}
