@@ -58,12 +58,7 @@ pub(crate) fn chunks(
                     .map(|m| m.item.rope_delta())
                     .sum()
             });
-            if delta != 0 && deltas.is_empty() {
-                deltas.resize(k, 0);
-            }
-            if !deltas.is_empty() {
-                deltas.push(delta);
-            }
+            deltas.push(delta);
             if let Some(r) = r {
                 for m in r.params.prompt.media_in(start..end) {
                     let from = m.start.max(start);
@@ -96,6 +91,10 @@ pub(crate) fn chunks(
             }
         })
         .collect();
+    // Text-only steps pass none.
+    if deltas.iter().all(|&d| d == 0) {
+        deltas.clear();
+    }
     (chunks, media, deltas)
 }
 

@@ -1,8 +1,9 @@
-//! Media spans in prompts, at the scheduler level (no route submits them yet), on the tiny
-//! random model's real CPU engine: the prefix cache keys an item's positions by its hash (the
-//! same item reuses its blocks, another item with the same placeholder ids never does),
-//! chunked prefill never cuts an item, an item wider than the step budget is refused, and each
-//! step tells the engine which chunk positions belong to which item.
+//! Media spans in prompts, at the scheduler level, on the real CPU engine of the tiny random
+//! Qwen2.5-VL (tests/fixtures/qwen_vl) with made-up patches: the prefix cache keys an item's
+//! positions by its hash (the same item reuses its blocks, another item with the same
+//! placeholder ids never does), chunked prefill never cuts an item and gives the tokens an
+//! unchunked prefill gives, an item wider than the step budget is refused, and each step tells
+//! the engine which chunk positions belong to which item and each chunk's M-RoPE delta.
 
 mod common;
 
@@ -12,6 +13,7 @@ use common::*;
 use lmi_engine::backend::GraphStats;
 use lmi_engine::engine::{Engine, EngineOptions, StepEngine};
 use lmi_engine::lora::LoraWeights;
+use lmi_engine::vision::{MediaKind, VisionInput};
 use lmi_engine::{ChunkMedia, DType, ModelConfig, StepBatch, StepOutput};
 use lmi_scheduler::{Handle, MediaSpan, Prompt, SchedulerConfig, Span, SubmitError};
 use lmi_text::Tokenizer;
@@ -20,7 +22,9 @@ use lmi_text::Tokenizer;
 #[derive(Debug, Clone)]
 struct SeenStep {
     chunks: Vec<(usize, usize)>,
+    /// The media runs, without their patches.
     media: Vec<ChunkMedia>,
+    rope_deltas: Vec<i64>,
 }
 
 /// The real engine, with every step it runs written down.
@@ -46,7 +50,15 @@ impl StepEngine for Recording {
                 .iter()
                 .map(|c| (c.start_pos, c.tokens.len()))
                 .collect(),
-            media: batch.media.to_vec(),
+            media: batch
+                .media
+                .iter()
+                .map(|m| ChunkMedia {
+                    input: None,
+                    ..m.clone()
+                })
+                .collect(),
+            rope_deltas: batch.rope_deltas.to_vec(),
         });
         self.inner.step(batch)
     }
@@ -91,12 +103,40 @@ fn spawn_recorded(dir: &std::path::Path, blocks: usize, cfg: SchedulerConfig) ->
     (Handle::spawn(Box::new(rec), tok, cfg), steps)
 }
 
+/// The fixture model (a vision-language model: its engine encodes the items).
+fn vl_model() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen_vl/qwen2_5_vl")
+}
+
+/// The model's image placeholder token.
+const IMAGE: u32 = 49155;
+
+/// An image of `len` tokens (a grid of rows x columns as square as `len` allows), its
+/// patches made from `hash`; its M-RoPE delta is `max(rows, columns) - len`.
 fn image(placeholder: u32, len: usize, hash: u128) -> Span {
+    let rows = (1..=len)
+        .filter(|r| len % r == 0 && r * r <= len)
+        .max()
+        .unwrap_or(1);
+    let cols = len / rows.max(1);
+    let grid = [1, 2 * rows, 2 * cols];
+    let n: usize = grid.iter().product::<usize>() * 1176;
+    let input = (len > 0).then(|| {
+        Arc::new(VisionInput {
+            kind: MediaKind::Image,
+            grid_thw: grid,
+            pixels: (0..n)
+                .map(|i| ((i as u128 * 2654435761 + hash * 40503) % 1000) as f32 / 500.0 - 1.0)
+                .collect(),
+            merge_size: 2,
+            t_scale: 1.0,
+        })
+    });
     Span::Media(MediaSpan {
         placeholder,
         len,
         hash,
-        input: None,
+        input,
     })
 }
 
@@ -119,14 +159,13 @@ fn take(steps: &Steps) -> Vec<SeenStep> {
 
 #[test]
 fn the_same_item_reuses_its_blocks_and_another_never_does() {
-    let dir = tiny_model();
-    let (h, steps) = spawn_recorded(dir.path(), 64, cfg(4, 4096));
+    let (h, steps) = spawn_recorded(&vl_model(), 64, cfg(4, 4096));
     // Text 0..4, an item 4..44, text 44..46: two full blocks can be reused, the second
     // ending inside the item.
     let with = |hash| {
         Prompt::from_spans([
             Span::Text(prompt(4, 1)),
-            image(200, 40, hash),
+            image(IMAGE, 40, hash),
             Span::Text(prompt(2, 2)),
         ])
     };
@@ -144,6 +183,12 @@ fn the_same_item_reuses_its_blocks_and_another_never_does() {
     };
     assert_eq!(seen[0].media, vec![whole.clone()]);
     assert!(seen[1..].iter().all(|s| s.media.is_empty()), "decode steps");
+    // A 5x8-token image spans 8 M-RoPE positions: the tokens after it trail by 32.
+    assert!(
+        seen[0].rope_deltas.is_empty(),
+        "nothing ends before the prefill"
+    );
+    assert!(seen[1..].iter().all(|s| s.rope_deltas == [-32]), "{seen:?}");
 
     let again = run(&h, &with(0xA));
     assert_eq!(cached(&again), 32, "both full blocks reused");
@@ -168,7 +213,7 @@ fn the_same_item_reuses_its_blocks_and_another_never_does() {
     let after_text = |hash| {
         Prompt::from_spans([
             Span::Text(prompt(16, 3)),
-            image(200, 20, hash),
+            image(IMAGE, 20, hash),
             Span::Text(prompt(4, 4)),
         ])
     };
@@ -184,13 +229,12 @@ fn the_same_item_reuses_its_blocks_and_another_never_does() {
 
 #[test]
 fn chunked_prefill_never_cuts_an_item() {
-    let dir = tiny_model();
     // A 24-token budget; text 0..10, an item 10..30, text 30..40. Cutting by the budget alone
     // would end the first chunk at 24, inside the item.
-    let (h, steps) = spawn_recorded(dir.path(), 64, cfg(4, 24));
+    let (h, steps) = spawn_recorded(&vl_model(), 64, cfg(4, 24));
     let p = Prompt::from_spans([
         Span::Text(prompt(10, 5)),
-        image(201, 20, 7),
+        image(IMAGE, 20, 7),
         Span::Text(prompt(10, 6)),
     ]);
     let out = run(&h, &p);
@@ -215,39 +259,39 @@ fn chunked_prefill_never_cuts_an_item() {
         (0, 20, 0)
     );
 
-    // Today's engines run placeholder ids like text: the tokens are those of the same ids
-    // sent as text, chunked by the budget alone.
-    let text = collect(h.submit(request(p.to_vec(), 6, None)).unwrap());
-    assert_eq!(out.tokens(), text.tokens());
-    let text_steps = take(&steps);
-    assert_eq!(text_steps[0].chunks, vec![(0, 24)]);
+    // The chunk after the item carries its M-RoPE delta (a 4x5-token image: -15).
+    assert_eq!(seen[2].rope_deltas, vec![-15]);
     wait_pool_whole(&h, 0);
+
+    // The same prompt prefilled in one chunk gives the same tokens.
+    let (whole, steps) = spawn_recorded(&vl_model(), 64, cfg(4, 4096));
+    assert_eq!(run(&whole, &p).tokens(), out.tokens());
+    assert_eq!(take(&steps)[0].chunks, vec![(0, 40)]);
 }
 
 #[test]
 fn an_item_wider_than_the_step_budget_is_refused() {
-    let dir = tiny_model();
-    let (h, _) = spawn_recorded(dir.path(), 64, cfg(4, 24));
+    let (h, _) = spawn_recorded(&vl_model(), 64, cfg(4, 24));
     let submit = |spans: Vec<Span>| {
         let p = Prompt::from_spans(spans);
         let mut r = request(p.to_vec(), 4, None);
         r.prompt = p;
         h.submit(r).err()
     };
-    let too_wide = submit(vec![Span::Text(vec![1, 2]), image(200, 25, 1)]);
+    let too_wide = submit(vec![Span::Text(vec![1, 2]), image(IMAGE, 25, 1)]);
     match too_wide {
         Some(SubmitError::InvalidParams(m)) => {
             assert!(m.contains("25 tokens") && m.contains("budget of 24"), "{m}")
         }
         e => panic!("expected a refusal, got {e:?}"),
     }
-    assert!(submit(vec![Span::Text(vec![1]), image(200, 24, 1)]).is_none());
-    let outside = submit(vec![Span::Text(vec![1]), image(260, 4, 1)]);
+    assert!(submit(vec![Span::Text(vec![1]), image(IMAGE, 24, 1)]).is_none());
+    let outside = submit(vec![Span::Text(vec![1]), image(60000, 4, 1)]);
     assert!(
-        matches!(&outside, Some(SubmitError::InvalidParams(m)) if m.contains("260")),
+        matches!(&outside, Some(SubmitError::InvalidParams(m)) if m.contains("60000")),
         "{outside:?}"
     );
-    let empty = submit(vec![Span::Text(vec![1]), image(200, 0, 1)]);
+    let empty = submit(vec![Span::Text(vec![1]), image(IMAGE, 0, 1)]);
     assert!(
         matches!(empty, Some(SubmitError::InvalidParams(_))),
         "{empty:?}"

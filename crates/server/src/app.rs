@@ -44,6 +44,8 @@ pub struct LoadedModel {
     pub reasoning_budget: lmi_api::openai::ThinkingBudget,
     /// Most sequences (n, best_of) one request may ask for (option.max_sequences_per_request).
     pub max_sequences: usize,
+    /// A vision-language model's processor and media limits (None: text only).
+    pub vision: Option<crate::media::VisionSetup>,
 }
 
 pub struct AppState {

@@ -76,8 +76,26 @@ pub fn prepare_with(
     let tok = &model.tokenizer;
     check_sequences(&spec, model.max_sequences)?;
     let mut reasoning = None;
+    let vision = model.vision.as_ref();
+    let mut items = Vec::new();
     let (prompt_text, add_special) = match prompt {
-        Prompt::Text(t) => (t, true),
+        // TGI: markdown images in the text, for a vision-language model.
+        Prompt::Text(t) => match vision {
+            Some(v) => {
+                let (text, urls) = crate::media::markdown::extract_images(&t, &v.image_marker);
+                let refs: Vec<crate::media::MediaRef> = urls
+                    .into_iter()
+                    .map(|url| crate::media::MediaRef {
+                        kind: lmi_engine::vision::MediaKind::Image,
+                        url,
+                    })
+                    .collect();
+                items =
+                    crate::media::load_all(vision, &refs).map_err(|e| e.with_param("inputs"))?;
+                (text, true)
+            }
+            None => (t, true),
+        },
         Prompt::Tokens(ids) => return prepare_ids(model, ids, spec, check),
         Prompt::Chat {
             messages,
@@ -90,6 +108,8 @@ pub fn prepare_with(
                     "this model has no chat template: send `inputs` text instead of `messages`",
                 )
             })?;
+            // Limits are checked before any item is read; items are read before rendering.
+            items = crate::media::load_all(vision, &crate::media::refs_of_messages(&messages))?;
             // A template that knows tools renders them; for one that does not, the tools and
             // the tool turns are written into the messages in the model's call format.
             let native = template.supports_tools();
@@ -116,7 +136,8 @@ pub fn prepare_with(
     let ids = tok
         .encode(&prompt_text, add_special)
         .map_err(|e| ApiError::validation(format!("tokenizing the input: {e}")))?;
-    build(model, prompt_text, ids, spec, reasoning, check)
+    let prompt = crate::media::expand(vision, ids, items)?;
+    build(model, prompt_text, prompt, spec, reasoning, check)
 }
 
 /// [`prepare_with`] for a prompt of token ids: each must be in the vocabulary; the prompt's
@@ -138,27 +159,38 @@ fn prepare_ids(
     let text = tok
         .decode(&ids, false)
         .map_err(|e| ApiError::validation(format!("decoding the prompt's token ids: {e}")))?;
-    build(model, text, ids, spec, None, check)
+    build(model, text, ids.into(), spec, None, check)
 }
 
 /// The scheduler request for a tokenized prompt, checked against the model's limits.
 fn build(
     model: &LoadedModel,
     prompt_text: String,
-    mut ids: Vec<u32>,
+    prompt: lmi_scheduler::Prompt,
     mut spec: GenerationSpec,
     reasoning: Option<crate::reasoning::ReplyReasoning>,
     check: impl FnOnce(usize, &mut GenerationSpec) -> Result<(), ApiError>,
 ) -> Result<Job, ApiError> {
     let tok = &model.tokenizer;
+    let mut ids = prompt.to_vec();
     if ids.is_empty() {
         return Err(ApiError::validation("`inputs` cannot be empty").with_param("inputs"));
     }
+    let mut prompt = Some(prompt);
     if let Some(t) = spec.truncate
         && t > 0
         && ids.len() > t
     {
+        if prompt.as_ref().is_some_and(|p| !p.media().is_empty()) {
+            return Err(ApiError::validation(format!(
+                "truncate={t} would cut a prompt with images ({} tokens): raise truncate or \
+                 send a shorter prompt",
+                ids.len()
+            ))
+            .with_param("truncate"));
+        }
         ids.drain(..ids.len() - t);
+        prompt = None;
     }
     if spec.beam.is_some() && spec.stream {
         // As LMI: beams change until the search ends, so there is nothing to stream.
@@ -207,7 +239,7 @@ fn build(
         None
     };
     let request = GenerateRequest {
-        prompt: ids.clone().into(),
+        prompt: prompt.unwrap_or_else(|| ids.clone().into()),
         sampling,
         stopping: StoppingParams {
             max_new_tokens: spec.max_new_tokens,

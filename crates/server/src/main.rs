@@ -10,6 +10,7 @@ mod generation;
 mod grammars;
 mod guard;
 mod infer;
+mod media;
 mod metrics;
 mod null_engine;
 mod reasoning;

@@ -69,6 +69,12 @@ pub struct ServerMetrics {
     steps_total: IntCounter,
     step_seconds_total: Counter,
     forward_seconds_total: Counter,
+    /// Vision-language models: media items in admitted prompts, items encoded, items served
+    /// from the encoder cache, and the encoder's time.
+    media_items_total: IntCounter,
+    encoder_items_total: IntCounter,
+    encoder_cache_hits_total: IntCounter,
+    encoder_seconds_total: Counter,
     /// Speculative decoding, by draft source: draft tokens proposed, kept, and the share kept.
     spec_draft_tokens: IntCounterVec,
     spec_accepted_tokens: IntCounterVec,
@@ -252,6 +258,22 @@ impl ServerMetrics {
                 "lmi_engine_forward_seconds_total",
                 "Wall time of the engine's forward passes (s)"
             )?),
+            media_items_total: reg!(IntCounter::new(
+                "lmi_media_items_total",
+                "Images and videos in admitted prompts"
+            )?),
+            encoder_items_total: reg!(IntCounter::new(
+                "lmi_encoder_items_total",
+                "Media items the vision encoder ran on"
+            )?),
+            encoder_cache_hits_total: reg!(IntCounter::new(
+                "lmi_encoder_cache_hits_total",
+                "Media items whose embeddings came from the encoder cache"
+            )?),
+            encoder_seconds_total: reg!(Counter::new(
+                "lmi_encoder_seconds_total",
+                "Wall time of the vision encoder (s)"
+            )?),
             spec_draft_tokens: reg!(IntCounterVec::new(
                 Opts::new(
                     "lmi_spec_draft_tokens_total",
@@ -401,6 +423,10 @@ impl ServerMetrics {
         };
         f(&self.step_seconds_total, s.step_nanos);
         f(&self.forward_seconds_total, s.forward_nanos);
+        f(&self.encoder_seconds_total, s.encoder_nanos);
+        c(&self.media_items_total, s.media_items);
+        c(&self.encoder_items_total, s.encoder_items);
+        c(&self.encoder_cache_hits_total, s.encoder_cache_hits);
         for (state, n) in [
             ("captured", s.cuda_graphs_captured),
             ("failed", s.cuda_graphs_failed),

@@ -460,7 +460,9 @@ pub fn schemas() -> Map<String, Value> {
             "properties": {
             "id": {"type": "string"}, "object": {"type": "string", "enum": ["model"]},
             "created": {"type": "integer", "minimum": 0}, "owned_by": {"type": "string"},
-            "parent": {"type": "string"}}}}}}),
+            "parent": {"type": "string"},
+            "input_modalities": {"type": "array", "items": {"type": "string", "enum": ["text", "image"]},
+                "description": "What the model reads: text, and image for a vision-language model."}}}}}}),
     );
     add(
         "OpenAiStreamError",

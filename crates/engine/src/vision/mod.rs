@@ -25,7 +25,7 @@ pub enum MediaKind {
 }
 
 /// A media item as the processor made it: patches ready for the vision tower.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct VisionInput {
     pub kind: MediaKind,
     /// Grid of patches: frames / temporal patch size, rows, columns.
@@ -38,6 +38,19 @@ pub struct VisionInput {
     /// M-RoPE temporal positions per grid step: 1 for an image and for Qwen2-VL video;
     /// seconds per grid step × the model's tokens per second for Qwen2.5-VL video.
     pub t_scale: f32,
+}
+
+/// Without the patches' values (thousands of them).
+impl std::fmt::Debug for VisionInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VisionInput")
+            .field("kind", &self.kind)
+            .field("grid_thw", &self.grid_thw)
+            .field("pixels", &format_args!("[{} values]", self.pixels.len()))
+            .field("merge_size", &self.merge_size)
+            .field("t_scale", &self.t_scale)
+            .finish()
+    }
 }
 
 impl VisionInput {

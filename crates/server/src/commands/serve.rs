@@ -360,6 +360,15 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
     if let Some(f) = reasoning {
         tracing::info!("replies read for reasoning ({f:?}, `{}`)", f.close_tag());
     }
+    let vision =
+        crate::media::VisionSetup::for_model(&dir, &model_config, &tokenizer, &config.media)?;
+    if let Some(v) = &vision {
+        tracing::info!(
+            "takes images: up to {} per prompt, at most {} pixels each",
+            v.options.max_images,
+            v.processor.max_pixels
+        );
+    }
     Ok(LoadedModel {
         grammars: Grammars::new(guide),
         tool_format,
@@ -374,6 +383,7 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
         backend,
         dtype,
         max_sequences: config.access.max_sequences_per_request,
+        vision,
     })
 }
 

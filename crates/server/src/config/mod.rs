@@ -9,6 +9,7 @@
 
 pub mod access;
 pub mod env;
+pub mod media;
 pub mod properties;
 
 use std::collections::BTreeMap;
@@ -251,6 +252,8 @@ pub struct ServingConfig {
     /// Tokens a reply may spend reasoning when the request names no budget
     /// (option.reasoning_budget: -1, the default, for no limit; 0 for none).
     pub reasoning_budget: lmi_api::openai::ThinkingBudget,
+    /// Images and video: per-prompt limits, pixel cap, fetchable hosts.
+    pub media: media::MediaOptions,
     /// Prompt-lookup speculative decoding (option.speculative_ngram: `true` or `MIN-MAX:K`);
     /// off by default. Client drafts (`prediction`, `draft_input_ids`) are always used.
     pub speculative_ngram: Option<lmi_scheduler::NgramLookup>,
@@ -596,6 +599,7 @@ impl ServingConfig {
             tool_call_parser,
             reasoning_parser,
             reasoning_budget,
+            media: media::parse(&raw)?,
             speculative_ngram,
             speculative_draft_model,
             adapters,

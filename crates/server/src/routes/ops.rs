@@ -82,6 +82,10 @@ async fn info(State(s): State<Arc<AppState>>) -> Response {
     info.max_top_n_tokens = Some(c.max_top_n_tokens);
     info.grammar_support = Some(m.grammars.available());
     info.max_grammar_bytes = Some(lmi_api::constraint::MAX_GRAMMAR_BYTES);
+    if m.vision.is_some() {
+        // The Hub's tag for models that read images (TGI reports the model card's).
+        info.model_pipeline_tag = Some("image-text-to-text".into());
+    }
     respond_json(lmi_api::tgi::info::info(&info))
 }
 
@@ -91,11 +95,16 @@ fn respond_json(body: String) -> Response {
 
 /// OpenAI model list: the model, then each LoRA adapter (with `parent`).
 async fn models(State(s): State<Arc<AppState>>) -> Response {
+    let modalities: &[&str] = match s.model() {
+        Some(m) if m.vision.is_some() => &["text", "image"],
+        _ => &["text"],
+    };
     let mut data = vec![json!({
         "id": s.model_name,
         "object": "model",
         "created": 0,
         "owned_by": s.model_id,
+        "input_modalities": modalities,
     })];
     if let Some(m) = s.model() {
         for name in m.adapters.names() {

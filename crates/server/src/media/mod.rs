@@ -1,0 +1,274 @@
+//! Images (and video) in requests, for a vision-language model: each item is read (a `data:`
+//! URL, or a file for `lmi infer`), decoded and preprocessed as the model's HF processor does,
+//! and its one placeholder token in the tokenized prompt becomes a media span of as many
+//! placeholders as the vision tower gives it tokens. Every refusal is a 400 that says what to
+//! change, and nothing is decoded for a request that breaks a limit.
+
+pub mod markdown;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use lmi_api::ApiError;
+use lmi_engine::ModelConfig;
+use lmi_engine::vision::{MediaKind, VisionInput};
+use lmi_media::{ImageLimits, ProcessorConfig};
+use lmi_scheduler::{MediaSpan, Prompt, Span};
+
+use crate::config::media::MediaOptions;
+
+/// What a vision-language model needs to take media: its processor, its placeholder tokens,
+/// and the server's limits.
+#[derive(Debug, Clone)]
+pub struct VisionSetup {
+    pub processor: ProcessorConfig,
+    pub image_token: u32,
+    pub video_token: u32,
+    pub merge_size: usize,
+    pub options: MediaOptions,
+    pub image_limits: ImageLimits,
+    /// Files may be read (`lmi infer`, never the HTTP server), relative to this directory.
+    pub files_from: Option<PathBuf>,
+    /// What a markdown image in TGI `inputs` becomes: the chat template's image marker.
+    pub image_marker: String,
+}
+
+impl VisionSetup {
+    /// The setup of a model directory whose config has a vision tower (None for text models).
+    pub fn for_model(
+        dir: &Path,
+        config: &ModelConfig,
+        tokenizer: &lmi_text::Tokenizer,
+        options: &MediaOptions,
+    ) -> anyhow::Result<Option<Self>> {
+        let Some(v) = &config.vision else {
+            return Ok(None);
+        };
+        let mut processor = ProcessorConfig::from_dir(dir)
+            .map_err(|e| anyhow::anyhow!("the model's image processor ({}): {e}", dir.display()))?;
+        if let Some(cap) = options.max_pixels {
+            processor.max_pixels = processor.max_pixels.min(cap);
+        }
+        Ok(Some(VisionSetup {
+            processor,
+            image_token: v.image_token_id,
+            video_token: v.video_token_id,
+            merge_size: v.spatial_merge_size,
+            options: options.clone(),
+            image_limits: ImageLimits::default(),
+            files_from: None,
+            image_marker: [
+                v.vision_start_token_id,
+                Some(v.image_token_id),
+                v.vision_end_token_id,
+            ]
+            .into_iter()
+            .flatten()
+            .filter_map(|id| tokenizer.id_to_token(id))
+            .collect(),
+        }))
+    }
+}
+
+/// A media item as a request names it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MediaRef {
+    pub kind: MediaKind,
+    pub url: String,
+}
+
+/// Media items of chat messages, in order.
+pub fn refs_of_messages(messages: &[lmi_text::Message]) -> Vec<MediaRef> {
+    let mut out = Vec::new();
+    for m in messages {
+        if let lmi_text::chat::Content::Parts(parts) = &m.content {
+            for p in parts {
+                match p {
+                    lmi_text::chat::ContentPart::Image { image } => out.push(MediaRef {
+                        kind: MediaKind::Image,
+                        url: image.clone(),
+                    }),
+                    lmi_text::chat::ContentPart::Video { video } => out.push(MediaRef {
+                        kind: MediaKind::Video,
+                        url: video.clone(),
+                    }),
+                    lmi_text::chat::ContentPart::Text { .. } => {}
+                }
+            }
+        }
+    }
+    out
+}
+
+/// An item read and preprocessed: what its placeholders become.
+#[derive(Debug, Clone)]
+pub struct LoadedItem {
+    pub input: Arc<VisionInput>,
+    pub hash: u128,
+}
+
+/// Checks the items against the model and the limits (before reading any), then reads them.
+pub fn load_all(
+    setup: Option<&VisionSetup>,
+    refs: &[MediaRef],
+) -> Result<Vec<LoadedItem>, ApiError> {
+    if refs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let setup = setup.ok_or_else(|| {
+        ApiError::validation(
+            "this model takes no images or video: send text only, or serve a vision-language \
+             model (Qwen2-VL, Qwen2.5-VL)",
+        )
+        .with_param("messages")
+    })?;
+    let count = |k| refs.iter().filter(|r| r.kind == k).count();
+    for (kind, n, max) in [
+        ("image", count(MediaKind::Image), setup.options.max_images),
+        ("video", count(MediaKind::Video), setup.options.max_videos),
+    ] {
+        if n > max {
+            return Err(ApiError::validation(format!(
+                "the prompt has {n} {kind} items, more than the {max} this server takes per \
+                 prompt (option.limit_mm_per_prompt): send fewer"
+            ))
+            .with_param("messages"));
+        }
+    }
+    refs.iter().map(|r| load(setup, r)).collect()
+}
+
+fn load(setup: &VisionSetup, r: &MediaRef) -> Result<LoadedItem, ApiError> {
+    let bytes = read(setup, &r.url)?;
+    let bad = |e: lmi_media::MediaError| {
+        ApiError::validation(format!("{}: {e}", describe(&r.url))).with_param("messages")
+    };
+    let hash = lmi_media::content_hash(&bytes);
+    let patches = match r.kind {
+        MediaKind::Image => {
+            let img = lmi_media::decode_image(&bytes, &setup.image_limits).map_err(bad)?;
+            lmi_media::preprocess_image(&img, &setup.processor).map_err(bad)?
+        }
+        MediaKind::Video => {
+            return Err(ApiError::validation(format!(
+                "{}: video input is not supported yet: send images",
+                describe(&r.url)
+            ))
+            .with_param("messages"));
+        }
+    };
+    Ok(LoadedItem {
+        input: Arc::new(VisionInput {
+            kind: r.kind,
+            grid_thw: patches.grid_thw,
+            pixels: patches.pixels,
+            merge_size: setup.merge_size,
+            t_scale: 1.0,
+        }),
+        hash,
+    })
+}
+
+/// The bytes an item names: a `data:` URL, or (in `lmi infer`) a file.
+fn read(setup: &VisionSetup, url: &str) -> Result<Vec<u8>, ApiError> {
+    let err = |msg: String| ApiError::validation(msg).with_param("messages");
+    if url.starts_with("data:") {
+        return lmi_media::parse_data_url(url, &setup.image_limits)
+            .map(|(_, b)| b)
+            .map_err(|e| err(format!("{}: {e}", describe(url))));
+    }
+    if url.starts_with("http://") || url.starts_with("https://") {
+        return Err(err(format!(
+            "{}: fetching media over http(s) is not supported by this server: send the image \
+             inline as a data: URL (data:image/png;base64,...)",
+            describe(url)
+        )));
+    }
+    let Some(base) = &setup.files_from else {
+        return Err(err(format!(
+            "{}: media must be a data: URL (data:image/png;base64,...); files are read only \
+             by lmi infer",
+            describe(url)
+        )));
+    };
+    let path = url.strip_prefix("file://").unwrap_or(url);
+    let path = if Path::new(path).is_absolute() {
+        PathBuf::from(path)
+    } else {
+        base.join(path)
+    };
+    let meta =
+        std::fs::metadata(&path).map_err(|e| err(format!("media file {}: {e}", path.display())))?;
+    if meta.len() as usize > setup.image_limits.max_bytes {
+        return Err(err(format!(
+            "media file {} is {} bytes, more than the {} allowed",
+            path.display(),
+            meta.len(),
+            setup.image_limits.max_bytes
+        )));
+    }
+    std::fs::read(&path).map_err(|e| err(format!("media file {}: {e}", path.display())))
+}
+
+/// A short name for an item in errors (a data: URL without its payload).
+fn describe(url: &str) -> String {
+    match url.split_once(',') {
+        Some((head, _)) if url.starts_with("data:") => format!("{head},..."),
+        _ if url.len() > 120 => format!("{}...", &url[..url.floor_char_boundary(120)]),
+        _ => url.to_string(),
+    }
+}
+
+/// The tokenized prompt with each item's single placeholder token widened to its span.
+pub fn expand(
+    setup: Option<&VisionSetup>,
+    ids: Vec<u32>,
+    items: Vec<LoadedItem>,
+) -> Result<Prompt, ApiError> {
+    let Some(setup) = setup.filter(|_| !items.is_empty()) else {
+        return Ok(Prompt::text(ids));
+    };
+    let is_pad = |t: u32| t == setup.image_token || t == setup.video_token;
+    let pads = ids.iter().filter(|&&t| is_pad(t)).count();
+    if pads != items.len() {
+        return Err(ApiError::validation(format!(
+            "the prompt has {pads} image/video placeholder tokens for {} media items: the chat \
+             template writes one per item; do not type placeholder tokens in the text",
+            items.len()
+        ))
+        .with_param("messages"));
+    }
+    let mut spans = Vec::new();
+    let mut text = Vec::new();
+    let mut items = items.into_iter();
+    for t in ids {
+        if !is_pad(t) {
+            text.push(t);
+            continue;
+        }
+        let Some(item) = items.next() else { break };
+        let want = match item.input.kind {
+            MediaKind::Image => setup.image_token,
+            MediaKind::Video => setup.video_token,
+        };
+        if t != want {
+            return Err(ApiError::validation(
+                "the prompt's image and video placeholders are not in the order of its media items",
+            )
+            .with_param("messages"));
+        }
+        if !text.is_empty() {
+            spans.push(Span::Text(std::mem::take(&mut text)));
+        }
+        spans.push(Span::Media(MediaSpan {
+            placeholder: t,
+            len: item.input.tokens(),
+            hash: item.hash,
+            input: Some(item.input),
+        }));
+    }
+    if !text.is_empty() {
+        spans.push(Span::Text(text));
+    }
+    Ok(Prompt::from_spans(spans))
+}
