@@ -115,7 +115,7 @@ const IMAGE: u32 = 49155;
 /// patches made from `hash`; its M-RoPE delta is `max(rows, columns) - len`.
 fn image(placeholder: u32, len: usize, hash: u128) -> Span {
     let rows = (1..=len)
-        .filter(|r| len % r == 0 && r * r <= len)
+        .filter(|r| len.is_multiple_of(*r) && r * r <= len)
         .max()
         .unwrap_or(1);
     let cols = len / rows.max(1);

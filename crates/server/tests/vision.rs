@@ -119,6 +119,19 @@ fn images_through_chat_and_tgi_match_transformers() {
     assert_eq!(metric_value(s.port, "lmi_encoder_items_total"), items);
     assert!(metric_value(s.port, "lmi_encoder_cache_hits_total") >= hits + 2.0);
 
+    // A video as an MP4 data URL: 8 frames at 4 fps, kept at 2 a second (4 frames, 2 temporal
+    // patches of 6x8 patches: 24 tokens where HF's PNG-frame prompt 4 had 48 for 8 frames).
+    let mp4 = std::fs::read(fixtures().join("media/video.mp4")).unwrap();
+    let video = json!([{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": data_url("video/mp4", &mp4)}},
+        {"type": "text", "text": "What happens?"}]}]);
+    let reply = chat(s.port, video, 4);
+    let p4 = prompt(&r, 4);
+    assert_eq!(
+        reply["usage"]["prompt_tokens"].as_u64().unwrap(),
+        p4["num_tokens"].as_u64().unwrap() - 48 + 24
+    );
+
     // TGI: the rendered prompt with a markdown image where the template put the image.
     let p = prompt(&r, 1);
     let marker = "<|vision_start|><|image_pad|><|vision_end|>";
@@ -255,4 +268,58 @@ fn bad_media_is_refused_with_a_4xx_and_the_server_keeps_serving() {
     // Still serving.
     let reply = chat(s.port, image_message(&[good]), 2);
     assert_eq!(reply["choices"][0]["finish_reason"], "length");
+}
+
+/// `lmi infer` on a seed-000 file with images (paths relative to the working directory) and
+/// an MP4 video: the image requests give HF's greedy text.
+#[test]
+fn lmi_infer_reads_images_and_a_video_from_the_batch_file() {
+    let r = reference();
+    let tmp = tempfile::tempdir().unwrap();
+    let user = |items: Value| json!([{"role": "user", "content": items}]);
+    let input = json!({
+        "batch_size": 4,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 1,
+        "max_generate_length": 16,
+        "requests": [
+            {"messages": user(json!([{"type": "image", "image": "media/gradient.png"},
+                                     {"type": "text", "text": "Describe this image."}]))},
+            {"messages": user(json!([{"type": "image", "image": "media/noise.jpg"},
+                                     {"type": "image", "image": "media/small.webp"},
+                                     {"type": "text", "text": "Compare them."}]))},
+            {"messages": user(json!([{"type": "video", "video": "media/video.mp4"},
+                                     {"type": "text", "text": "What happens?"}]))},
+        ]
+    });
+    let in_path = tmp.path().join("input.json");
+    let out_path = tmp.path().join("out.json");
+    std::fs::write(&in_path, input.to_string()).unwrap();
+    let model = fixtures().join("qwen2_5_vl");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lmi"))
+        .args(["infer", "--dtype", "f32", "--model"])
+        .arg(&model)
+        .arg("--input")
+        .arg(&in_path)
+        .arg("--output")
+        .arg(&out_path)
+        .current_dir(fixtures())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out: Value = serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
+    let responses = out["responses"].as_array().unwrap();
+    for (k, id) in [(0, 1), (1, 2)] {
+        assert_eq!(
+            responses[k]["output_text"],
+            prompt(&r, id)["greedy_text"],
+            "request {k}"
+        );
+    }
+    assert_eq!(responses[2]["generated_tokens"], 16, "{}", responses[2]);
 }

@@ -24,8 +24,16 @@ pub struct ImageUrl {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentPart {
-    Text { text: String },
-    ImageUrl { image_url: ImageUrl },
+    Text {
+        text: String,
+    },
+    ImageUrl {
+        image_url: ImageUrl,
+    },
+    /// vLLM's video part: `{"type": "video_url", "video_url": {"url": ...}}`.
+    VideoUrl {
+        video_url: ImageUrl,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -90,15 +98,16 @@ impl ChatMessage {
                 .iter()
                 .filter_map(|p| match p {
                     ContentPart::Text { text } => Some(text.as_str()),
-                    ContentPart::ImageUrl { .. } => None,
+                    ContentPart::ImageUrl { .. } | ContentPart::VideoUrl { .. } => None,
                 })
                 .collect::<Vec<_>>()
                 .join("\n"),
         }
     }
 
-    /// True when some part is an image (the server may reject it for text-only models).
+    /// True when some part is an image or a video (the server may reject it for text-only
+    /// models).
     pub fn has_image(&self) -> bool {
-        matches!(&self.content, Some(MessageContent::Parts(p)) if p.iter().any(|x| matches!(x, ContentPart::ImageUrl { .. })))
+        matches!(&self.content, Some(MessageContent::Parts(p)) if p.iter().any(|x| matches!(x, ContentPart::ImageUrl { .. } | ContentPart::VideoUrl { .. })))
     }
 }

@@ -102,11 +102,16 @@ pub fn schemas() -> Map<String, Value> {
     );
     add(
         "ContentPart",
-        json!({"type": "object", "required": ["type"], "properties": {
-        "type": {"type": "string", "enum": ["text", "image_url"]},
+        json!({"type": "object", "required": ["type"],
+        "description": "Images and videos are read by a vision-language model (data: URLs; \
+            others answer 422), and refused by a text-only model.",
+        "properties": {
+        "type": {"type": "string", "enum": ["text", "image_url", "video_url"]},
         "text": {"type": "string"},
         "image_url": {"type": "object", "required": ["url"], "properties": {
-            "url": {"type": "string"}, "detail": {"type": "string"}}}}}),
+            "url": {"type": "string"}, "detail": {"type": "string"}}},
+        "video_url": {"type": "object", "required": ["url"], "properties": {
+            "url": {"type": "string"}}}}}),
     );
     add(
         "ChatMessage",

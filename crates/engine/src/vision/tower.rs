@@ -164,8 +164,8 @@ impl VisionTower {
         let grid = input.grid_thw;
         let n: usize = grid.iter().product();
         if input.merge_size != m
-            || grid[1] % m != 0
-            || grid[2] % m != 0
+            || !grid[1].is_multiple_of(m)
+            || !grid[2].is_multiple_of(m)
             || input.pixels.len() != n * cfg.patch_dim()
         {
             return Err(EngineError::Batch(format!(

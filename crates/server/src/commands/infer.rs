@@ -81,7 +81,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| dir.display().to_string());
-    if let Some(m) = input.media_items().first() {
+    if config.vision.is_none()
+        && let Some(m) = input.media_items().first()
+    {
         bail!(
             "request {}, message {}: {} items need a vision encoder, and this model ({model_name}, {}) has none: remove the {} items or use a vision-language model",
             m.request,
@@ -104,7 +106,29 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "warning: {model_name} has no chat template: apply_chat_template is true, but messages are concatenated raw"
         );
     }
-    let prompts = build_prompts(&input, &builder, &tokenizer, config.max_position_embeddings)?;
+    // A vision-language model reads the items' files (relative to the working directory, as
+    // seed 000 says); the batch file sets no per-prompt limit.
+    let vision = crate::media::VisionSetup::for_model(
+        &dir,
+        &config,
+        &tokenizer,
+        &crate::config::media::MediaOptions {
+            max_images: usize::MAX,
+            max_videos: usize::MAX,
+            ..Default::default()
+        },
+    )?
+    .map(|mut v| {
+        v.files_from = Some(PathBuf::from("."));
+        v
+    });
+    let prompts = build_prompts(
+        &input,
+        &builder,
+        &tokenizer,
+        config.max_position_embeddings,
+        vision.as_ref(),
+    )?;
 
     // 3. The engine, its adapters, the scheduler.
     let load_started = Instant::now();
@@ -119,7 +143,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let adapter_ids = load_adapters(engine.model_config(), &input)?;
     let needed = prompts
         .iter()
-        .map(|p| (p.ids.len() + input.max_generate_length).div_ceil(BLOCK_SIZE))
+        .map(|(p, _)| (p.ids.len() + input.max_generate_length).div_ceil(BLOCK_SIZE))
         .max()
         .unwrap_or(0);
     if needed > engine.num_blocks() {
@@ -180,12 +204,19 @@ fn build_prompts(
     builder: &PromptBuilder,
     tokenizer: &Tokenizer,
     max_len: usize,
-) -> anyhow::Result<Vec<Prompt>> {
+    vision: Option<&crate::media::VisionSetup>,
+) -> anyhow::Result<Vec<(Prompt, lmi_scheduler::Prompt)>> {
     let mut prompts = Vec::with_capacity(input.requests.len());
     for (i, r) in input.requests.iter().enumerate() {
-        let p = builder.build(tokenizer, &r.messages).with_context(|| {
+        let mut p = builder.build(tokenizer, &r.messages).with_context(|| {
             format!("request {i}: field \"messages\": cannot render the prompt")
         })?;
+        // Each item's placeholder widened to its patches' tokens.
+        let items = crate::media::load_all(vision, &crate::media::refs_of_messages(&r.messages))
+            .map_err(|e| anyhow::anyhow!("request {i}: {}", e.message))?;
+        let spans = crate::media::expand(vision, p.ids.clone(), items)
+            .map_err(|e| anyhow::anyhow!("request {i}: {}", e.message))?;
+        p.ids = spans.to_vec();
         if p.ids.is_empty() {
             bail!("request {i}: field \"messages\": the prompt is empty after tokenization");
         }
@@ -196,7 +227,7 @@ fn build_prompts(
                 input.max_generate_length
             );
         }
-        prompts.push(p);
+        prompts.push((p, spans));
     }
     Ok(prompts)
 }
@@ -233,7 +264,7 @@ fn load_adapters(
 fn run_requests(
     handle: &Handle,
     input: &InferInput,
-    prompts: Vec<Prompt>,
+    prompts: Vec<(Prompt, lmi_scheduler::Prompt)>,
     adapters: &[Option<AdapterRef>],
     seed: u64,
     model_name: &str,
@@ -241,8 +272,9 @@ fn run_requests(
     let n = input.requests.len();
     let started = Instant::now();
     let mut streams = Vec::with_capacity(n);
-    for (i, (p, r)) in prompts.into_iter().zip(&input.requests).enumerate() {
+    for (i, ((p, spans), r)) in prompts.into_iter().zip(&input.requests).enumerate() {
         let mut req = GenerateRequest::new(p.ids);
+        req.prompt = spans;
         req.sampling = SamplingParams {
             temperature: input.temperature,
             top_p: input.top_p,

@@ -27,6 +27,10 @@ pub struct VisionSetup {
     pub merge_size: usize,
     pub options: MediaOptions,
     pub image_limits: ImageLimits,
+    pub video_limits: lmi_media::VideoLimits,
+    /// Qwen2.5-VL: M-RoPE temporal positions per second of video (None: one per grid step,
+    /// as Qwen2-VL).
+    pub video_positions_per_second: Option<f32>,
     /// Files may be read (`lmi infer`, never the HTTP server), relative to this directory.
     pub files_from: Option<PathBuf>,
     /// What a markdown image in TGI `inputs` becomes: the chat template's image marker.
@@ -56,6 +60,14 @@ impl VisionSetup {
             merge_size: v.spatial_merge_size,
             options: options.clone(),
             image_limits: ImageLimits::default(),
+            // A server's share of video: 50 MiB, 64 M sampled pixels (192 MB of RGB).
+            video_limits: lmi_media::VideoLimits {
+                max_bytes: 50 << 20,
+                max_total_pixels: 64_000_000,
+                ..Default::default()
+            },
+            video_positions_per_second: (v.variant == lmi_engine::vision::VisionVariant::Qwen25Vl)
+                .then_some(v.tokens_per_second),
             files_from: None,
             image_marker: [
                 v.vision_start_token_id,
@@ -139,22 +151,34 @@ pub fn load_all(
 }
 
 fn load(setup: &VisionSetup, r: &MediaRef) -> Result<LoadedItem, ApiError> {
-    let bytes = read(setup, &r.url)?;
+    let max_bytes = match r.kind {
+        MediaKind::Image => setup.image_limits.max_bytes,
+        MediaKind::Video => setup.video_limits.max_bytes,
+    };
+    let bytes = read(setup, &r.url, max_bytes)?;
     let bad = |e: lmi_media::MediaError| {
         ApiError::validation(format!("{}: {e}", describe(&r.url))).with_param("messages")
     };
     let hash = lmi_media::content_hash(&bytes);
-    let patches = match r.kind {
+    let (patches, t_scale) = match r.kind {
         MediaKind::Image => {
             let img = lmi_media::decode_image(&bytes, &setup.image_limits).map_err(bad)?;
-            lmi_media::preprocess_image(&img, &setup.processor).map_err(bad)?
+            (
+                lmi_media::preprocess_image(&img, &setup.processor).map_err(bad)?,
+                1.0,
+            )
         }
         MediaKind::Video => {
-            return Err(ApiError::validation(format!(
-                "{}: video input is not supported yet: send images",
-                describe(&r.url)
-            ))
-            .with_param("messages"));
+            // Frames kept at the processor's rate (2 a second by default), as vLLM does.
+            let cfg = &setup.processor;
+            let v = lmi_media::decode_video_with(&bytes, &setup.video_limits, cfg).map_err(bad)?;
+            let patches = lmi_media::preprocess_video(&v.frames, cfg).map_err(bad)?;
+            // Seconds per temporal patch, as the HF processor computes it from its fps.
+            let seconds = cfg.temporal_patch_size as f32 / cfg.fps.max(f32::MIN_POSITIVE);
+            let t_scale = setup
+                .video_positions_per_second
+                .map_or(1.0, |tps| seconds * tps);
+            (patches, t_scale)
         }
     };
     Ok(LoadedItem {
@@ -163,17 +187,21 @@ fn load(setup: &VisionSetup, r: &MediaRef) -> Result<LoadedItem, ApiError> {
             grid_thw: patches.grid_thw,
             pixels: patches.pixels,
             merge_size: setup.merge_size,
-            t_scale: 1.0,
+            t_scale,
         }),
         hash,
     })
 }
 
 /// The bytes an item names: a `data:` URL, or (in `lmi infer`) a file.
-fn read(setup: &VisionSetup, url: &str) -> Result<Vec<u8>, ApiError> {
+fn read(setup: &VisionSetup, url: &str, max_bytes: usize) -> Result<Vec<u8>, ApiError> {
     let err = |msg: String| ApiError::validation(msg).with_param("messages");
     if url.starts_with("data:") {
-        return lmi_media::parse_data_url(url, &setup.image_limits)
+        let limits = ImageLimits {
+            max_bytes,
+            ..setup.image_limits.clone()
+        };
+        return lmi_media::parse_data_url(url, &limits)
             .map(|(_, b)| b)
             .map_err(|e| err(format!("{}: {e}", describe(url))));
     }
@@ -199,12 +227,11 @@ fn read(setup: &VisionSetup, url: &str) -> Result<Vec<u8>, ApiError> {
     };
     let meta =
         std::fs::metadata(&path).map_err(|e| err(format!("media file {}: {e}", path.display())))?;
-    if meta.len() as usize > setup.image_limits.max_bytes {
+    if meta.len() as usize > max_bytes {
         return Err(err(format!(
-            "media file {} is {} bytes, more than the {} allowed",
+            "media file {} is {} bytes, more than the {max_bytes} allowed",
             path.display(),
             meta.len(),
-            setup.image_limits.max_bytes
         )));
     }
     std::fs::read(&path).map_err(|e| err(format!("media file {}: {e}", path.display())))
@@ -214,7 +241,9 @@ fn read(setup: &VisionSetup, url: &str) -> Result<Vec<u8>, ApiError> {
 fn describe(url: &str) -> String {
     match url.split_once(',') {
         Some((head, _)) if url.starts_with("data:") => format!("{head},..."),
-        _ if url.len() > 120 => format!("{}...", &url[..url.floor_char_boundary(120)]),
+        _ if url.chars().count() > 120 => {
+            format!("{}...", url.chars().take(120).collect::<String>())
+        }
         _ => url.to_string(),
     }
 }
