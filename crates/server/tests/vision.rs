@@ -218,7 +218,13 @@ fn crc32(bytes: &[u8]) -> u32 {
 
 #[test]
 fn bad_media_is_refused_with_a_4xx_and_the_server_keeps_serving() {
-    let s = start_vl(&["-o", "option.limit_mm_per_prompt=image=2"]);
+    // Fetching on, for a host that is loopback: allowed by name, refused by address.
+    let s = start_vl(&[
+        "-o",
+        "option.limit_mm_per_prompt=image=2",
+        "-o",
+        "option.allowed_media_domains=127.0.0.1,cdn.example.com",
+    ]);
     let good = media("small.webp");
     let gradient = std::fs::read(fixtures().join("media/gradient.png")).unwrap();
     // A PNG whose header says 100000 x 100000 (a decompression bomb).
@@ -239,7 +245,12 @@ fn bad_media_is_refused_with_a_4xx_and_the_server_keeps_serving() {
         (
             "private address",
             vec!["http://127.0.0.1:1/cat.png".to_string()],
-            "data: URL",
+            "loopback",
+        ),
+        (
+            "host not allowed",
+            vec!["https://example.org/cat.png".to_string()],
+            "example.org",
         ),
         ("local file", vec!["/etc/passwd".to_string()], "data: URL"),
         (

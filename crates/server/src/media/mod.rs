@@ -4,6 +4,7 @@
 //! placeholders as the vision tower gives it tokens. Every refusal is a 400 that says what to
 //! change, and nothing is decoded for a request that breaks a limit.
 
+pub mod fetch;
 pub mod markdown;
 
 use std::path::{Path, PathBuf};
@@ -134,10 +135,25 @@ pub fn load_all(
         )
         .with_param("messages")
     })?;
-    let count = |k| refs.iter().filter(|r| r.kind == k).count();
+    check_counts(setup, refs.iter().map(|r| r.kind))?;
+    refs.iter().map(|r| load(setup, r)).collect()
+}
+
+/// The per-prompt limits (option.limit_mm_per_prompt), checked before anything is read.
+pub fn check_counts(
+    setup: &VisionSetup,
+    kinds: impl Iterator<Item = MediaKind>,
+) -> Result<(), ApiError> {
+    let (mut images, mut videos) = (0, 0);
+    for k in kinds {
+        match k {
+            MediaKind::Image => images += 1,
+            MediaKind::Video => videos += 1,
+        }
+    }
     for (kind, n, max) in [
-        ("image", count(MediaKind::Image), setup.options.max_images),
-        ("video", count(MediaKind::Video), setup.options.max_videos),
+        ("image", images, setup.options.max_images),
+        ("video", videos, setup.options.max_videos),
     ] {
         if n > max {
             return Err(ApiError::validation(format!(
@@ -147,7 +163,49 @@ pub fn load_all(
             .with_param("messages"));
         }
     }
-    refs.iter().map(|r| load(setup, r)).collect()
+    Ok(())
+}
+
+/// Fetches the remote (http/https) items of OpenAI chat messages into `data:` URLs, when
+/// this server fetches (option.allowed_media_domains); limits are checked first, so nothing
+/// is fetched for a request that breaks them.
+pub async fn inline_remote_chat(
+    setup: Option<&VisionSetup>,
+    messages: &mut [lmi_api::openai::ChatMessage],
+) -> Result<(), ApiError> {
+    use lmi_api::openai::{ContentPart as P, MessageContent};
+    let Some(setup) = setup.filter(|s| !s.options.allowed_media_domains.is_empty()) else {
+        return Ok(());
+    };
+    let mut urls = Vec::new();
+    let mut kinds = Vec::new();
+    for m in messages.iter_mut() {
+        if let Some(MessageContent::Parts(parts)) = &mut m.content {
+            for p in parts.iter_mut() {
+                match p {
+                    P::ImageUrl { image_url } => {
+                        kinds.push(MediaKind::Image);
+                        urls.push(&mut image_url.url);
+                    }
+                    P::VideoUrl { video_url } => {
+                        kinds.push(MediaKind::Video);
+                        urls.push(&mut video_url.url);
+                    }
+                    P::Text { .. } => {}
+                }
+            }
+        }
+    }
+    check_counts(setup, kinds.into_iter())?;
+    let max_bytes = setup
+        .image_limits
+        .max_bytes
+        .max(setup.video_limits.max_bytes);
+    fetch::inline(urls, &setup.options.allowed_media_domains, max_bytes)
+        .await
+        .map_err(|(url, e)| {
+            ApiError::validation(format!("{}: {e}", describe(&url))).with_param("messages")
+        })
 }
 
 fn load(setup: &VisionSetup, r: &MediaRef) -> Result<LoadedItem, ApiError> {
@@ -206,9 +264,11 @@ fn read(setup: &VisionSetup, url: &str, max_bytes: usize) -> Result<Vec<u8>, Api
             .map_err(|e| err(format!("{}: {e}", describe(url))));
     }
     if url.starts_with("http://") || url.starts_with("https://") {
+        // Fetched before preparing when the server fetches (`fetch::inline`).
         return Err(err(format!(
-            "{}: fetching media over http(s) is not supported by this server: send the image \
-             inline as a data: URL (data:image/png;base64,...)",
+            "{}: fetching media over http(s) is off on this server (option.allowed_media_domains \
+             names the hosts it may fetch from): send the image inline as a data: URL \
+             (data:image/png;base64,...)",
             describe(url)
         )));
     }

@@ -57,7 +57,7 @@ async fn completions_route(State(state): State<Arc<AppState>>, body: Bytes) -> R
 /// A chat request (also LMI's `messages` bodies on /invocations).
 pub async fn chat(
     state: Arc<AppState>,
-    req: ChatRequest,
+    mut req: ChatRequest,
     route: &'static str,
     schema: Schema,
 ) -> Response {
@@ -66,6 +66,10 @@ pub async fn chat(
         Ok(m) => m,
         Err(e) => return respond::reject(tracker, &e, schema),
     };
+    if let Err(e) = crate::media::inline_remote_chat(model.vision.as_ref(), &mut req.messages).await
+    {
+        return respond::reject(tracker, &e, schema);
+    }
     if !req.unknown_fields.is_empty() {
         tracing::info!(unknown = ?req.unknown_fields, "ignoring unknown fields");
     }
