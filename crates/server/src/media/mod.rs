@@ -166,6 +166,37 @@ pub fn check_counts(
     Ok(())
 }
 
+/// TGI's markdown images at http(s) URLs in `inputs`, fetched into `data:` URLs when this
+/// server fetches (limits first, as for chat messages).
+pub async fn inline_remote_markdown(
+    setup: Option<&VisionSetup>,
+    inputs: &mut String,
+) -> Result<(), ApiError> {
+    let Some(setup) = setup.filter(|s| !s.options.allowed_media_domains.is_empty()) else {
+        return Ok(());
+    };
+    let (_, urls) = markdown::extract_images(inputs, "");
+    check_counts(setup, urls.iter().map(|_| MediaKind::Image))
+        .map_err(|e| e.with_param("inputs"))?;
+    let mut fetched: Vec<String> = urls.clone();
+    let max_bytes = setup.image_limits.max_bytes;
+    fetch::inline(
+        fetched.iter_mut().collect(),
+        &setup.options.allowed_media_domains,
+        max_bytes,
+    )
+    .await
+    .map_err(|(url, e)| {
+        ApiError::validation(format!("{}: {e}", describe(&url))).with_param("inputs")
+    })?;
+    for (url, data) in urls.iter().zip(&fetched) {
+        if url != data {
+            *inputs = inputs.replace(&format!("]({url})"), &format!("]({data})"));
+        }
+    }
+    Ok(())
+}
+
 /// Fetches the remote (http/https) items of OpenAI chat messages into `data:` URLs, when
 /// this server fetches (option.allowed_media_domains); limits are checked first, so nothing
 /// is fetched for a request that breaks them.

@@ -64,9 +64,21 @@ async fn handle(state: Arc<AppState>, body: Bytes, route: TgiRoute) -> Response 
         Ok(m) => m,
         Err(e) => return respond::reject(tracker, &e, schema),
     };
-    let prepared = (|| {
+    let parsed = (|| {
         let v = lmi_api::parse_json(&body)?;
-        let req = tgi::parse_tgi_request(&v, route, &limits(&state, model))?;
+        tgi::parse_tgi_request(&v, route, &limits(&state, model))
+    })();
+    let mut req = match parsed {
+        Ok(r) => r,
+        Err(e) => return respond::reject(tracker, &e, schema),
+    };
+    // Markdown images at http(s) URLs, fetched when this server fetches.
+    if let Err(e) =
+        crate::media::inline_remote_markdown(model.vision.as_ref(), &mut req.inputs).await
+    {
+        return respond::reject(tracker, &e, schema);
+    }
+    let prepared = (|| {
         if !req.unknown_parameters.is_empty() {
             tracing::info!(unknown = ?req.unknown_parameters, "ignoring unknown parameters");
         }
