@@ -78,15 +78,14 @@ async fn handle(state: Arc<AppState>, body: Bytes, route: TgiRoute) -> Response 
     {
         return respond::reject(tracker, &e, schema);
     }
-    let prepared = (|| {
-        if !req.unknown_parameters.is_empty() {
-            tracing::info!(unknown = ?req.unknown_parameters, "ignoring unknown parameters");
-        }
-        let lim = limits(&state, model);
+    if !req.unknown_parameters.is_empty() {
+        tracing::info!(unknown = ?req.unknown_parameters, "ignoring unknown parameters");
+    }
+    let lim = limits(&state, model);
+    let prepared =
         generation::prepare_with(model, Prompt::Text(req.inputs), req.spec, |n, spec| {
             tgi::validate_input_length(n, spec, &lim).map(|_| ())
-        })
-    })();
+        });
     let job = match prepared {
         Ok(j) => j,
         Err(e) => return respond::reject(tracker, &e, schema),
