@@ -108,6 +108,38 @@ fn images_through_chat_and_tgi_match_transformers() {
         );
     }
 
+    // The same prompt through the Responses API and Anthropic's Messages API.
+    let p = prompt(&r, 1);
+    let b64 = media("gradient.png");
+    let body = json!({"input": [{"role": "user", "content": [
+            {"type": "input_image", "image_url": b64},
+            {"type": "input_text", "text": "Describe this image."}]}],
+        "max_output_tokens": 16, "temperature": 0});
+    let resp = post(s.port, "/v1/responses", &body.to_string());
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let out = resp.json();
+    let text = out["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["type"] == "message")
+        .map(|o| o["content"][0]["text"].clone())
+        .unwrap();
+    assert_eq!(text, p["greedy_text"], "{out}");
+    let data = b64.split_once(',').unwrap().1;
+    let body = json!({"model": "qwen2_5_vl", "max_tokens": 16, "temperature": 0,
+        "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}},
+            {"type": "text", "text": "Describe this image."}]}]});
+    let resp = post(s.port, "/v1/messages", &body.to_string());
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    assert_eq!(
+        resp.json()["content"][0]["text"],
+        p["greedy_text"],
+        "{}",
+        resp.body
+    );
+
     // The same image twice in one prompt: encoded once, then served from the encoder cache.
     let (items, hits) = (
         metric_value(s.port, "lmi_encoder_items_total"),

@@ -7,4 +7,4 @@ pub mod request;
 pub use format::{
     MessageMeta, MessagesStream, MessagesUsage, content_blocks, message, token_count,
 };
-pub use request::{MessagesRequest, parse_messages_request};
+pub use request::{MessagesRequest, parse_messages_request, parse_messages_request_with};

@@ -109,7 +109,7 @@ fn result_text(v: Option<&Value>, param: &str) -> Res<String> {
 /// One Anthropic message as chat messages: text joins one message; an assistant's `tool_use`
 /// blocks are its `tool_calls`; a user's `tool_result` blocks are tool messages (before the
 /// text said with them).
-fn chat_messages(i: usize, m: &Value, out: &mut Vec<Value>) -> Res<()> {
+fn chat_messages(i: usize, m: &Value, media: bool, out: &mut Vec<Value>) -> Res<()> {
     let param = format!("messages[{i}]");
     let Some(o) = m.as_object() else {
         return Err(ApiError::invalid_body(format!(
@@ -139,6 +139,9 @@ fn chat_messages(i: usize, m: &Value, out: &mut Vec<Value>) -> Res<()> {
     };
     let mut text = Vec::new();
     let mut calls = Vec::new();
+    // With images: the text and image blocks in order, as chat parts.
+    let mut parts = Vec::new();
+    let mut images = 0;
     for (j, b) in blocks.iter().enumerate() {
         let bp = format!("{param}.content[{j}]");
         let Some(bo) = b.as_object() else {
@@ -149,7 +152,16 @@ fn chat_messages(i: usize, m: &Value, out: &mut Vec<Value>) -> Res<()> {
         };
         let bf = Fields::new(bo, &bp);
         match bf.str("type")? {
-            Some("text") => text.push(text_of_block(b, &bp)?),
+            Some("text") => {
+                let t = text_of_block(b, &bp)?;
+                parts.push(json!({"type": "text", "text": t}));
+                text.push(t);
+            }
+            Some("image") if media && role == "user" => {
+                images += 1;
+                let url = image_source(bf.get("source"), &format!("{bp}.source"))?;
+                parts.push(json!({"type": "image_url", "image_url": {"url": url}}));
+            }
             Some("tool_use") if role == "assistant" => {
                 let id = bf.str("id")?.ok_or_else(|| verr(&bp, "needs an \"id\""))?;
                 let name = bf
@@ -198,10 +210,38 @@ fn chat_messages(i: usize, m: &Value, out: &mut Vec<Value>) -> Res<()> {
     if !calls.is_empty() {
         let content = (!text.is_empty()).then(|| text.join("\n"));
         out.push(json!({"role": role, "content": content, "tool_calls": calls}));
+    } else if images > 0 {
+        out.push(json!({"role": role, "content": parts}));
     } else if !text.is_empty() {
         out.push(json!({"role": role, "content": text.join("\n")}));
     }
     Ok(())
+}
+
+/// An image block's `source` as a URL: `base64` data as a `data:` URL, or a `url`.
+fn image_source(v: Option<&Value>, param: &str) -> Res<String> {
+    let src = v
+        .and_then(Value::as_object)
+        .ok_or_else(|| verr(param, "must be an object with a \"type\""))?;
+    let field = |k: &str| src.get(k).and_then(Value::as_str);
+    match field("type") {
+        Some("base64") => {
+            let (Some(mime), Some(data)) = (field("media_type"), field("data")) else {
+                return Err(verr(
+                    param,
+                    "of type \"base64\" needs \"media_type\" and \"data\"",
+                ));
+            };
+            Ok(format!("data:{mime};base64,{data}"))
+        }
+        Some("url") => field("url")
+            .map(str::to_string)
+            .ok_or_else(|| verr(param, "of type \"url\" needs a \"url\"")),
+        _ => Err(verr(
+            &format!("{param}.type"),
+            "must be \"base64\" or \"url\" (files are not stored by this server)",
+        )),
+    }
 }
 
 fn chat_tools(v: &Value) -> Res<Value> {
@@ -291,6 +331,16 @@ fn rename(mut e: ApiError) -> ApiError {
 
 /// A Messages body; `count_only` reads it for `/v1/messages/count_tokens` (no `max_tokens`).
 pub fn parse_messages_request(body: &Value, count_only: bool) -> Res<MessagesRequest> {
+    parse_messages_request_with(body, count_only, false)
+}
+
+/// [`parse_messages_request`] for a served model that reads images (`media`): a user's image
+/// blocks become chat `image_url` parts instead of a refusal.
+pub fn parse_messages_request_with(
+    body: &Value,
+    count_only: bool,
+    media: bool,
+) -> Res<MessagesRequest> {
     let f = Fields::body(body)?;
     let mut chat = Map::new();
     let mut messages = Vec::new();
@@ -306,7 +356,7 @@ pub fn parse_messages_request(body: &Value, count_only: bool) -> Res<MessagesReq
         }
         Some(Value::Array(items)) => {
             for (i, m) in items.iter().enumerate() {
-                chat_messages(i, m, &mut messages)?;
+                chat_messages(i, m, media, &mut messages)?;
             }
         }
         Some(v) => return Err(f.type_err("messages", "an array of messages", v)),

@@ -20,8 +20,9 @@ pub fn schemas(s: &mut Map<String, Value>) {
         json!({"type": "object",
         "description": "A message (`role`, `content`: a string or `input_text` / `output_text` \
             parts), a `function_call` (`call_id`, `name`, `arguments`) or a \
-            `function_call_output` (`call_id`, `output`). `input_image` parts are refused (400) \
-            until the server serves a vision model.",
+            `function_call_output` (`call_id`, `output`). `input_image` parts (`image_url`: a \
+            data: URL, or http(s) from option.allowed_media_domains) are read by a \
+            vision-language model and refused (400) by a text model.",
         "properties": {
         "type": {"type": "string", "enum": ["message", "function_call", "function_call_output", "reasoning"]},
         "role": {"type": "string", "enum": ["user", "assistant", "system", "developer"]},
@@ -230,8 +231,9 @@ pub fn schemas(s: &mut Map<String, Value>) {
     add(
         "MessagesRequest",
         json!({"type": "object", "required": ["messages", "max_tokens"],
-        "description": "Anthropic Messages API, run as a chat completion. `image` and \
-            `document` blocks are refused (400) until the server serves a vision model.",
+        "description": "Anthropic Messages API, run as a chat completion. A user's `image` \
+            blocks (`source` of type `base64` or `url`) are read by a vision-language model and \
+            refused (400) by a text model; `document` blocks are refused.",
         "properties": messages_request,
         "example": {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi!"}]}}),
     );

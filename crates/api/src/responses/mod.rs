@@ -7,4 +7,6 @@ pub mod request;
 pub use format::{
     ResponseMeta, ResponsesStream, ResponsesUsage, deleted, output_items, response_object,
 };
-pub use request::{ResponseEcho, ResponsesRequest, parse_responses_request};
+pub use request::{
+    ResponseEcho, ResponsesRequest, parse_responses_request, parse_responses_request_with,
+};

@@ -82,21 +82,50 @@ fn no_media(param: &str, kind: &str) -> ApiError {
 
 /// A message's content: a string, or parts of `input_text` / `output_text` (and `refusal`).
 fn content(v: &Value, param: &str) -> Res<String> {
+    match content_parts(v, param, false)? {
+        Value::String(s) => Ok(s),
+        _ => Err(no_media(param, "image")),
+    }
+}
+
+/// A message's content as chat content: its text (parts joined with "\n"), or, when `media`
+/// (the served model reads images) and some part is an `input_image`, the parts in order as
+/// chat `text` and `image_url` parts.
+fn content_parts(v: &Value, param: &str, media: bool) -> Res<Value> {
     match v {
-        Value::String(s) => Ok(s.clone()),
+        Value::String(s) => Ok(Value::String(s.clone())),
         Value::Array(parts) => {
             let mut text = Vec::new();
+            let mut chat_parts = Vec::new();
+            let mut images = 0;
             for (j, p) in parts.iter().enumerate() {
                 let pp = format!("{param}[{j}]");
                 let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+                let mut push_text = |t: &str| {
+                    text.push(t.to_string());
+                    chat_parts.push(json!({"type": "text", "text": t}));
+                };
                 match kind {
                     "input_text" | "output_text" | "text" => match p.get("text") {
-                        Some(Value::String(t)) => text.push(t.clone()),
+                        Some(Value::String(t)) => push_text(t),
                         _ => return Err(verr(&format!("{pp}.text"), "must be a string")),
                     },
                     "refusal" => match p.get("refusal") {
-                        Some(Value::String(t)) => text.push(t.clone()),
+                        Some(Value::String(t)) => push_text(t),
                         _ => return Err(verr(&format!("{pp}.refusal"), "must be a string")),
+                    },
+                    "input_image" if media => match p.get("image_url") {
+                        Some(Value::String(url)) => {
+                            images += 1;
+                            chat_parts
+                                .push(json!({"type": "image_url", "image_url": {"url": url}}));
+                        }
+                        _ => {
+                            return Err(verr(
+                                &format!("{pp}.image_url"),
+                                "must be a URL string (a data: URL, or http(s) where the server fetches); files are not stored by this server",
+                            ));
+                        }
                     },
                     "input_image" => return Err(no_media(&pp, "image")),
                     "input_file" => return Err(no_media(&pp, "file")),
@@ -109,7 +138,11 @@ fn content(v: &Value, param: &str) -> Res<String> {
                     }
                 }
             }
-            Ok(text.join("\n"))
+            Ok(if images > 0 {
+                Value::Array(chat_parts)
+            } else {
+                Value::String(text.join("\n"))
+            })
         }
         other => Err(ApiError::invalid_body(format!(
             "{param} must be a string or an array of content parts, got {}",
@@ -121,7 +154,7 @@ fn content(v: &Value, param: &str) -> Res<String> {
 
 /// `input`: a string (one user message) or a list of items, as chat messages (JSON). Function
 /// calls join the assistant message before them; their outputs become tool messages.
-fn input_messages(v: &Value) -> Res<Vec<Value>> {
+fn input_messages(v: &Value, media: bool) -> Res<Vec<Value>> {
     let items = match v {
         Value::String(s) => return Ok(vec![json!({"role": "user", "content": s})]),
         Value::Array(items) if items.is_empty() => {
@@ -162,7 +195,7 @@ fn input_messages(v: &Value) -> Res<Vec<Value>> {
                     ));
                 }
                 let text = match f.get("content") {
-                    Some(c) => content(c, &format!("{param}.content"))?,
+                    Some(c) => content_parts(c, &format!("{param}.content"), media)?,
                     None => return Err(verr(&param, "needs \"content\"")),
                 };
                 msgs.push(json!({"role": role, "content": text}));
@@ -328,12 +361,18 @@ fn rename(mut e: ApiError) -> ApiError {
 }
 
 pub fn parse_responses_request(body: &Value) -> Res<ResponsesRequest> {
+    parse_responses_request_with(body, false)
+}
+
+/// [`parse_responses_request`] for a served model that reads images (`media`): `input_image`
+/// parts become chat `image_url` parts instead of a refusal.
+pub fn parse_responses_request_with(body: &Value, media: bool) -> Res<ResponsesRequest> {
     let f = Fields::body(body)?;
     let mut chat = Map::new();
     let input = f
         .get("input")
         .ok_or_else(|| ApiError::invalid_body("input is required").with_param("input"))?;
-    let messages = input_messages(input)?;
+    let messages = input_messages(input, media)?;
     if messages.is_empty() {
         return Err(verr(
             "input",

@@ -29,8 +29,16 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/v1/messages/count_tokens", post(count_tokens))
 }
 
+/// Whether the served model reads images (its parsers then take image parts).
+pub(crate) fn takes_media(state: &AppState) -> bool {
+    state.model().is_some_and(|m| m.vision.is_some())
+}
+
 async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    match lmi_api::parse_json(&body).and_then(|v| anthropic::parse_messages_request(&v, false)) {
+    let media = takes_media(&state);
+    match lmi_api::parse_json(&body)
+        .and_then(|v| anthropic::parse_messages_request_with(&v, false, media))
+    {
         Ok(req) => run(state, req).await,
         Err(e) => respond::error(&e, SCHEMA),
     }
@@ -38,8 +46,9 @@ async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
 
 /// The prompt as the model would see it (system prompt, tools, template), counted.
 async fn count_tokens(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let media = takes_media(&state);
     let req = match lmi_api::parse_json(&body)
-        .and_then(|v| anthropic::parse_messages_request(&v, true))
+        .and_then(|v| anthropic::parse_messages_request_with(&v, true, media))
     {
         Ok(r) => r,
         Err(e) => return respond::error(&e, SCHEMA),
@@ -77,6 +86,11 @@ async fn run(state: Arc<AppState>, mut req: MessagesRequest) -> Response {
     // sequence, so the cut is only ever at the end).
     let stops = req.stop_sequences.clone();
     req.chat.spec.include_stop_str_in_output = !stops.is_empty();
+    if let Err(e) =
+        crate::media::inline_remote_chat(model.vision.as_ref(), &mut req.chat.messages).await
+    {
+        return respond::reject(tracker, &e, SCHEMA);
+    }
     let prepared = match crate::chat_job::prepare(&state, model, &req.chat) {
         Ok(p) => p,
         Err(e) => return respond::reject(tracker, &e, SCHEMA),

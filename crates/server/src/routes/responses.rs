@@ -64,7 +64,10 @@ fn now() -> u64 {
 }
 
 async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    match lmi_api::parse_json(&body).and_then(|v| responses::parse_responses_request(&v)) {
+    let media = crate::routes::messages::takes_media(&state);
+    match lmi_api::parse_json(&body)
+        .and_then(|v| responses::parse_responses_request_with(&v, media))
+    {
         Ok(req) => run(state, req).await,
         Err(e) => respond::error(&e, SCHEMA),
     }
@@ -91,6 +94,11 @@ async fn run(state: Arc<AppState>, req: ResponsesRequest) -> Response {
         },
         None => Vec::new(),
     };
+    if let Err(e) =
+        crate::media::inline_remote_chat(model.vision.as_ref(), &mut chat.messages).await
+    {
+        return respond::reject(tracker, &e, SCHEMA);
+    }
     conversation.append(&mut chat.messages);
     chat.messages = echo
         .instructions
