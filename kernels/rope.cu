@@ -2,6 +2,9 @@
 // per-layer op around it: Qwen3's per-head RMS norm of q and k (optional), RoPE, and the
 // K/V write to the paged pools (kv_cache.cuh).
 //
+// M-RoPE (Qwen2-VL): with `mpos` set, pair i turns with component comp[i] (0 time, 1 row,
+// 2 column) of the token's three positions mpos[3t .. 3t + 3] instead of positions[t].
+//
 // Angles without f64: each frequency comes as its turns per position in 0.64 fixed point,
 // `step = round(frac(inv_freq / 2π) · 2^64)` (host: cuda/rope.rs). A position's phase is then
 // `pos · step mod 2^64`, one wrapping integer product: exact whatever the position (the
@@ -103,6 +106,8 @@ __device__ __forceinline__ void rope_token(float* __restrict__ qkv, bf16* __rest
                                            const unsigned* __restrict__ positions,
                                            const unsigned* __restrict__ slots,
                                            const unsigned long long* __restrict__ steps,
+                                           const unsigned* __restrict__ mpos,
+                                           const unsigned* __restrict__ comp,
                                            const float* __restrict__ q_norm,
                                            const float* __restrict__ k_norm, float eps,
                                            unsigned q_heads, unsigned kv_heads, unsigned head_dim) {
@@ -116,8 +121,10 @@ __device__ __forceinline__ void rope_token(float* __restrict__ qkv, bf16* __rest
     const unsigned half = head_dim >> 1;
     if (first < rotary) {  // block-uniform
         const unsigned pos = positions[t];
-        for (unsigned i = threadIdx.x; i < half; i += blockDim.x)
-            rope_cos_sin(pos, steps[i], &cos_s[i], &sin_s[i]);
+        for (unsigned i = threadIdx.x; i < half; i += blockDim.x) {
+            const unsigned p = mpos != nullptr ? mpos[3u * t + comp[i]] : pos;
+            rope_cos_sin(p, steps[i], &cos_s[i], &sin_s[i]);
+        }
     }
     __syncthreads();
     const unsigned lane = threadIdx.x & 31u;
@@ -140,24 +147,27 @@ __device__ __forceinline__ void rope_token(float* __restrict__ qkv, bf16* __rest
 }
 
 // Backend::qk_norm_rope_write_kv: grid (tokens, blocks per token), ROPE_WARPS warps.
-// q_norm and k_norm are both null for models without q/k norms.
+// q_norm and k_norm are both null for models without q/k norms; mpos and comp null but for
+// M-RoPE.
 extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
     qk_norm_rope_write_kv(float* __restrict__ qkv, bf16* __restrict__ k_cache,
                           bf16* __restrict__ v_cache, const unsigned* __restrict__ positions,
                           const unsigned* __restrict__ slots,
                           const unsigned long long* __restrict__ steps,
+                          const unsigned* __restrict__ mpos, const unsigned* __restrict__ comp,
                           const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                           float eps, unsigned q_heads, unsigned kv_heads, unsigned head_dim) {
-    rope_token<true>(qkv, k_cache, v_cache, positions, slots, steps, q_norm, k_norm, eps, q_heads,
-                     kv_heads, head_dim);
+    rope_token<true>(qkv, k_cache, v_cache, positions, slots, steps, mpos, comp, q_norm, k_norm,
+                     eps, q_heads, kv_heads, head_dim);
 }
 
 // Backend::rope: q and k heads rotated in place; grid (tokens, blocks per token), ROPE_WARPS
 // warps.
 extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
     rope(float* __restrict__ qkv, const unsigned* __restrict__ positions,
-         const unsigned long long* __restrict__ steps, unsigned q_heads, unsigned kv_heads,
+         const unsigned long long* __restrict__ steps, const unsigned* __restrict__ mpos,
+         const unsigned* __restrict__ comp, unsigned q_heads, unsigned kv_heads,
          unsigned head_dim) {
-    rope_token<false>(qkv, nullptr, nullptr, positions, nullptr, steps, nullptr, nullptr, 0.0f,
-                      q_heads, kv_heads, head_dim);
+    rope_token<false>(qkv, nullptr, nullptr, positions, nullptr, steps, mpos, comp, nullptr,
+                      nullptr, 0.0f, q_heads, kv_heads, head_dim);
 }

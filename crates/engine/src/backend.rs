@@ -100,6 +100,8 @@ pub trait Backend: Send + Sync + 'static {
     type Step: Send;
     /// RoPE frequencies, uploaded once.
     type Rope: Send + Sync;
+    /// A vision tower's weights on this backend (the CPU runs the host tower: it has none).
+    type Vision: Send + Sync;
 
     fn name(&self) -> &'static str;
 
@@ -177,6 +179,20 @@ pub trait Backend: Send + Sync + 'static {
             self.name()
         )))
     }
+    /// Puts a vision tower on this backend; None when it runs on the host
+    /// ([`VisionTower::forward`](crate::vision::VisionTower::forward)).
+    fn upload_vision(&self, tower: &crate::vision::VisionTower) -> Result<Option<Self::Vision>> {
+        let _ = tower;
+        Ok(None)
+    }
+    /// A media item's embeddings through the tower uploaded as `vision` (`tower` is its host
+    /// copy), laid out as `VisionTower::forward` gives them.
+    fn encode_vision(
+        &self,
+        vision: &Self::Vision,
+        tower: &crate::vision::VisionTower,
+        input: &crate::vision::VisionInput,
+    ) -> Result<Vec<f32>>;
     /// One layer's K or V pool.
     fn alloc_kv(&self, cfg: &KvCacheConfig) -> Result<Self::Kv>;
     /// Every layer's (K, V) pools (a backend may place them in one allocation).

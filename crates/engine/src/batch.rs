@@ -73,6 +73,10 @@ pub struct BatchLayout {
     /// M-RoPE models: each token's (time, height, width) rotary positions, 3 per token;
     /// empty when the rotary position is `positions`.
     pub rope_positions: Vec<u32>,
+    /// Rows of this step take their input embedding from the host (a media encoder's, by
+    /// `Backend::write_rows`): such a step uploads them as it runs, so a backend never
+    /// captures or replays it as a graph.
+    pub host_embeds: bool,
 }
 
 impl BatchLayout {
@@ -97,6 +101,7 @@ impl BatchLayout {
             logits_per_seq: Vec::with_capacity(chunks.len()),
             adapter_rows: Vec::new(),
             rope_positions: Vec::new(),
+            host_embeds: false,
         };
         l.cu_tokens.push(0);
         for (s, c) in chunks.iter().enumerate() {

@@ -39,6 +39,10 @@ pub struct EngineOptions {
     /// runs one at load to measure what it takes besides the KV cache, and captures the
     /// decode graphs up to it ([`crate::warmup`]).
     pub max_step: StepShape,
+    /// Run a vision-language model's vision tower on the host even where the backend could
+    /// run it (a GPU): saves its device memory; tests compare the backends' language models
+    /// with it on identical embeddings.
+    pub vision_on_host: bool,
 }
 
 impl Default for EngineOptions {
@@ -50,6 +54,7 @@ impl Default for EngineOptions {
             memory_fraction: None,
             gguf: None,
             max_step: StepShape::default(),
+            vision_on_host: false,
         }
     }
 }
@@ -134,6 +139,7 @@ impl<B: Backend> Engine<B> {
         let load = LoadOptions {
             dtype: opts.dtype,
             gguf: opts.gguf.clone(),
+            vision_on_host: opts.vision_on_host,
         };
         let model = Model::load(&backend, dir, &load)?;
         let c = &model.config;
@@ -217,8 +223,20 @@ impl<B: Backend> Engine<B> {
         let embeds = if media.is_empty() {
             None
         } else {
+            // The tower on the backend where it was uploaded there, else on the host.
+            let (model, backend) = (&self.model, &self.backend);
+            let encode = |input: &crate::vision::VisionInput| -> Result<Vec<f32>> {
+                let tower = model.vision.as_ref().ok_or_else(|| {
+                    crate::error::EngineError::Batch("this model has no vision tower".into())
+                })?;
+                match &model.vision_device {
+                    Some(v) => backend.encode_vision(v, tower, input),
+                    None => tower.forward(input),
+                }
+            };
+            let encode: Option<prefill::Encode<'_>> = model.vision.is_some().then_some(&encode);
             Some(prefill::media_embeds(
-                self.model.vision.as_ref(),
+                encode,
                 &mut self.encoder_cache,
                 media,
                 &layout,
@@ -226,6 +244,7 @@ impl<B: Backend> Engine<B> {
                 &mut self.encoder_stats,
             )?)
         };
+        layout.host_embeds = embeds.as_ref().is_some_and(|e| !e.rows.is_empty());
         Ok((layout, embeds))
     }
 

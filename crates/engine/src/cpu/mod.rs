@@ -129,6 +129,7 @@ impl Backend for CpuBackend {
     type Kv = CpuKv;
     type Step = BatchLayout;
     type Rope = CpuRope;
+    type Vision = std::convert::Infallible;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -183,6 +184,15 @@ impl Backend for CpuBackend {
             inv_freq: inv_freq.to_vec(),
             component: None,
         })
+    }
+
+    fn encode_vision(
+        &self,
+        vision: &std::convert::Infallible,
+        _: &crate::vision::VisionTower,
+        _: &crate::vision::VisionInput,
+    ) -> Result<Vec<f32>> {
+        match *vision {}
     }
 
     fn mrope_table(&self, inv_freq: &[f64], section: [usize; 3]) -> Result<CpuRope> {

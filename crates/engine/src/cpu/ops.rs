@@ -63,37 +63,30 @@ pub fn head_rms_norm(qkv: &mut [f32], l: QkvLayout, first: usize, n: usize, w: &
 
 /// Rotate-half RoPE (HF layout) on q and k heads; angles computed in f64 per position.
 pub fn rope(qkv: &mut [f32], positions: &[u32], l: QkvLayout, inv_freq: &[f64]) {
-    let d = l.head_dim;
-    let half = d / 2;
-    for_rows(qkv, l.row_width(), |r, row| {
-        let pos = positions[r] as f64;
-        let (mut cos, mut sin) = (vec![0.0f32; half], vec![0.0f32; half]);
-        for i in 0..half {
-            let (s, c) = (pos * inv_freq[i]).sin_cos();
-            cos[i] = c as f32;
-            sin[i] = s as f32;
-        }
-        for h in 0..l.q_heads + l.kv_heads {
-            let head = &mut row[h * d..(h + 1) * d];
-            for i in 0..half {
-                let (a, b) = (head[i], head[i + half]);
-                head[i] = a * cos[i] - b * sin[i];
-                head[i + half] = b * cos[i] + a * sin[i];
-            }
-        }
-    });
+    rope_by(qkv, l, inv_freq, |r, _| positions[r]);
 }
 
 /// RoPE with M-RoPE positions: frequency `i` turns with component `component[i]` of the
 /// token's (time, row, column) position (`positions` holds 3 per token).
 pub fn mrope(qkv: &mut [f32], positions: &[u32], l: QkvLayout, inv_freq: &[f64], component: &[u8]) {
+    rope_by(qkv, l, inv_freq, |r, i| {
+        positions[3 * r + component[i] as usize]
+    });
+}
+
+/// Rotate-half RoPE where frequency `i` of row `r` turns by `pos(r, i)` positions.
+fn rope_by(
+    qkv: &mut [f32],
+    l: QkvLayout,
+    inv_freq: &[f64],
+    pos: impl Fn(usize, usize) -> u32 + Sync,
+) {
     let d = l.head_dim;
     let half = d / 2;
     for_rows(qkv, l.row_width(), |r, row| {
-        let p = &positions[3 * r..3 * r + 3];
         let (mut cos, mut sin) = (vec![0.0f32; half], vec![0.0f32; half]);
         for i in 0..half {
-            let (s, c) = (p[component[i] as usize] as f64 * inv_freq[i]).sin_cos();
+            let (s, c) = (pos(r, i) as f64 * inv_freq[i]).sin_cos();
             cos[i] = c as f32;
             sin[i] = s as f32;
         }

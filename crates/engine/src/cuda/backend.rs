@@ -44,6 +44,11 @@ const KERNELS: &[&str] = &[
     "add_f32",
     "add_bias_f32",
     "gather_rows_f32",
+    "scatter_rows_f32",
+    "layer_norm_f32",
+    "quick_gelu_f32",
+    "gelu_erf_f32",
+    "vision_attention",
     "f32_to_bf16_rows",
     "bf16_to_f32_rows",
 ];
@@ -312,6 +317,7 @@ impl<D: Device> Backend for CudaBackend<D> {
     type Kv = CudaKv<D>;
     type Step = CudaStep;
     type Rope = CudaRope<D>;
+    type Vision = super::vision::CudaVision<D>;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -388,6 +394,62 @@ impl<D: Device> Backend for CudaBackend<D> {
 
     fn rope_table(&self, inv_freq: &[f64]) -> Result<CudaRope<D>> {
         CudaRope::upload(&self.dev, inv_freq)
+    }
+
+    fn upload_vision(
+        &self,
+        tower: &crate::vision::VisionTower,
+    ) -> Result<Option<super::vision::CudaVision<D>>> {
+        super::vision::CudaVision::upload(self, tower).map(Some)
+    }
+
+    fn encode_vision(
+        &self,
+        vision: &super::vision::CudaVision<D>,
+        tower: &crate::vision::VisionTower,
+        input: &crate::vision::VisionInput,
+    ) -> Result<Vec<f32>> {
+        vision.forward(self, tower, input)
+    }
+
+    fn mrope_table(&self, inv_freq: &[f64], section: [usize; 3]) -> Result<CudaRope<D>> {
+        CudaRope::upload_mrope(&self.dev, inv_freq, section)
+    }
+
+    /// Uploads the rows and their embeddings into the step arena, then scatters them: host
+    /// copies inside the forward pass, which is why such steps are never graphs
+    /// (`BatchLayout::host_embeds`).
+    fn write_rows(&self, dst: &mut CudaBuf, width: usize, rows: &[u32], src: &[f32]) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        if src.len() != rows.len() * width {
+            return Err(EngineError::Backend(format!(
+                "{} embedding values for {} rows of {width}",
+                src.len(),
+                rows.len()
+            )));
+        }
+        if let Some(&r) = rows.iter().find(|&&r| (r as usize + 1) * width > dst.len) {
+            return Err(EngineError::Backend(format!(
+                "embedding row {r} is outside a buffer of {} rows",
+                dst.len / width.max(1)
+            )));
+        }
+        let idx = self.arena_alloc(rows.len(), ElemType::F32)?;
+        self.dev.htod_slice(rows, idx.ptr).map_err(cuda_err)?;
+        let data = self.upload_f32(src)?;
+        self.launch(
+            "scatter_rows_f32",
+            rows_cols(rows.len(), width)?,
+            &[
+                dst.ptr.into(),
+                data.ptr.into(),
+                idx.ptr.into(),
+                (u32_arg("an embedding row", width)?).into(),
+                (src.len() as u64).into(),
+            ],
+        )
     }
 
     fn alloc_kv(&self, cfg: &KvCacheConfig) -> Result<CudaKv<D>> {

@@ -11,6 +11,7 @@ mod memory;
 mod rope;
 mod sampler;
 pub mod step;
+mod vision;
 
 use std::path::Path;
 use std::sync::Arc;

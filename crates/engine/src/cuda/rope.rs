@@ -22,9 +22,11 @@ const WARPS: usize = 4;
 /// The largest head the kernels take (`2 · 32 · ROPE_PAIRS` in rope.cu).
 const MAX_HEAD_DIM: usize = 256;
 
-/// The RoPE frequencies on the device: one u64 step per rotated pair.
+/// The RoPE frequencies on the device: one u64 step per rotated pair, and for M-RoPE the
+/// position component (0 time, 1 row, 2 column) each pair turns with (one u32 per pair).
 pub struct CudaRope<D: Device> {
     steps: DeviceBox<D>,
+    components: Option<DeviceBox<D>>,
     pairs: usize,
 }
 
@@ -55,8 +57,48 @@ impl<D: Device> CudaRope<D> {
         dev.htod_slice(&steps, mem.ptr()).map_err(cuda_err)?;
         Ok(CudaRope {
             steps: mem,
+            components: None,
             pairs: steps.len(),
         })
+    }
+
+    /// M-RoPE (Qwen2-VL): the first `section[0]` pairs turn with a token's temporal
+    /// position, the next `section[1]` with its row, the rest with its column.
+    pub(crate) fn upload_mrope(
+        dev: &std::sync::Arc<D>,
+        inv_freq: &[f64],
+        section: [usize; 3],
+    ) -> Result<Self> {
+        if section.iter().sum::<usize>() != inv_freq.len() {
+            return Err(EngineError::Backend(format!(
+                "mrope_section {section:?} does not add up to the {} rotary frequencies",
+                inv_freq.len()
+            )));
+        }
+        let components: Vec<u32> = (0..inv_freq.len())
+            .map(|i| match i {
+                i if i < section[0] => 0,
+                i if i < section[0] + section[1] => 1,
+                _ => 2,
+            })
+            .collect();
+        let mem = DeviceBox::new(dev, components.len().max(1) * 4)?;
+        dev.htod_slice(&components, mem.ptr()).map_err(cuda_err)?;
+        Ok(CudaRope {
+            components: Some(mem),
+            ..Self::upload(dev, inv_freq)?
+        })
+    }
+
+    /// The kernels' M-RoPE arguments for `step`: its (time, row, column) positions and the
+    /// component table, or nulls (rotary positions are `step.positions`). An M-RoPE table
+    /// with a step that has no M-RoPE positions rotates by the plain positions, as the CPU
+    /// backend does (text-only positions are the same in all three components).
+    fn mrope_args(&self, step: &CudaStep) -> (DevPtr, DevPtr) {
+        match &self.components {
+            Some(c) if !step.rope_positions.is_null() => (step.rope_positions, c.ptr()),
+            _ => (DevPtr::NULL, DevPtr::NULL),
+        }
     }
 
     /// Checks that `layout`'s heads fit the kernels and this table.
@@ -117,18 +159,65 @@ pub(super) fn rope<D: Device>(
     layout: QkvLayout,
     rope: &CudaRope<D>,
 ) -> Result<()> {
+    let (mpos, comp) = rope.mrope_args(step);
+    rotate(
+        b,
+        qkv.ptr,
+        step.num_tokens,
+        step.positions,
+        mpos,
+        comp,
+        layout,
+        rope,
+    )
+}
+
+/// A vision tower's 2D rotary embedding on its `[q | k | v]` rows (`layout`: as many k heads
+/// as q heads): pair `i` turns with component `rope`'s table gives it of each row's three
+/// positions `positions[3r ..]` (row, column, unused).
+pub(super) fn rope_rows<D: Device>(
+    b: &CudaBackend<D>,
+    qkv: DevPtr,
+    rows: usize,
+    positions: DevPtr,
+    layout: QkvLayout,
+    rope: &CudaRope<D>,
+) -> Result<()> {
+    let comp = rope
+        .components
+        .as_ref()
+        .map(|c| c.ptr())
+        .ok_or_else(|| EngineError::Backend("a 2D rotary table needs its components".into()))?;
+    // `positions` stands in for the plain positions too: the kernel reads them only
+    // without a component table.
+    rotate(b, qkv, rows, positions, positions, comp, layout, rope)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rotate<D: Device>(
+    b: &CudaBackend<D>,
+    qkv: DevPtr,
+    tokens: usize,
+    positions: DevPtr,
+    mpos: DevPtr,
+    comp: DevPtr,
+    layout: QkvLayout,
+    rope: &CudaRope<D>,
+) -> Result<()> {
     rope.check(layout)?;
-    if step.num_tokens == 0 {
+    if tokens == 0 {
         return Ok(());
     }
     let heads = layout.q_heads + layout.kv_heads;
     b.launch(
         "rope",
-        launch_config(b, step.num_tokens, heads)?,
+        launch_config(b, tokens, heads)?,
         &[
-            qkv.ptr.into(),
-            step.positions.into(),
+            qkv.into(),
+            positions.into(),
             rope.steps.ptr().into(),
+            mpos.into(),
+            comp.into(),
             (layout.q_heads as u32).into(),
             (layout.kv_heads as u32).into(),
             (layout.head_dim as u32).into(),
@@ -175,6 +264,7 @@ pub(super) fn qk_norm_rope_write_kv<D: Device>(
         )));
     }
     let heads = layout.q_heads + 2 * layout.kv_heads;
+    let (mpos, comp) = rope.mrope_args(step);
     b.launch(
         "qk_norm_rope_write_kv",
         launch_config(b, tokens, heads)?,
@@ -185,6 +275,8 @@ pub(super) fn qk_norm_rope_write_kv<D: Device>(
             step.positions.into(),
             step.slots.into(),
             rope.steps.ptr().into(),
+            mpos.into(),
+            comp.into(),
             q_norm.into(),
             k_norm.into(),
             eps.into(),

@@ -85,6 +85,9 @@ pub fn pad_decode(mut l: BatchLayout) -> BatchLayout {
         l.context_lens.push(0);
         l.logits_rows.push(s as u32);
         l.logits_per_seq.push(1);
+        if !l.rope_positions.is_empty() {
+            l.rope_positions.extend([0, 0, 0]);
+        }
     }
     l
 }
@@ -96,7 +99,8 @@ pub fn graph_key(l: &BatchLayout) -> Option<GraphKey> {
         && l.num_tokens() == seqs
         && l.logits_rows.len() == seqs
         && l.max_blocks.is_power_of_two()
-        && l.max_blocks >= 16;
+        && l.max_blocks >= 16
+        && !l.host_embeds;
     shaped.then_some(GraphKey {
         seqs,
         block_stride: l.max_blocks,
@@ -237,6 +241,9 @@ pub struct CudaStep {
     /// `[num_tiles]` u32, zero between launches: attention's count of a tile's finished
     /// split blocks, so the last one merges (kernels/attention_split.cuh).
     pub tile_counters: DevPtr,
+    /// M-RoPE models: `[num_tokens, 3]` (time, row, column) rotary positions; null when the
+    /// rotary positions are `positions`.
+    pub rope_positions: DevPtr,
     /// The step's adapter rows (None without adapters).
     pub lora: Option<LoraRows>,
     pub graph_key: Option<GraphKey>,
@@ -274,6 +281,7 @@ pub fn pack(l: &BatchLayout, lora: Option<&LoraEntries>, p: &mut Packed) -> Vec<
     // Attention's per-tile counters of finished split blocks (kernels/attention_split.cuh),
     // zero at the start of every step; the kernels leave them at zero after each launch.
     p.push_zeros(tiles.len());
+    p.push(&l.rope_positions);
     if let Some(e) = lora {
         p.push(&e.rows);
         p.push(&e.slots);
@@ -307,9 +315,14 @@ pub fn view(
         tiles: at(8),
         num_tiles: tiles.len(),
         tile_counters: at(9),
+        rope_positions: if l.rope_positions.is_empty() {
+            DevPtr::NULL
+        } else {
+            at(10)
+        },
         lora: lora.map(|e| LoraRows {
-            rows: at(10),
-            slots: at(11),
+            rows: at(11),
+            slots: at(12),
             entries: e.rows.len(),
             group_slots: e.group_slots,
         }),

@@ -16,6 +16,8 @@ pub struct LoadOptions {
     pub dtype: Option<DType>,
     /// Read the weights from this GGUF file (the directory still gives config.json).
     pub gguf: Option<PathBuf>,
+    /// Keep a vision tower on the host (`EngineOptions::vision_on_host`).
+    pub vision_on_host: bool,
 }
 
 impl<B: Backend> Model<B> {
@@ -44,7 +46,11 @@ impl<B: Backend> Model<B> {
         } else {
             dtype
         };
-        Self::from_tensors(backend, config, &st, dtype)
+        let mut model = Self::from_tensors(backend, config, &st, dtype)?;
+        if let Some(t) = model.vision.as_ref().filter(|_| !opts.vision_on_host) {
+            model.vision_device = backend.upload_vision(t)?;
+        }
+        Ok(model)
     }
 
     fn from_tensors(
@@ -178,6 +184,7 @@ impl<B: Backend> Model<B> {
             layers,
             rope,
             vision,
+            vision_device: None,
         })
     }
 }

@@ -43,6 +43,8 @@ pub struct Model<B: Backend> {
     rope: B::Rope,
     /// A vision-language model's vision tower (on the host).
     pub vision: Option<crate::vision::VisionTower>,
+    /// The tower on the backend, where it runs there (CUDA); None runs `vision` on the host.
+    pub vision_device: Option<B::Vision>,
 }
 
 /// Embeddings that replace some tokens' (media placeholders'): `rows` of the step, `data`

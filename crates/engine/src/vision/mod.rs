@@ -10,8 +10,8 @@ pub mod cache;
 pub mod config;
 pub mod mrope;
 pub mod prefill;
-mod tower;
-mod window;
+pub(crate) mod tower;
+pub(crate) mod window;
 
 pub use cache::EncoderCache;
 pub use config::{VisionConfig, VisionVariant};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::mrope::{RunAt, chunk_positions};
-use super::{EncoderCache, VisionTower};
+use super::{EncoderCache, VisionInput};
 use crate::batch::{BatchLayout, ChunkMedia, SeqChunk};
 use crate::error::{EngineError, Result};
 use crate::model::InputEmbeds;
@@ -18,6 +18,9 @@ pub struct EncoderStats {
     pub cache_hits: u64,
     pub time: Duration,
 }
+
+/// Runs the vision tower on one media item (on the backend or the host).
+pub type Encode<'a> = &'a dyn Fn(&VisionInput) -> Result<Vec<f32>>;
 
 /// Fills `layout.rope_positions` from the chunks, their media runs and their M-RoPE deltas.
 pub fn rope_positions(
@@ -48,9 +51,10 @@ pub fn rope_positions(
     Ok(())
 }
 
-/// The embeddings of the step's media runs, at their rows of the step.
+/// The embeddings of the step's media runs, at their rows of the step; `encode` runs the
+/// vision tower (None: the model has none).
 pub fn media_embeds(
-    tower: Option<&VisionTower>,
+    encode: Option<Encode<'_>>,
     cache: &mut EncoderCache,
     media: &[ChunkMedia],
     layout: &BatchLayout,
@@ -59,7 +63,7 @@ pub fn media_embeds(
 ) -> Result<InputEmbeds> {
     let mut e = InputEmbeds::default();
     for m in media {
-        let tower = tower.ok_or_else(|| {
+        let encode = encode.ok_or_else(|| {
             EngineError::Batch("this model has no vision tower: it takes no media items".into())
         })?;
         let emb = match cache.get(m.hash) {
@@ -70,7 +74,7 @@ pub fn media_embeds(
             None => {
                 let input = m.input.as_deref().ok_or_else(no_patches)?;
                 let t = Instant::now();
-                let x = Arc::new(tower.forward(input)?);
+                let x = Arc::new(encode(input)?);
                 stats.time += t.elapsed();
                 stats.items_encoded += 1;
                 cache.insert(m.hash, x.clone());

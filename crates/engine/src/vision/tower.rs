@@ -13,22 +13,22 @@ use crate::dtype::DType;
 use crate::error::{EngineError, Result};
 use crate::weights::WeightSource;
 
-const NORM_EPS: f32 = 1e-6;
+pub(crate) const NORM_EPS: f32 = 1e-6;
 
 /// A norm: RMSNorm (Qwen2.5-VL) or LayerNorm with a bias (Qwen2-VL).
-struct Norm {
-    weight: Vec<f32>,
-    bias: Option<Vec<f32>>,
+pub(crate) struct Norm {
+    pub(crate) weight: Vec<f32>,
+    pub(crate) bias: Option<Vec<f32>>,
 }
 
-struct Linear {
-    w: Vec<f32>,
-    b: Option<Vec<f32>>,
-    n: usize,
-    k: usize,
+pub(crate) struct Linear {
+    pub(crate) w: Vec<f32>,
+    pub(crate) b: Option<Vec<f32>>,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
 }
 
-enum Mlp {
+pub(crate) enum Mlp {
     /// `down(silu(gate(x)) · up(x))`
     SwiGlu {
         gate: Linear,
@@ -39,21 +39,21 @@ enum Mlp {
     QuickGelu { fc1: Linear, fc2: Linear },
 }
 
-struct Block {
-    norm1: Norm,
-    norm2: Norm,
-    qkv: Linear,
-    proj: Linear,
-    mlp: Mlp,
+pub(crate) struct Block {
+    pub(crate) norm1: Norm,
+    pub(crate) norm2: Norm,
+    pub(crate) qkv: Linear,
+    pub(crate) proj: Linear,
+    pub(crate) mlp: Mlp,
 }
 
 pub struct VisionTower {
     cfg: VisionConfig,
-    patch_embed: Linear,
-    blocks: Vec<Block>,
-    merger_norm: Norm,
-    merger_fc1: Linear,
-    merger_fc2: Linear,
+    pub(crate) patch_embed: Linear,
+    pub(crate) blocks: Vec<Block>,
+    pub(crate) merger_norm: Norm,
+    pub(crate) merger_fc1: Linear,
+    pub(crate) merger_fc2: Linear,
 }
 
 impl VisionTower {
@@ -134,13 +134,73 @@ impl VisionTower {
         })
     }
 
+    /// A tower of `cfg`'s shape with deterministic random weights (benchmarks of full-size
+    /// towers without their checkpoints).
+    pub fn random(cfg: &VisionConfig, seed: u64) -> Self {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut values = |len: usize, scale: f32| -> Vec<f32> {
+            (0..len)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+                })
+                .collect()
+        };
+        let mut lin = |n: usize, k: usize, bias: bool| Linear {
+            w: values(n * k, 1.0 / (k as f32).sqrt()),
+            b: bias.then(|| vec![0.0; n]),
+            n,
+            k,
+        };
+        let h = cfg.hidden_size;
+        let layer_norm = cfg.variant == VisionVariant::Qwen2Vl;
+        let norm = |len: usize| Norm {
+            weight: vec![1.0; len],
+            bias: layer_norm.then(|| vec![0.0; len]),
+        };
+        let patch_embed = lin(h, cfg.patch_dim(), false);
+        let inter = cfg.intermediate_size;
+        let blocks = (0..cfg.depth)
+            .map(|_| Block {
+                norm1: norm(h),
+                norm2: norm(h),
+                qkv: lin(3 * h, h, true),
+                proj: lin(h, h, true),
+                mlp: match cfg.variant {
+                    VisionVariant::Qwen25Vl => Mlp::SwiGlu {
+                        gate: lin(inter, h, true),
+                        up: lin(inter, h, true),
+                        down: lin(h, inter, true),
+                    },
+                    VisionVariant::Qwen2Vl => Mlp::QuickGelu {
+                        fc1: lin(inter, h, true),
+                        fc2: lin(h, inter, true),
+                    },
+                },
+            })
+            .collect();
+        let wide = h * cfg.merge_unit();
+        VisionTower {
+            cfg: cfg.clone(),
+            patch_embed,
+            blocks,
+            merger_norm: norm(h),
+            merger_fc1: lin(wide, wide, true),
+            merger_fc2: lin(cfg.out_hidden_size, wide, true),
+        }
+    }
+
     pub fn config(&self) -> &VisionConfig {
         &self.cfg
     }
 
-    /// Multiply-adds of one item through the tower (the benchmark's FLOP count / 2).
+    /// Multiply-adds of one item through the tower (the benchmark's FLOP count / 2): its
+    /// matrix products and attention's two products per head.
     pub fn macs(&self, input: &VisionInput) -> u64 {
-        let n = (input.grid_thw.iter().product::<usize>()) as u64;
+        let grid = input.grid_thw;
+        let n = (grid.iter().product::<usize>()) as u64;
         let (h, i) = (
             self.cfg.hidden_size as u64,
             self.cfg.intermediate_size as u64,
@@ -150,10 +210,37 @@ impl VisionTower {
             VisionVariant::Qwen2Vl => 2 * h * i,
         };
         let wide = h * self.cfg.merge_unit() as u64;
+        // q·kᵀ and p·v: 2 · len² · h per segment of `len` patches.
+        let attn = |bounds: &[usize]| -> u64 {
+            bounds
+                .windows(2)
+                .map(|s| 2 * ((s[1] - s[0]) as u64).pow(2) * h)
+                .sum()
+        };
+        let full = attn(&frame_segments(grid));
+        let windowed = self.windows(grid).map(|(_, b)| attn(&b));
+        let attention: u64 = (0..self.blocks.len())
+            .map(|l| match windowed {
+                Some(w) if !self.cfg.fullatt_block_indexes.contains(&l) => w,
+                _ => full,
+            })
+            .sum();
         n * self.cfg.patch_dim() as u64 * h
             + self.blocks.len() as u64 * n * (4 * h * h + mlp)
+            + attention
             + n / self.cfg.merge_unit() as u64
                 * (wide * wide + wide * self.cfg.out_hidden_size as u64)
+    }
+
+    /// Qwen2.5-VL's attention windows over a grid: the merge units' order (each window's
+    /// together) and the windows' bounds in patches; None for a tower without windows.
+    pub(crate) fn windows(&self, grid: [usize; 3]) -> Option<(Vec<usize>, Vec<usize>)> {
+        let cfg = &self.cfg;
+        let m = cfg.spatial_merge_size;
+        (cfg.variant == VisionVariant::Qwen25Vl && cfg.window_size > 0).then(|| {
+            let side = (cfg.window_size / m / cfg.patch_size).max(1);
+            window_index(grid, m, side)
+        })
     }
 
     /// The item's embeddings: `[input.tokens(), out_hidden_size]`, in the order of its
@@ -181,10 +268,7 @@ impl VisionTower {
         let mut rows_cols = patch_rows_cols(grid, m);
         let full = frame_segments(grid);
         // Qwen2.5-VL groups each window's tokens (their merge units) together.
-        let windows = (cfg.variant == VisionVariant::Qwen25Vl && cfg.window_size > 0).then(|| {
-            let side = (cfg.window_size / m / cfg.patch_size).max(1);
-            window_index(grid, m, side)
-        });
+        let windows = self.windows(grid);
         if let Some((order, _)) = &windows {
             x = permute_units(&x, order, unit * h);
             rows_cols = permute_units(&rows_cols, order, unit);
@@ -294,7 +378,7 @@ fn add(x: &mut [f32], d: &[f32]) {
 }
 
 /// Reorders groups of `width` values: group `k` of the result is group `order[k]` of `x`.
-fn permute_units<T: Copy>(x: &[T], order: &[usize], width: usize) -> Vec<T> {
+pub(crate) fn permute_units<T: Copy>(x: &[T], order: &[usize], width: usize) -> Vec<T> {
     let mut out = Vec::with_capacity(x.len());
     for &o in order {
         out.extend_from_slice(&x[o * width..(o + 1) * width]);
@@ -344,7 +428,12 @@ fn rotate_qk(qkv: &mut [f32], width: usize, head_dim: usize, cos: &[f32], sin: &
         });
 }
 
+/// Query rows of one attention matrix product: scores for this many rows at a time.
+const ATTN_BLOCK: usize = 128;
+
 /// Non-causal attention inside each segment `[bounds[i], bounds[i+1])` of patches, per head.
+/// Both products (`q·kᵀ` and `p·v`) go through the CPU's matrix kernels, so the tower's full
+/// attention layers (thousands of patches at 1024²) run at their rate.
 fn attention(qkv: &[f32], width: usize, heads: usize, bounds: &[usize], out: &mut [f32]) {
     let d = width / heads;
     let scale = 1.0 / (d as f32).sqrt();
@@ -356,31 +445,46 @@ fn attention(qkv: &[f32], width: usize, heads: usize, bounds: &[usize], out: &mu
         .par_iter()
         .map(|&(from, to, hd)| {
             let len = to - from;
-            let q = |i: usize| &qkv[i * 3 * width + hd * d..][..d];
-            let k = |i: usize| &qkv[i * 3 * width + width + hd * d..][..d];
-            let v = |i: usize| &qkv[i * 3 * width + 2 * width + hd * d..][..d];
-            let mut res = vec![0f32; len * d];
-            let mut scores = vec![0f32; len];
+            // This head's q (scaled), k, and v transposed (`[d, len]`, the weight layout of
+            // the second product).
+            let (mut q, mut k, mut vt) = (
+                vec![0f32; len * d],
+                vec![0f32; len * d],
+                vec![0f32; d * len],
+            );
             for i in 0..len {
-                let qi = q(from + i);
-                let mut max = f32::NEG_INFINITY;
-                for (j, s) in scores.iter_mut().enumerate() {
-                    let kj = k(from + j);
-                    *s = qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
-                    max = max.max(*s);
+                let row = &qkv[(from + i) * 3 * width..][..3 * width];
+                for j in 0..d {
+                    q[i * d + j] = row[hd * d + j] * scale;
+                    k[i * d + j] = row[width + hd * d + j];
+                    vt[j * len + i] = row[2 * width + hd * d + j];
                 }
-                let mut sum = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let o = &mut res[i * d..(i + 1) * d];
-                for (j, &s) in scores.iter().enumerate() {
-                    let p = s / sum;
-                    for (o, &vv) in o.iter_mut().zip(v(from + j)) {
-                        *o += p * vv;
+            }
+            let mut res = vec![0f32; len * d];
+            let mut scores = vec![0f32; ATTN_BLOCK.min(len) * len];
+            for first in (0..len).step_by(ATTN_BLOCK) {
+                let rows = ATTN_BLOCK.min(len - first);
+                let sc = &mut scores[..rows * len];
+                linear(&q[first * d..], rows, d, &k, len, None, sc);
+                for r in sc.chunks_mut(len) {
+                    let max = r.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                    let mut sum = 0f32;
+                    for x in r.iter_mut() {
+                        *x = (*x - max).exp();
+                        sum += *x;
                     }
+                    let inv = 1.0 / sum;
+                    r.iter_mut().for_each(|x| *x *= inv);
                 }
+                linear(
+                    sc,
+                    rows,
+                    len,
+                    &vt,
+                    d,
+                    None,
+                    &mut res[first * d..(first + rows) * d],
+                );
             }
             (from, to, hd, res)
         })
