@@ -178,18 +178,26 @@ fn resample_horizontal(
 ) -> Vec<u8> {
     let in_stride = in_width as usize * 3;
     let out_width = coeffs.bounds.len();
-    let mut out = Vec::with_capacity((rows.1 - rows.0) * out_width * 3);
-    for row in data[rows.0 * in_stride..rows.1 * in_stride].chunks_exact(in_stride) {
-        for xx in 0..out_width {
+    let n_rows = rows.1 - rows.0;
+    let mut out = vec![0u8; n_rows * out_width * 3];
+    let input = &data[rows.0 * in_stride..rows.1 * in_stride];
+    for (row, out_row) in input
+        .chunks_exact(in_stride)
+        .zip(out.chunks_exact_mut(out_width * 3))
+    {
+        for (xx, o) in out_row.chunks_exact_mut(3).enumerate() {
             let (xmin, k) = coeffs.of(xx);
+            // The taps' pixels as one slice: no bounds check per tap.
+            let px = &row[xmin * 3..(xmin + k.len()) * 3];
             let (mut s0, mut s1, mut s2) = (HALF, HALF, HALF);
-            for (i, &w) in k.iter().enumerate() {
-                let p = &row[(xmin + i) * 3..(xmin + i) * 3 + 3];
+            for (p, &w) in px.chunks_exact(3).zip(k) {
                 s0 = s0.wrapping_add(i32::from(p[0]) * w);
                 s1 = s1.wrapping_add(i32::from(p[1]) * w);
                 s2 = s2.wrapping_add(i32::from(p[2]) * w);
             }
-            out.extend_from_slice(&[clip8(s0), clip8(s1), clip8(s2)]);
+            o[0] = clip8(s0);
+            o[1] = clip8(s1);
+            o[2] = clip8(s2);
         }
     }
     out

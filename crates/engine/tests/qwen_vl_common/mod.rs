@@ -13,8 +13,15 @@ use lmi_engine::{ChunkMedia, DType, Engine, LogitsWanted, SeqChunk};
 use safetensors::SafeTensors;
 use serde_json::Value;
 
+/// The fixture directory: in the source tree this binary was built from, else (a test binary
+/// carried to a GPU machine, tests/gpu/run.sh) under the working directory, the repository.
 pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen_vl")
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen_vl");
+    if built.is_dir() {
+        built
+    } else {
+        PathBuf::from("tests/fixtures/qwen_vl")
+    }
 }
 
 pub struct Tensors(Vec<u8>);

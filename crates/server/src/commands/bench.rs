@@ -35,6 +35,10 @@ pub enum BenchCommand {
     /// Decode throughput with speculative decoding (client predictions, prompt lookup)
     /// against none, on a rewrite and a quoting task; checks the outputs are identical.
     Speculative(super::bench_speculative::SpeculativeArgs),
+    /// What images cost a vision-language model: preprocessing ms per megapixel, the vision
+    /// encoder against our matrix product's rate, TTFT with and without an image, the
+    /// encoder and prefix caches, and requests/s with each client sending its own image.
+    Vision(super::bench_vision::VisionArgs),
 }
 
 /// Joins a benchmark's client threads, in order.
@@ -143,6 +147,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Structured(a) => super::bench_structured::run(a),
         BenchCommand::Soak(a) => super::bench_soak::run(a),
         BenchCommand::Speculative(a) => super::bench_speculative::run(&a),
+        BenchCommand::Vision(a) => super::bench_vision::run(a),
     }
 }
 

@@ -5,6 +5,7 @@ pub mod bench_report;
 pub mod bench_soak;
 pub mod bench_speculative;
 pub mod bench_structured;
+pub mod bench_vision;
 pub mod convert;
 pub mod generate;
 pub mod infer;

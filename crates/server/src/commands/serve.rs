@@ -246,6 +246,7 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
                     tokens: config.max_rolling_batch_prefill_tokens,
                     context: config.max_model_len,
                 },
+                ..Default::default()
             };
             let engine = lmi_engine::open(config.device, &dir, &opts)
                 .with_context(|| format!("loading the model {}", source.display()))?;

@@ -136,7 +136,16 @@ pub fn load_all(
         .with_param("messages")
     })?;
     check_counts(setup, refs.iter().map(|r| r.kind))?;
-    refs.iter().map(|r| load(setup, r)).collect()
+    let read = || refs.iter().map(|r| load(setup, r)).collect();
+    // Decoding a large image or a video takes tens to hundreds of milliseconds: on a worker
+    // of the server's multi-threaded runtime, tell tokio so that the worker's other tasks
+    // (every connection it serves) move to another thread meanwhile.
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(read)
+        }
+        _ => read(),
+    }
 }
 
 /// The per-prompt limits (option.limit_mm_per_prompt), checked before anything is read.
