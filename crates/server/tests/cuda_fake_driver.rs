@@ -4,7 +4,11 @@
 //! Its greedy tokens must be the CPU engine's (bf16 too) for at least 3 of 4 prompts over 8
 //! tokens: the two sum in different orders, so a near-tie may part them.
 //!
-//! NVRTC compiles the kernels: without it the test says so and passes, unless
+//! A vision-language model (the tiny Qwen2.5-VL of tests/fixtures/qwen_vl) is served there too:
+//! M-RoPE, the tower's kernels and the encoder's rows in the embeddings through the real host
+//! code, an image through chat.
+//!
+//! NVRTC compiles the kernels: without it the tests say so and pass, unless
 //! `LMI_REQUIRE_NVRTC=1` (CI).
 
 mod common;
@@ -35,17 +39,26 @@ fn greedy_ids(port: u16, prompt: &str) -> Vec<u64> {
         .collect()
 }
 
-#[test]
-fn the_default_model_served_on_the_fake_driver_matches_the_cpu_engine() {
+/// The fake driver's directory, or None (after saying why) where NVRTC is missing.
+fn fake_driver() -> Option<std::path::PathBuf> {
     if let Err(e) = lmi_cuda_emu::fake::nvrtc_available() {
         assert!(
             !std::env::var("LMI_REQUIRE_NVRTC").is_ok_and(|v| v == "1"),
             "LMI_REQUIRE_NVRTC=1 but NVRTC cannot be loaded: {e}"
         );
         eprintln!("skipped: NVRTC compiles the kernels the fake driver runs, and {e}");
-        return;
+        return None;
     }
-    let fake = lmi_cuda_emu::fake::driver_dir().expect("the fake driver (not the sanitized build)");
+    Some(
+        lmi_cuda_emu::fake::driver_dir()
+            .expect("the fake driver (not the sanitized build)")
+            .to_path_buf(),
+    )
+}
+
+#[test]
+fn the_default_model_served_on_the_fake_driver_matches_the_cpu_engine() {
+    let Some(fake) = fake_driver() else { return };
     // The imported directory (f32 weights), rounded to bf16 at load by both engines.
     let model = lmi_engine::model_store::resolve_model(None, false).expect("the default model");
     let name = model
@@ -157,6 +170,70 @@ fn the_default_model_served_on_the_fake_driver_matches_the_cpu_engine() {
         "{}",
         r.body
     );
+
+    assert_eq!(sigterm_and_wait(&mut cuda).code(), Some(0));
+    assert_eq!(sigterm_and_wait(&mut cpu).code(), Some(0));
+}
+
+/// The chat completion of one image and a question, greedy.
+fn image_chat(port: u16, image: &str, max_tokens: usize) -> Value {
+    let body = json!({
+        "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": image}},
+            {"type": "text", "text": "What is in this picture?"}
+        ]}],
+        "max_tokens": max_tokens,
+        "temperature": 0
+    });
+    let r = post(port, "/v1/chat/completions", &body.to_string());
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()
+}
+
+#[test]
+fn a_vision_language_model_reads_images_on_the_fake_driver() {
+    use base64::Engine as _;
+    let Some(fake) = fake_driver() else { return };
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/qwen_vl/qwen2_5_vl");
+    let png = std::fs::read(model.join("../media/gradient.png")).expect("the fixture image");
+    let image = format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(png)
+    );
+    let env = [
+        ("LMI_CUDA_LIB_DIR", fake.to_str().expect("UTF-8 path")),
+        ("LMI_FAKE_CUDA_MEMORY_MB", "1024"),
+    ];
+    let args = [
+        "--device",
+        "cuda",
+        "-o",
+        "option.max_rolling_batch_size=2",
+        "-o",
+        "option.max_rolling_batch_prefill_tokens=512",
+        "-o",
+        "option.max_model_len=512",
+    ];
+    let mut cuda = start_with_env(&model, &args, &env);
+    let mut cpu = start(&model, &["--device", "cpu", "--dtype", "bf16"]);
+    wait_ready_within(&mut cuda, "qwen2_5_vl", Duration::from_secs(300));
+    wait_ready(&mut cpu, "qwen2_5_vl");
+
+    let (g, c) = (
+        image_chat(cuda.port, &image, 8),
+        image_chat(cpu.port, &image, 8),
+    );
+    // The image's placeholders expand alike; the device decodes all 8 tokens.
+    assert_eq!(
+        g["usage"]["prompt_tokens"], c["usage"]["prompt_tokens"],
+        "{g} / {c}"
+    );
+    assert_eq!(g["usage"]["completion_tokens"], 8, "{g}");
+    // The same image again: the prefix cache or the encoder cache, never the tower again.
+    image_chat(cuda.port, &image, 2);
+    wait_metric(cuda.port, "lmi_media_items_total", 2.0);
+    wait_metric(cuda.port, "lmi_encoder_items_total", 1.0);
 
     assert_eq!(sigterm_and_wait(&mut cuda).code(), Some(0));
     assert_eq!(sigterm_and_wait(&mut cpu).code(), Some(0));
