@@ -18,7 +18,6 @@ use lmi_cuda::Device;
 use lmi_engine::cpu::CpuBackend;
 use lmi_engine::cuda::CudaBackend;
 use lmi_engine::engine::{EngineOptions, Logits};
-use lmi_engine::vision::mrope::item_delta;
 use lmi_engine::{Backend, ChunkMedia, DType, Engine, LogitsWanted};
 use qwen_vl_common::*;
 
@@ -82,8 +81,8 @@ fn check_language_model<D: Device>(dev: &Arc<D>, model: &str) {
         let got = gpu.forward_logits_media(&prompt, &media, &[]).unwrap();
         let want = cpu.forward_logits_media(&prompt, &media, &[]).unwrap();
         assert_rows_close(&what, last(&got), last(&want));
-        let delta: i64 = case.media.iter().map(|(_, m)| item_delta(m)).sum();
-        let hf: Vec<u32> = serde_json::from_value(case.reference["greedy_tokens"].clone()).unwrap();
+        let delta = case.delta();
+        let hf = case.greedy();
         for (k, &token) in hf.iter().enumerate().take(hf.len() - 1) {
             let step = [chunk(vec![token], n + k, LogitsWanted::Last)];
             let got = gpu.forward_logits_media(&step, &[], &[delta]).unwrap();
@@ -116,7 +115,6 @@ fn check_against_hf<D: Device>(dev: &Arc<D>, model: &str) {
             continue;
         }
         let what = format!("{model} prompt {}", case.id);
-        let r = &case.reference;
         let n = case.ids.len();
         let logits = gpu
             .forward_logits_media(
@@ -125,18 +123,12 @@ fn check_against_hf<D: Device>(dev: &Arc<D>, model: &str) {
                 &[],
             )
             .unwrap();
-        let positions: Vec<usize> = serde_json::from_value(r["logits_positions"].clone()).unwrap();
-        let want = refs.f32(&format!("prompt.{}.logits", case.id.trim_matches('"')));
-        let cols = want.len() / positions.len();
-        for (k, &p) in positions.iter().enumerate() {
-            let d = max_rel_diff(&logits.row(p)[..cols], &want[k * cols..(k + 1) * cols]);
-            assert!(
-                d < HF_LOGITS_TOL,
-                "{what}: logits at {p} differ by {d} (relative to the largest)"
-            );
-        }
-        let delta: i64 = case.media.iter().map(|(_, m)| item_delta(m)).sum();
-        let hf: Vec<u32> = serde_json::from_value(r["greedy_tokens"].clone()).unwrap();
+        let (p, d) = case.worst_logits(&logits, &refs);
+        assert!(
+            d < HF_LOGITS_TOL,
+            "{what}: logits at {p} differ by {d} (relative to the largest)"
+        );
+        let (delta, hf) = (case.delta(), case.greedy());
         let mut row = logits.row(n - 1).to_vec();
         for (k, &token) in hf.iter().enumerate() {
             let top = row.iter().fold(0f32, |m, x| m.max(x.abs())).max(1.0);

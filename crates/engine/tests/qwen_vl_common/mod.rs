@@ -7,7 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use lmi_engine::engine::EngineOptions;
+use lmi_engine::engine::{EngineOptions, Logits};
+use lmi_engine::vision::mrope::item_delta;
 use lmi_engine::vision::{MediaKind, VisionInput};
 use lmi_engine::{ChunkMedia, DType, Engine, LogitsWanted, SeqChunk};
 use safetensors::SafeTensors;
@@ -144,6 +145,57 @@ pub struct PromptCase {
     pub ids: Vec<u32>,
     pub media: Vec<(usize, Arc<VisionInput>)>,
     pub reference: Value,
+}
+
+impl PromptCase {
+    /// How much the prompt's items shift the M-RoPE positions of the tokens after them.
+    pub fn delta(&self) -> i64 {
+        self.media.iter().map(|(_, m)| item_delta(m)).sum()
+    }
+
+    /// HF's 16 greedy tokens.
+    pub fn greedy(&self) -> Vec<u32> {
+        serde_json::from_value(self.reference["greedy_tokens"].clone()).unwrap()
+    }
+
+    /// The reference's logits positions and its logits there (their first columns).
+    fn reference_logits(&self, refs: &Tensors) -> (Vec<usize>, Vec<f32>) {
+        let positions = serde_json::from_value(self.reference["logits_positions"].clone()).unwrap();
+        let id = self.id.trim_matches('"');
+        (positions, refs.f32(&format!("prompt.{id}.logits")))
+    }
+
+    /// The prompt's logits (every row) at the reference's positions against HF's: the
+    /// position that differs most, and by how much relative to HF's largest value there.
+    pub fn worst_logits(&self, logits: &Logits, refs: &Tensors) -> (usize, f32) {
+        let (positions, want) = self.reference_logits(refs);
+        let cols = want.len() / positions.len();
+        positions
+            .iter()
+            .enumerate()
+            .map(|(k, &p)| {
+                let d = max_rel_diff(&logits.row(p)[..cols], &want[k * cols..(k + 1) * cols]);
+                (p, d)
+            })
+            .fold((0, 0f32), |a, b| if b.1 > a.1 { b } else { a })
+    }
+
+    /// The same for the top 16 logits over the whole vocabulary.
+    pub fn worst_top_logits(&self, logits: &Logits, refs: &Tensors) -> (usize, f32) {
+        let (positions, _) = self.reference_logits(refs);
+        let id = self.id.trim_matches('"');
+        let top = refs.f32(&format!("prompt.{id}.topk_values"));
+        let k = top.len() / positions.len();
+        positions
+            .iter()
+            .enumerate()
+            .map(|(j, &p)| {
+                let mut row: Vec<f32> = logits.row(p).to_vec();
+                row.sort_by(|a, b| b.total_cmp(a));
+                (p, max_rel_diff(&row[..k], &top[j * k..(j + 1) * k]))
+            })
+            .fold((0, 0f32), |a, b| if b.1 > a.1 { b } else { a })
+    }
 }
 
 pub fn prompts(model: &str) -> Vec<PromptCase> {
