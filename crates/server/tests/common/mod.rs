@@ -96,12 +96,23 @@ pub fn get(port: u16, path: &str) -> Resp {
     request(port, "GET", path, b"", &[]).unwrap_or_else(|e| panic!("GET {path}: {e}"))
 }
 
+/// A port that is free now and that no other server of this test process was given: the
+/// OS may hand the same free port to two tests starting servers at once, and then one server
+/// fails to bind while its test's polls reach the other's (seen as a reset connection).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
 
 /// Kills the server if a check fails before the orderly SIGTERM.
