@@ -175,17 +175,7 @@ impl<D: Device> CudaVision<D> {
         let grid = input.grid_thw;
         let n: usize = grid.iter().product();
         let pd = cfg.patch_dim();
-        if input.merge_size != m
-            || !grid[1].is_multiple_of(m)
-            || !grid[2].is_multiple_of(m)
-            || input.pixels.len() != n * pd
-        {
-            return Err(EngineError::Batch(format!(
-                "a media item's patches ({} values, grid {grid:?}, merge {}) do not fit the vision tower (patch size {pd} values, merge {m})",
-                input.pixels.len(),
-                input.merge_size,
-            )));
-        }
+        t.check_input(input)?;
         let unit = cfg.merge_unit();
         let windows = t.windows(grid);
         let mut rows_cols = patch_rows_cols(grid, m);
@@ -309,18 +299,11 @@ impl<D: Device> CudaVision<D> {
             .dtoh_vec::<f32>(out.ptr, tokens * out_h)
             .map_err(cuda_err)?;
         drop(s);
-        Ok(match &windows {
-            Some((order, _)) => {
-                // Back to the placeholders' order.
-                let mut back = vec![0f32; got.len()];
-                for (k, &orig) in order.iter().enumerate() {
-                    back[orig * out_h..(orig + 1) * out_h]
-                        .copy_from_slice(&got[k * out_h..(k + 1) * out_h]);
-                }
-                back
-            }
-            None => got,
-        })
+        Ok(tower::unwindow(
+            got,
+            windows.as_ref().map(|(o, _)| o.as_slice()),
+            out_h,
+        ))
     }
 
     /// `out` (bf16) = the block's norm of `x`: RMSNorm (2.5) straight to bf16, or LayerNorm

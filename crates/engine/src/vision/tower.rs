@@ -250,18 +250,7 @@ impl VisionTower {
         let (h, m) = (cfg.hidden_size, cfg.spatial_merge_size);
         let grid = input.grid_thw;
         let n: usize = grid.iter().product();
-        if input.merge_size != m
-            || !grid[1].is_multiple_of(m)
-            || !grid[2].is_multiple_of(m)
-            || input.pixels.len() != n * cfg.patch_dim()
-        {
-            return Err(EngineError::Batch(format!(
-                "a media item's patches ({} values, grid {grid:?}, merge {}) do not fit the vision tower (patch size {} values, merge {m})",
-                input.pixels.len(),
-                input.merge_size,
-                cfg.patch_dim()
-            )));
-        }
+        self.check_input(input)?;
         let unit = cfg.merge_unit();
         let mut x = vec![0f32; n * h];
         self.patch_embed.apply(&input.pixels, n, &mut x);
@@ -303,16 +292,32 @@ impl VisionTower {
         let out_h = cfg.out_hidden_size;
         let mut out = vec![0f32; tokens * out_h];
         self.merger_fc2.apply(&mid, tokens, &mut out);
-        if let Some((order, _)) = &windows {
-            // Back to the placeholders' order.
-            let mut back = vec![0f32; out.len()];
-            for (k, &orig) in order.iter().enumerate() {
-                back[orig * out_h..(orig + 1) * out_h]
-                    .copy_from_slice(&out[k * out_h..(k + 1) * out_h]);
-            }
-            out = back;
+        Ok(unwindow(
+            out,
+            windows.as_ref().map(|(o, _)| o.as_slice()),
+            out_h,
+        ))
+    }
+
+    /// Checks an item's patches against the tower (their count, grid and merge size).
+    pub(crate) fn check_input(&self, input: &VisionInput) -> Result<()> {
+        let cfg = &self.cfg;
+        let m = cfg.spatial_merge_size;
+        let grid = input.grid_thw;
+        let n: usize = grid.iter().product();
+        if input.merge_size != m
+            || !grid[1].is_multiple_of(m)
+            || !grid[2].is_multiple_of(m)
+            || input.pixels.len() != n * cfg.patch_dim()
+        {
+            return Err(EngineError::Batch(format!(
+                "a media item's patches ({} values, grid {grid:?}, merge {}) do not fit the vision tower (patch size {} values, merge {m})",
+                input.pixels.len(),
+                input.merge_size,
+                cfg.patch_dim()
+            )));
         }
-        Ok(out)
+        Ok(())
     }
 }
 
@@ -378,6 +383,17 @@ fn add(x: &mut [f32], d: &[f32]) {
 }
 
 /// Reorders groups of `width` values: group `k` of the result is group `order[k]` of `x`.
+/// The merger's output rows (`width` each) back in the placeholders' order from the window
+/// order `order` (unchanged without windows).
+pub(crate) fn unwindow(out: Vec<f32>, order: Option<&[usize]>, width: usize) -> Vec<f32> {
+    let Some(order) = order else { return out };
+    let mut back = vec![0f32; out.len()];
+    for (k, &orig) in order.iter().enumerate() {
+        back[orig * width..(orig + 1) * width].copy_from_slice(&out[k * width..(k + 1) * width]);
+    }
+    back
+}
+
 pub(crate) fn permute_units<T: Copy>(x: &[T], order: &[usize], width: usize) -> Vec<T> {
     let mut out = Vec::with_capacity(x.len());
     for &o in order {
