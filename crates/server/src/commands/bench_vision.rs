@@ -1,6 +1,7 @@
 //! `lmi bench vision`: what images cost a vision-language model on this machine.
-//! - Preprocessing (PNG decode, smart resize, bicubic, normalization, patches) in ms per
-//!   megapixel on one thread, with transformers' default Qwen2.5-VL processor.
+//! - Preprocessing (PNG and JPEG decode, smart resize, bicubic, normalization, patches) in ms
+//!   per megapixel on one thread, with transformers' default Qwen2.5-VL processor; the peer
+//!   (Pillow and transformers' processor on the same files) is `tests/peers/vision_preprocess_bench.py`.
 //! - The vision encoder's ms per image at 448² and 1024², for the served model's tower and a
 //!   full-size Qwen2.5-VL tower (random weights, 32 blocks of 1280), beside the time the same
 //!   multiply-adds take through our f32 matrix product at its measured rate here.
@@ -36,6 +37,10 @@ pub struct VisionArgs {
     /// Tokens generated per request in the scheduler cases.
     #[arg(long, default_value_t = 16)]
     max_new_tokens: usize,
+    /// Also write the preprocessing cases' images here (`WxH.png`, `WxH.jpg`), for the peer
+    /// measurement `tests/peers/vision_preprocess_bench.py`.
+    #[arg(long)]
+    images_dir: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: VisionArgs) -> anyhow::Result<()> {
@@ -44,7 +49,7 @@ pub fn run(a: VisionArgs) -> anyhow::Result<()> {
         a.model.display(),
         rayon::current_num_threads()
     );
-    preprocessing()?;
+    preprocessing(a.images_dir.as_deref())?;
     encoders(&a)?;
     scheduler(&a)
 }
@@ -72,10 +77,17 @@ fn rgb(img: &image::RgbImage) -> lmi_media::RgbImage {
     }
 }
 
-fn png(img: &image::RgbImage) -> anyhow::Result<Vec<u8>> {
+/// The image encoded as PNG, or as JPEG at quality 90 (what a phone or a browser sends).
+fn encode(img: &image::RgbImage, format: image::ImageFormat) -> anyhow::Result<Vec<u8>> {
     let mut out = std::io::Cursor::new(Vec::new());
-    img.write_to(&mut out, image::ImageFormat::Png)
-        .context("encoding a PNG")?;
+    if format == image::ImageFormat::Jpeg {
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 90)
+            .encode_image(img)
+            .context("encoding a JPEG")?;
+    } else {
+        img.write_to(&mut out, format)
+            .with_context(|| format!("encoding a {format:?}"))?;
+    }
     Ok(out.into_inner())
 }
 
@@ -89,7 +101,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// Decode and preprocess on one thread, as a request's own work.
-fn preprocessing() -> anyhow::Result<()> {
+fn preprocessing(images_dir: Option<&std::path::Path>) -> anyhow::Result<()> {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
     let cfg = ProcessorConfig::default();
     // Noise-laden synthetic photos compress worse than real ones: room for the 12 MP PNG.
@@ -99,12 +111,20 @@ fn preprocessing() -> anyhow::Result<()> {
     };
     println!("## Preprocessing (one thread, transformers' default Qwen2.5-VL processor)\n");
     println!(
-        "| image | MP | PNG bytes | decode ms | resize ms | normalize + patches ms | total ms | ms per MP | without decode | patches |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| image | format | MP | bytes | decode ms | resize ms | normalize + patches ms | total ms | ms per MP | without decode | patches |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
-    for (w, h) in [(640, 480), (1280, 800), (1920, 1080), (4032, 3024)] {
-        let bytes = png(&synthetic(w, h, 7))?;
+    let sizes = [(640, 480), (1280, 800), (1920, 1080), (4032, 3024)];
+    let formats = [image::ImageFormat::Png, image::ImageFormat::Jpeg];
+    for (format, (w, h)) in formats.into_iter().flat_map(|f| sizes.map(|s| (f, s))) {
+        let bytes = encode(&synthetic(w, h, 7), format)?;
+        if let Some(dir) = images_dir {
+            let path = dir.join(format!("{w}x{h}.{}", format.extensions_str()[0]));
+            std::fs::create_dir_all(dir)
+                .and_then(|()| std::fs::write(&path, &bytes))
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
         let (mut dec, mut res, mut all, mut patches) = (Vec::new(), Vec::new(), Vec::new(), 0);
-        for _ in 0..5 {
+        for _ in 0..9 {
             pool.install(|| -> anyhow::Result<()> {
                 let t = Instant::now();
                 let img = lmi_media::decode_image(&bytes, &limits)?;
@@ -131,7 +151,8 @@ fn preprocessing() -> anyhow::Result<()> {
         let (d, r, p) = (median(dec), median(res), median(all));
         let mp = (w * h) as f64 / 1e6;
         println!(
-            "| {w}x{h} | {mp:.2} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {patches} |",
+            "| {w}x{h} | {} | {mp:.2} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {patches} |",
+            format.extensions_str()[0],
             bytes.len(),
             ms(d),
             ms(r),
