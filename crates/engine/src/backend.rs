@@ -349,6 +349,25 @@ pub trait Backend: Send + Sync + 'static {
         self.silu_mul(gate_up, rows, width, act)?;
         self.linear(act, rows, w, None, out)
     }
+    /// A mixture-of-experts MLP over `rows` rows of `x` (`hidden` wide): each row's experts
+    /// from `layer.router`, `out[r] = Σ weight · down(silu(gate) · up)` over them. A row's
+    /// result must not depend on the other rows of the step (batch invariance), even though
+    /// they change which experts the step reads.
+    fn moe(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        hidden: usize,
+        layer: &crate::moe::MoeLayer<Self::Weight>,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (x, rows, hidden, layer, out);
+        Err(crate::error::EngineError::Backend(format!(
+            "the {} engine does not run mixture-of-experts models (Qwen3-MoE, Mixtral) yet: \
+             use --device cpu",
+            self.name()
+        )))
+    }
     /// LoRA deltas on one projection, `site`, for every adapter of the step at once (SGMV's
     /// grouping): for each group, the token rows of `BatchLayout::adapter_rows[group]` get
     /// `out[r, offset .. offset + n] += B · (A · x[r])`, with A `[rank, x_width]` and B

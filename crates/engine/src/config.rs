@@ -5,6 +5,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::error::{EngineError, Result};
+use crate::moe::{MoeConfig, Routing};
 use crate::vision::{VisionConfig, VisionVariant};
 
 /// Which member of the Llama family a checkpoint is; decides biases, norms and tensor names.
@@ -17,6 +18,10 @@ pub enum Architecture {
     Qwen2,
     /// RMSNorm over each q and k head before RoPE; explicit head_dim.
     Qwen3,
+    /// Qwen3's attention with mixture-of-experts MLPs (`mlp.experts.N`, router `mlp.gate`).
+    Qwen3Moe,
+    /// Mistral's attention with mixture-of-experts MLPs (`block_sparse_moe`, w1/w2/w3).
+    Mixtral,
 }
 
 impl Architecture {
@@ -26,6 +31,8 @@ impl Architecture {
             "MistralForCausalLM" => Ok(Architecture::Mistral),
             "Qwen2ForCausalLM" => Ok(Architecture::Qwen2),
             "Qwen3ForCausalLM" => Ok(Architecture::Qwen3),
+            "Qwen3MoeForCausalLM" => Ok(Architecture::Qwen3Moe),
+            "MixtralForCausalLM" => Ok(Architecture::Mixtral),
             // The language model of Qwen2-VL and Qwen2.5-VL is Qwen2's (with M-RoPE).
             "Qwen2VLForConditionalGeneration" | "Qwen2_5_VLForConditionalGeneration" => {
                 Ok(Architecture::Qwen2)
@@ -40,6 +47,8 @@ impl Architecture {
             Architecture::Mistral => "MistralForCausalLM",
             Architecture::Qwen2 => "Qwen2ForCausalLM",
             Architecture::Qwen3 => "Qwen3ForCausalLM",
+            Architecture::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Architecture::Mixtral => "MixtralForCausalLM",
         }
     }
 
@@ -57,7 +66,7 @@ impl Architecture {
     }
 
     pub fn has_qk_norm(self) -> bool {
-        self == Architecture::Qwen3
+        matches!(self, Architecture::Qwen3 | Architecture::Qwen3Moe)
     }
 }
 
@@ -95,6 +104,8 @@ pub struct ModelConfig {
     pub mrope_section: Option<[usize; 3]>,
     /// The vision tower of a vision-language model.
     pub vision: Option<VisionConfig>,
+    /// Mixture-of-experts MLPs (Qwen3-MoE, Mixtral).
+    pub moe: Option<MoeConfig>,
 }
 
 #[derive(Deserialize)]
@@ -142,6 +153,14 @@ struct RawConfig {
     torch_dtype: Option<String>,
     bos_token_id: Option<OneOrMany>,
     eos_token_id: Option<OneOrMany>,
+    // Mixture of experts: Qwen3-MoE's names, then Mixtral's.
+    num_experts: Option<usize>,
+    num_local_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
 }
 
 impl ModelConfig {
@@ -250,12 +269,50 @@ impl ModelConfig {
         if vision.is_some() && mrope_section.is_none() {
             return Err("a Qwen-VL config needs rope_scaling.mrope_section".into());
         }
+        let intermediate_size = req(raw.intermediate_size, "intermediate_size")?;
+        let num_layers = req(raw.num_hidden_layers, "num_hidden_layers")?;
+        let moe = match architecture {
+            Architecture::Qwen3Moe => {
+                let step = raw.decoder_sparse_step.unwrap_or(1).max(1);
+                let only = raw.mlp_only_layers.clone().unwrap_or_default();
+                Some(MoeConfig {
+                    num_experts: req(raw.num_experts, "num_experts")?,
+                    top_k: req(raw.num_experts_per_tok, "num_experts_per_tok")?,
+                    expert_intermediate_size: req(
+                        raw.moe_intermediate_size,
+                        "moe_intermediate_size",
+                    )?,
+                    routing: Routing::SoftmaxTopK {
+                        renormalize: raw.norm_topk_prob.unwrap_or(false),
+                    },
+                    dense_layers: (0..num_layers)
+                        .filter(|i| only.contains(i) || (i + 1) % step != 0)
+                        .collect(),
+                })
+            }
+            Architecture::Mixtral => Some(MoeConfig {
+                num_experts: req(raw.num_local_experts, "num_local_experts")?,
+                top_k: req(raw.num_experts_per_tok, "num_experts_per_tok")?,
+                expert_intermediate_size: intermediate_size,
+                routing: Routing::SoftmaxTopK { renormalize: true },
+                dense_layers: Vec::new(),
+            }),
+            _ => None,
+        };
+        if let Some(m) = &moe
+            && m.top_k > m.num_experts
+        {
+            return Err(format!(
+                "num_experts_per_tok ({}) is more than the {} experts",
+                m.top_k, m.num_experts
+            ));
+        }
         Ok(ModelConfig {
             architecture,
             vocab_size: req(raw.vocab_size, "vocab_size")?,
             hidden_size,
-            intermediate_size: req(raw.intermediate_size, "intermediate_size")?,
-            num_layers: req(raw.num_hidden_layers, "num_hidden_layers")?,
+            intermediate_size,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -272,6 +329,7 @@ impl ModelConfig {
                 .unwrap_or_default(),
             mrope_section,
             vision,
+            moe,
         })
     }
 

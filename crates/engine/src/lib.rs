@@ -19,6 +19,7 @@ pub mod kv;
 pub mod lora;
 pub mod model;
 pub mod model_store;
+pub mod moe;
 pub mod open;
 pub mod quant;
 pub mod sampling;

@@ -6,6 +6,7 @@ mod attention;
 mod kv_pool;
 mod linear;
 mod lora;
+mod moe;
 mod ops;
 mod qact;
 pub mod qlinear;
@@ -433,6 +434,17 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         ops::silu_mul(gate_up, width, &mut out[..rows * width]);
         Ok(())
+    }
+
+    fn moe(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        hidden: usize,
+        layer: &crate::moe::MoeLayer<CpuWeight>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        moe::moe(self, x, rows, hidden, layer, out)
     }
 
     fn lora(

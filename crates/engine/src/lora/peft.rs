@@ -157,6 +157,11 @@ pub fn inspect(path: &Path, c: &ModelConfig, limits: LoraLimits) -> Result<Adapt
                 ),
             ));
         }
+        if matches!(target, Target::Gate | Target::Up | Target::Down)
+            && c.moe.as_ref().is_some_and(|m| m.is_sparse(layer))
+        {
+            return Err(invalid(&weights, experts_refused(name)));
+        }
         let (out, inp) = target.dims(c);
         let sa = st.shape(name).unwrap_or_default();
         let sb = st.shape(&b).unwrap_or_default();
@@ -245,6 +250,8 @@ fn unsupported_tensor(name: &str) -> String {
         format!(
             "{name}: LoRA on the embeddings or the LM head is not supported (only the attention and MLP projections)"
         )
+    } else if name.contains(".experts.") || name.contains("block_sparse_moe") {
+        experts_refused(name)
     } else if name.ends_with(".bias") {
         format!("{name}: LoRA biases (PEFT bias=\"all\"/\"lora_only\") are not supported")
     } else {
@@ -252,6 +259,13 @@ fn unsupported_tensor(name: &str) -> String {
             "{name}: not a LoRA tensor of a supported projection (q/k/v/o_proj, gate/up/down_proj)"
         )
     }
+}
+
+fn experts_refused(name: &str) -> String {
+    format!(
+        "{name}: LoRA on a mixture-of-experts MLP (its experts or router) is not supported; \
+         adapters on these models may change the attention projections (q/k/v/o_proj)"
+    )
 }
 
 /// The scale rule of an `adapter_config.json`, refusing the PEFT features this engine does

@@ -1,11 +1,12 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use super::{Layer, Model};
+use super::{Layer, Mlp, Model};
 use crate::backend::Backend;
-use crate::config::ModelConfig;
+use crate::config::{Architecture, ModelConfig};
 use crate::dtype::DType;
 use crate::error::{EngineError, Result};
+use crate::moe::{Expert, MoeConfig, MoeLayer};
 use crate::vision::VisionTower;
 use crate::weights::{GgufWeights, HostData, HostTensor, SafetensorsDir, WeightSource};
 
@@ -124,11 +125,21 @@ impl<B: Backend> Model<B> {
             } else {
                 (None, None)
             };
-            let m = format!("{p}.mlp");
-            let gate_up = HostTensor::concat_rows(vec![
-                mat(&format!("{m}.gate_proj.weight"), &[c.intermediate_size, h])?,
-                mat(&format!("{m}.up_proj.weight"), &[c.intermediate_size, h])?,
-            ]);
+            let mlp = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
+                Some(moe) => Mlp::Moe(load_experts(backend, c, moe, &p, &mat)?),
+                None => {
+                    let m = format!("{p}.mlp");
+                    let inter = c.intermediate_size;
+                    Mlp::Dense {
+                        gate_up: backend.upload_weight(HostTensor::concat_rows(vec![
+                            mat(&format!("{m}.gate_proj.weight"), &[inter, h])?,
+                            mat(&format!("{m}.up_proj.weight"), &[inter, h])?,
+                        ]))?,
+                        down: backend
+                            .upload_weight(mat(&format!("{m}.down_proj.weight"), &[h, inter])?)?,
+                    }
+                }
+            };
             layers.push(Layer {
                 input_norm: vec(&format!("{p}.input_layernorm.weight"), h)?,
                 qkv: backend.upload_weight(qkv)?,
@@ -138,11 +149,7 @@ impl<B: Backend> Model<B> {
                 o_proj: backend
                     .upload_weight(mat(&format!("{a}.o_proj.weight"), &[h, c.q_size()])?)?,
                 post_norm: vec(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                gate_up: backend.upload_weight(gate_up)?,
-                down: backend.upload_weight(mat(
-                    &format!("{m}.down_proj.weight"),
-                    &[h, c.intermediate_size],
-                )?)?,
+                mlp,
             });
         }
         let final_norm = vec(&format!("{lm}.norm.weight"), h)?;
@@ -187,4 +194,42 @@ impl<B: Backend> Model<B> {
             vision_device: None,
         })
     }
+}
+
+/// A sparse layer's router and experts under `{prefix}` (`model.layers.N`), by the checkpoint's
+/// names: Qwen3-MoE's `mlp.gate` and `mlp.experts.E.{gate,up,down}_proj`, Mixtral's
+/// `block_sparse_moe.gate` and `block_sparse_moe.experts.E.{w1,w3,w2}` (gate, up, down).
+fn load_experts<B: Backend>(
+    backend: &B,
+    c: &ModelConfig,
+    moe: &MoeConfig,
+    prefix: &str,
+    mat: &dyn Fn(&str, &[usize]) -> Result<HostTensor>,
+) -> Result<MoeLayer<B::Weight>> {
+    let (h, width) = (c.hidden_size, moe.expert_intermediate_size);
+    let (block, [gate, up, down]) = match c.architecture {
+        Architecture::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+        _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+    };
+    let m = format!("{prefix}.{block}");
+    let router = backend.upload_weight(mat(&format!("{m}.gate.weight"), &[moe.num_experts, h])?)?;
+    let experts = (0..moe.num_experts)
+        .map(|e| {
+            let x = format!("{m}.experts.{e}");
+            Ok(Expert {
+                gate_up: backend.upload_weight(HostTensor::concat_rows(vec![
+                    mat(&format!("{x}.{gate}.weight"), &[width, h])?,
+                    mat(&format!("{x}.{up}.weight"), &[width, h])?,
+                ]))?,
+                down: backend.upload_weight(mat(&format!("{x}.{down}.weight"), &[h, width])?)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(MoeLayer {
+        router,
+        experts,
+        top_k: moe.top_k,
+        width,
+        routing: moe.routing,
+    })
 }

@@ -10,6 +10,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::kv::KvCacheConfig;
 use crate::lora::{LoraAdapter, Target};
+use crate::moe::MoeLayer;
 use std::collections::HashMap;
 
 pub use load::LoadOptions;
@@ -23,9 +24,17 @@ pub(crate) struct Layer<B: Backend> {
     k_norm: Option<B::Weight>,
     o_proj: B::Weight,
     post_norm: B::Weight,
-    /// gate and up projections fused into one `[2 · intermediate, hidden]` matrix.
-    gate_up: B::Weight,
-    down: B::Weight,
+    mlp: Mlp<B::Weight>,
+}
+
+/// A layer's MLP: one SwiGLU, or a mixture of SwiGLU experts.
+pub(crate) enum Mlp<W> {
+    Dense {
+        /// gate and up projections fused into one `[2 · intermediate, hidden]` matrix.
+        gate_up: W,
+        down: W,
+    },
+    Moe(MoeLayer<W>),
 }
 
 pub struct Model<B: Backend> {
@@ -88,27 +97,31 @@ impl<B: Backend> KvCache<B> {
 }
 
 impl<B: Backend> Model<B> {
-    /// Bytes a decode step streams: every layer's matrices and the LM head (the embedding
-    /// table itself when tied; an untied input table is only gathered from).
+    /// Bytes a one-token decode step streams: every layer's matrices and the LM head (the
+    /// embedding table itself when tied; an untied input table is only gathered from). Of a
+    /// mixture of experts, the router and `top_k` experts (a token reads no others).
     pub fn weight_bytes(&self, backend: &B) -> usize {
+        let w = |x: &B::Weight| backend.weight_bytes(x);
         let layers: usize = self
             .layers
             .iter()
             .map(|l| {
-                [
-                    &l.qkv,
-                    &l.o_proj,
-                    &l.gate_up,
-                    &l.down,
-                    &l.input_norm,
-                    &l.post_norm,
-                ]
-                .iter()
-                .map(|w| backend.weight_bytes(w))
-                .sum::<usize>()
+                let mlp = match &l.mlp {
+                    Mlp::Dense { gate_up, down } => w(gate_up) + w(down),
+                    Mlp::Moe(m) => {
+                        let per_expert = m
+                            .experts
+                            .iter()
+                            .map(|e| w(&e.gate_up) + w(&e.down))
+                            .max()
+                            .unwrap_or(0);
+                        w(&m.router) + m.top_k * per_expert
+                    }
+                };
+                w(&l.qkv) + w(&l.o_proj) + w(&l.input_norm) + w(&l.post_norm) + mlp
             })
             .sum();
-        layers + backend.weight_bytes(self.lm_head.as_ref().unwrap_or(&self.embed))
+        layers + w(self.lm_head.as_ref().unwrap_or(&self.embed))
     }
 
     /// Bytes of every weight held on the device.
@@ -126,8 +139,16 @@ impl<B: Backend> Model<B> {
                     + opt(&l.k_norm)
                     + w(&l.o_proj)
                     + w(&l.post_norm)
-                    + w(&l.gate_up)
-                    + w(&l.down)
+                    + match &l.mlp {
+                        Mlp::Dense { gate_up, down } => w(gate_up) + w(down),
+                        Mlp::Moe(m) => {
+                            w(&m.router)
+                                + m.experts
+                                    .iter()
+                                    .map(|e| w(&e.gate_up) + w(&e.down))
+                                    .sum::<usize>()
+                        }
+                    }
             })
             .sum();
         layers + w(&self.embed) + opt(&self.lm_head) + w(&self.final_norm)
@@ -165,8 +186,14 @@ impl<B: Backend> Model<B> {
         let mut qkv = backend.alloc(n * ql.row_width())?;
         let mut attn = backend.alloc_matmul_input(n * ql.q_heads * ql.head_dim)?;
         let mut proj = backend.alloc(n * hidden)?;
-        let mut gate_up = backend.alloc(n * 2 * c.intermediate_size)?;
-        let mut act = backend.alloc_matmul_input(n * c.intermediate_size)?;
+        // Dense MLPs' scratch (a mixture of experts keeps its own, `Backend::moe`).
+        let dense = self
+            .layers
+            .iter()
+            .any(|l| matches!(l.mlp, Mlp::Dense { .. }));
+        let dense_width = if dense { c.intermediate_size } else { 1 };
+        let mut gate_up = backend.alloc(n * 2 * dense_width)?;
+        let mut act = backend.alloc_matmul_input(n * dense_width)?;
 
         // Adapters used this step, in the order of `layout.adapter_rows` (their groups).
         let mut active: Vec<&LoraAdapter<B>> = Vec::new();
@@ -244,20 +271,22 @@ impl<B: Backend> Model<B> {
             backend.linear(&attn, n, &layer.o_proj, None, &mut proj)?;
             lora(i, Target::O, &attn, qs, &mut proj, h, 0)?;
             backend.add_rms_norm(&mut residual, &proj, n, &layer.post_norm, eps, &mut normed)?;
-            backend.linear(&normed, n, &layer.gate_up, None, &mut gate_up)?;
-            lora(i, Target::Gate, &normed, h, &mut gate_up, 2 * inter, 0)?;
-            lora(i, Target::Up, &normed, h, &mut gate_up, 2 * inter, inter)?;
-            let keep_act = !active.is_empty();
-            backend.silu_mul_linear(
-                &gate_up,
-                n,
-                inter,
-                &layer.down,
-                &mut act,
-                keep_act,
-                &mut proj,
-            )?;
-            lora(i, Target::Down, &act, inter, &mut proj, h, 0)?;
+            match &layer.mlp {
+                Mlp::Dense {
+                    gate_up: w_gate_up,
+                    down,
+                } => {
+                    backend.linear(&normed, n, w_gate_up, None, &mut gate_up)?;
+                    lora(i, Target::Gate, &normed, h, &mut gate_up, 2 * inter, 0)?;
+                    lora(i, Target::Up, &normed, h, &mut gate_up, 2 * inter, inter)?;
+                    let keep_act = !active.is_empty();
+                    backend
+                        .silu_mul_linear(&gate_up, n, inter, down, &mut act, keep_act, &mut proj)?;
+                    lora(i, Target::Down, &act, inter, &mut proj, h, 0)?;
+                }
+                // Adapters on experts are refused at load (`lora`), so none applies here.
+                Mlp::Moe(moe) => backend.moe(&normed, n, h, moe, &mut proj)?,
+            }
         }
         backend.add(&mut residual, &proj, n * hidden)?;
 

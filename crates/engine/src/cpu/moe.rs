@@ -1,0 +1,61 @@
+//! The mixture-of-experts MLP on the CPU: the step's tokens grouped by expert, so that each
+//! expert's matrices are read once per step whatever the batch.
+//!
+//! Batch invariance: a row's result is the sum, in ascending expert order, of its experts'
+//! outputs times their weights, and each expert's products are batch invariant (`linear`),
+//! so which other rows share the step (and which experts they wake) does not change it. The
+//! order is also transformers' (`index_add_` over the experts hit, in index order).
+
+use super::{CpuBackend, CpuWeight, ops};
+use crate::backend::Backend;
+use crate::error::Result;
+use crate::moe::{MoeLayer, route};
+
+/// `out[r] = Σ_e w[r, e] · expert_e(x[r])` over each row's routed experts.
+pub(super) fn moe(
+    backend: &CpuBackend,
+    x: &Vec<f32>,
+    rows: usize,
+    hidden: usize,
+    layer: &MoeLayer<CpuWeight>,
+    out: &mut [f32],
+) -> Result<()> {
+    let num_experts = layer.experts.len();
+    let mut logits = vec![0f32; rows * num_experts];
+    backend.linear(x, rows, &layer.router, None, &mut logits)?;
+    let routes = route(&logits, num_experts, layer.top_k, layer.routing);
+    let per_row = routes.len() / rows.max(1);
+
+    // Per expert: the rows it serves and their weights, rows ascending.
+    let mut members: Vec<Vec<(usize, f32)>> = vec![Vec::new(); num_experts];
+    for (i, &(e, w)) in routes.iter().enumerate() {
+        members[e as usize].push((i / per_row.max(1), w));
+    }
+
+    out[..rows * hidden].fill(0.0);
+    let width = layer.width;
+    let (mut xs, mut gate_up, mut act, mut y) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (expert, rows_of) in layer.experts.iter().zip(&members) {
+        let m = rows_of.len();
+        if m == 0 {
+            continue;
+        }
+        xs.clear();
+        for &(r, _) in rows_of {
+            xs.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
+        }
+        gate_up.resize(m * 2 * width, 0.0);
+        act.resize(m * width, 0.0);
+        y.resize(m * hidden, 0.0);
+        backend.linear(&xs, m, &expert.gate_up, None, &mut gate_up)?;
+        ops::silu_mul(&gate_up, width, &mut act[..m * width]);
+        backend.linear(&act, m, &expert.down, None, &mut y)?;
+        for (j, &(r, w)) in rows_of.iter().enumerate() {
+            let o = &mut out[r * hidden..(r + 1) * hidden];
+            for (o, &v) in o.iter_mut().zip(&y[j * hidden..(j + 1) * hidden]) {
+                *o += v * w;
+            }
+        }
+    }
+    Ok(())
+}

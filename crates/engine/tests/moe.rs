@@ -1,0 +1,240 @@
+//! Mixture-of-experts models (Qwen3-MoE, Mixtral) on the CPU against HF transformers: tiny
+//! random checkpoints and the logits and greedy tokens transformers computed for them
+//! (`tests/fixtures/moe/generate.py`).
+//! - Prompt logits within f32 tolerance, every position, in f32 and (looser) in bf16.
+//! - 32 greedy tokens equal to transformers', decoding one token a step.
+//! - Batch invariance: a sequence's logits are bit-identical alone and in a step shared with
+//!   other sequences, whose tokens wake other experts and change how many rows each expert's
+//!   products take.
+
+use std::path::{Path, PathBuf};
+
+use lmi_engine::engine::EngineOptions;
+use lmi_engine::{BLOCK_SIZE, DType, Engine, LogitsWanted, SeqChunk};
+
+const ARCHITECTURES: [&str; 2] = ["qwen3_moe", "mixtral"];
+/// transformers in f32 against ours in f32: the products sum in other orders.
+const F32_TOL: f32 = 1e-4;
+/// bf16 weights, matrix inputs and K/V against transformers in f32, relative to the largest
+/// logit.
+const BF16_TOL: f32 = 3e-2;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/moe/{name}"))
+}
+
+struct Reference {
+    prompt: Vec<u32>,
+    greedy: Vec<u32>,
+    prompt_logits: Vec<Vec<f32>>,
+    full_logits: Vec<Vec<f32>>,
+}
+
+fn reference(dir: &Path) -> Reference {
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let ids = |k: &str| -> Vec<u32> {
+        json[k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let rows = |k: &str| -> Vec<Vec<f32>> {
+        let t = st.tensor(k).unwrap();
+        let vocab = t.shape()[1];
+        let v: Vec<f32> = t
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        v.chunks(vocab).map(<[f32]>::to_vec).collect()
+    };
+    Reference {
+        prompt: ids("prompt"),
+        greedy: ids("greedy"),
+        prompt_logits: rows("prompt_logits"),
+        full_logits: rows("full_logits"),
+    }
+}
+
+fn load(dir: &Path, dtype: DType) -> Engine<lmi_engine::cpu::CpuBackend> {
+    let opts = EngineOptions {
+        dtype: Some(dtype),
+        kv_blocks: Some(64),
+        ..Default::default()
+    };
+    Engine::load_cpu(dir, &opts).unwrap()
+}
+
+fn blocks(first: u32, tokens: usize) -> Vec<u32> {
+    (first..first + tokens.div_ceil(BLOCK_SIZE) as u32).collect()
+}
+
+fn chunk(tokens: &[u32], start_pos: usize, table: &[u32], logits: LogitsWanted) -> SeqChunk {
+    SeqChunk {
+        tokens: tokens.to_vec(),
+        start_pos,
+        block_table: table.to_vec(),
+        logits,
+        adapter: None,
+    }
+}
+
+/// The largest difference over a row, relative to the row's largest reference logit (at
+/// least 1).
+fn rel_diff(ours: &[f32], theirs: &[f32]) -> f32 {
+    let scale = theirs.iter().fold(1f32, |m, x| m.max(x.abs()));
+    ours.iter()
+        .zip(theirs)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+        / scale
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    lmi_engine::testing::argmax(row)
+}
+
+#[test]
+fn prompt_logits_match_transformers_in_f32_and_bf16() {
+    for name in ARCHITECTURES {
+        let dir = fixture(name);
+        let r = reference(&dir);
+        for (dtype, tol) in [(DType::F32, F32_TOL), (DType::BF16, BF16_TOL)] {
+            let mut e = load(&dir, dtype);
+            let out = e
+                .forward_logits(&[chunk(
+                    &r.prompt,
+                    0,
+                    &blocks(0, r.prompt.len()),
+                    LogitsWanted::All,
+                )])
+                .unwrap();
+            let worst = (0..r.prompt.len())
+                .map(|t| rel_diff(out.row(t), &r.prompt_logits[t]))
+                .fold(0f32, f32::max);
+            eprintln!("{name} {dtype}: prompt logits within {worst:.2e} of transformers'");
+            assert!(
+                worst < tol,
+                "{name} {dtype}: prompt logits differ by {worst} (tolerance {tol})"
+            );
+        }
+    }
+}
+
+#[test]
+fn greedy_tokens_match_transformers() {
+    for name in ARCHITECTURES {
+        let dir = fixture(name);
+        let r = reference(&dir);
+        let mut e = load(&dir, DType::F32);
+        let total = r.prompt.len() + r.greedy.len();
+        let table = blocks(3, total);
+        let out = e
+            .forward_logits(&[chunk(&r.prompt, 0, &table, LogitsWanted::Last)])
+            .unwrap();
+        let mut next = argmax(out.row(0));
+        let mut tokens = Vec::new();
+        for step in 0..r.greedy.len() {
+            tokens.push(next);
+            let pos = r.prompt.len() + step;
+            let out = e
+                .forward_logits(&[chunk(&[next], pos, &table, LogitsWanted::Last)])
+                .unwrap();
+            let d = rel_diff(out.row(0), &r.full_logits[pos]);
+            assert!(
+                d < F32_TOL,
+                "{name}: decode step {step} logits differ by {d}"
+            );
+            next = argmax(out.row(0));
+        }
+        assert_eq!(
+            tokens, r.greedy,
+            "{name}: greedy tokens differ from transformers'"
+        );
+    }
+}
+
+#[test]
+fn a_sequence_is_bit_identical_alone_and_in_a_busy_batch() {
+    for name in ARCHITECTURES {
+        let dir = fixture(name);
+        let r = reference(&dir);
+        let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();
+        let others: Vec<Vec<u32>> = (0..3u32)
+            .map(|s| (0..29u32).map(|i| (i * 37 + s * 101 + 5) % 320).collect())
+            .collect();
+        for dtype in [DType::F32, DType::BF16] {
+            let mut e = load(&dir, dtype);
+            let alone = e
+                .forward_logits(&[chunk(&seq, 0, &blocks(0, seq.len()), LogitsWanted::All)])
+                .unwrap();
+            let mut e = load(&dir, dtype);
+            let busy = e
+                .forward_logits(&[
+                    chunk(&others[0], 0, &blocks(10, 29), LogitsWanted::All),
+                    chunk(&seq, 0, &blocks(20, seq.len()), LogitsWanted::All),
+                    chunk(&others[1], 0, &blocks(30, 29), LogitsWanted::Last),
+                ])
+                .unwrap();
+            for t in 0..seq.len() {
+                assert_eq!(
+                    busy.row(29 + t),
+                    alone.row(t),
+                    "{name} {dtype}: token {t} changed with the batch around it"
+                );
+            }
+            // Decode steps: the sequence's last token alone, then beside another's.
+            let table = blocks(40, seq.len() + 1);
+            let mut e = load(&dir, dtype);
+            e.forward_logits(&[chunk(&seq, 0, &table, LogitsWanted::None)])
+                .unwrap();
+            let step_alone = e
+                .forward_logits(&[chunk(&[7], seq.len(), &table, LogitsWanted::Last)])
+                .unwrap();
+            let mut e = load(&dir, dtype);
+            e.forward_logits(&[chunk(&seq, 0, &table, LogitsWanted::None)])
+                .unwrap();
+            let step_busy = e
+                .forward_logits(&[
+                    chunk(&others[2], 0, &blocks(10, 29), LogitsWanted::Last),
+                    chunk(&[7], seq.len(), &table, LogitsWanted::Last),
+                ])
+                .unwrap();
+            assert_eq!(
+                step_busy.row(1),
+                step_alone.row(0),
+                "{name} {dtype}: a decode step changed with the batch around it"
+            );
+        }
+    }
+}
+
+#[test]
+fn lora_on_experts_is_refused_and_on_attention_accepted() {
+    use lmi_engine::lora::{LoraLimits, inspect};
+    use lmi_engine::testing::{PeftSpec, write_peft_adapter};
+    let c = lmi_engine::ModelConfig::from_file(&fixture("qwen3_moe").join("config.json")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let attention = tmp.path().join("attention");
+    write_peft_adapter(&attention, &c, &PeftSpec::new(4, 1)).unwrap();
+    inspect(&attention, &c, LoraLimits::default()).unwrap();
+    // Layer 1 is dense (`mlp_only_layers`), layers 0 and 2 hold experts.
+    let mlp = tmp.path().join("mlp");
+    let spec = PeftSpec {
+        targets: vec!["self_attn.q_proj", "mlp.gate_proj"],
+        ..PeftSpec::new(4, 2)
+    };
+    write_peft_adapter(&mlp, &c, &spec).unwrap();
+    let e = inspect(&mlp, &c, LoraLimits::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("layers.0.mlp.gate_proj") && e.contains("mixture-of-experts"),
+        "{e}"
+    );
+}
