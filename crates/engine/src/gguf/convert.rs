@@ -44,7 +44,7 @@ pub fn convert_gguf_with(
     let g = GgufFile::open(gguf)?;
     let h = hparams::read(&g)?;
     let tok = tokenizer::build(&g, h.context_length)?;
-    let tensors = plan_tensors(&g, &h, dtype)?;
+    let tensors = plan_tensors(&g, &h, dtype, weights)?;
 
     if out_dir.exists() {
         let empty = std::fs::read_dir(out_dir)
@@ -144,19 +144,30 @@ struct TensorPlan<'a> {
     dtype: DType,
 }
 
+/// The tensors to write; `weights` false only checks that every tensor is one we know.
 fn plan_tensors<'a>(
     g: &'a GgufFile,
     h: &Hparams,
     dtype: DType,
+    weights: bool,
 ) -> Result<BTreeMap<String, TensorPlan<'a>>> {
     let mut out = BTreeMap::new();
     for info in &g.tensors {
         let (name, qk) = match tensor_names::map(&info.name) {
             Some(Mapped::Hf { name, qk }) => (name, qk),
             Some(Mapped::Skip) => continue,
+            Some(Mapped::Experts { .. }) if !weights => continue,
+            Some(Mapped::Experts { .. }) => {
+                return Err(EngineError::Gguf(format!(
+                    "tensor {:?} holds a mixture of experts' stacked experts, which lmi convert \
+                     does not write as safetensors yet: serve the GGUF as it is \
+                     (lmi serve --model FILE.gguf)",
+                    info.name
+                )));
+            }
             None => {
                 return Err(EngineError::Gguf(format!(
-                    "tensor {:?} has no HF equivalent known to lmi; this GGUF is not a plain llama/qwen2/qwen3 model",
+                    "tensor {:?} has no HF equivalent known to lmi; this GGUF is not a llama, qwen2, qwen3 or qwen3moe model",
                     info.name
                 )));
             }

@@ -15,6 +15,8 @@ pub enum GgufArch {
     Llama,
     Qwen2,
     Qwen3,
+    /// Qwen3's attention, mixture-of-experts MLPs (stacked `ffn_*_exps`).
+    Qwen3Moe,
 }
 
 impl GgufArch {
@@ -23,17 +25,22 @@ impl GgufArch {
             "llama" => Ok(GgufArch::Llama),
             "qwen2" => Ok(GgufArch::Qwen2),
             "qwen3" => Ok(GgufArch::Qwen3),
+            "qwen3moe" => Ok(GgufArch::Qwen3Moe),
             other => Err(EngineError::Gguf(format!(
-                "general.architecture {other:?} is not supported (supported: llama, qwen2, qwen3)"
+                "general.architecture {other:?} is not supported (supported: llama (with or \
+                 without experts), qwen2, qwen3, qwen3moe)"
             ))),
         }
     }
 
-    fn hf(self) -> (&'static str, &'static str) {
+    /// The HF class and model type; a llama file with experts is Mixtral.
+    fn hf(self, experts: bool) -> (&'static str, &'static str) {
         match self {
+            GgufArch::Llama if experts => ("MixtralForCausalLM", "mixtral"),
             GgufArch::Llama => ("LlamaForCausalLM", "llama"),
             GgufArch::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
             GgufArch::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
+            GgufArch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
         }
     }
 }
@@ -57,6 +64,18 @@ pub struct Hparams {
     /// on `<|eot_id|>` as well as `<|end_of_text|>`).
     pub eos_token_ids: Vec<u64>,
     pub rope_scaling: Option<Value>,
+    pub experts: Option<ExpertHparams>,
+}
+
+/// A mixture of experts' shape (`<arch>.expert_*`).
+#[derive(Debug, Clone)]
+pub struct ExpertHparams {
+    pub count: u64,
+    pub used: u64,
+    /// Each expert's MLP width.
+    pub feed_forward_length: u64,
+    /// Layers with a dense MLP (no `blk.N.ffn_gate_inp.weight`).
+    pub dense_layers: Vec<u64>,
 }
 
 pub fn read(g: &GgufFile) -> Result<Hparams> {
@@ -95,13 +114,40 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         })
         .ok_or_else(|| EngineError::Gguf("cannot tell the vocabulary size".into()))?;
     let context_length = g.get_u64(&key("context_length"))?.unwrap_or(4096);
+    let num_layers = g.require_u64(&key("block_count"))?;
+    let experts = match g.get_u64(&key("expert_count"))?.filter(|&n| n > 0) {
+        None if arch == GgufArch::Qwen3Moe => {
+            return Err(EngineError::Gguf(format!(
+                "{} is missing: a qwen3moe file needs its expert count",
+                key("expert_count")
+            )));
+        }
+        None => None,
+        Some(count) => Some(ExpertHparams {
+            count,
+            used: g.require_u64(&key("expert_used_count"))?,
+            feed_forward_length: match g.get_u64(&key("expert_feed_forward_length"))? {
+                Some(n) => n,
+                None => g.require_u64(&key("feed_forward_length"))?,
+            },
+            dense_layers: (0..num_layers)
+                .filter(|i| g.tensor(&format!("blk.{i}.ffn_gate_inp.weight")).is_none())
+                .collect(),
+        }),
+    };
+    // A file whose every layer holds experts may not give a dense width.
+    let intermediate_size = match (&experts, g.get_u64(&key("feed_forward_length"))?) {
+        (_, Some(n)) => n,
+        (Some(e), None) => e.feed_forward_length,
+        (None, None) => g.require_u64(&key("feed_forward_length"))?,
+    };
     let rope_theta = g.get_f64(&key("rope.freq_base"))?.unwrap_or(10000.0);
     Ok(Hparams {
         arch,
         vocab_size,
         hidden_size,
-        intermediate_size: g.require_u64(&key("feed_forward_length"))?,
-        num_layers: g.require_u64(&key("block_count"))?,
+        intermediate_size,
+        num_layers,
         num_heads,
         num_kv_heads,
         head_dim,
@@ -114,6 +160,7 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         bos_token_id: g.get_u64("tokenizer.ggml.bos_token_id")?,
         eos_token_ids: end_of_generation_ids(g)?,
         rope_scaling: rope_scaling(g, arch_name, head_dim, rope_theta)?,
+        experts,
     })
 }
 
@@ -216,7 +263,7 @@ fn llama3_divisors(dim: f64, theta: f64, factor: f64, low: f64, high: f64, orig:
 }
 
 pub fn config_json(h: &Hparams, dtype: DType) -> Value {
-    let (class, model_type) = h.arch.hf();
+    let (class, model_type) = h.arch.hf(h.experts.is_some());
     let mut c = json!({
         "architectures": [class],
         "model_type": model_type,
@@ -240,6 +287,19 @@ pub fn config_json(h: &Hparams, dtype: DType) -> Value {
     if h.arch == GgufArch::Llama {
         c["attention_bias"] = json!(false);
         c["mlp_bias"] = json!(false);
+    }
+    if let Some(e) = &h.experts {
+        c["num_experts_per_tok"] = json!(e.used);
+        if h.arch == GgufArch::Qwen3Moe {
+            // llama.cpp renormalizes Qwen3-MoE's top-k weights (the published models' setting).
+            c["num_experts"] = json!(e.count);
+            c["moe_intermediate_size"] = json!(e.feed_forward_length);
+            c["norm_topk_prob"] = json!(true);
+            c["mlp_only_layers"] = json!(e.dense_layers);
+        } else {
+            c["num_local_experts"] = json!(e.count);
+            c["intermediate_size"] = json!(e.feed_forward_length);
+        }
     }
     c
 }

@@ -7,6 +7,14 @@ pub enum Mapped {
     Hf { name: String, qk: Option<QkKind> },
     /// Consumed elsewhere (e.g. `rope_freqs.weight` becomes config.json's `rope_scaling`).
     Skip,
+    /// Every expert's `proj` of a layer stacked in one tensor (`[experts, rows, cols]` in HF
+    /// order): expert `e` is HF's `model.layers.{layer}.mlp.experts.{e}.{proj}.weight`.
+    Experts { layer: u32, proj: &'static str },
+}
+
+/// The HF name of expert `e`'s slice of a [`Mapped::Experts`] tensor.
+pub fn expert_name(layer: u32, proj: &str, e: usize) -> String {
+    format!("model.layers.{layer}.mlp.experts.{e}.{proj}.weight")
 }
 
 /// Q and K projections are the tensors whose rows llama.cpp reorders for its RoPE.
@@ -33,6 +41,13 @@ pub fn map(gguf: &str) -> Option<Mapped> {
     if suffix != "weight" && suffix != "bias" {
         return None;
     }
+    let experts = |proj| (suffix == "weight").then_some(Mapped::Experts { layer, proj });
+    match part {
+        "ffn_gate_exps" => return experts("gate_proj"),
+        "ffn_up_exps" => return experts("up_proj"),
+        "ffn_down_exps" => return experts("down_proj"),
+        _ => {}
+    }
     let (hf_part, qk) = match part {
         "attn_norm" => ("input_layernorm", None),
         "ffn_norm" => ("post_attention_layernorm", None),
@@ -45,6 +60,8 @@ pub fn map(gguf: &str) -> Option<Mapped> {
         "ffn_gate" => ("mlp.gate_proj", None),
         "ffn_up" => ("mlp.up_proj", None),
         "ffn_down" => ("mlp.down_proj", None),
+        // A mixture of experts' router.
+        "ffn_gate_inp" => ("mlp.gate", None),
         _ => return None,
     };
     Some(Mapped::Hf {
@@ -88,6 +105,20 @@ mod tests {
             map("blk.0.ffn_norm.weight"),
             Some(Mapped::Hf {
                 name: "model.layers.0.post_attention_layernorm.weight".into(),
+                qk: None
+            })
+        );
+        assert_eq!(
+            map("blk.3.ffn_up_exps.weight"),
+            Some(Mapped::Experts {
+                layer: 3,
+                proj: "up_proj"
+            })
+        );
+        assert_eq!(
+            map("blk.3.ffn_gate_inp.weight"),
+            Some(Mapped::Hf {
+                name: "model.layers.3.mlp.gate.weight".into(),
                 qk: None
             })
         );

@@ -3,7 +3,7 @@ use std::path::{Path, PathBuf};
 
 use super::{Layer, Mlp, Model};
 use crate::backend::Backend;
-use crate::config::{Architecture, ModelConfig};
+use crate::config::ModelConfig;
 use crate::dtype::DType;
 use crate::error::{EngineError, Result};
 use crate::moe::{Expert, MoeConfig, MoeLayer};
@@ -126,7 +126,7 @@ impl<B: Backend> Model<B> {
                 (None, None)
             };
             let mlp = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
-                Some(moe) => Mlp::Moe(load_experts(backend, c, moe, &p, &mat)?),
+                Some(moe) => Mlp::Moe(load_experts(backend, c, moe, &p, st, &mat)?),
                 None => {
                     let m = format!("{p}.mlp");
                     let inter = c.intermediate_size;
@@ -196,21 +196,25 @@ impl<B: Backend> Model<B> {
     }
 }
 
-/// A sparse layer's router and experts under `{prefix}` (`model.layers.N`), by the checkpoint's
-/// names: Qwen3-MoE's `mlp.gate` and `mlp.experts.E.{gate,up,down}_proj`, Mixtral's
-/// `block_sparse_moe.gate` and `block_sparse_moe.experts.E.{w1,w3,w2}` (gate, up, down).
+/// A sparse layer's router and experts under `{prefix}` (`model.layers.N`), by the names the
+/// checkpoint uses: Mixtral's `block_sparse_moe.gate` and `block_sparse_moe.experts.E.{w1,w3,w2}`
+/// (gate, up, down), else Qwen3-MoE's `mlp.gate` and `mlp.experts.E.{gate,up,down}_proj` (also
+/// what a GGUF's experts are read as, whatever the model).
 fn load_experts<B: Backend>(
     backend: &B,
     c: &ModelConfig,
     moe: &MoeConfig,
     prefix: &str,
+    st: &WeightSource,
     mat: &dyn Fn(&str, &[usize]) -> Result<HostTensor>,
 ) -> Result<MoeLayer<B::Weight>> {
     let (h, width) = (c.hidden_size, moe.expert_intermediate_size);
-    let (block, [gate, up, down]) = match c.architecture {
-        Architecture::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
-        _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
-    };
+    let (block, [gate, up, down]) =
+        if st.contains(&format!("{prefix}.block_sparse_moe.gate.weight")) {
+            ("block_sparse_moe", ["w1", "w3", "w2"])
+        } else {
+            ("mlp", ["gate_proj", "up_proj", "down_proj"])
+        };
     let m = format!("{prefix}.{block}");
     let router = backend.upload_weight(mat(&format!("{m}.gate.weight"), &[moe.num_experts, h])?)?;
     let experts = (0..moe.num_experts)

@@ -16,8 +16,8 @@ use crate::quant::{QMatrix, QType};
 
 pub struct GgufWeights {
     file: GgufFile,
-    /// HF name → (tensor index, heads to un-permute over).
-    by_name: HashMap<String, (usize, Option<usize>)>,
+    /// HF name → where it is.
+    by_name: HashMap<String, Source>,
     /// Quantized matrices stay in their block format.
     as_stored: bool,
 }
@@ -28,13 +28,32 @@ impl GgufWeights {
         let h = hparams::read(&file)?;
         let mut by_name = HashMap::new();
         for (i, info) in file.tensors.iter().enumerate() {
-            if let Some(Mapped::Hf { name, qk }) = tensor_names::map(&info.name) {
-                let heads = match (h.arch, qk) {
-                    (GgufArch::Llama, Some(QkKind::Q)) => Some(h.num_heads as usize),
-                    (GgufArch::Llama, Some(QkKind::K)) => Some(h.num_kv_heads as usize),
-                    _ => None,
-                };
-                by_name.insert(name, (i, heads));
+            match tensor_names::map(&info.name) {
+                Some(Mapped::Hf { name, qk }) => {
+                    let heads = match (h.arch, qk) {
+                        (GgufArch::Llama, Some(QkKind::Q)) => Some(h.num_heads as usize),
+                        (GgufArch::Llama, Some(QkKind::K)) => Some(h.num_kv_heads as usize),
+                        _ => None,
+                    };
+                    let source = Source {
+                        tensor: i,
+                        heads,
+                        expert: None,
+                    };
+                    by_name.insert(name, source);
+                }
+                Some(Mapped::Experts { layer, proj }) => {
+                    let count = info.hf_shape().first().copied().unwrap_or(0);
+                    for e in 0..count {
+                        let source = Source {
+                            tensor: i,
+                            heads: None,
+                            expert: Some((e, count)),
+                        };
+                        by_name.insert(tensor_names::expert_name(layer, proj, e), source);
+                    }
+                }
+                Some(Mapped::Skip) | None => {}
             }
         }
         Ok(GgufWeights {
@@ -51,15 +70,26 @@ impl GgufWeights {
     /// Tensor `name` with the expected HF shape: quantized as stored (when opened so and the
     /// tensor is a matrix of a block type), else in `dtype`.
     pub fn load(&self, name: &str, expected: &[usize], dtype: DType) -> Result<HostTensor> {
-        let &(i, heads) = self
+        let &Source {
+            tensor,
+            heads,
+            expert,
+        } = self
             .by_name
             .get(name)
             .ok_or_else(|| EngineError::MissingTensor {
                 name: name.to_string(),
                 dir: self.file.path().to_path_buf(),
             })?;
-        let info: &TensorInfo = &self.file.tensors[i];
-        let shape = info.hf_shape();
+        let info: &TensorInfo = &self.file.tensors[tensor];
+        let mut shape = info.hf_shape();
+        let mut bytes = self.file.tensor_data(info)?;
+        if let Some((e, count)) = expert {
+            // Expert `e`'s rows: whole rows, so a block format's bytes split evenly.
+            shape.remove(0);
+            let per = bytes.len() / count;
+            bytes = &bytes[e * per..(e + 1) * per];
+        }
         if shape != expected {
             return Err(EngineError::ShapeMismatch {
                 name: name.to_string(),
@@ -67,7 +97,6 @@ impl GgufWeights {
                 expected: expected.to_vec(),
             });
         }
-        let bytes = self.file.tensor_data(info)?;
         let qtype = QType::from_ggml(info.ggml_type).filter(|_| self.as_stored);
         if let (Some(qt), [rows, cols]) = (qtype, expected) {
             let m = QMatrix::new(qt, *rows, *cols, bytes.to_vec(), Vec::new())
@@ -78,18 +107,23 @@ impl GgufWeights {
             };
             return Ok(HostTensor::quant(m));
         }
-        let x = dequantize(
-            &info.name,
-            info.ggml_type,
-            bytes,
-            info.n_elements() as usize,
-        )?;
+        let x = dequantize(&info.name, info.ggml_type, bytes, expected.iter().product())?;
         let x = match heads {
             Some(h) => unpermute_rows(&x, h, expected.get(1..).map_or(1, |s| s.iter().product())),
             None => x,
         };
         Ok(HostTensor::f32(expected.to_vec(), x).to_dtype(dtype))
     }
+}
+
+/// Where an HF-named tensor lies in the file.
+#[derive(Clone, Copy)]
+struct Source {
+    tensor: usize,
+    /// Heads to un-permute the rows over (llama-arch Q and K).
+    heads: Option<usize>,
+    /// Expert `e` of `count` stacked in the tensor.
+    expert: Option<(usize, usize)>,
 }
 
 /// `order[hf_row] = gguf_row`: the inverse of llama.cpp's per-head interleaving (see
