@@ -95,6 +95,12 @@ pub trait StepEngine: Send {
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()>;
     /// Bytes of weights a decode step streams (the roofline's numerator).
     fn weight_bytes(&self) -> usize;
+    /// Bytes of weights a decode step of `tokens` tokens streams: more than
+    /// [`Self::weight_bytes`] only for a mixture of experts, whose tokens read more experts.
+    fn step_weight_bytes(&self, tokens: usize) -> usize {
+        let _ = tokens;
+        self.weight_bytes()
+    }
     /// Tokens run through the model since load (prefix-cache tests count skipped work).
     fn tokens_computed(&self) -> u64;
     /// Uploads a LoRA adapter's host weights under `id` (the engine tier of the adapter
@@ -353,6 +359,10 @@ impl<B: Backend> StepEngine for Engine<B> {
 
     fn weight_bytes(&self) -> usize {
         self.weight_bytes
+    }
+
+    fn step_weight_bytes(&self, tokens: usize) -> usize {
+        self.model.step_weight_bytes(&self.backend, tokens)
     }
 
     fn tokens_computed(&self) -> u64 {

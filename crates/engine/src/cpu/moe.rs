@@ -6,6 +6,8 @@
 //! so which other rows share the step (and which experts they wake) does not change it. The
 //! order is also transformers' (`index_add_` over the experts hit, in index order).
 
+use rayon::prelude::*;
+
 use super::{CpuBackend, CpuWeight, ops};
 use crate::backend::Backend;
 use crate::error::Result;
@@ -32,24 +34,36 @@ pub(super) fn moe(
         members[e as usize].push((i / per_row.max(1), w));
     }
 
-    out[..rows * hidden].fill(0.0);
+    // The experts run side by side (each one's products split further where threads are
+    // free): a decode step's few rows per expert would otherwise pay a fork and join per
+    // product. Each expert's output does not depend on where it ran.
     let width = layer.width;
-    let (mut xs, mut gate_up, mut act, mut y) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (expert, rows_of) in layer.experts.iter().zip(&members) {
-        let m = rows_of.len();
-        if m == 0 {
-            continue;
-        }
-        xs.clear();
-        for &(r, _) in rows_of {
-            xs.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
-        }
-        gate_up.resize(m * 2 * width, 0.0);
-        act.resize(m * width, 0.0);
-        y.resize(m * hidden, 0.0);
-        backend.linear(&xs, m, &expert.gate_up, None, &mut gate_up)?;
-        ops::silu_mul(&gate_up, width, &mut act[..m * width]);
-        backend.linear(&act, m, &expert.down, None, &mut y)?;
+    let outputs: Vec<Option<Vec<f32>>> = layer
+        .experts
+        .par_iter()
+        .zip(&members)
+        .map(|(expert, rows_of)| -> Result<Option<Vec<f32>>> {
+            let m = rows_of.len();
+            if m == 0 {
+                return Ok(None);
+            }
+            let mut xs = Vec::with_capacity(m * hidden);
+            for &(r, _) in rows_of {
+                xs.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
+            }
+            let mut gate_up = vec![0f32; m * 2 * width];
+            let mut act = vec![0f32; m * width];
+            let mut y = vec![0f32; m * hidden];
+            backend.linear(&xs, m, &expert.gate_up, None, &mut gate_up)?;
+            ops::silu_mul(&gate_up, width, &mut act);
+            backend.linear(&act, m, &expert.down, None, &mut y)?;
+            Ok(Some(y))
+        })
+        .collect::<Result<_>>()?;
+
+    out[..rows * hidden].fill(0.0);
+    for (y, rows_of) in outputs.iter().zip(&members) {
+        let Some(y) = y else { continue };
         for (j, &(r, w)) in rows_of.iter().enumerate() {
             let o = &mut out[r * hidden..(r + 1) * hidden];
             for (o, &v) in o.iter_mut().zip(&y[j * hidden..(j + 1) * hidden]) {

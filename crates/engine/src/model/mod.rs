@@ -101,6 +101,13 @@ impl<B: Backend> Model<B> {
     /// embedding table itself when tied; an untied input table is only gathered from). Of a
     /// mixture of experts, the router and `top_k` experts (a token reads no others).
     pub fn weight_bytes(&self, backend: &B) -> usize {
+        self.step_weight_bytes(backend, 1)
+    }
+
+    /// Bytes a decode step of `tokens` tokens streams: [`Self::weight_bytes`], with the experts
+    /// a mixture reads for that many tokens when each picks `top_k` of `E` uniformly at random
+    /// (`E · (1 - (1 - top_k / E)^tokens)` distinct experts per layer, `top_k` for one token).
+    pub fn step_weight_bytes(&self, backend: &B, tokens: usize) -> usize {
         let w = |x: &B::Weight| backend.weight_bytes(x);
         let layers: usize = self
             .layers
@@ -109,13 +116,10 @@ impl<B: Backend> Model<B> {
                 let mlp = match &l.mlp {
                     Mlp::Dense { gate_up, down } => w(gate_up) + w(down),
                     Mlp::Moe(m) => {
-                        let per_expert = m
-                            .experts
-                            .iter()
-                            .map(|e| w(&e.gate_up) + w(&e.down))
-                            .max()
-                            .unwrap_or(0);
-                        w(&m.router) + m.top_k * per_expert
+                        let e = m.experts.len().max(1) as f64;
+                        let hit = e * (1.0 - (1.0 - m.top_k as f64 / e).powi(tokens as i32));
+                        let all: usize = m.experts.iter().map(|x| w(&x.gate_up) + w(&x.down)).sum();
+                        w(&m.router) + (all as f64 / e * hit).round() as usize
                     }
                 };
                 w(&l.qkv) + w(&l.o_proj) + w(&l.input_norm) + w(&l.post_norm) + mlp

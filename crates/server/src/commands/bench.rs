@@ -221,7 +221,18 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
     let kv_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * kv_elem;
     // A decode step reads every weight once and every sequence's K/V (mean context).
     let context = a.prompt_len + a.decode_steps / 2;
-    let roofline = |b: usize| (weight_bytes + b * context * kv_per_token) as f64 / bw;
+    // A mixture of experts reads more experts for more tokens.
+    let step_bytes: Vec<usize> = batches
+        .iter()
+        .map(|&b| engine.step_weight_bytes(b))
+        .collect();
+    let roofline = |b: usize| {
+        let w = batches
+            .iter()
+            .position(|&x| x == b)
+            .map_or(weight_bytes, |i| step_bytes[i]);
+        (w + b * context * kv_per_token) as f64 / bw
+    };
     println!(
         "model {} on {} ({} weights, {:.1} MB of weights and {:.1} KB of K/V per token of context read per decode step), {} host threads, {what} {:.2} GB/s",
         dir.display(),
