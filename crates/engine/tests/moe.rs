@@ -278,6 +278,11 @@ fn llama_cpp_gguf_files_match_transformers() {
         let tmp = tempfile::tempdir().unwrap();
         let q8 = tmp.path().join("q8_0.gguf");
         lmi_engine::gguf::writer::requantize(&gguf, &q8, lmi_engine::quant::QType::Q8_0).unwrap();
+        // The stacked experts are quantized; the router is kept as it is.
+        let file = lmi_engine::gguf::GgufFile::open(&q8).unwrap();
+        let kind = |n: &str| file.tensor(n).unwrap().ggml_type.name();
+        assert_eq!(kind("blk.0.ffn_gate_exps.weight"), "Q8_0");
+        assert_eq!(kind("blk.0.ffn_gate_inp.weight"), "F32");
         for (file, dtype, tol) in [(&gguf, Some(DType::F32), F32_TOL), (&q8, None, Q8_TOL)] {
             let (_dir, mut e) = load_gguf(file, dtype);
             let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();

@@ -116,8 +116,9 @@ fn file_type(qtype: QType) -> u32 {
     }
 }
 
-/// Writes `dst`: `src` with every weight matrix whose rows split into `qtype` blocks
-/// re-quantized to `qtype` (norms, biases and other vectors are kept as they are).
+/// Writes `dst`: `src` with every weight matrix (and stack of experts' matrices) whose rows
+/// split into `qtype` blocks re-quantized to `qtype` (norms, biases, other vectors and a
+/// mixture of experts' router are kept as they are).
 pub fn requantize(src: &Path, dst: &Path, qtype: QType) -> Result<()> {
     let ggml = qtype.ggml().ok_or_else(|| {
         EngineError::Gguf(format!(
@@ -138,7 +139,11 @@ pub fn requantize(src: &Path, dst: &Path, qtype: QType) -> Result<()> {
         let data = g.tensor_data(info)?;
         let cols = info.dims.first().copied().unwrap_or(1) as usize;
         let rows = (info.n_elements() as usize).checked_div(cols).unwrap_or(0);
-        let matrix = info.dims.len() == 2 && info.name.ends_with(".weight");
+        // Matrices and stacked experts (3-D, quantized row by row); a mixture's router stays
+        // as it is, as llama.cpp's quantizer keeps it (its choices flip on small errors).
+        let matrix = info.dims.len() >= 2
+            && info.name.ends_with(".weight")
+            && !info.name.ends_with("ffn_gate_inp.weight");
         let (ggml_type, data) = if matrix && cols.is_multiple_of(qtype.block()) {
             let x = dequantize(&info.name, info.ggml_type, data, rows * cols)?;
             let m = QMatrix::quantize(qtype, rows, cols, &x).map_err(EngineError::Gguf)?;
