@@ -17,6 +17,25 @@ from gguf.quants import quantize
 HIDDEN, LAYERS, HEADS, KV_HEADS, FF = 2048, 16, 32, 8, 8192
 
 
+def copy_tokenizer(w, donor):
+    """The donor GGUF's `tokenizer.*` metadata into the writer `w`."""
+    for key, field in donor.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            sub = field.types[-1]
+            if sub == gguf.GGUFValueType.STRING:
+                vals = [bytes(field.parts[i]).decode("utf-8", "replace") for i in field.data]
+            else:
+                vals = [field.parts[i].tolist()[0] for i in field.data]
+            w.add_array(key, vals)
+        elif vtype == gguf.GGUFValueType.STRING:
+            w.add_string(key, bytes(field.parts[field.data[0]]).decode("utf-8"))
+        else:
+            w.add_key_value(key, field.parts[field.data[0]].tolist()[0], vtype)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--donor", required=True, help="a GGUF whose tokenizer metadata is copied")
@@ -37,21 +56,7 @@ def main():
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     w.add_vocab_size(vocab)
-    for key, field in donor.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            sub = field.types[-1]
-            if sub == gguf.GGUFValueType.STRING:
-                vals = [bytes(field.parts[i]).decode("utf-8", "replace") for i in field.data]
-            else:
-                vals = [field.parts[i].tolist()[0] for i in field.data]
-            w.add_array(key, vals)
-        elif vtype == gguf.GGUFValueType.STRING:
-            w.add_string(key, bytes(field.parts[field.data[0]]).decode("utf-8"))
-        else:
-            w.add_key_value(key, field.parts[field.data[0]].tolist()[0], vtype)
+    copy_tokenizer(w, donor)
     rng = np.random.default_rng(a.seed)
 
     def mat(name, rows, cols):

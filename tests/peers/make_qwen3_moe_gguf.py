@@ -15,26 +15,10 @@ import numpy as np
 import gguf
 from gguf.quants import quantize
 
+from make_llama_1b_gguf import copy_tokenizer
+
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 1024, 16, 16, 4, 64
 EXPERTS, USED, EXPERT_FF = 64, 8, 512
-
-
-def copy_tokenizer(w, donor):
-    for key, field in donor.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            sub = field.types[-1]
-            if sub == gguf.GGUFValueType.STRING:
-                vals = [bytes(field.parts[i]).decode("utf-8", "replace") for i in field.data]
-            else:
-                vals = [field.parts[i].tolist()[0] for i in field.data]
-            w.add_array(key, vals)
-        elif vtype == gguf.GGUFValueType.STRING:
-            w.add_string(key, bytes(field.parts[field.data[0]]).decode("utf-8"))
-        else:
-            w.add_key_value(key, field.parts[field.data[0]].tolist()[0], vtype)
 
 
 def main():
