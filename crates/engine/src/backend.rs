@@ -349,6 +349,11 @@ pub trait Backend: Send + Sync + 'static {
         self.silu_mul(gate_up, rows, width, act)?;
         self.linear(act, rows, w, None, out)
     }
+    /// Whether [`Backend::moe`] runs here; a model with experts is refused at load otherwise
+    /// (before its weights are uploaded).
+    fn runs_moe(&self) -> bool {
+        false
+    }
     /// A mixture-of-experts MLP over `rows` rows of `x` (`hidden` wide): each row's experts
     /// from `layer.router`, `out[r] = Σ weight · down(silu(gate) · up)` over them. A row's
     /// result must not depend on the other rows of the step (batch invariance), even though
@@ -362,11 +367,7 @@ pub trait Backend: Send + Sync + 'static {
         out: &mut Self::Buf,
     ) -> Result<()> {
         let _ = (x, rows, hidden, layer, out);
-        Err(crate::error::EngineError::Backend(format!(
-            "the {} engine does not run mixture-of-experts models (Qwen3-MoE, Mixtral) yet: \
-             use --device cpu",
-            self.name()
-        )))
+        Err(moe_refused(self.name()))
     }
     /// LoRA deltas on one projection, `site`, for every adapter of the step at once (SGMV's
     /// grouping): for each group, the token rows of `BatchLayout::adapter_rows[group]` get
@@ -435,4 +436,12 @@ pub trait Backend: Send + Sync + 'static {
         cfg: &KvCacheConfig,
         pairs: &[(u32, u32)],
     ) -> Result<()>;
+}
+
+/// The error for a mixture-of-experts model on a backend without [`Backend::moe`].
+pub fn moe_refused(backend: &str) -> crate::error::EngineError {
+    crate::error::EngineError::Backend(format!(
+        "the {backend} engine does not run mixture-of-experts models (Qwen3-MoE, Mixtral) yet: \
+         use --device cpu"
+    ))
 }

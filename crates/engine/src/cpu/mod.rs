@@ -436,6 +436,10 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn runs_moe(&self) -> bool {
+        true
+    }
+
     fn moe(
         &self,
         x: &Vec<f32>,

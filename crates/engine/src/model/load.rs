@@ -25,6 +25,9 @@ impl<B: Backend> Model<B> {
     /// Loads an HF model directory (config.json + safetensors).
     pub fn load(backend: &B, dir: &Path, opts: &LoadOptions) -> Result<Self> {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        if config.moe.is_some() && !backend.runs_moe() {
+            return Err(crate::backend::moe_refused(backend.name()));
+        }
         let (st, dtype) = match (&opts.gguf, opts.dtype) {
             // As stored: block formats stay; float matrices are held in bf16.
             (Some(path), None) => (
