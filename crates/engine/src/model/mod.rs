@@ -56,6 +56,29 @@ pub struct Model<B: Backend> {
     pub vision_device: Option<B::Vision>,
 }
 
+impl<W> Mlp<W> {
+    /// Bytes of the matrices a step of `tokens` tokens reads (`None`: all of them). A mixture
+    /// reads its router and the experts its tokens pick, counted as if each picked `top_k` of
+    /// `E` uniformly at random: `E · (1 - (1 - top_k / E)^tokens)`, `top_k` for one token.
+    fn bytes(&self, w: &impl Fn(&W) -> usize, tokens: Option<usize>) -> usize {
+        match self {
+            Mlp::Dense { gate_up, down } => w(gate_up) + w(down),
+            Mlp::Moe(m) => {
+                let all: usize = m.experts.iter().map(|x| w(&x.gate_up) + w(&x.down)).sum();
+                let read = match tokens {
+                    None => all,
+                    Some(t) => {
+                        let e = m.experts.len().max(1) as f64;
+                        let hit = e * (1.0 - (1.0 - m.top_k as f64 / e).powi(t as i32));
+                        (all as f64 / e * hit).round() as usize
+                    }
+                };
+                w(&m.router) + read
+            }
+        }
+    }
+}
+
 /// Embeddings that replace some tokens' (media placeholders'): `rows` of the step, `data`
 /// `[rows.len(), hidden]` on the host.
 #[derive(Debug, Default)]
@@ -105,24 +128,18 @@ impl<B: Backend> Model<B> {
     }
 
     /// Bytes a decode step of `tokens` tokens streams: [`Self::weight_bytes`], with the experts
-    /// a mixture reads for that many tokens when each picks `top_k` of `E` uniformly at random
-    /// (`E · (1 - (1 - top_k / E)^tokens)` distinct experts per layer, `top_k` for one token).
+    /// a mixture reads for that many tokens ([`Mlp::bytes`]).
     pub fn step_weight_bytes(&self, backend: &B, tokens: usize) -> usize {
         let w = |x: &B::Weight| backend.weight_bytes(x);
         let layers: usize = self
             .layers
             .iter()
             .map(|l| {
-                let mlp = match &l.mlp {
-                    Mlp::Dense { gate_up, down } => w(gate_up) + w(down),
-                    Mlp::Moe(m) => {
-                        let e = m.experts.len().max(1) as f64;
-                        let hit = e * (1.0 - (1.0 - m.top_k as f64 / e).powi(tokens as i32));
-                        let all: usize = m.experts.iter().map(|x| w(&x.gate_up) + w(&x.down)).sum();
-                        w(&m.router) + (all as f64 / e * hit).round() as usize
-                    }
-                };
-                w(&l.qkv) + w(&l.o_proj) + w(&l.input_norm) + w(&l.post_norm) + mlp
+                w(&l.qkv)
+                    + w(&l.o_proj)
+                    + w(&l.input_norm)
+                    + w(&l.post_norm)
+                    + l.mlp.bytes(&w, Some(tokens))
             })
             .sum();
         layers + w(self.lm_head.as_ref().unwrap_or(&self.embed))
@@ -143,16 +160,7 @@ impl<B: Backend> Model<B> {
                     + opt(&l.k_norm)
                     + w(&l.o_proj)
                     + w(&l.post_norm)
-                    + match &l.mlp {
-                        Mlp::Dense { gate_up, down } => w(gate_up) + w(down),
-                        Mlp::Moe(m) => {
-                            w(&m.router)
-                                + m.experts
-                                    .iter()
-                                    .map(|e| w(&e.gate_up) + w(&e.down))
-                                    .sum::<usize>()
-                        }
-                    }
+                    + l.mlp.bytes(&w, None)
             })
             .sum();
         layers + w(&self.embed) + opt(&self.lm_head) + w(&self.final_norm)

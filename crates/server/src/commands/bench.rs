@@ -222,17 +222,7 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
     // A decode step reads every weight once and every sequence's K/V (mean context).
     let context = a.prompt_len + a.decode_steps / 2;
     // A mixture of experts reads more experts for more tokens.
-    let step_bytes: Vec<usize> = batches
-        .iter()
-        .map(|&b| engine.step_weight_bytes(b))
-        .collect();
-    let roofline = |b: usize| {
-        let w = batches
-            .iter()
-            .position(|&x| x == b)
-            .map_or(weight_bytes, |i| step_bytes[i]);
-        (w + b * context * kv_per_token) as f64 / bw
-    };
+    let roofline = |b: usize, weights: usize| (weights + b * context * kv_per_token) as f64 / bw;
     println!(
         "model {} on {} ({} weights, {:.1} MB of weights and {:.1} KB of K/V per token of context read per decode step), {} host threads, {what} {:.2} GB/s",
         dir.display(),
@@ -245,8 +235,8 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
     );
     println!(
         "batch-1 decode roofline: {:.2} ms/token ({:.1} tok/s)\n",
-        roofline(1) * 1e3,
-        1.0 / roofline(1)
+        roofline(1, weight_bytes) * 1e3,
+        1.0 / roofline(1, weight_bytes)
     );
     // Rates use the median step: on a shared machine a neighbour's burst lands on a few steps
     // and would otherwise decide the mean (printed beside it).
@@ -256,6 +246,7 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut base = None;
     for &b in &batches {
+        let limit = roofline(b, engine.step_weight_bytes(b));
         let mut chunks: Vec<SeqChunk> = (0..b)
             .map(|s| SeqChunk {
                 tokens: (0..a.prompt_len)
@@ -295,8 +286,8 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
             per_step * 1e3,
             mean * 1e3,
             tps / base_tps,
-            roofline(b) * 1e3,
-            roofline(b) / per_step * 100.0
+            limit * 1e3,
+            limit / per_step * 100.0
         );
     }
     Ok(())
