@@ -322,6 +322,46 @@ pub trait Backend: Send + Sync + 'static {
         scale: f32,
         out: &mut Self::Buf,
     ) -> Result<()>;
+    /// [`Backend::attention`] over the last `window` keys only (`position - window + 1 ..=
+    /// position`): a local layer's sliding window (Gemma 3). Backends without it refuse such
+    /// models at load ([`Backend::runs_gemma`]).
+    #[allow(clippy::too_many_arguments)]
+    fn sliding_attention(
+        &self,
+        qkv: &Self::Buf,
+        step: &Self::Step,
+        layout: QkvLayout,
+        k_cache: &Self::Kv,
+        v_cache: &Self::Kv,
+        scale: f32,
+        window: usize,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (qkv, step, layout, k_cache, v_cache, scale, window, out);
+        Err(gemma_refused(self.name()))
+    }
+    /// `x[..len] *= s` (Gemma's embedding scale).
+    fn scale(&self, x: &mut Self::Buf, len: usize, s: f32) -> Result<()> {
+        let _ = (x, len, s);
+        Err(gemma_refused(self.name()))
+    }
+    /// `out[r, i] = gelu_tanh(gate[r, i]) * up[r, i]` (GeGLU), rows as [`Backend::silu_mul`].
+    fn gelu_tanh_mul(
+        &self,
+        gate_up: &Self::Buf,
+        rows: usize,
+        width: usize,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (gate_up, rows, width, out);
+        Err(gemma_refused(self.name()))
+    }
+    /// Whether the Gemma 3 operations run here ([`Backend::sliding_attention`],
+    /// [`Backend::scale`], [`Backend::gelu_tanh_mul`]); such a model is refused at load
+    /// otherwise.
+    fn runs_gemma(&self) -> bool {
+        false
+    }
     /// `out[r, i] = silu(gate[r, i]) * up[r, i]`, each input row holding `[gate | up]` (2·`width`).
     fn silu_mul(
         &self,
@@ -436,6 +476,13 @@ pub trait Backend: Send + Sync + 'static {
         cfg: &KvCacheConfig,
         pairs: &[(u32, u32)],
     ) -> Result<()>;
+}
+
+/// The error for a Gemma model on a backend without its operations ([`Backend::runs_gemma`]).
+pub fn gemma_refused(backend: &str) -> crate::error::EngineError {
+    crate::error::EngineError::Backend(format!(
+        "the {backend} engine does not run Gemma models yet: use --device cpu"
+    ))
 }
 
 /// The error for a mixture-of-experts model on a backend without [`Backend::moe`].

@@ -22,6 +22,10 @@ pub enum Architecture {
     Qwen3Moe,
     /// Mistral's attention with mixture-of-experts MLPs (`block_sparse_moe`, w1/w2/w3).
     Mixtral,
+    /// Gemma 3 (text): GeGLU, the embedding scaled by sqrt(hidden), RMSNorms of `x · (1 + w)`
+    /// before and after attention and MLP, q/k norms, local (sliding-window) and global layers
+    /// with their own RoPE bases.
+    Gemma3,
 }
 
 impl Architecture {
@@ -33,6 +37,7 @@ impl Architecture {
             "Qwen3ForCausalLM" => Ok(Architecture::Qwen3),
             "Qwen3MoeForCausalLM" => Ok(Architecture::Qwen3Moe),
             "MixtralForCausalLM" => Ok(Architecture::Mixtral),
+            "Gemma3ForCausalLM" => Ok(Architecture::Gemma3),
             // The language model of Qwen2-VL and Qwen2.5-VL is Qwen2's (with M-RoPE).
             "Qwen2VLForConditionalGeneration" | "Qwen2_5_VLForConditionalGeneration" => {
                 Ok(Architecture::Qwen2)
@@ -49,6 +54,7 @@ impl Architecture {
             Architecture::Qwen3 => "Qwen3ForCausalLM",
             Architecture::Qwen3Moe => "Qwen3MoeForCausalLM",
             Architecture::Mixtral => "MixtralForCausalLM",
+            Architecture::Gemma3 => "Gemma3ForCausalLM",
         }
     }
 
@@ -66,8 +72,38 @@ impl Architecture {
     }
 
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, Architecture::Qwen3 | Architecture::Qwen3Moe)
+        matches!(
+            self,
+            Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+        )
     }
+
+    /// Gemma's norms: RMSNorm of `x · (1 + w)` (HF checkpoints hold w; llama.cpp's GGUF files
+    /// hold 1 + w), a norm after attention and after the MLP as well as before each, and the
+    /// token embeddings scaled by sqrt(hidden).
+    pub fn is_gemma(self) -> bool {
+        self == Architecture::Gemma3
+    }
+}
+
+/// The gated MLP's activation (`hidden_act` / `hidden_activation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu(gate) · up` (SwiGLU).
+    Silu,
+    /// `gelu_tanh(gate) · up` (GeGLU with the tanh approximation, `gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+/// Interleaved local (sliding-window) and global attention layers (Gemma 3).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    /// Keys a local layer's query sees: its own position and the `size - 1` before it.
+    pub size: usize,
+    /// Per layer: true where it is local.
+    pub local: Vec<bool>,
+    /// The local layers' RoPE base (unscaled); global layers use `rope_theta` and its scaling.
+    pub rope_theta: f64,
 }
 
 /// Llama 3's `rope_scaling` (`rope_type: "llama3"`); other types are rejected at load.
@@ -92,6 +128,8 @@ pub struct ModelConfig {
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
     pub rope_scaling: Option<Llama3RopeScaling>,
+    /// `rope_scaling` of type `linear`: positions divided by this factor.
+    pub rope_linear_factor: Option<f64>,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
     /// `torch_dtype` of the checkpoint, when given.
@@ -106,6 +144,12 @@ pub struct ModelConfig {
     pub vision: Option<VisionConfig>,
     /// Mixture-of-experts MLPs (Qwen3-MoE, Mixtral).
     pub moe: Option<MoeConfig>,
+    pub activation: Activation,
+    /// Local attention layers, where the model has them.
+    pub sliding_window: Option<SlidingWindow>,
+    /// Attention scores are scaled by `1 / sqrt(this)`: `query_pre_attn_scalar` (Gemma),
+    /// else head_dim.
+    pub attn_scalar: f64,
 }
 
 #[derive(Deserialize)]
@@ -151,6 +195,8 @@ struct RawConfig {
     max_position_embeddings: Option<usize>,
     tie_word_embeddings: Option<bool>,
     torch_dtype: Option<String>,
+    /// What transformers 4.56 and later write for `torch_dtype`.
+    dtype: Option<String>,
     bos_token_id: Option<OneOrMany>,
     eos_token_id: Option<OneOrMany>,
     // Mixture of experts: Qwen3-MoE's names, then Mixtral's.
@@ -161,6 +207,16 @@ struct RawConfig {
     norm_topk_prob: Option<bool>,
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
+    // Gemma 3.
+    hidden_act: Option<String>,
+    hidden_activation: Option<String>,
+    query_pre_attn_scalar: Option<f64>,
+    sliding_window: Option<usize>,
+    sliding_window_pattern: Option<usize>,
+    layer_types: Option<Vec<String>>,
+    rope_local_base_freq: Option<f64>,
+    final_logit_softcapping: Option<f64>,
+    attn_logit_softcapping: Option<f64>,
 }
 
 impl ModelConfig {
@@ -237,6 +293,7 @@ impl ModelConfig {
                 ));
             }
         };
+        let mut rope_linear_factor = None;
         let rope_scaling = match raw.rope_scaling {
             None => None,
             Some(rs) if mrope_section.is_some() => {
@@ -254,10 +311,18 @@ impl ModelConfig {
                         .original_max_position_embeddings
                         .unwrap_or(8192.0),
                 }),
+                Some("linear") => {
+                    let f = rs.factor.ok_or("rope_scaling.factor is missing")?;
+                    if f <= 0.0 {
+                        return Err(format!("rope_scaling.factor ({f}) must be > 0"));
+                    }
+                    rope_linear_factor = Some(f);
+                    None
+                }
                 Some("default") | None => None,
                 Some(other) => {
                     return Err(format!(
-                        "rope_scaling type {other:?} is not supported (supported: llama3)"
+                        "rope_scaling type {other:?} is not supported (supported: llama3, linear)"
                     ));
                 }
             },
@@ -299,6 +364,59 @@ impl ModelConfig {
             }),
             _ => None,
         };
+        let gemma = architecture.is_gemma();
+        let act_name = raw
+            .hidden_activation
+            .as_deref()
+            .or(raw.hidden_act.as_deref());
+        let activation = match act_name {
+            None if gemma => Activation::GeluTanh,
+            None | Some("silu" | "swish") => Activation::Silu,
+            Some("gelu_pytorch_tanh" | "gelu_tanh") => Activation::GeluTanh,
+            Some(other) => {
+                return Err(format!(
+                    "hidden activation {other:?} is not supported (supported: silu, gelu_pytorch_tanh)"
+                ));
+            }
+        };
+        if raw.final_logit_softcapping.is_some_and(|c| c > 0.0)
+            || raw.attn_logit_softcapping.is_some_and(|c| c > 0.0)
+        {
+            return Err("logit soft-capping (Gemma 2's) is not supported".into());
+        }
+        let sliding_window = match (gemma, raw.sliding_window) {
+            (true, Some(size)) if size > 0 => {
+                let local: Vec<bool> = match (&raw.layer_types, raw.sliding_window_pattern) {
+                    (Some(types), _) => {
+                        if types.len() != num_layers {
+                            return Err(format!(
+                                "layer_types has {} entries for {num_layers} layers",
+                                types.len()
+                            ));
+                        }
+                        types
+                            .iter()
+                            .map(|t| match t.as_str() {
+                                "sliding_attention" => Ok(true),
+                                "full_attention" => Ok(false),
+                                other => Err(format!("layer type {other:?} is not supported")),
+                            })
+                            .collect::<std::result::Result<_, _>>()?
+                    }
+                    // Every `pattern`-th layer is global (Gemma 3 publishes 6).
+                    (None, p) => {
+                        let p = p.unwrap_or(6).max(1);
+                        (0..num_layers).map(|i| (i + 1) % p != 0).collect()
+                    }
+                };
+                Some(SlidingWindow {
+                    size,
+                    local,
+                    rope_theta: raw.rope_local_base_freq.unwrap_or(10_000.0),
+                })
+            }
+            _ => None,
+        };
         if let Some(m) = &moe
             && m.top_k > m.num_experts
         {
@@ -319,9 +437,10 @@ impl ModelConfig {
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
             rope_theta: raw.rope_theta.unwrap_or(10000.0),
             rope_scaling,
+            rope_linear_factor,
             max_position_embeddings: raw.max_position_embeddings.unwrap_or(4096),
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
-            torch_dtype: raw.torch_dtype,
+            torch_dtype: raw.torch_dtype.or(raw.dtype),
             bos_token_id: raw.bos_token_id.and_then(|b| b.into_vec().first().copied()),
             eos_token_ids: raw
                 .eos_token_id
@@ -330,6 +449,9 @@ impl ModelConfig {
             mrope_section,
             vision,
             moe,
+            activation,
+            sliding_window,
+            attn_scalar: raw.query_pre_attn_scalar.unwrap_or(head_dim as f64),
         })
     }
 
@@ -341,12 +463,26 @@ impl ModelConfig {
         self.num_kv_heads * self.head_dim
     }
 
-    /// Inverse RoPE frequencies (length head_dim/2), Llama 3 scaling applied; computed in f64.
-    pub fn rope_inv_freq(&self) -> Vec<f64> {
+    /// Inverse RoPE frequencies of the local layers (their own base, never scaled).
+    pub fn rope_inv_freq_local(&self) -> Option<Vec<f64>> {
+        let w = self.sliding_window.as_ref()?;
+        Some(self.unscaled_inv_freq(w.rope_theta))
+    }
+
+    fn unscaled_inv_freq(&self, theta: f64) -> Vec<f64> {
         let d = self.head_dim as f64;
-        let base: Vec<f64> = (0..self.head_dim / 2)
-            .map(|i| 1.0 / self.rope_theta.powf(2.0 * i as f64 / d))
-            .collect();
+        (0..self.head_dim / 2)
+            .map(|i| 1.0 / theta.powf(2.0 * i as f64 / d))
+            .collect()
+    }
+
+    /// Inverse RoPE frequencies (length head_dim/2), Llama 3 or linear scaling applied;
+    /// computed in f64.
+    pub fn rope_inv_freq(&self) -> Vec<f64> {
+        let base = self.unscaled_inv_freq(self.rope_theta);
+        if let Some(f) = self.rope_linear_factor {
+            return base.into_iter().map(|x| x / f).collect();
+        }
         let Some(s) = self.rope_scaling else {
             return base;
         };

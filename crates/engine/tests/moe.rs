@@ -10,10 +10,12 @@
 //!   other sequences, whose tokens wake other experts and change how many rows each expert's
 //!   products take.
 
-use std::path::{Path, PathBuf};
+mod hf_fixture;
 
-use lmi_engine::engine::EngineOptions;
-use lmi_engine::{BLOCK_SIZE, DType, Engine, LogitsWanted, SeqChunk};
+use std::path::PathBuf;
+
+use hf_fixture::{argmax, blocks, chunk, load, load_gguf, reference, rel_diff};
+use lmi_engine::{DType, LogitsWanted};
 
 /// `qwen3_moe_mixed` has a dense layer among its sparse ones (`mlp_only_layers`).
 const ARCHITECTURES: [&str; 3] = ["qwen3_moe", "qwen3_moe_mixed", "mixtral"];
@@ -30,83 +32,7 @@ const F32_TOL: f32 = 1e-4;
 const BF16_TOL: f32 = 3e-2;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/moe/{name}"))
-}
-
-struct Reference {
-    prompt: Vec<u32>,
-    greedy: Vec<u32>,
-    prompt_logits: Vec<Vec<f32>>,
-    full_logits: Vec<Vec<f32>>,
-}
-
-fn reference(dir: &Path) -> Reference {
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-            .unwrap();
-    let ids = |k: &str| -> Vec<u32> {
-        json[k]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
-    };
-    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let rows = |k: &str| -> Vec<Vec<f32>> {
-        let t = st.tensor(k).unwrap();
-        let vocab = t.shape()[1];
-        let v: Vec<f32> = t
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        v.chunks(vocab).map(<[f32]>::to_vec).collect()
-    };
-    Reference {
-        prompt: ids("prompt"),
-        greedy: ids("greedy"),
-        prompt_logits: rows("prompt_logits"),
-        full_logits: rows("full_logits"),
-    }
-}
-
-fn load(dir: &Path, dtype: DType) -> Engine<lmi_engine::cpu::CpuBackend> {
-    let opts = EngineOptions {
-        dtype: Some(dtype),
-        kv_blocks: Some(64),
-        ..Default::default()
-    };
-    Engine::load_cpu(dir, &opts).unwrap()
-}
-
-fn blocks(first: u32, tokens: usize) -> Vec<u32> {
-    (first..first + tokens.div_ceil(BLOCK_SIZE) as u32).collect()
-}
-
-fn chunk(tokens: &[u32], start_pos: usize, table: &[u32], logits: LogitsWanted) -> SeqChunk {
-    SeqChunk {
-        tokens: tokens.to_vec(),
-        start_pos,
-        block_table: table.to_vec(),
-        logits,
-        adapter: None,
-    }
-}
-
-/// The largest difference over a row, relative to the row's largest reference logit (at
-/// least 1).
-fn rel_diff(ours: &[f32], theirs: &[f32]) -> f32 {
-    let scale = theirs.iter().fold(1f32, |m, x| m.max(x.abs()));
-    ours.iter()
-        .zip(theirs)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
-        / scale
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    lmi_engine::testing::argmax(row)
+    hf_fixture::fixture("moe", name)
 }
 
 #[test]
@@ -248,25 +174,6 @@ fn lora_on_experts_is_refused_and_on_attention_accepted() {
         e.contains("layers.0.mlp.gate_proj") && e.contains("mixture-of-experts"),
         "{e}"
     );
-}
-
-/// A GGUF imported as `lmi serve --model FILE.gguf` does: the config and tokenizer from the
-/// file's metadata into a directory, the weights read from the file.
-fn load_gguf(
-    gguf: &Path,
-    dtype: Option<DType>,
-) -> (tempfile::TempDir, Engine<lmi_engine::cpu::CpuBackend>) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("model");
-    lmi_engine::gguf::convert::convert_gguf_with(gguf, &dir, DType::F32, false, false).unwrap();
-    let opts = EngineOptions {
-        dtype,
-        gguf: Some(gguf.to_path_buf()),
-        kv_blocks: Some(64),
-        ..Default::default()
-    };
-    let e = Engine::load_cpu(&dir, &opts).unwrap();
-    (tmp, e)
 }
 
 #[test]

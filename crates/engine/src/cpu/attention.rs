@@ -1,5 +1,5 @@
 //! Paged causal attention for a ragged batch: each token attends to its sequence's keys
-//! `0 ..= position`, read through the block table. One pass per token (prefill chunk or
+//! `0 ..= position` (a sliding window: the last `window` of them), read through the block table. One pass per token (prefill chunk or
 //! decode alike), all q heads of a GQA group sharing each K/V row load.
 
 use rayon::prelude::*;
@@ -17,6 +17,7 @@ pub fn paged_attention<'a, E: WElem>(
     k_cache: &'a [E],
     v_cache: &'a [E],
     scale: f32,
+    window: Option<usize>,
     out: &mut [f32],
 ) {
     let d = l.head_dim;
@@ -25,9 +26,14 @@ pub fn paged_attention<'a, E: WElem>(
     let body = |t: usize, o: &mut [f32]| {
         let seq = layout.token_seq[t] as usize;
         let ctx = layout.positions[t] as usize + 1;
+        // Keys `lo .. ctx` are attended: blocks from `b0` on are read, and the scores of the
+        // `skip` keys of block b0 before `lo` are zero. Without a window: all of them.
+        let lo = window.map_or(0, |w| ctx.saturating_sub(w));
+        let b0 = lo / BLOCK_SIZE;
+        let (span, skip) = (ctx - b0 * BLOCK_SIZE, lo - b0 * BLOCK_SIZE);
         let table = layout.block_table(seq);
         let row = &qkv[t * l.row_width()..(t + 1) * l.row_width()];
-        let mut scores = vec![0.0f32; l.q_heads * ctx];
+        let mut scores = vec![0.0f32; l.q_heads * span];
         let blocks = ctx.div_ceil(BLOCK_SIZE);
         // Rows of kv head `g` in the b-th block of the sequence (all of them, or up to ctx).
         let rows = |cache: &'a [E], g: usize, b: usize| -> &'a [E] {
@@ -39,7 +45,7 @@ pub fn paged_attention<'a, E: WElem>(
             let run = l.kv_heads * BLOCK_SIZE * d;
             &cache[table[b] as usize * run..][..run]
         };
-        for b in 0..blocks {
+        for b in b0..blocks {
             if b + 1 < blocks {
                 prefetch::<{ HINT_L1 }, E>(block(k_cache, b + 1));
             }
@@ -49,7 +55,7 @@ pub fn paged_attention<'a, E: WElem>(
                 // Keys of one block are contiguous: score them in tiles that share q loads.
                 let keys = rows(k_cache, g, b);
                 for h in g * group..(g + 1) * group {
-                    let s = &mut scores[h * ctx + b * BLOCK_SIZE..][..keys.len() / d];
+                    let s = &mut scores[h * span + (b - b0) * BLOCK_SIZE..][..keys.len() / d];
                     dots(&row[h * d..(h + 1) * d], keys, s);
                     for v in s.iter_mut() {
                         *v *= scale;
@@ -57,19 +63,20 @@ pub fn paged_attention<'a, E: WElem>(
                 }
             }
         }
-        for s in scores.chunks_mut(ctx) {
-            softmax(s);
+        for s in scores.chunks_mut(span) {
+            s[..skip].fill(0.0);
+            softmax(&mut s[skip..]);
         }
         o.fill(0.0);
-        for b in 0..blocks {
+        for b in b0..blocks {
             if b + 1 < blocks {
                 prefetch::<{ HINT_L1 }, E>(block(v_cache, b + 1));
             }
             for g in 0..l.kv_heads {
                 let vals = rows(v_cache, g, b);
                 let heads = &mut o[g * group * d..(g + 1) * group * d];
-                let w = &scores[g * group * ctx + b * BLOCK_SIZE..];
-                accumulate_rows_shared(heads, d, w, ctx, vals.len() / d, vals);
+                let w = &scores[g * group * span + (b - b0) * BLOCK_SIZE..];
+                accumulate_rows_shared(heads, d, w, span, vals.len() / d, vals);
             }
         }
     };

@@ -415,10 +415,10 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         match (k_cache, v_cache) {
             (CpuKv::F32(k), CpuKv::F32(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, scale, out)
+                attention::paged_attention(qkv, step, layout, k, v, scale, None, out)
             }
             (CpuKv::BF16(k), CpuKv::BF16(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, scale, out)
+                attention::paged_attention(qkv, step, layout, k, v, scale, None, out)
             }
             _ => unreachable!("K and V pools share one dtype"),
         }
@@ -437,6 +437,50 @@ impl Backend for CpuBackend {
     }
 
     fn runs_moe(&self) -> bool {
+        true
+    }
+
+    fn sliding_attention(
+        &self,
+        qkv: &Vec<f32>,
+        step: &BatchLayout,
+        layout: QkvLayout,
+        k_cache: &CpuKv,
+        v_cache: &CpuKv,
+        scale: f32,
+        window: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let w = Some(window);
+        match (k_cache, v_cache) {
+            (CpuKv::F32(k), CpuKv::F32(v)) => {
+                attention::paged_attention(qkv, step, layout, k, v, scale, w, out)
+            }
+            (CpuKv::BF16(k), CpuKv::BF16(v)) => {
+                attention::paged_attention(qkv, step, layout, k, v, scale, w, out)
+            }
+            _ => unreachable!("K and V pools share one dtype"),
+        }
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, len: usize, s: f32) -> Result<()> {
+        x[..len].iter_mut().for_each(|v| *v *= s);
+        Ok(())
+    }
+
+    fn gelu_tanh_mul(
+        &self,
+        gate_up: &Vec<f32>,
+        rows: usize,
+        width: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        ops::gelu_tanh_mul(gate_up, width, &mut out[..rows * width]);
+        Ok(())
+    }
+
+    fn runs_gemma(&self) -> bool {
         true
     }
 

@@ -136,6 +136,20 @@ unsafe fn silu_mul_row512(g: &[f32], u: &[f32], out: &mut [f32]) {
     silu_mul_row(g, u, out)
 }
 
+/// `out[r] = gelu_tanh(gate[r]) · up[r]` for rows of `[gate | up]` (`gelu_pytorch_tanh`:
+/// `g/2 · (1 + tanh(√(2/π) · (g + 0.044715 g³)))`).
+pub fn gelu_tanh_mul(gate_up: &[f32], width: usize, out: &mut [f32]) {
+    const C: f32 = 0.797_884_6; // √(2/π)
+    for_rows(out, width, |r, o| {
+        let g = &gate_up[r * 2 * width..r * 2 * width + width];
+        let u = &gate_up[r * 2 * width + width..(r + 1) * 2 * width];
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            let t = (C * (g + 0.044715 * g * g * g)).tanh();
+            *o = 0.5 * g * (1.0 + t) * u;
+        }
+    });
+}
+
 pub fn embedding<W: WElem>(table: &[W], width: usize, ids: &[u32], out: &mut [f32]) {
     for (o, &id) in out.chunks_mut(width).zip(ids) {
         let row = &table[id as usize * width..(id as usize + 1) * width];
@@ -148,6 +162,25 @@ pub fn embedding<W: WElem>(table: &[W], width: usize, ids: &[u32], out: &mut [f3
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gelu_tanh_mul_matches_f64() {
+        let width = 41;
+        let g: Vec<f32> = (0..width).map(|i| (i as f32 - 20.0) * 0.45).collect();
+        let u: Vec<f32> = (0..width).map(|i| 0.5 + i as f32 / 7.0).collect();
+        let gate_up: Vec<f32> = g.iter().chain(&u).copied().collect();
+        let mut out = vec![0.0; width];
+        gelu_tanh_mul(&gate_up, width, &mut out);
+        for ((&o, &g), &u) in out.iter().zip(&g).zip(&u) {
+            let (g, u) = (g as f64, u as f64);
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            let want = 0.5 * g * (1.0 + (c * (g + 0.044715 * g.powi(3))).tanh()) * u;
+            assert!(
+                (o as f64 - want).abs() <= 1e-5 * want.abs().max(1e-3),
+                "{g}: {o} vs {want}"
+            );
+        }
+    }
 
     #[test]
     fn silu_mul_matches_f64_at_every_scale() {

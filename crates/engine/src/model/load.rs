@@ -28,6 +28,9 @@ impl<B: Backend> Model<B> {
         if config.moe.is_some() && !backend.runs_moe() {
             return Err(crate::backend::moe_refused(backend.name()));
         }
+        if config.architecture.is_gemma() && !backend.runs_gemma() {
+            return Err(crate::backend::gemma_refused(backend.name()));
+        }
         let (st, dtype) = match (&opts.gguf, opts.dtype) {
             // As stored: block formats stay; float matrices are held in bf16.
             (Some(path), None) => (
@@ -82,8 +85,18 @@ impl<B: Backend> Model<B> {
             }
             Ok(t)
         };
-        let vec = |name: &str, len: usize| -> Result<B::Weight> {
-            backend.upload_weight(st.load(name, &[len], DType::F32)?)
+        let gemma = c.architecture.is_gemma();
+        // Gemma's RMSNorms multiply by 1 + w: HF checkpoints hold w, llama.cpp's GGUF files
+        // 1 + w (its converter adds the 1). Held as 1 + w, in f32 as HF computes it.
+        let norm = |name: &str, len: usize| -> Result<B::Weight> {
+            let mut t = st.load(name, &[len], DType::F32)?;
+            if gemma
+                && !matches!(st, WeightSource::Gguf(_))
+                && let HostData::F32(v) = &mut t.data
+            {
+                v.iter_mut().for_each(|x| *x += 1.0);
+            }
+            backend.upload_weight(t)
         };
         // Newer transformers save a vision-language model's text weights under
         // `model.language_model.`; the published checkpoints under `model.`.
@@ -122,8 +135,8 @@ impl<B: Backend> Model<B> {
             };
             let (q_norm, k_norm) = if c.architecture.has_qk_norm() {
                 (
-                    Some(vec(&format!("{a}.q_norm.weight"), c.head_dim)?),
-                    Some(vec(&format!("{a}.k_norm.weight"), c.head_dim)?),
+                    Some(norm(&format!("{a}.q_norm.weight"), c.head_dim)?),
+                    Some(norm(&format!("{a}.k_norm.weight"), c.head_dim)?),
                 )
             } else {
                 (None, None)
@@ -143,22 +156,39 @@ impl<B: Backend> Model<B> {
                     }
                 }
             };
+            let sandwich = |n: &str| -> Result<Option<B::Weight>> {
+                gemma
+                    .then(|| norm(&format!("{p}.{n}.weight"), h))
+                    .transpose()
+            };
+            let pre_mlp = if gemma {
+                "pre_feedforward_layernorm"
+            } else {
+                "post_attention_layernorm"
+            };
             layers.push(Layer {
-                input_norm: vec(&format!("{p}.input_layernorm.weight"), h)?,
+                input_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
                 qkv: backend.upload_weight(qkv)?,
                 qkv_bias,
                 q_norm,
                 k_norm,
                 o_proj: backend
                     .upload_weight(mat(&format!("{a}.o_proj.weight"), &[h, c.q_size()])?)?,
-                post_norm: vec(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                post_norm: norm(&format!("{p}.{pre_mlp}.weight"), h)?,
+                attn_out_norm: sandwich("post_attention_layernorm")?,
+                mlp_out_norm: sandwich("post_feedforward_layernorm")?,
+                local: c.sliding_window.as_ref().is_some_and(|w| w.local[i]),
                 mlp,
             });
         }
-        let final_norm = vec(&format!("{lm}.norm.weight"), h)?;
+        let final_norm = norm(&format!("{lm}.norm.weight"), h)?;
         let rope = match c.mrope_section {
             Some(section) => backend.mrope_table(&c.rope_inv_freq(), section)?,
             None => backend.rope_table(&c.rope_inv_freq())?,
+        };
+        let rope_local = match c.rope_inv_freq_local() {
+            Some(f) => Some(backend.rope_table(&f)?),
+            None => None,
         };
         let vision = match (&c.vision, st) {
             (None, _) => None,
@@ -193,6 +223,10 @@ impl<B: Backend> Model<B> {
             final_norm,
             layers,
             rope,
+            rope_local,
+            // HF multiplies by the scale rounded to the weights' dtype; f32 here (the
+            // activations are f32 whatever the weights).
+            embed_scale: gemma.then(|| (h as f32).sqrt()),
             vision,
             vision_device: None,
         })

@@ -1,11 +1,11 @@
-//! The Llama-family transformer (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2), written once
-//! against [`Backend`].
+//! The Llama-family transformer (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2, their mixtures of
+//! experts, and Gemma 3's variations on it), written once against [`Backend`].
 
 mod load;
 
 use crate::backend::{Backend, LoraGroup, LoraSite, QkNorm, QkvLayout};
 use crate::batch::BatchLayout;
-use crate::config::ModelConfig;
+use crate::config::{Activation, ModelConfig};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::kv::KvCacheConfig;
@@ -23,7 +23,14 @@ pub(crate) struct Layer<B: Backend> {
     q_norm: Option<B::Weight>,
     k_norm: Option<B::Weight>,
     o_proj: B::Weight,
+    /// The norm before the MLP (HF's `post_attention_layernorm`, Gemma's
+    /// `pre_feedforward_layernorm`).
     post_norm: B::Weight,
+    /// Gemma's norms of the attention's and of the MLP's output, before the residual add.
+    attn_out_norm: Option<B::Weight>,
+    mlp_out_norm: Option<B::Weight>,
+    /// A local layer: attention over a sliding window, with the local RoPE.
+    local: bool,
     mlp: Mlp<B::Weight>,
 }
 
@@ -50,6 +57,10 @@ pub struct Model<B: Backend> {
     final_norm: B::Weight,
     layers: Vec<Layer<B>>,
     rope: B::Rope,
+    /// The local layers' RoPE (Gemma 3), where they have their own.
+    rope_local: Option<B::Rope>,
+    /// Token embeddings are multiplied by this (Gemma: sqrt(hidden), rounded to f32).
+    embed_scale: Option<f32>,
     /// A vision-language model's vision tower (on the host).
     pub vision: Option<crate::vision::VisionTower>,
     /// The tower on the backend, where it runs there (CUDA); None runs `vision` on the host.
@@ -131,6 +142,7 @@ impl<B: Backend> Model<B> {
     /// a mixture reads for that many tokens ([`Mlp::bytes`]).
     pub fn step_weight_bytes(&self, backend: &B, tokens: usize) -> usize {
         let w = |x: &B::Weight| backend.weight_bytes(x);
+        let opt = |x: &Option<B::Weight>| x.as_ref().map_or(0, w);
         let layers: usize = self
             .layers
             .iter()
@@ -139,6 +151,8 @@ impl<B: Backend> Model<B> {
                     + w(&l.o_proj)
                     + w(&l.input_norm)
                     + w(&l.post_norm)
+                    + opt(&l.attn_out_norm)
+                    + opt(&l.mlp_out_norm)
                     + l.mlp.bytes(&w, Some(tokens))
             })
             .sum();
@@ -160,6 +174,8 @@ impl<B: Backend> Model<B> {
                     + opt(&l.k_norm)
                     + w(&l.o_proj)
                     + w(&l.post_norm)
+                    + opt(&l.attn_out_norm)
+                    + opt(&l.mlp_out_norm)
                     + l.mlp.bytes(&w, None)
             })
             .sum();
@@ -191,13 +207,17 @@ impl<B: Backend> Model<B> {
         let hidden = c.hidden_size;
         let ql = self.qkv_layout();
         let eps = c.rms_norm_eps as f32;
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let scale = (1.0 / c.attn_scalar.sqrt()) as f32;
+        let window = c.sliding_window.as_ref().map(|w| w.size);
 
         let mut residual = backend.alloc(n * hidden)?;
         let mut normed = backend.alloc_matmul_input(n * hidden)?;
         let mut qkv = backend.alloc(n * ql.row_width())?;
         let mut attn = backend.alloc_matmul_input(n * ql.q_heads * ql.head_dim)?;
         let mut proj = backend.alloc(n * hidden)?;
+        // Gemma's output norms write here, then trade places with `proj`.
+        let sandwich = self.layers.iter().any(|l| l.attn_out_norm.is_some());
+        let mut post = backend.alloc(if sandwich { n * hidden } else { 1 })?;
         // Dense MLPs' scratch (a mixture of experts keeps its own, `Backend::moe`).
         let dense = self
             .layers
@@ -249,6 +269,10 @@ impl<B: Backend> Model<B> {
         };
 
         backend.embedding(&self.embed, step, &mut residual)?;
+        if let Some(s) = self.embed_scale {
+            backend.scale(&mut residual, n * hidden, s)?;
+        }
+        // Media embeddings replace rows as the encoder made them (never scaled).
         if let Some(e) = embeds.filter(|e| !e.rows.is_empty()) {
             backend.write_rows(&mut residual, hidden, &e.rows, &e.data)?;
         }
@@ -276,12 +300,23 @@ impl<B: Backend> Model<B> {
                 _ => None,
             };
             let (k_cache, v_cache) = &mut kv.layers[i];
-            backend.qk_norm_rope_write_kv(
-                &mut qkv, n, step, ql, qk_norm, &self.rope, k_cache, v_cache,
-            )?;
-            backend.attention(&qkv, step, ql, k_cache, v_cache, scale, &mut attn)?;
+            let rope = match (&self.rope_local, layer.local) {
+                (Some(r), true) => r,
+                _ => &self.rope,
+            };
+            backend
+                .qk_norm_rope_write_kv(&mut qkv, n, step, ql, qk_norm, rope, k_cache, v_cache)?;
+            match window.filter(|_| layer.local) {
+                Some(w) => backend
+                    .sliding_attention(&qkv, step, ql, k_cache, v_cache, scale, w, &mut attn)?,
+                None => backend.attention(&qkv, step, ql, k_cache, v_cache, scale, &mut attn)?,
+            }
             backend.linear(&attn, n, &layer.o_proj, None, &mut proj)?;
             lora(i, Target::O, &attn, qs, &mut proj, h, 0)?;
+            if let Some(w) = &layer.attn_out_norm {
+                backend.rms_norm(&proj, n, w, eps, &mut post)?;
+                std::mem::swap(&mut proj, &mut post);
+            }
             backend.add_rms_norm(&mut residual, &proj, n, &layer.post_norm, eps, &mut normed)?;
             match &layer.mlp {
                 Mlp::Dense {
@@ -292,18 +327,29 @@ impl<B: Backend> Model<B> {
                     lora(i, Target::Gate, &normed, h, &mut gate_up, 2 * inter, 0)?;
                     lora(i, Target::Up, &normed, h, &mut gate_up, 2 * inter, inter)?;
                     let keep_act = !active.is_empty();
-                    backend
-                        .silu_mul_linear(&gate_up, n, inter, down, &mut act, keep_act, &mut proj)?;
+                    match c.activation {
+                        Activation::Silu => backend.silu_mul_linear(
+                            &gate_up, n, inter, down, &mut act, keep_act, &mut proj,
+                        )?,
+                        Activation::GeluTanh => {
+                            backend.gelu_tanh_mul(&gate_up, n, inter, &mut act)?;
+                            backend.linear(&act, n, down, None, &mut proj)?;
+                        }
+                    }
                     lora(i, Target::Down, &act, inter, &mut proj, h, 0)?;
                 }
                 // Adapters on experts are refused at load (`lora`), so none applies here.
                 Mlp::Moe(moe) => backend.moe(&normed, n, h, moe, &mut proj)?,
             }
+            if let Some(w) = &layer.mlp_out_norm {
+                backend.rms_norm(&proj, n, w, eps, &mut post)?;
+                std::mem::swap(&mut proj, &mut post);
+            }
         }
         backend.add(&mut residual, &proj, n * hidden)?;
 
         let rows = layout.logits_rows.len();
-        for b in [normed, qkv, attn, gate_up, act] {
+        for b in [normed, qkv, attn, gate_up, act, post] {
             backend.recycle(b);
         }
         if rows == 0 {

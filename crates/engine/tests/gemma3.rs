@@ -1,0 +1,222 @@
+//! Gemma 3 (text) on the CPU against HF transformers: tiny random checkpoints and the logits
+//! and greedy tokens transformers computed for them (`tests/fixtures/gemma3/generate.py`).
+//! - Prompt logits within f32 tolerance, every position, in f32 and (looser) in bf16.
+//! - 32 greedy tokens equal to transformers', one token a step: the sequence runs far past the
+//!   local layers' window of 8 keys, so the window, the two RoPE bases (and the global one's
+//!   linear scaling) decide them.
+//! - The GGUF file llama.cpp's converter writes (its names, norms stored as 1 + w, its metadata):
+//!   imported as `lmi serve` imports a GGUF, the same logits in f32; requantized to Q8_0 by
+//!   `lmi quantize`'s code and served as stored, within Q8_0's error.
+//! - Batch invariance: a sequence's logits are bit-identical alone and beside others.
+
+mod hf_fixture;
+
+use std::path::PathBuf;
+
+use hf_fixture::{argmax, blocks, chunk, load, load_gguf, reference, rel_diff};
+use lmi_engine::{DType, LogitsWanted};
+
+/// `gemma3_linear` scales the global layers' RoPE linearly (gemma-3-4b and larger).
+const VARIANTS: [&str; 2] = ["gemma3", "gemma3_linear"];
+/// transformers in f32 against ours in f32: the products sum in other orders.
+const F32_TOL: f32 = 1e-4;
+/// bf16 weights, matrix inputs and K/V against transformers in f32, relative to the largest
+/// logit.
+const BF16_TOL: f32 = 3e-2;
+/// Q8_0 weights with 8-bit activations in their products and bf16 K/V.
+const Q8_TOL: f32 = 5e-2;
+
+fn fixture(name: &str) -> PathBuf {
+    hf_fixture::fixture("gemma3", name)
+}
+
+#[test]
+fn the_config_reads_gemma3s_layers_and_bases() {
+    let c = lmi_engine::ModelConfig::from_file(&fixture("gemma3").join("config.json")).unwrap();
+    let w = c.sliding_window.as_ref().unwrap();
+    assert_eq!(w.size, 8);
+    assert_eq!(w.local, [true, true, true, true, true, false, true]);
+    assert_eq!((w.rope_theta, c.rope_theta), (10_000.0, 1_000_000.0));
+    assert_eq!(c.activation, lmi_engine::config::Activation::GeluTanh);
+    assert_eq!(c.attn_scalar, 16.0);
+    let c =
+        lmi_engine::ModelConfig::from_file(&fixture("gemma3_linear").join("config.json")).unwrap();
+    assert_eq!(c.rope_linear_factor, Some(8.0));
+    // Local layers keep their base unscaled; global ones are divided by the factor.
+    assert_eq!(
+        c.rope_inv_freq_local().unwrap()[1],
+        1.0 / 10_000f64.powf(2.0 / 16.0)
+    );
+    assert_eq!(
+        c.rope_inv_freq()[1],
+        1.0 / 1_000_000f64.powf(2.0 / 16.0) / 8.0
+    );
+}
+
+#[test]
+fn prompt_logits_match_transformers_in_f32_and_bf16() {
+    for name in VARIANTS {
+        let dir = fixture(name);
+        let r = reference(&dir);
+        for (dtype, tol) in [(DType::F32, F32_TOL), (DType::BF16, BF16_TOL)] {
+            let mut e = load(&dir, dtype);
+            let out = e
+                .forward_logits(&[chunk(
+                    &r.prompt,
+                    0,
+                    &blocks(0, r.prompt.len()),
+                    LogitsWanted::All,
+                )])
+                .unwrap();
+            let worst = (0..r.prompt.len())
+                .map(|t| rel_diff(out.row(t), &r.prompt_logits[t]))
+                .fold(0f32, f32::max);
+            eprintln!("{name} {dtype}: prompt logits within {worst:.2e} of transformers'");
+            assert!(
+                worst < tol,
+                "{name} {dtype}: prompt logits differ by {worst} (tolerance {tol})"
+            );
+        }
+    }
+}
+
+#[test]
+fn greedy_tokens_match_transformers_past_the_window() {
+    for name in VARIANTS {
+        let dir = fixture(name);
+        let r = reference(&dir);
+        let mut e = load(&dir, DType::F32);
+        let total = r.prompt.len() + r.greedy.len();
+        let table = blocks(3, total);
+        let out = e
+            .forward_logits(&[chunk(&r.prompt, 0, &table, LogitsWanted::Last)])
+            .unwrap();
+        let mut next = argmax(out.row(0));
+        let mut tokens = Vec::new();
+        for step in 0..r.greedy.len() {
+            tokens.push(next);
+            let pos = r.prompt.len() + step;
+            let out = e
+                .forward_logits(&[chunk(&[next], pos, &table, LogitsWanted::Last)])
+                .unwrap();
+            let d = rel_diff(out.row(0), &r.full_logits[pos]);
+            assert!(
+                d < F32_TOL,
+                "{name}: decode step {step} logits differ by {d}"
+            );
+            next = argmax(out.row(0));
+        }
+        assert_eq!(
+            tokens, r.greedy,
+            "{name}: greedy tokens differ from transformers'"
+        );
+    }
+}
+
+#[test]
+fn a_sequence_is_bit_identical_alone_chunked_and_in_a_busy_batch() {
+    let dir = fixture("gemma3");
+    let r = reference(&dir);
+    let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();
+    let other: Vec<u32> = (0..29u32).map(|i| (i * 37 + 5) % 320).collect();
+    for dtype in [DType::F32, DType::BF16] {
+        let mut e = load(&dir, dtype);
+        let alone = e
+            .forward_logits(&[chunk(&seq, 0, &blocks(0, seq.len()), LogitsWanted::All)])
+            .unwrap();
+        let mut e = load(&dir, dtype);
+        let busy = e
+            .forward_logits(&[
+                chunk(&other, 0, &blocks(10, 29), LogitsWanted::All),
+                chunk(&seq, 0, &blocks(20, seq.len()), LogitsWanted::All),
+            ])
+            .unwrap();
+        for t in 0..seq.len() {
+            assert_eq!(
+                busy.row(29 + t),
+                alone.row(t),
+                "{dtype}: token {t} changed with the batch around it"
+            );
+        }
+        // Prefilled in chunks that start inside and outside the window.
+        let mut e = load(&dir, dtype);
+        let table = blocks(40, seq.len());
+        let mut start = 0;
+        for len in [5, 11, 17, seq.len() - 33] {
+            let out = e
+                .forward_logits(&[chunk(
+                    &seq[start..start + len],
+                    start,
+                    &table,
+                    LogitsWanted::All,
+                )])
+                .unwrap();
+            for t in 0..len {
+                assert_eq!(
+                    out.row(t),
+                    alone.row(start + t),
+                    "{dtype}: token {} changed when prefilled in chunks",
+                    start + t
+                );
+            }
+            start += len;
+        }
+    }
+}
+
+#[test]
+fn llama_cpp_gguf_file_matches_transformers() {
+    let dir = fixture("gemma3");
+    let r = reference(&dir);
+    let gguf = dir.join("model.f32.gguf");
+    let tmp = tempfile::tempdir().unwrap();
+    let q8 = tmp.path().join("q8_0.gguf");
+    lmi_engine::gguf::writer::requantize(&gguf, &q8, lmi_engine::quant::QType::Q8_0).unwrap();
+    let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();
+    for (file, dtype, tol) in [(&gguf, Some(DType::F32), F32_TOL), (&q8, None, Q8_TOL)] {
+        let (_dir, mut e) = load_gguf(file, dtype);
+        let out = e
+            .forward_logits(&[chunk(&seq, 0, &blocks(0, seq.len()), LogitsWanted::All)])
+            .unwrap();
+        let worst = (0..seq.len())
+            .map(|t| rel_diff(out.row(t), &r.full_logits[t]))
+            .fold(0f32, f32::max);
+        eprintln!(
+            "{}: logits within {worst:.2e} of transformers'",
+            file.display()
+        );
+        assert!(worst < tol, "{}: logits differ by {worst}", file.display());
+        if dtype == Some(DType::F32) {
+            for (i, &want) in r.greedy.iter().enumerate() {
+                let t = r.prompt.len() - 1 + i;
+                assert_eq!(argmax(out.row(t)), want, "greedy token {i}");
+            }
+        }
+    }
+}
+
+/// The fixtures decide the window: with it widened past the sequence (every layer global but
+/// for its RoPE base), the logits past position 8 leave transformers'.
+#[test]
+fn without_the_window_the_logits_differ() {
+    let dir = fixture("gemma3");
+    let r = reference(&dir);
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(dir.join(f), tmp.path().join(f)).unwrap();
+    }
+    let path = tmp.path().join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    c["sliding_window"] = 512.into();
+    std::fs::write(&path, c.to_string()).unwrap();
+    let mut e = load(tmp.path(), DType::F32);
+    let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();
+    let out = e
+        .forward_logits(&[chunk(&seq, 0, &blocks(0, seq.len()), LogitsWanted::All)])
+        .unwrap();
+    assert!(rel_diff(out.row(7), &r.full_logits[7]) < F32_TOL);
+    let last = seq.len() - 1;
+    let d = rel_diff(out.row(last), &r.full_logits[last]);
+    assert!(d > 1e-2, "the window changed nothing ({d})");
+}
