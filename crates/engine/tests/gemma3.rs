@@ -23,8 +23,11 @@ const F32_TOL: f32 = 1e-4;
 /// bf16 weights, matrix inputs and K/V against transformers in f32, relative to the largest
 /// logit.
 const BF16_TOL: f32 = 3e-2;
-/// Q8_0 weights with 8-bit activations in their products and bf16 K/V.
-const Q8_TOL: f32 = 5e-2;
+/// Q8_0 weights with 8-bit activations in their products and bf16 K/V: every position within
+/// `Q8_TOL` (measured 4.6e-2 at worst), the median within `Q8_MEDIAN_TOL`. Without the 1 of
+/// the stored norms, or with llama's norm names, the logits are of another model.
+const Q8_TOL: f32 = 1e-1;
+const Q8_MEDIAN_TOL: f32 = 3e-2;
 
 fn fixture(name: &str) -> PathBuf {
     hf_fixture::fixture("gemma3", name)
@@ -165,33 +168,74 @@ fn a_sequence_is_bit_identical_alone_chunked_and_in_a_busy_batch() {
 }
 
 #[test]
-fn llama_cpp_gguf_file_matches_transformers() {
-    let dir = fixture("gemma3");
-    let r = reference(&dir);
-    let gguf = dir.join("model.f32.gguf");
-    let tmp = tempfile::tempdir().unwrap();
-    let q8 = tmp.path().join("q8_0.gguf");
-    lmi_engine::gguf::writer::requantize(&gguf, &q8, lmi_engine::quant::QType::Q8_0).unwrap();
-    let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();
-    for (file, dtype, tol) in [(&gguf, Some(DType::F32), F32_TOL), (&q8, None, Q8_TOL)] {
-        let (_dir, mut e) = load_gguf(file, dtype);
-        let out = e
-            .forward_logits(&[chunk(&seq, 0, &blocks(0, seq.len()), LogitsWanted::All)])
-            .unwrap();
-        let worst = (0..seq.len())
-            .map(|t| rel_diff(out.row(t), &r.full_logits[t]))
-            .fold(0f32, f32::max);
-        eprintln!(
-            "{}: logits within {worst:.2e} of transformers'",
-            file.display()
-        );
-        assert!(worst < tol, "{}: logits differ by {worst}", file.display());
-        if dtype == Some(DType::F32) {
-            for (i, &want) in r.greedy.iter().enumerate() {
-                let t = r.prompt.len() - 1 + i;
-                assert_eq!(argmax(out.row(t)), want, "greedy token {i}");
+fn llama_cpp_gguf_files_match_transformers() {
+    for name in VARIANTS {
+        let dir = fixture(name);
+        let r = reference(&dir);
+        let gguf = dir.join("model.f32.gguf");
+        let tmp = tempfile::tempdir().unwrap();
+        let q8 = tmp.path().join("q8_0.gguf");
+        lmi_engine::gguf::writer::requantize(&gguf, &q8, lmi_engine::quant::QType::Q8_0).unwrap();
+        let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();
+        for (file, dtype, tol) in [(&gguf, Some(DType::F32), F32_TOL), (&q8, None, Q8_TOL)] {
+            let (_dir, mut e) = load_gguf(file, dtype);
+            let out = e
+                .forward_logits(&[chunk(&seq, 0, &blocks(0, seq.len()), LogitsWanted::All)])
+                .unwrap();
+            let mut diffs: Vec<f32> = (0..seq.len())
+                .map(|t| rel_diff(out.row(t), &r.full_logits[t]))
+                .collect();
+            diffs.sort_by(f32::total_cmp);
+            let (median, worst) = (diffs[diffs.len() / 2], diffs[diffs.len() - 1]);
+            eprintln!(
+                "{name} {}: logits within {worst:.2e} of transformers' (median {median:.2e})",
+                file.display()
+            );
+            assert!(
+                worst < tol,
+                "{name} {}: logits differ by {worst}",
+                file.display()
+            );
+            if dtype.is_none() {
+                assert!(median < Q8_MEDIAN_TOL, "{name}: median difference {median}");
+            }
+            if dtype == Some(DType::F32) {
+                for (i, &want) in r.greedy.iter().enumerate() {
+                    let t = r.prompt.len() - 1 + i;
+                    assert_eq!(argmax(out.row(t)), want, "{name}: greedy token {i}");
+                }
             }
         }
+    }
+}
+
+/// `lmi convert` writes a gemma3 GGUF as the HF checkpoint it came from: norms back to w.
+#[test]
+fn a_gguf_converted_to_safetensors_gives_the_same_logits() {
+    let dir = fixture("gemma3");
+    let r = reference(&dir);
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tmp.path().join("model");
+    lmi_engine::gguf::convert::convert_gguf_with(
+        &dir.join("model.f32.gguf"),
+        &out_dir,
+        DType::F32,
+        true,
+        false,
+    )
+    .unwrap();
+    let mut e = load(&out_dir, DType::F32);
+    let out = e
+        .forward_logits(&[chunk(
+            &r.prompt,
+            0,
+            &blocks(0, r.prompt.len()),
+            LogitsWanted::All,
+        )])
+        .unwrap();
+    for t in 0..r.prompt.len() {
+        let d = rel_diff(out.row(t), &r.prompt_logits[t]);
+        assert!(d < F32_TOL, "position {t}: {d}");
     }
 }
 

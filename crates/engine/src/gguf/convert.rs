@@ -141,6 +141,8 @@ struct TensorPlan<'a> {
     shape: Vec<usize>,
     /// Number of heads to un-permute over, for llama-arch Q/K.
     unpermute_heads: Option<usize>,
+    /// Added to every value: -1 for a Gemma norm (stored as 1 + w, HF holds w).
+    shift: f32,
     dtype: DType,
 }
 
@@ -153,7 +155,7 @@ fn plan_tensors<'a>(
 ) -> Result<BTreeMap<String, TensorPlan<'a>>> {
     let mut out = BTreeMap::new();
     for info in &g.tensors {
-        let (name, qk) = match tensor_names::map(&info.name) {
+        let (name, qk) = match tensor_names::map(&info.name, h.arch) {
             Some(Mapped::Hf { name, qk }) => (name, qk),
             Some(Mapped::Skip) => continue,
             Some(Mapped::Experts { .. }) if !weights => continue,
@@ -167,7 +169,7 @@ fn plan_tensors<'a>(
             }
             None => {
                 return Err(EngineError::Gguf(format!(
-                    "tensor {:?} has no HF equivalent known to lmi; this GGUF is not a llama, qwen2, qwen3 or qwen3moe model",
+                    "tensor {:?} has no HF equivalent known to lmi; this GGUF is not a llama, qwen2, qwen3, qwen3moe or gemma3 model",
                     info.name
                 )));
             }
@@ -192,12 +194,18 @@ fn plan_tensors<'a>(
                 )));
             }
         }
+        let shift = if h.arch == GgufArch::Gemma3 && name.ends_with("norm.weight") {
+            -1.0
+        } else {
+            0.0
+        };
         out.insert(
             name,
             TensorPlan {
                 info,
                 shape,
                 unpermute_heads,
+                shift,
                 dtype,
             },
         );
@@ -219,13 +227,17 @@ impl LazyTensor<'_> {
         let info = self.plan.info;
         let data = self.g.tensor_data(info)?;
         let x = dequantize(&info.name, info.ggml_type, data, info.n_elements() as usize)?;
-        Ok(match self.plan.unpermute_heads {
+        let mut x = match self.plan.unpermute_heads {
             Some(heads) => {
                 let row_len = self.plan.shape.get(1..).map_or(1, |s| s.iter().product());
                 unpermute_rows(&x, heads, row_len)
             }
             None => x,
-        })
+        };
+        if self.plan.shift != 0.0 {
+            x.iter_mut().for_each(|v| *v += self.plan.shift);
+        }
+        Ok(x)
     }
 }
 

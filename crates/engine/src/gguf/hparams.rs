@@ -17,6 +17,8 @@ pub enum GgufArch {
     Qwen3,
     /// Qwen3's attention, mixture-of-experts MLPs (stacked `ffn_*_exps`).
     Qwen3Moe,
+    /// Gemma 3 (text). Norm weights are stored as 1 + w (llama.cpp's converter adds the 1).
+    Gemma3,
 }
 
 impl GgufArch {
@@ -26,9 +28,10 @@ impl GgufArch {
             "qwen2" => Ok(GgufArch::Qwen2),
             "qwen3" => Ok(GgufArch::Qwen3),
             "qwen3moe" => Ok(GgufArch::Qwen3Moe),
+            "gemma3" => Ok(GgufArch::Gemma3),
             other => Err(EngineError::Gguf(format!(
                 "general.architecture {other:?} is not supported (supported: llama (with or \
-                 without experts), qwen2, qwen3, qwen3moe)"
+                 without experts), qwen2, qwen3, qwen3moe, gemma3)"
             ))),
         }
     }
@@ -41,6 +44,7 @@ impl GgufArch {
             GgufArch::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
             GgufArch::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
             GgufArch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+            GgufArch::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
         }
     }
 }
@@ -65,6 +69,19 @@ pub struct Hparams {
     pub eos_token_ids: Vec<u64>,
     pub rope_scaling: Option<Value>,
     pub experts: Option<ExpertHparams>,
+    pub gemma: Option<GemmaHparams>,
+}
+
+/// What a Gemma 3 file adds (`gemma3.*`), in config.json's terms.
+#[derive(Debug, Clone)]
+pub struct GemmaHparams {
+    /// None: every layer global.
+    pub sliding_window: Option<u64>,
+    /// `layer_types`: per layer, whether it is local.
+    pub local: Vec<bool>,
+    pub rope_local_base_freq: f64,
+    pub query_pre_attn_scalar: u64,
+    pub final_logit_softcapping: Option<f64>,
 }
 
 /// A mixture of experts' shape (`<arch>.expert_*`).
@@ -142,6 +159,17 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         (None, None) => g.require_u64(&key("feed_forward_length"))?,
     };
     let rope_theta = g.get_f64(&key("rope.freq_base"))?.unwrap_or(10000.0);
+    let gemma = match arch {
+        GgufArch::Gemma3 => Some(gemma_hparams(
+            g,
+            arch_name,
+            num_layers,
+            hidden_size,
+            num_heads,
+            head_dim,
+        )?),
+        _ => None,
+    };
     Ok(Hparams {
         arch,
         vocab_size,
@@ -161,6 +189,54 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         eos_token_ids: end_of_generation_ids(g)?,
         rope_scaling: rope_scaling(g, arch_name, head_dim, rope_theta)?,
         experts,
+        gemma,
+    })
+}
+
+/// llama.cpp's reading of a gemma3 file (`llama_model_gemma3::load_arch_hparams`): a window
+/// when `attention.sliding_window` is given, local layers from `attention.
+/// sliding_window_pattern` (per-layer flags, or every n-th layer global; 6 when absent), the
+/// local RoPE base from `rope.freq_base_swa` (10,000 when absent), and the attention scale of
+/// head_dim, or of hidden / heads for the 27B (62 layers), as Google's code does.
+fn gemma_hparams(
+    g: &GgufFile,
+    arch: &str,
+    num_layers: u64,
+    hidden: u64,
+    heads: u64,
+    head_dim: u64,
+) -> Result<GemmaHparams> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let sliding_window = g
+        .get_u64(&key("attention.sliding_window"))?
+        .filter(|&w| w > 0);
+    let pattern_key = key("attention.sliding_window_pattern");
+    let local: Vec<bool> = match g.get_array(&pattern_key).ok().flatten() {
+        Some(flags) => {
+            let v: Vec<bool> = flags.iter().filter_map(|f| f.as_bool()).collect();
+            if v.len() as u64 != num_layers {
+                return Err(EngineError::Gguf(format!(
+                    "{pattern_key} has {} flags for {num_layers} layers",
+                    v.len()
+                )));
+            }
+            v
+        }
+        None => {
+            let n = g.get_u64(&pattern_key)?.unwrap_or(6).max(1);
+            (0..num_layers).map(|i| (i + 1) % n != 0).collect()
+        }
+    };
+    Ok(GemmaHparams {
+        sliding_window,
+        local,
+        rope_local_base_freq: g.get_f64(&key("rope.freq_base_swa"))?.unwrap_or(10_000.0),
+        query_pre_attn_scalar: if num_layers == 62 {
+            hidden / heads
+        } else {
+            head_dim
+        },
+        final_logit_softcapping: g.get_f64(&key("final_logit_softcapping"))?,
     })
 }
 
@@ -199,9 +275,10 @@ fn rope_scaling(g: &GgufFile, arch: &str, head_dim: u64, theta: f64) -> Result<O
     match ty {
         None | Some("none") => {}
         Some(_) if factor_key.is_none_or(|f| f == 1.0) => {}
+        Some("linear") => return Ok(Some(json!({"rope_type": "linear", "factor": factor_key}))),
         Some(other) => {
             return Err(EngineError::Gguf(format!(
-                "{} = {other:?} (factor {factor_key:?}) is not supported: only Llama 3 rope scaling can be converted",
+                "{} = {other:?} (factor {factor_key:?}) is not supported: only linear and Llama 3 rope scaling can be converted",
                 key("type")
             )));
         }
@@ -274,7 +351,7 @@ pub fn config_json(h: &Hparams, dtype: DType) -> Value {
         "num_attention_heads": h.num_heads,
         "num_key_value_heads": h.num_kv_heads,
         "head_dim": h.head_dim,
-        "hidden_act": "silu",
+        "hidden_act": if h.gemma.is_some() { "gelu_pytorch_tanh" } else { "silu" },
         "rms_norm_eps": h.rms_norm_eps,
         "rope_theta": h.rope_theta,
         "max_position_embeddings": h.context_length,
@@ -287,6 +364,24 @@ pub fn config_json(h: &Hparams, dtype: DType) -> Value {
     if h.arch == GgufArch::Llama {
         c["attention_bias"] = json!(false);
         c["mlp_bias"] = json!(false);
+    }
+    if let Some(gm) = &h.gemma {
+        let types: Vec<&str> = gm
+            .local
+            .iter()
+            .map(|&l| {
+                if l {
+                    "sliding_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect();
+        c["sliding_window"] = json!(gm.sliding_window);
+        c["layer_types"] = json!(types);
+        c["rope_local_base_freq"] = json!(gm.rope_local_base_freq);
+        c["query_pre_attn_scalar"] = json!(gm.query_pre_attn_scalar);
+        c["final_logit_softcapping"] = json!(gm.final_logit_softcapping);
     }
     if let Some(e) = &h.experts {
         c["num_experts_per_tok"] = json!(e.used);

@@ -1,5 +1,7 @@
 //! GGUF tensor names → HF names, and which tensors llama.cpp permuted.
 
+use super::hparams::GgufArch;
+
 /// What a GGUF tensor becomes in the HF checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mapped {
@@ -24,8 +26,9 @@ pub enum QkKind {
     K,
 }
 
-/// Maps a GGUF tensor name; None when the name is not one we know.
-pub fn map(gguf: &str) -> Option<Mapped> {
+/// Maps a GGUF tensor name of a file of architecture `arch`; None when the name is not one we
+/// know.
+pub fn map(gguf: &str, arch: GgufArch) -> Option<Mapped> {
     let hf = |name: String| Some(Mapped::Hf { name, qk: None });
     match gguf {
         "token_embd.weight" => return hf("model.embed_tokens.weight".into()),
@@ -48,8 +51,13 @@ pub fn map(gguf: &str) -> Option<Mapped> {
         "ffn_down_exps" => return experts("down_proj"),
         _ => {}
     }
+    let gemma = arch == GgufArch::Gemma3;
     let (hf_part, qk) = match part {
         "attn_norm" => ("input_layernorm", None),
+        // Gemma norms the attention's output as well: its HF post_attention_layernorm.
+        "ffn_norm" if gemma => ("pre_feedforward_layernorm", None),
+        "post_attention_norm" if gemma => ("post_attention_layernorm", None),
+        "post_ffw_norm" if gemma => ("post_feedforward_layernorm", None),
         "ffn_norm" => ("post_attention_layernorm", None),
         "attn_q" => ("self_attn.q_proj", Some(QkKind::Q)),
         "attn_k" => ("self_attn.k_proj", Some(QkKind::K)),
@@ -92,38 +100,63 @@ pub fn unpermute_rows(data: &[f32], n_heads: usize, row_len: usize) -> Vec<f32> 
 mod tests {
     use super::*;
 
+    fn map_llama(name: &str) -> Option<Mapped> {
+        map(name, GgufArch::Llama)
+    }
+
+    #[test]
+    fn gemma_norms_keep_their_places() {
+        let hf = |g: &str| match map(g, GgufArch::Gemma3) {
+            Some(Mapped::Hf { name, .. }) => name,
+            other => panic!("{g}: {other:?}"),
+        };
+        assert_eq!(
+            hf("blk.1.ffn_norm.weight"),
+            "model.layers.1.pre_feedforward_layernorm.weight"
+        );
+        assert_eq!(
+            hf("blk.1.post_attention_norm.weight"),
+            "model.layers.1.post_attention_layernorm.weight"
+        );
+        assert_eq!(
+            hf("blk.1.post_ffw_norm.weight"),
+            "model.layers.1.post_feedforward_layernorm.weight"
+        );
+        assert_eq!(map_llama("blk.1.post_ffw_norm.weight"), None);
+    }
+
     #[test]
     fn maps_layer_tensors() {
         assert_eq!(
-            map("blk.12.attn_k.bias"),
+            map_llama("blk.12.attn_k.bias"),
             Some(Mapped::Hf {
                 name: "model.layers.12.self_attn.k_proj.bias".into(),
                 qk: Some(QkKind::K)
             })
         );
         assert_eq!(
-            map("blk.0.ffn_norm.weight"),
+            map_llama("blk.0.ffn_norm.weight"),
             Some(Mapped::Hf {
                 name: "model.layers.0.post_attention_layernorm.weight".into(),
                 qk: None
             })
         );
         assert_eq!(
-            map("blk.3.ffn_up_exps.weight"),
+            map_llama("blk.3.ffn_up_exps.weight"),
             Some(Mapped::Experts {
                 layer: 3,
                 proj: "up_proj"
             })
         );
         assert_eq!(
-            map("blk.3.ffn_gate_inp.weight"),
+            map_llama("blk.3.ffn_gate_inp.weight"),
             Some(Mapped::Hf {
                 name: "model.layers.3.mlp.gate.weight".into(),
                 qk: None
             })
         );
-        assert_eq!(map("blk.0.attn_rot_embd"), None);
-        assert_eq!(map("blk.x.attn_q.weight"), None);
+        assert_eq!(map_llama("blk.0.attn_rot_embd"), None);
+        assert_eq!(map_llama("blk.x.attn_q.weight"), None);
     }
 
     #[test]

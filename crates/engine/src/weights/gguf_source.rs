@@ -28,7 +28,7 @@ impl GgufWeights {
         let h = hparams::read(&file)?;
         let mut by_name = HashMap::new();
         for (i, info) in file.tensors.iter().enumerate() {
-            match tensor_names::map(&info.name) {
+            match tensor_names::map(&info.name, h.arch) {
                 Some(Mapped::Hf { name, qk }) => {
                     let heads = match (h.arch, qk) {
                         (GgufArch::Llama, Some(QkKind::Q)) => Some(h.num_heads as usize),

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""The second, independent check of the mixture-of-experts GGUF fixtures: llama.cpp's
-llama-server (built by ../shared/peers/setup.sh) loads each `tests/fixtures/moe/*/model.f32.gguf`
-and decodes greedily from the fixture's prompt ids; its 32 tokens must be transformers' (from
-reference.json), as ours are (crates/engine/tests/moe.rs).
+"""The second, independent check of the GGUF fixtures that llama.cpp's converter wrote
+(mixtures of experts, Gemma 3): llama.cpp's llama-server (built by ../shared/peers/setup.sh) loads
+each `tests/fixtures/{moe,gemma3}/*/model.f32.gguf` and decodes greedily from the fixture's prompt
+ids; its 32 tokens must be transformers' (from reference.json), as ours are
+(crates/engine/tests/moe.rs, gemma3.rs).
 
-  python3 tests/peers/moe_fixture_check.py ~/.cache/lmi-peers/llama.cpp/bin/llama-server
+  python3 tests/peers/gguf_fixture_check.py ~/.cache/lmi-peers/llama.cpp/bin/llama-server
 
 Standard library only; exits non-zero on a mismatch.
 """
@@ -15,7 +16,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "moe"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+GROUPS = ["moe", "gemma3"]
 PORT = 8399
 
 
@@ -31,7 +33,7 @@ def complete(prompt, n):
 def main():
     server = sys.argv[1]
     ok = True
-    for gguf in sorted(FIXTURES.glob("*/model.f32.gguf")):
+    for gguf in [g for group in GROUPS for g in sorted((FIXTURES / group).glob("*/model.f32.gguf"))]:
         ref = json.loads((gguf.parent / "reference.json").read_text())
         proc = subprocess.Popen([server, "-m", str(gguf), "--port", str(PORT), "-t", "2", "-c", "256"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
