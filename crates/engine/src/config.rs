@@ -37,7 +37,9 @@ impl Architecture {
             "Qwen3ForCausalLM" => Ok(Architecture::Qwen3),
             "Qwen3MoeForCausalLM" => Ok(Architecture::Qwen3Moe),
             "MixtralForCausalLM" => Ok(Architecture::Mixtral),
-            "Gemma3ForCausalLM" => Ok(Architecture::Gemma3),
+            // The multimodal checkpoints (gemma-3-4b-it and up) serve their text model; their
+            // SigLIP tower is not read.
+            "Gemma3ForCausalLM" | "Gemma3ForConditionalGeneration" => Ok(Architecture::Gemma3),
             // The language model of Qwen2-VL and Qwen2.5-VL is Qwen2's (with M-RoPE).
             "Qwen2VLForConditionalGeneration" | "Qwen2_5_VLForConditionalGeneration" => {
                 Ok(Architecture::Qwen2)
@@ -152,6 +154,24 @@ pub struct ModelConfig {
     pub attn_scalar: f64,
 }
 
+/// transformers' `Gemma3TextConfig` defaults (4.57), for the fields a Hub config may omit.
+const GEMMA3_DEFAULTS: [(&str, &str); 14] = [
+    ("vocab_size", "262208"),
+    ("hidden_size", "2304"),
+    ("intermediate_size", "9216"),
+    ("num_hidden_layers", "26"),
+    ("num_attention_heads", "8"),
+    ("num_key_value_heads", "4"),
+    ("head_dim", "256"),
+    ("query_pre_attn_scalar", "256"),
+    ("sliding_window", "4096"),
+    ("rope_theta", "1000000.0"),
+    ("rope_local_base_freq", "10000.0"),
+    ("max_position_embeddings", "131072"),
+    ("rms_norm_eps", "1e-6"),
+    ("tie_word_embeddings", "true"),
+];
+
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum OneOrMany {
@@ -238,6 +258,19 @@ impl ModelConfig {
                 if k != "architectures" {
                     top.insert(k, v);
                 }
+            }
+        }
+        let first_arch = top
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(|a| a.as_str())
+            .unwrap_or_default()
+            .to_string();
+        if first_arch.starts_with("Gemma3For") {
+            // The Hub's Gemma 3 configs leave out what equals Gemma3TextConfig's defaults.
+            for (k, v) in GEMMA3_DEFAULTS {
+                top.entry(k.to_string())
+                    .or_insert_with(|| serde_json::from_str(v).unwrap_or_default());
             }
         }
         let raw: RawConfig = serde_json::from_value(serde_json::Value::Object(top.clone()))

@@ -264,3 +264,53 @@ fn without_the_window_the_logits_differ() {
     let d = rel_diff(out.row(last), &r.full_logits[last]);
     assert!(d > 1e-2, "the window changed nothing ({d})");
 }
+
+/// The multimodal checkpoints (gemma-3-4b-it and up) as the Hub has them: class
+/// `Gemma3ForConditionalGeneration`, the text model's fields under `text_config` with those equal
+/// to transformers' defaults left out, weights under `language_model.model.`. Their text model
+/// is served.
+#[test]
+fn a_multimodal_checkpoints_text_model_is_served() {
+    let dir = fixture("gemma3");
+    let r = reference(&dir);
+    let tmp = tempfile::tempdir().unwrap();
+    let text: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let mut text_config = serde_json::Map::new();
+    for (k, v) in text.as_object().unwrap() {
+        // tie_word_embeddings and rms_norm_eps are the defaults' values: left out.
+        if !["architectures", "tie_word_embeddings", "rms_norm_eps"].contains(&k.as_str()) {
+            text_config.insert(k.clone(), v.clone());
+        }
+    }
+    let config = serde_json::json!({
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "text_config": text_config,
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152},
+        "mm_tokens_per_image": 256,
+        "image_token_index": 262144,
+    });
+    std::fs::write(tmp.path().join("config.json"), config.to_string()).unwrap();
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let renamed: Vec<(String, safetensors::tensor::TensorView<'_>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name.replacen("model.", "language_model.model.", 1), view))
+        .collect();
+    safetensors::serialize_to_file(renamed, None, &tmp.path().join("model.safetensors")).unwrap();
+    let mut e = load(tmp.path(), DType::F32);
+    let out = e
+        .forward_logits(&[chunk(
+            &r.prompt,
+            0,
+            &blocks(0, r.prompt.len()),
+            LogitsWanted::All,
+        )])
+        .unwrap();
+    for t in 0..r.prompt.len() {
+        let d = rel_diff(out.row(t), &r.prompt_logits[t]);
+        assert!(d < F32_TOL, "position {t}: {d}");
+    }
+}

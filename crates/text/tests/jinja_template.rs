@@ -2,7 +2,7 @@
 mod templates;
 
 use lmi_text::{JinjaChatTemplate, Message, TextError};
-use templates::{LLAMA3_LIKE, QWEN2_VL_LIKE, QWEN3_LIKE, QWEN25, SMOLLM2};
+use templates::{GEMMA3, LLAMA3_LIKE, QWEN2_VL_LIKE, QWEN3_LIKE, QWEN25, SMOLLM2};
 
 fn jinja(src: &str) -> JinjaChatTemplate {
     JinjaChatTemplate::new(src, Some("<s>"), Some("</s>")).unwrap()
@@ -120,6 +120,34 @@ fn loop_controls_work() {
         false,
     );
     assert_eq!(out, "a");
+}
+
+#[test]
+fn gemma3_folds_the_system_prompt_and_checks_alternation() {
+    let m = [
+        Message::new("system", "Be terse."),
+        Message::new("user", " Hi "),
+        Message::new("assistant", "Hello."),
+        Message::new("user", "Bye"),
+    ];
+    let t = JinjaChatTemplate::new(GEMMA3, Some("<bos>"), Some("<eos>")).unwrap();
+    assert_eq!(
+        t.render(&m, true, false).unwrap(),
+        "<bos><start_of_turn>user\nBe terse.\n\nHi<end_of_turn>\n\
+         <start_of_turn>model\nHello.<end_of_turn>\n\
+         <start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+    );
+    let err = t
+        .render(
+            &[Message::new("user", "a"), Message::new("user", "b")],
+            true,
+            false,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, TextError::TemplateRaised(m) if m.contains("must alternate")),
+        "{err:?}"
+    );
 }
 
 #[test]

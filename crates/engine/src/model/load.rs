@@ -99,14 +99,12 @@ impl<B: Backend> Model<B> {
             backend.upload_weight(t)
         };
         // Newer transformers save a vision-language model's text weights under
-        // `model.language_model.`; the published checkpoints under `model.`.
-        let lm = if !st.contains("model.embed_tokens.weight")
-            && st.contains("model.language_model.embed_tokens.weight")
-        {
-            "model.language_model"
-        } else {
-            "model"
-        };
+        // `model.language_model.`; the published checkpoints under `model.`, or (Gemma 3's)
+        // `language_model.model.`.
+        let lm = ["model", "model.language_model", "language_model.model"]
+            .into_iter()
+            .find(|p| st.contains(&format!("{p}.embed_tokens.weight")))
+            .unwrap_or("model");
         let embed_t = mat(&format!("{lm}.embed_tokens.weight"), &[c.vocab_size, h])?;
         let lm_head = if st.contains("lm_head.weight") && !c.tie_word_embeddings {
             Some(backend.upload_weight(mat("lm_head.weight", &[c.vocab_size, h])?)?)
