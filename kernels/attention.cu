@@ -24,8 +24,10 @@
 //   block writes the normalized output; with more, each takes an equal share of its pass's KV
 //   blocks and writes unnormalized partials (accumulator, max, sum), which the tile's last
 //   block to finish combines in split order (att_merge_if_last: no merge launch).
-// - Causal per row: row of token t sees keys 0 ..= position(t), below its context length.
-//   Rows of context 0 (padding of decode batches) write zeros.
+// - Causal per row: row of token t sees keys 0 ..= position(t), below its context length;
+//   with a sliding window W (> 0: Gemma's local layers), only the last W of them. A pass's
+//   keys start at the block of its first row's window, and a tile's splits count the keys
+//   its window spans. Rows of context 0 (padding of decode batches) write zeros.
 // - Every reduction has a fixed order for a given launch shape.
 #include "common.cuh"
 #include "attention_split.cuh"
@@ -142,11 +144,12 @@ __device__ __forceinline__ void store_chunk(const uint4 (&kr)[S::VECS], const ui
     }
 }
 
-// s_s[r][j] = q_r · k_j (base-2 logits) for the chunk's keys, -inf where row r may not look.
+// s_s[r][j] = q_r · k_j (base-2 logits) for the chunk's keys, -inf where row r may not look:
+// keys at or past its limit, or (window > 0) before its last `window` keys.
 template <typename S>
 __device__ __forceinline__ void chunk_scores(float* s_s, const float* q_s, const bf16* k_s,
                                              const unsigned* lim_s, unsigned rows, unsigned k0,
-                                             unsigned end) {
+                                             unsigned end, unsigned window) {
     const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     const unsigned dp = lane / S::KEYS_PER_WARP, rp = warp / S::KEY_WARPS;
     const unsigned j = warp % S::KEY_WARPS * S::KEYS_PER_WARP + lane % S::KEYS_PER_WARP;
@@ -185,7 +188,9 @@ __device__ __forceinline__ void chunk_scores(float* s_s, const float* q_s, const
             float s = acc[i];
 #pragma unroll
             for (int o = S::KEYS_PER_WARP; o < 32; o <<= 1) s += __shfl_xor_sync(LMI_FULL_MASK, s, o);
-            if (dp == 0) s_s[r * ATT_CHUNK + j] = k0 + j < min(lim_s[r], end) ? s : LMI_NEG_INF;
+            const unsigned key = k0 + j, lim = lim_s[r];
+            const bool seen = key < min(lim, end) && (window == 0u || key + window >= lim);
+            if (dp == 0) s_s[r * ATT_CHUNK + j] = seen ? s : LMI_NEG_INF;
         }
     }
 }
@@ -271,7 +276,7 @@ __device__ __forceinline__ void paged_attention(
     const bf16* __restrict__ v_cache, const unsigned* __restrict__ tiles,
     const unsigned* __restrict__ positions, const unsigned* __restrict__ context_lens,
     const unsigned* __restrict__ block_tables, unsigned block_stride, unsigned num_tokens,
-    unsigned q_heads, unsigned kv_heads, unsigned head_dim, float scale) {
+    unsigned q_heads, unsigned kv_heads, unsigned head_dim, float scale, unsigned window) {
     LMI_DYNAMIC_SHARED(unsigned char, smem);
     float* q_s = reinterpret_cast<float*>(smem);
     bf16* k_s = reinterpret_cast<bf16*>(smem + S::Q_BYTES);
@@ -293,9 +298,11 @@ __device__ __forceinline__ void paged_attention(
     // The tile's split count (attention_split.cuh) lives in shared memory, not in a register
     // through the passes. A block of a split past it has no rows to do: it ends at once.
     __shared__ unsigned splits_s;
-    if (tid == 0)
-        splits_s =
-            att_tile_splits(att_tile_keys(tiles, positions, context_lens, blockIdx.x), gridDim.z);
+    if (tid == 0) {
+        // A window bounds the keys the tile's tokens see together: its width plus theirs.
+        const unsigned keys = att_tile_keys(tiles, positions, context_lens, blockIdx.x);
+        splits_s = att_tile_splits(window ? min(keys, window + count) : keys, gridDim.z);
+    }
     __syncthreads();
     const unsigned tile_rows = split < splits_s ? count * group : 0u;
     const unsigned long long row_width = (unsigned long long)(q_heads + 2 * kv_heads) * hd;
@@ -329,12 +336,15 @@ __device__ __forceinline__ void paged_attention(
             l_s[tid] = 0.0f;
         }
 
-        // This split's share of the keys the pass's last (furthest) token sees, in KV blocks.
+        // This split's share of the keys the pass's rows see, in KV blocks: up to the last
+        // (furthest) token's, from the block of the first token's window.
         const unsigned keys = min(positions[first + (base + rows - 1) / group] + 1u, ctx);
         const unsigned blocks = (keys + ATT_KV_BLOCK - 1) / ATT_KV_BLOCK;
+        const unsigned lim0 = min(positions[first + base / group] + 1u, ctx);
+        const unsigned from = window ? (lim0 - min(lim0, window)) / ATT_KV_BLOCK : 0u;
         const unsigned splits = splits_s;
-        const unsigned share = (blocks + splits - 1) / splits;
-        const unsigned b0 = min(split * share, blocks), b1 = min(b0 + share, blocks);
+        const unsigned share = (blocks - from + splits - 1) / splits;
+        const unsigned b0 = min(from + split * share, blocks), b1 = min(b0 + share, blocks);
         const unsigned begin = b0 * ATT_KV_BLOCK, end = min(b1 * ATT_KV_BLOCK, keys);
 
         float acc[S::PV_ROWS][S::E];
@@ -355,7 +365,7 @@ __device__ __forceinline__ void paged_attention(
             if (S::PREFETCH && k0 + ATT_CHUNK < end)
                 load_chunk<S, EXACT>(kr, vr, k_cache, v_cache, table, k0 + ATT_CHUNK, end, kvh,
                                      kv_heads, hd);
-            chunk_scores<S>(s_s, q_s, k_s, lim_s, rows, k0, end);
+            chunk_scores<S>(s_s, q_s, k_s, lim_s, rows, k0, end, window);
             __syncthreads();
             chunk_softmax<S>(s_s, m_s, l_s, a_s, rows);
             __syncthreads();
@@ -408,10 +418,10 @@ __device__ __forceinline__ void paged_attention(
              const unsigned* __restrict__ positions, const unsigned* __restrict__ context_lens,  \
              const unsigned* __restrict__ block_tables, unsigned block_stride,                  \
              unsigned num_tokens, unsigned q_heads, unsigned kv_heads, unsigned head_dim,       \
-             float scale) {                                                                     \
+             float scale, unsigned window) {                                                    \
         paged_attention<SHAPE, EXACT>(out, part_o, part_ml, tile_counters, qkv, k_cache, v_cache, tiles,       \
                                       positions, context_lens, block_tables, block_stride,      \
-                                      num_tokens, q_heads, kv_heads, head_dim, scale);          \
+                                      num_tokens, q_heads, kv_heads, head_dim, scale, window);  \
     }
 
 ATTENTION(attention_decode_hd64_f32, DecodeHd64, true, float, 2)

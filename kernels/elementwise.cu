@@ -1,4 +1,4 @@
-// Small row-wise ops: residual adds, biases, row gathers and f32 → bf16 conversion.
+// Small row-wise ops: residual adds, scaling, biases, row gathers and f32 → bf16 conversion.
 #include "common.cuh"
 #include "rows.cuh"
 
@@ -10,6 +10,11 @@
 extern "C" __global__ void add_f32(float* __restrict__ residual, const float* __restrict__ delta,
                                    unsigned long long n) {
     GRID_STRIDE(e, n) residual[e] += delta[e];
+}
+
+// x *= s (Gemma's embedding scale)
+extern "C" __global__ void scale_f32(float* __restrict__ x, float s, unsigned long long n) {
+    GRID_STRIDE(e, n) x[e] *= s;
 }
 
 // out[r, :] += bias, rows of `width`, `n` values in all (rows.cuh: no division).

@@ -214,17 +214,25 @@ fn cpu_attention<D: Device>(
     ql: QkvLayout,
     qkv: &Vec<f32>,
 ) -> Vec<f32> {
+    cpu_window_attention(c, pools, l, ql, qkv, None)
+}
+
+/// [`cpu_attention`] with a sliding window, when given.
+fn cpu_window_attention<D: Device>(
+    c: &CpuBackend,
+    pools: &Pools<D>,
+    l: &BatchLayout,
+    ql: QkvLayout,
+    qkv: &Vec<f32>,
+    window: Option<usize>,
+) -> Vec<f32> {
     let mut want = c.alloc(l.num_tokens() * ql.q_heads * ql.head_dim).unwrap();
     let (ck, cv) = &pools.cpu;
-    c.attention(
-        qkv,
-        &c.upload_step(l).unwrap(),
-        ql,
-        ck,
-        cv,
-        scale(ql),
-        &mut want,
-    )
+    let step = c.upload_step(l).unwrap();
+    match window {
+        Some(w) => c.sliding_attention(qkv, &step, ql, ck, cv, scale(ql), w, &mut want),
+        None => c.attention(qkv, &step, ql, ck, cv, scale(ql), &mut want),
+    }
     .unwrap();
     want
 }
@@ -266,7 +274,19 @@ fn check_data<D: Device>(
     out: ElemType,
     data: Data,
 ) {
-    let what = format!("{ql:?}, {seqs:?}, {out:?} out, {data:?} data");
+    check_window(g, ql, seqs, out, data, None)
+}
+
+#[track_caller]
+fn check_window<D: Device>(
+    g: &CudaBackend<D>,
+    ql: QkvLayout,
+    seqs: &[Seq],
+    out: ElemType,
+    data: Data,
+    window: Option<usize>,
+) {
+    let what = format!("{ql:?}, {seqs:?}, {out:?} out, {data:?} data, window {window:?}");
     let c = cpu();
     let mut pools = Pools::new(&c, g, ql);
     let chunks = chunks(seqs);
@@ -276,13 +296,17 @@ fn check_data<D: Device>(
     let step = g.upload_step(&l).unwrap();
     let gqkv = g.upload_f32(&qkv).unwrap();
     pools.write(&c, &l, &qkv, g, &step, &gqkv);
-    let want = cpu_attention(&c, &pools, &l, ql, &qkv);
+    let want = cpu_window_attention(&c, &pools, &l, ql, &qkv, window);
 
     let mut got = alloc_out(g, want.len(), out);
     let (gk, gv) = &pools.gpu;
-    g.attention(&gqkv, &step, ql, gk, gv, scale(ql), &mut got)
-        .unwrap();
-    let bf16_products = data == Data::Random && on_tensor_cores(ql, seqs);
+    match window {
+        Some(w) => g.sliding_attention(&gqkv, &step, ql, gk, gv, scale(ql), w, &mut got),
+        None => g.attention(&gqkv, &step, ql, gk, gv, scale(ql), &mut got),
+    }
+    .unwrap();
+    // Windowed steps never take the tensor cores.
+    let bf16_products = data == Data::Random && window.is_none() && on_tensor_cores(ql, seqs);
     compare(&what, &to_host(g, &got), &want, out, bf16_products);
 }
 
@@ -311,6 +335,49 @@ fn check_split_contexts<D: Device>(g: &CudaBackend<D>) {
         heads(8, 2, 128),
         &[decode(1000), decode(300)],
         ElemType::BF16,
+    );
+}
+
+fn check_sliding_windows<D: Device>(g: &CudaBackend<D>) {
+    // Windows inside one KV block, across blocks, over a 64-key chunk and beyond a split's
+    // 128 keys; decode and prefill tiles, contexts shorter and longer than the window, and a
+    // long context whose keys would otherwise split many ways.
+    let seqs = [
+        decode(1),
+        decode(9),
+        decode(100),
+        decode(1000),
+        prefill(40, 40),
+        prefill(300, 20),
+    ];
+    for w in [1, 8, 16, 100, 300] {
+        for hd in [16, 64, 128] {
+            check_window(
+                g,
+                heads(8, 2, hd),
+                &seqs,
+                ElemType::F32,
+                Data::Random,
+                Some(w),
+            );
+        }
+    }
+    check_window(
+        g,
+        heads(4, 1, 256),
+        &seqs,
+        ElemType::BF16,
+        Data::Random,
+        Some(100),
+    );
+    // Exact data: one key too many or too few cannot hide.
+    check_window(
+        g,
+        heads(8, 2, 64),
+        &[decode(1000), prefill(720, 20)],
+        ElemType::F32,
+        Data::Exact,
+        Some(130),
     );
 }
 
@@ -608,7 +675,7 @@ fn check_split_protocol<D: Device>(g: &CudaBackend<D>) {
         };
         // The step upload zeroes the counters; each launch must leave them at zero.
         let counters = step.tile_counters;
-        let args: [Arg; 17] = [
+        let mut args: Vec<Arg> = vec![
             out.into(),
             part_o.into(),
             part_ml.into(),
@@ -627,6 +694,9 @@ fn check_split_protocol<D: Device>(g: &CudaBackend<D>) {
             Arg::U32(hd as u32),
             Arg::F32(scale(ql)),
         ];
+        if kernel.starts_with("attention_decode") {
+            args.push(Arg::U32(0)); // attention.cu's kernels: no window
+        }
         dev.launch(f, &cfg, &args).unwrap();
         let got_out: Vec<u32> = dev.dtoh_vec(out, out_len).unwrap();
         let got_o: Vec<u32> = dev.dtoh_vec(part_o, o_len).unwrap();
@@ -810,6 +880,11 @@ fn decode_contexts() {
 #[test]
 fn split_contexts() {
     on_every_device!(check_split_contexts);
+}
+
+#[test]
+fn sliding_windows() {
+    on_every_device!(check_sliding_windows);
 }
 
 #[test]

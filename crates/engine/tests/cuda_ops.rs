@@ -506,6 +506,27 @@ fn check_silu_add_gather<D: Device>(g: &CudaBackend<D>) {
         1.0 / 128.0,
     );
 
+    // Gemma's GeGLU (tanh) and embedding scale.
+    let mut want = c.alloc(rows * width).unwrap();
+    c.gelu_tanh_mul(&gu, rows, width, &mut want).unwrap();
+    let mut out = g.alloc(rows * width).unwrap();
+    g.gelu_tanh_mul(&ggu, rows, width, &mut out).unwrap();
+    assert_close("gelu_tanh_mul", &to_host(g, &out), &want, 1e-6, 2e-6);
+    let mut out16 = g.alloc_matmul_input(rows * width).unwrap();
+    g.gelu_tanh_mul(&ggu, rows, width, &mut out16).unwrap();
+    assert_close(
+        "gelu_tanh_mul to bf16",
+        &to_host(g, &out16),
+        &bf16_round(&want),
+        1e-6,
+        1.0 / 128.0,
+    );
+    let mut want = gu.clone();
+    c.scale(&mut want, 333, 33.94).unwrap();
+    let mut gx = g.upload_f32(&gu).unwrap();
+    g.scale(&mut gx, 333, 33.94).unwrap();
+    assert_eq!(to_host(g, &gx), want, "scale");
+
     let (a, d) = (random(1000, 11, 1.0), random(1000, 12, 1.0));
     let mut want = a.clone();
     c.add(&mut want, &d, 1000).unwrap();

@@ -18,6 +18,9 @@
 //!   one split writes its output itself; otherwise the last of its blocks to finish (counted
 //!   in the step's `tile_counters`) combines exactly its splits, in order, so no merge launch
 //!   follows;
+//! - a sliding window (Gemma's local layers) runs on attention.cu's kernels, which take it
+//!   (the prefill of head_dim 64 and 128 then uses the 256-wide CUDA-core kernels, not the
+//!   tensor cores);
 //! - CUDA graphs: a step with a graph key is launched from the key alone (its block-table
 //!   width bounds the context), never from its context lengths, which the kernels read from
 //!   device memory; a captured graph replays the same launches for later steps, and the
@@ -213,6 +216,7 @@ pub fn run<D: Device>(
     k_cache: DevPtr,
     v_cache: DevPtr,
     scale: f32,
+    window: Option<usize>,
     out: &mut CudaBuf,
 ) -> Result<()> {
     let QkvLayout {
@@ -245,6 +249,11 @@ pub fn run<D: Device>(
     // Every tile is one token exactly when there are as many tokens as sequences.
     let decode = tokens == step.num_seqs;
     let (names, shape) = family.kernels(decode);
+    // attention.cu's kernels (CUDA cores) take a window; the tensor-core ones do not.
+    let (names, shape) = match (window, shape) {
+        (Some(_), Shape::Wmma { .. }) => ANY.kernels(decode),
+        _ => (names, shape),
+    };
     let name = match out.dtype {
         ElemType::F32 => names[0],
         ElemType::BF16 => names[1],
@@ -269,29 +278,31 @@ pub fn run<D: Device>(
         block: (THREADS, 1, 1),
         shared_mem_bytes: shape.shared_bytes(),
     };
-    b.launch(
-        name,
-        cfg,
-        &[
-            out.ptr.into(),
-            part_o.into(),
-            part_ml.into(),
-            step.tile_counters.into(),
-            qkv.ptr.into(),
-            k_cache.into(),
-            v_cache.into(),
-            step.tiles.into(),
-            step.positions.into(),
-            step.context_lens.into(),
-            step.block_tables.into(),
-            (step.block_stride as u32).into(),
-            (tokens as u32).into(),
-            (q_heads as u32).into(),
-            (kv_heads as u32).into(),
-            (hd as u32).into(),
-            scale.into(),
-        ],
-    )
+    let window = u32::try_from(window.unwrap_or(0))
+        .map_err(|_| EngineError::Backend("sliding window too wide".into()))?;
+    let mut args: Vec<lmi_cuda::Arg> = vec![
+        out.ptr.into(),
+        part_o.into(),
+        part_ml.into(),
+        step.tile_counters.into(),
+        qkv.ptr.into(),
+        k_cache.into(),
+        v_cache.into(),
+        step.tiles.into(),
+        step.positions.into(),
+        step.context_lens.into(),
+        step.block_tables.into(),
+        (step.block_stride as u32).into(),
+        (tokens as u32).into(),
+        (q_heads as u32).into(),
+        (kv_heads as u32).into(),
+        (hd as u32).into(),
+        scale.into(),
+    ];
+    if matches!(shape, Shape::Cores { .. }) {
+        args.push(window.into());
+    }
+    b.launch(name, cfg, &args)
 }
 
 #[cfg(test)]

@@ -40,6 +40,9 @@ const KERNELS: &[&str] = &[
     "copy_blocks",
     "silu_mul_f32",
     "silu_mul_bf16",
+    "gelu_tanh_mul_f32",
+    "gelu_tanh_mul_bf16",
+    "scale_f32",
     "silu_mul_down_bf16",
     "add_f32",
     "add_bias_f32",
@@ -705,8 +708,65 @@ impl<D: Device> Backend for CudaBackend<D> {
             k_cache.ptr(),
             v_cache.ptr(),
             scale,
+            None,
             out,
         )
+    }
+
+    fn sliding_attention(
+        &self,
+        qkv: &CudaBuf,
+        step: &CudaStep,
+        layout: QkvLayout,
+        k_cache: &CudaKv<D>,
+        v_cache: &CudaKv<D>,
+        scale: f32,
+        window: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        attention::run(
+            self,
+            qkv,
+            step,
+            layout,
+            k_cache.ptr(),
+            v_cache.ptr(),
+            scale,
+            Some(window),
+            out,
+        )
+    }
+
+    fn scale(&self, x: &mut CudaBuf, len: usize, s: f32) -> Result<()> {
+        self.launch(
+            "scale_f32",
+            elementwise(len),
+            &[x.ptr.into(), s.into(), (len as u64).into()],
+        )
+    }
+
+    fn gelu_tanh_mul(
+        &self,
+        gate_up: &CudaBuf,
+        rows: usize,
+        width: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let n = rows * width;
+        self.launch(
+            norm_kernel(out, "gelu_tanh_mul_f32", "gelu_tanh_mul_bf16"),
+            rows_cols(rows, width)?,
+            &[
+                out.ptr.into(),
+                gate_up.ptr.into(),
+                (width as u32).into(),
+                (n as u64).into(),
+            ],
+        )
+    }
+
+    fn runs_gemma(&self) -> bool {
+        true
     }
 
     fn silu_mul(
