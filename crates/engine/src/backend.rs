@@ -340,6 +340,29 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (qkv, step, layout, k_cache, v_cache, scale, window, out);
         Err(gemma_refused(self.name()))
     }
+    /// [`Backend::attention`] (over a sliding window when given) with a learned logit per q
+    /// head in each softmax's denominator, `sinks` `[q_heads]` (gpt-oss's attention sinks).
+    #[allow(clippy::too_many_arguments)]
+    fn sink_attention(
+        &self,
+        qkv: &Self::Buf,
+        step: &Self::Step,
+        layout: QkvLayout,
+        k_cache: &Self::Kv,
+        v_cache: &Self::Kv,
+        scale: f32,
+        window: Option<usize>,
+        sinks: &Self::Weight,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (
+            qkv, step, layout, k_cache, v_cache, scale, window, sinks, out,
+        );
+        Err(crate::error::EngineError::Backend(format!(
+            "the {} engine does not run attention sinks (gpt-oss) yet: use --device cpu",
+            self.name()
+        )))
+    }
     /// `x[..len] *= s` (Gemma's embedding scale).
     fn scale(&self, x: &mut Self::Buf, len: usize, s: f32) -> Result<()> {
         let _ = (x, len, s);

@@ -5,7 +5,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::error::{EngineError, Result};
-use crate::moe::{MoeConfig, Routing};
+use crate::moe::{ExpertActivation, MoeConfig, Routing};
 use crate::vision::{VisionConfig, VisionVariant};
 
 /// Which member of the Llama family a checkpoint is; decides biases, norms and tensor names.
@@ -26,6 +26,9 @@ pub enum Architecture {
     /// before and after attention and MLP, q/k norms, local (sliding-window) and global layers
     /// with their own RoPE bases.
     Gemma3,
+    /// gpt-oss: experts (top-k then softmax, biases, clamped SwiGLU), attention with biases
+    /// and per-head sinks, a sliding window on alternate layers, YaRN RoPE.
+    GptOss,
 }
 
 impl Architecture {
@@ -40,6 +43,7 @@ impl Architecture {
             // The multimodal checkpoints (gemma-3-4b-it and up) serve their text model; their
             // SigLIP tower is not read.
             "Gemma3ForCausalLM" | "Gemma3ForConditionalGeneration" => Ok(Architecture::Gemma3),
+            "GptOssForCausalLM" => Ok(Architecture::GptOss),
             // The language model of Qwen2-VL and Qwen2.5-VL is Qwen2's (with M-RoPE).
             "Qwen2VLForConditionalGeneration" | "Qwen2_5_VLForConditionalGeneration" => {
                 Ok(Architecture::Qwen2)
@@ -57,6 +61,7 @@ impl Architecture {
             Architecture::Qwen3Moe => "Qwen3MoeForCausalLM",
             Architecture::Mixtral => "MixtralForCausalLM",
             Architecture::Gemma3 => "Gemma3ForCausalLM",
+            Architecture::GptOss => "GptOssForCausalLM",
         }
     }
 
@@ -70,7 +75,13 @@ impl Architecture {
     }
 
     pub fn has_qkv_bias(self) -> bool {
-        self == Architecture::Qwen2
+        matches!(self, Architecture::Qwen2 | Architecture::GptOss)
+    }
+
+    /// The output projection has a bias and the attention a learned per-head sink logit in
+    /// its softmax (gpt-oss).
+    pub fn has_sinks(self) -> bool {
+        self == Architecture::GptOss
     }
 
     pub fn has_qk_norm(self) -> bool {
@@ -104,8 +115,22 @@ pub struct SlidingWindow {
     pub size: usize,
     /// Per layer: true where it is local.
     pub local: Vec<bool>,
-    /// The local layers' RoPE base (unscaled); global layers use `rope_theta` and its scaling.
-    pub rope_theta: f64,
+    /// The local layers' own RoPE base (unscaled: Gemma); None: the global layers' RoPE
+    /// (gpt-oss).
+    pub rope_theta: Option<f64>,
+}
+
+/// YaRN's `rope_scaling` (gpt-oss): frequencies blended between interpolated and extrapolated
+/// over a ramp of dimensions, and cos/sin scaled by the attention factor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct YarnScaling {
+    pub factor: f64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub original_max_position_embeddings: f64,
+    pub truncate: bool,
+    /// Multiplies cos and sin, so q·k by its square.
+    pub attention_factor: f64,
 }
 
 /// Llama 3's `rope_scaling` (`rope_type: "llama3"`); other types are rejected at load.
@@ -132,6 +157,7 @@ pub struct ModelConfig {
     pub rope_scaling: Option<Llama3RopeScaling>,
     /// `rope_scaling` of type `linear`: positions divided by this factor.
     pub rope_linear_factor: Option<f64>,
+    pub rope_yarn: Option<YarnScaling>,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
     /// `torch_dtype` of the checkpoint, when given.
@@ -197,6 +223,13 @@ struct RawRopeScaling {
     high_freq_factor: Option<f64>,
     original_max_position_embeddings: Option<f64>,
     mrope_section: Option<Vec<usize>>,
+    // YaRN.
+    beta_fast: Option<f64>,
+    beta_slow: Option<f64>,
+    truncate: Option<bool>,
+    attention_factor: Option<f64>,
+    mscale: Option<f64>,
+    mscale_all_dim: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -235,6 +268,7 @@ struct RawConfig {
     sliding_window_pattern: Option<usize>,
     layer_types: Option<Vec<String>>,
     rope_local_base_freq: Option<f64>,
+    swiglu_limit: Option<f64>,
     final_logit_softcapping: Option<f64>,
     attn_logit_softcapping: Option<f64>,
 }
@@ -327,6 +361,7 @@ impl ModelConfig {
             }
         };
         let mut rope_linear_factor = None;
+        let mut rope_yarn = None;
         let rope_scaling = match raw.rope_scaling {
             None => None,
             Some(rs) if mrope_section.is_some() => {
@@ -352,10 +387,41 @@ impl ModelConfig {
                     rope_linear_factor = Some(f);
                     None
                 }
+                Some("yarn") => {
+                    let factor = rs.factor.ok_or("rope_scaling.factor is missing")?;
+                    // transformers' get_mscale.
+                    let mscale = |m: f64| {
+                        if factor <= 1.0 {
+                            1.0
+                        } else {
+                            0.1 * m * factor.ln() + 1.0
+                        }
+                    };
+                    let attention_factor = match (rs.attention_factor, rs.mscale, rs.mscale_all_dim)
+                    {
+                        (Some(a), _, _) => a,
+                        (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                            mscale(m) / mscale(all)
+                        }
+                        _ => mscale(1.0),
+                    };
+                    rope_yarn = Some(YarnScaling {
+                        factor,
+                        beta_fast: rs.beta_fast.unwrap_or(32.0),
+                        beta_slow: rs.beta_slow.unwrap_or(1.0),
+                        original_max_position_embeddings: rs
+                            .original_max_position_embeddings
+                            .or(raw.max_position_embeddings.map(|m| m as f64))
+                            .unwrap_or(4096.0),
+                        truncate: rs.truncate.unwrap_or(true),
+                        attention_factor,
+                    });
+                    None
+                }
                 Some("default") | None => None,
                 Some(other) => {
                     return Err(format!(
-                        "rope_scaling type {other:?} is not supported (supported: llama3, linear)"
+                        "rope_scaling type {other:?} is not supported (supported: llama3, linear, yarn)"
                     ));
                 }
             },
@@ -383,6 +449,8 @@ impl ModelConfig {
                     routing: Routing::SoftmaxTopK {
                         renormalize: raw.norm_topk_prob.unwrap_or(false),
                     },
+                    activation: ExpertActivation::Silu,
+                    biases: false,
                     dense_layers: (0..num_layers)
                         .filter(|i| only.contains(i) || (i + 1) % step != 0)
                         .collect(),
@@ -393,6 +461,21 @@ impl ModelConfig {
                 top_k: req(raw.num_experts_per_tok, "num_experts_per_tok")?,
                 expert_intermediate_size: intermediate_size,
                 routing: Routing::SoftmaxTopK { renormalize: true },
+                activation: ExpertActivation::Silu,
+                biases: false,
+                dense_layers: Vec::new(),
+            }),
+            // The constants of transformers' GptOssExperts.
+            Architecture::GptOss => Some(MoeConfig {
+                num_experts: req(raw.num_local_experts, "num_local_experts")?,
+                top_k: req(raw.num_experts_per_tok, "num_experts_per_tok")?,
+                expert_intermediate_size: intermediate_size,
+                routing: Routing::TopKSoftmax,
+                activation: ExpertActivation::ClampedSwiGlu {
+                    alpha: 1.702,
+                    limit: raw.swiglu_limit.unwrap_or(7.0) as f32,
+                },
+                biases: true,
                 dense_layers: Vec::new(),
             }),
             _ => None,
@@ -417,7 +500,8 @@ impl ModelConfig {
         {
             return Err("logit soft-capping (Gemma 2's) is not supported".into());
         }
-        let sliding_window = match (gemma, raw.sliding_window) {
+        let windowed = gemma || architecture == Architecture::GptOss;
+        let sliding_window = match (windowed, raw.sliding_window) {
             (true, Some(size)) if size > 0 => {
                 let local: Vec<bool> = match (&raw.layer_types, raw.sliding_window_pattern) {
                     (Some(types), _) => {
@@ -445,7 +529,7 @@ impl ModelConfig {
                 Some(SlidingWindow {
                     size,
                     local,
-                    rope_theta: raw.rope_local_base_freq.unwrap_or(10_000.0),
+                    rope_theta: gemma.then(|| raw.rope_local_base_freq.unwrap_or(10_000.0)),
                 })
             }
             _ => None,
@@ -471,6 +555,7 @@ impl ModelConfig {
             rope_theta: raw.rope_theta.unwrap_or(10000.0),
             rope_scaling,
             rope_linear_factor,
+            rope_yarn,
             max_position_embeddings: raw.max_position_embeddings.unwrap_or(4096),
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
             torch_dtype: raw.torch_dtype.or(raw.dtype),
@@ -498,8 +583,15 @@ impl ModelConfig {
 
     /// Inverse RoPE frequencies of the local layers (their own base, never scaled).
     pub fn rope_inv_freq_local(&self) -> Option<Vec<f64>> {
-        let w = self.sliding_window.as_ref()?;
-        Some(self.unscaled_inv_freq(w.rope_theta))
+        let theta = self.sliding_window.as_ref()?.rope_theta?;
+        Some(self.unscaled_inv_freq(theta))
+    }
+
+    /// What the attention scores are multiplied by: 1 / sqrt(`attn_scalar`), times YaRN's
+    /// attention factor squared (it scales q's and k's cos and sin alike).
+    pub fn attention_scale(&self) -> f32 {
+        let af = self.rope_yarn.map_or(1.0, |y| y.attention_factor);
+        (af * af / self.attn_scalar.sqrt()) as f32
     }
 
     fn unscaled_inv_freq(&self, theta: f64) -> Vec<f64> {
@@ -515,6 +607,9 @@ impl ModelConfig {
         let base = self.unscaled_inv_freq(self.rope_theta);
         if let Some(f) = self.rope_linear_factor {
             return base.into_iter().map(|x| x / f).collect();
+        }
+        if let Some(y) = self.rope_yarn {
+            return yarn_inv_freq(&base, self.rope_theta, self.head_dim, y);
         }
         let Some(s) = self.rope_scaling else {
             return base;
@@ -536,6 +631,33 @@ impl ModelConfig {
             })
             .collect()
     }
+}
+
+/// transformers' `_compute_yarn_parameters`: each frequency blends its interpolated (divided
+/// by the factor) and extrapolated (unchanged) values by a linear ramp over the dimensions
+/// between the corrections for `beta_fast` and `beta_slow` rotations.
+fn yarn_inv_freq(base: &[f64], theta: f64, head_dim: usize, y: YarnScaling) -> Vec<f64> {
+    let dim = head_dim as f64;
+    let correction = |rotations: f64| {
+        dim * (y.original_max_position_embeddings / (rotations * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * theta.ln())
+    };
+    let (mut low, mut high) = (correction(y.beta_fast), correction(y.beta_slow));
+    if y.truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+    if low == high {
+        high += 0.001;
+    }
+    base.iter()
+        .enumerate()
+        .map(|(i, &f)| {
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            let extrapolation = 1.0 - ramp;
+            f / y.factor * (1.0 - extrapolation) + f * extrapolation
+        })
+        .collect()
 }
 
 #[cfg(test)]

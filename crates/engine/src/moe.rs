@@ -1,5 +1,5 @@
-//! Mixture-of-experts MLPs (Qwen3-MoE, Mixtral): what a layer holds and how a token picks
-//! its experts. The experts' products are the backend's ([`Backend::moe`](crate::backend::Backend::moe)).
+//! Mixture-of-experts MLPs (Qwen3-MoE, Mixtral, gpt-oss): what a layer holds and how a token
+//! picks its experts. The experts' products are the backend's ([`Backend::moe`](crate::backend::Backend::moe)).
 
 /// How router logits become each token's experts and their weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -7,6 +7,18 @@ pub enum Routing {
     /// Softmax over every expert (in f32), the `top_k` largest probabilities, renormalized to
     /// sum to one when `renormalize` (Mixtral always; Qwen3-MoE when `norm_topk_prob`).
     SoftmaxTopK { renormalize: bool },
+    /// The `top_k` largest logits, then a softmax over them (gpt-oss).
+    TopKSoftmax,
+}
+
+/// What an expert computes between its gate/up and down projections.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ExpertActivation {
+    /// `silu(gate) · up`.
+    Silu,
+    /// gpt-oss: `gate' · σ(alpha · gate') · (up' + 1)`, with `gate' = min(gate, limit)` and
+    /// `up' = clamp(up, -limit, limit)`.
+    ClampedSwiGlu { alpha: f32, limit: f32 },
 }
 
 /// A model's mixture-of-experts shape, from `config.json`.
@@ -18,6 +30,9 @@ pub struct MoeConfig {
     /// Each expert's MLP width.
     pub expert_intermediate_size: usize,
     pub routing: Routing,
+    pub activation: ExpertActivation,
+    /// Router and experts carry biases (gpt-oss).
+    pub biases: bool,
     /// Layers whose MLP is dense (`intermediate_size` wide) rather than experts: Qwen3-MoE's
     /// `mlp_only_layers` and the layers `decoder_sparse_step` skips.
     pub dense_layers: Vec<usize>,
@@ -34,17 +49,22 @@ impl MoeConfig {
 pub struct Expert<W> {
     pub gate_up: W,
     pub down: W,
+    /// `[2 · width]` (gate then up) and `[hidden]`, where the model has them.
+    pub gate_up_bias: Option<W>,
+    pub down_bias: Option<W>,
 }
 
 /// A layer's experts and router.
 pub struct MoeLayer<W> {
     /// `[num_experts, hidden]`: a token's logit for each expert.
     pub router: W,
+    pub router_bias: Option<W>,
     pub experts: Vec<Expert<W>>,
     pub top_k: usize,
     /// Each expert's MLP width.
     pub width: usize,
     pub routing: Routing,
+    pub activation: ExpertActivation,
 }
 
 /// Each row's experts and weights, `top_k` per row in descending weight, from router logits
@@ -79,6 +99,21 @@ pub fn route(
                     out.push((e, if renormalize { p / total } else { p }));
                 }
             }
+            Routing::TopKSoftmax => {
+                order.clear();
+                order.extend(0..num_experts as u32);
+                order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
+                let picked = &order[..top_k.min(num_experts)];
+                let max = picked.first().map_or(0.0, |&e| row[e as usize]);
+                let exps: Vec<f32> = picked
+                    .iter()
+                    .map(|&e| (row[e as usize] - max).exp())
+                    .collect();
+                let sum: f32 = exps.iter().sum();
+                for (&e, x) in picked.iter().zip(exps) {
+                    out.push((e, x / sum));
+                }
+            }
         }
     }
     out
@@ -87,6 +122,15 @@ pub fn route(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn top_k_softmax_weighs_only_the_picked_logits() {
+        let logits = [0.0, 2.0, 1.0, -1.0];
+        let r = route(&logits, 4, 2, Routing::TopKSoftmax);
+        assert_eq!((r[0].0, r[1].0), (1, 2));
+        let (a, b) = (1.0f32, (-1.0f32).exp());
+        assert!((r[0].1 - a / (a + b)).abs() < 1e-6 && (r[1].1 - b / (a + b)).abs() < 1e-6);
+    }
 
     #[test]
     fn softmax_top_k_picks_the_largest_and_renormalizes() {

@@ -39,7 +39,7 @@ fn the_config_reads_gemma3s_layers_and_bases() {
     let w = c.sliding_window.as_ref().unwrap();
     assert_eq!(w.size, 8);
     assert_eq!(w.local, [true, true, true, true, true, false, true]);
-    assert_eq!((w.rope_theta, c.rope_theta), (10_000.0, 1_000_000.0));
+    assert_eq!((w.rope_theta, c.rope_theta), (Some(10_000.0), 1_000_000.0));
     assert_eq!(c.activation, lmi_engine::config::Activation::GeluTanh);
     assert_eq!(c.attn_scalar, 16.0);
     let c =

@@ -18,6 +18,7 @@ pub fn paged_attention<'a, E: WElem>(
     v_cache: &'a [E],
     scale: f32,
     window: Option<usize>,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
     let d = l.head_dim;
@@ -63,9 +64,9 @@ pub fn paged_attention<'a, E: WElem>(
                 }
             }
         }
-        for s in scores.chunks_mut(span) {
+        for (h, s) in scores.chunks_mut(span).enumerate() {
             s[..skip].fill(0.0);
-            softmax(&mut s[skip..]);
+            softmax(&mut s[skip..], sinks.map(|k| k[h]));
         }
         o.fill(0.0);
         for b in b0..blocks {
@@ -91,25 +92,26 @@ pub fn paged_attention<'a, E: WElem>(
     }
 }
 
-/// In place: `s = exp(s - max) / Σ exp(s - max)`. The exponentials vectorize; the sum runs
-/// in eight lanes in a fixed order (it depends on the length only).
-fn softmax(s: &mut [f32]) {
+/// In place: `s = exp(s - max) / Σ exp(s - max)`, with a sink's `exp(sink - max)` in the
+/// sum (and the max) when given. The exponentials vectorize; the sum runs in eight lanes in a
+/// fixed order (it depends on the length only).
+fn softmax(s: &mut [f32], sink: Option<f32>) {
     #[cfg(target_arch = "x86_64")]
     if super::simd::isa() == super::simd::Isa::Avx512 {
         // SAFETY: the feature was detected.
-        return unsafe { softmax512(s) };
+        return unsafe { softmax512(s, sink) };
     }
-    softmax_body(s)
+    softmax_body(s, sink)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn softmax512(s: &mut [f32]) {
-    softmax_body(s)
+unsafe fn softmax512(s: &mut [f32], sink: Option<f32>) {
+    softmax_body(s, sink)
 }
 
 #[inline(always)]
-fn softmax_body(s: &mut [f32]) {
+fn softmax_body(s: &mut [f32], sink: Option<f32>) {
     // Lane-wise maxima (exact in any order) so the comparison vectorizes.
     let mut lanes = [f32::NEG_INFINITY; 16];
     let mut it = s.chunks_exact(16);
@@ -123,6 +125,7 @@ fn softmax_body(s: &mut [f32]) {
     let max = lanes
         .iter()
         .chain(it.remainder())
+        .chain(&sink)
         .copied()
         .fold(f32::NEG_INFINITY, f32::max);
     for v in s.iter_mut() {
@@ -135,7 +138,9 @@ fn softmax_body(s: &mut [f32]) {
             *l += v;
         }
     }
-    let sum = lanes.iter().sum::<f32>() + it.remainder().iter().sum::<f32>();
+    let sum = lanes.iter().sum::<f32>()
+        + it.remainder().iter().sum::<f32>()
+        + sink.map_or(0.0, |k| exp_nonpositive(k - max));
     let inv = 1.0 / sum;
     for v in s.iter_mut() {
         *v *= inv;

@@ -415,10 +415,10 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         match (k_cache, v_cache) {
             (CpuKv::F32(k), CpuKv::F32(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, scale, None, out)
+                attention::paged_attention(qkv, step, layout, k, v, scale, None, None, out)
             }
             (CpuKv::BF16(k), CpuKv::BF16(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, scale, None, out)
+                attention::paged_attention(qkv, step, layout, k, v, scale, None, None, out)
             }
             _ => unreachable!("K and V pools share one dtype"),
         }
@@ -454,10 +454,35 @@ impl Backend for CpuBackend {
         let w = Some(window);
         match (k_cache, v_cache) {
             (CpuKv::F32(k), CpuKv::F32(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, scale, w, out)
+                attention::paged_attention(qkv, step, layout, k, v, scale, w, None, out)
             }
             (CpuKv::BF16(k), CpuKv::BF16(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, scale, w, out)
+                attention::paged_attention(qkv, step, layout, k, v, scale, w, None, out)
+            }
+            _ => unreachable!("K and V pools share one dtype"),
+        }
+        Ok(())
+    }
+
+    fn sink_attention(
+        &self,
+        qkv: &Vec<f32>,
+        step: &BatchLayout,
+        layout: QkvLayout,
+        k_cache: &CpuKv,
+        v_cache: &CpuKv,
+        scale: f32,
+        window: Option<usize>,
+        sinks: &CpuWeight,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let s = Some(sinks.as_f32());
+        match (k_cache, v_cache) {
+            (CpuKv::F32(k), CpuKv::F32(v)) => {
+                attention::paged_attention(qkv, step, layout, k, v, scale, window, s, out)
+            }
+            (CpuKv::BF16(k), CpuKv::BF16(v)) => {
+                attention::paged_attention(qkv, step, layout, k, v, scale, window, s, out)
             }
             _ => unreachable!("K and V pools share one dtype"),
         }

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 use super::{CpuBackend, CpuWeight, ops};
 use crate::backend::Backend;
 use crate::error::Result;
-use crate::moe::{MoeLayer, route};
+use crate::moe::{ExpertActivation, MoeLayer, route};
 
 /// `out[r] = Σ_e w[r, e] · expert_e(x[r])` over each row's routed experts.
 pub(super) fn moe(
@@ -24,7 +24,13 @@ pub(super) fn moe(
 ) -> Result<()> {
     let num_experts = layer.experts.len();
     let mut logits = vec![0f32; rows * num_experts];
-    backend.linear(x, rows, &layer.router, None, &mut logits)?;
+    backend.linear(
+        x,
+        rows,
+        &layer.router,
+        layer.router_bias.as_ref(),
+        &mut logits,
+    )?;
     let routes = route(&logits, num_experts, layer.top_k, layer.routing);
     let per_row = routes.len() / rows.max(1);
 
@@ -54,9 +60,20 @@ pub(super) fn moe(
             let mut gate_up = vec![0f32; m * 2 * width];
             let mut act = vec![0f32; m * width];
             let mut y = vec![0f32; m * hidden];
-            backend.linear(&xs, m, &expert.gate_up, None, &mut gate_up)?;
-            ops::silu_mul(&gate_up, width, &mut act);
-            backend.linear(&act, m, &expert.down, None, &mut y)?;
+            backend.linear(
+                &xs,
+                m,
+                &expert.gate_up,
+                expert.gate_up_bias.as_ref(),
+                &mut gate_up,
+            )?;
+            match layer.activation {
+                ExpertActivation::Silu => ops::silu_mul(&gate_up, width, &mut act),
+                ExpertActivation::ClampedSwiGlu { alpha, limit } => {
+                    ops::clamped_swiglu(&gate_up, width, alpha, limit, &mut act)
+                }
+            }
+            backend.linear(&act, m, &expert.down, expert.down_bias.as_ref(), &mut y)?;
             Ok(Some(y))
         })
         .collect::<Result<_>>()?;

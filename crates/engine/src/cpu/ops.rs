@@ -150,6 +150,21 @@ pub fn gelu_tanh_mul(gate_up: &[f32], width: usize, out: &mut [f32]) {
     });
 }
 
+/// gpt-oss's expert activation over rows of `[gate | up]`: `g · σ(alpha · g) · (u + 1)` with
+/// `g = min(gate, limit)`, `u = clamp(up, -limit, limit)` (transformers' GptOssExperts).
+pub fn clamped_swiglu(gate_up: &[f32], width: usize, alpha: f32, limit: f32, out: &mut [f32]) {
+    for_rows(out, width, |r, o| {
+        let g = &gate_up[r * 2 * width..r * 2 * width + width];
+        let u = &gate_up[r * 2 * width + width..(r + 1) * 2 * width];
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            let g = g.min(limit);
+            let u = u.clamp(-limit, limit);
+            let sigmoid = 1.0 / (1.0 + (-alpha * g).exp());
+            *o = g * sigmoid * (u + 1.0);
+        }
+    });
+}
+
 pub fn embedding<W: WElem>(table: &[W], width: usize, ids: &[u32], out: &mut [f32]) {
     for (o, &id) in out.chunks_mut(width).zip(ids) {
         let row = &table[id as usize * width..(id as usize + 1) * width];

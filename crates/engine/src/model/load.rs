@@ -86,6 +86,7 @@ impl<B: Backend> Model<B> {
             Ok(t)
         };
         let gemma = c.architecture.is_gemma();
+        let sinks = c.architecture.has_sinks();
         // Gemma's RMSNorms multiply by 1 + w: HF checkpoints hold w, llama.cpp's GGUF files
         // 1 + w (its converter adds the 1). Held as 1 + w, in f32 as HF computes it.
         let norm = |name: &str, len: usize| -> Result<B::Weight> {
@@ -140,7 +141,7 @@ impl<B: Backend> Model<B> {
                 (None, None)
             };
             let mlp = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
-                Some(moe) => Mlp::Moe(load_experts(backend, c, moe, &p, st, &mat)?),
+                Some(moe) => Mlp::Moe(load_experts(backend, c, moe, &p, st, &mat, dtype)?),
                 None => {
                     let m = format!("{p}.mlp");
                     let inter = c.intermediate_size;
@@ -172,6 +173,24 @@ impl<B: Backend> Model<B> {
                 k_norm,
                 o_proj: backend
                     .upload_weight(mat(&format!("{a}.o_proj.weight"), &[h, c.q_size()])?)?,
+                o_bias: sinks
+                    .then(|| {
+                        backend.upload_weight(st.load(
+                            &format!("{a}.o_proj.bias"),
+                            &[h],
+                            DType::F32,
+                        )?)
+                    })
+                    .transpose()?,
+                sinks: sinks
+                    .then(|| {
+                        backend.upload_weight(st.load(
+                            &format!("{a}.sinks"),
+                            &[c.num_heads],
+                            DType::F32,
+                        )?)
+                    })
+                    .transpose()?,
                 post_norm: norm(&format!("{p}.{pre_mlp}.weight"), h)?,
                 attn_out_norm: sandwich("post_attention_layernorm")?,
                 mlp_out_norm: sandwich("post_feedforward_layernorm")?,
@@ -233,8 +252,9 @@ impl<B: Backend> Model<B> {
 
 /// A sparse layer's router and experts under `{prefix}` (`model.layers.N`), by the names the
 /// checkpoint uses: Mixtral's `block_sparse_moe.gate` and `block_sparse_moe.experts.E.{w1,w3,w2}`
-/// (gate, up, down), else Qwen3-MoE's `mlp.gate` and `mlp.experts.E.{gate,up,down}_proj` (also
-/// what a GGUF's experts are read as, whatever the model).
+/// (gate, up, down), gpt-oss's stacked `mlp.experts.{gate_up_proj,down_proj}` (and biases), else
+/// Qwen3-MoE's `mlp.gate` and `mlp.experts.E.{gate,up,down}_proj` (also what a GGUF's experts
+/// are read as, whatever the model).
 fn load_experts<B: Backend>(
     backend: &B,
     c: &ModelConfig,
@@ -242,8 +262,20 @@ fn load_experts<B: Backend>(
     prefix: &str,
     st: &WeightSource,
     mat: &dyn Fn(&str, &[usize]) -> Result<HostTensor>,
+    dtype: DType,
 ) -> Result<MoeLayer<B::Weight>> {
     let (h, width) = (c.hidden_size, moe.expert_intermediate_size);
+    if st.contains(&format!("{prefix}.mlp.experts.gate_up_proj_blocks")) {
+        return Err(EngineError::Backend(
+            "this gpt-oss checkpoint holds its experts in MXFP4 (gate_up_proj_blocks / _scales), \
+             which lmi does not read yet: serve a bf16 copy of it (as transformers writes when \
+             it dequantizes one)"
+                .into(),
+        ));
+    }
+    if st.contains(&format!("{prefix}.mlp.experts.gate_up_proj")) {
+        return load_stacked_experts(backend, moe, h, width, prefix, st, dtype);
+    }
     let (block, [gate, up, down]) =
         if st.contains(&format!("{prefix}.block_sparse_moe.gate.weight")) {
             ("block_sparse_moe", ["w1", "w3", "w2"])
@@ -261,14 +293,100 @@ fn load_experts<B: Backend>(
                     mat(&format!("{x}.{up}.weight"), &[width, h])?,
                 ]))?,
                 down: backend.upload_weight(mat(&format!("{x}.{down}.weight"), &[h, width])?)?,
+                gate_up_bias: None,
+                down_bias: None,
             })
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(MoeLayer {
         router,
+        router_bias: None,
         experts,
         top_k: moe.top_k,
         width,
         routing: moe.routing,
+        activation: moe.activation,
+    })
+}
+
+/// gpt-oss's experts, stacked and in `x · W` form: `gate_up_proj` `[E, hidden, 2 · width]` with
+/// gate and up in alternate columns, `down_proj` `[E, width, hidden]`, their biases, and the
+/// router `mlp.router` with its bias. Each expert becomes the dense MLP's layout: gate rows then
+/// up rows `[2 · width, hidden]`, down `[hidden, width]`.
+fn load_stacked_experts<B: Backend>(
+    backend: &B,
+    moe: &MoeConfig,
+    h: usize,
+    width: usize,
+    prefix: &str,
+    st: &WeightSource,
+    dtype: DType,
+) -> Result<MoeLayer<B::Weight>> {
+    let n = moe.num_experts;
+    let m = format!("{prefix}.mlp");
+    let f32s = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
+        Ok(st
+            .load(&format!("{m}.{name}"), shape, DType::F32)?
+            .to_f32_vec())
+    };
+    let gate_up = f32s("experts.gate_up_proj", &[n, h, 2 * width])?;
+    let gate_up_bias = f32s("experts.gate_up_proj_bias", &[n, 2 * width])?;
+    let down = f32s("experts.down_proj", &[n, width, h])?;
+    let down_bias = f32s("experts.down_proj_bias", &[n, h])?;
+    let upload = |shape: Vec<usize>, v: Vec<f32>, d: DType| {
+        backend.upload_weight(HostTensor::f32(shape, v).to_dtype(d))
+    };
+    let experts = (0..n)
+        .map(|e| {
+            let w = &gate_up[e * h * 2 * width..(e + 1) * h * 2 * width];
+            // Row j of gate is column 2j, row j of up column 2j + 1.
+            let mut gu = vec![0f32; 2 * width * h];
+            for j in 0..2 * width {
+                let (row, col) = if j < width {
+                    (j, 2 * j)
+                } else {
+                    (j, 2 * (j - width) + 1)
+                };
+                for k in 0..h {
+                    gu[row * h + k] = w[k * 2 * width + col];
+                }
+            }
+            let bias = &gate_up_bias[e * 2 * width..(e + 1) * 2 * width];
+            let gub: Vec<f32> = (0..width)
+                .map(|j| bias[2 * j])
+                .chain((0..width).map(|j| bias[2 * j + 1]))
+                .collect();
+            let dw = &down[e * width * h..(e + 1) * width * h];
+            let mut dt = vec![0f32; h * width];
+            for j in 0..width {
+                for i in 0..h {
+                    dt[i * width + j] = dw[j * h + i];
+                }
+            }
+            Ok(Expert {
+                gate_up: upload(vec![2 * width, h], gu, dtype)?,
+                down: upload(vec![h, width], dt, dtype)?,
+                gate_up_bias: Some(upload(vec![2 * width], gub, DType::F32)?),
+                down_bias: Some(upload(
+                    vec![h],
+                    down_bias[e * h..(e + 1) * h].to_vec(),
+                    DType::F32,
+                )?),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let router = st.load(&format!("{m}.router.weight"), &[n, h], DType::F32)?;
+    Ok(MoeLayer {
+        router: backend.upload_weight(router)?,
+        router_bias: Some(backend.upload_weight(st.load(
+            &format!("{m}.router.bias"),
+            &[n],
+            DType::F32,
+        )?)?),
+        experts,
+        top_k: moe.top_k,
+        width,
+        routing: moe.routing,
+        activation: moe.activation,
     })
 }

@@ -23,6 +23,9 @@ pub(crate) struct Layer<B: Backend> {
     q_norm: Option<B::Weight>,
     k_norm: Option<B::Weight>,
     o_proj: B::Weight,
+    /// gpt-oss: the output projection's bias and each q head's sink logit.
+    o_bias: Option<B::Weight>,
+    sinks: Option<B::Weight>,
     /// The norm before the MLP (HF's `post_attention_layernorm`, Gemma's
     /// `pre_feedforward_layernorm`).
     post_norm: B::Weight,
@@ -176,6 +179,8 @@ impl<B: Backend> Model<B> {
                     + w(&l.post_norm)
                     + opt(&l.attn_out_norm)
                     + opt(&l.mlp_out_norm)
+                    + opt(&l.o_bias)
+                    + opt(&l.sinks)
                     + l.mlp.bytes(&w, None)
             })
             .sum();
@@ -207,7 +212,7 @@ impl<B: Backend> Model<B> {
         let hidden = c.hidden_size;
         let ql = self.qkv_layout();
         let eps = c.rms_norm_eps as f32;
-        let scale = (1.0 / c.attn_scalar.sqrt()) as f32;
+        let scale = c.attention_scale();
         let window = c.sliding_window.as_ref().map(|w| w.size);
 
         let mut residual = backend.alloc(n * hidden)?;
@@ -306,12 +311,17 @@ impl<B: Backend> Model<B> {
             };
             backend
                 .qk_norm_rope_write_kv(&mut qkv, n, step, ql, qk_norm, rope, k_cache, v_cache)?;
-            match window.filter(|_| layer.local) {
-                Some(w) => backend
+            let w = window.filter(|_| layer.local);
+            match (&layer.sinks, w) {
+                (Some(s), w) => backend
+                    .sink_attention(&qkv, step, ql, k_cache, v_cache, scale, w, s, &mut attn)?,
+                (None, Some(w)) => backend
                     .sliding_attention(&qkv, step, ql, k_cache, v_cache, scale, w, &mut attn)?,
-                None => backend.attention(&qkv, step, ql, k_cache, v_cache, scale, &mut attn)?,
+                (None, None) => {
+                    backend.attention(&qkv, step, ql, k_cache, v_cache, scale, &mut attn)?
+                }
             }
-            backend.linear(&attn, n, &layer.o_proj, None, &mut proj)?;
+            backend.linear(&attn, n, &layer.o_proj, layer.o_bias.as_ref(), &mut proj)?;
             lora(i, Target::O, &attn, qs, &mut proj, h, 0)?;
             if let Some(w) = &layer.attn_out_norm {
                 backend.rms_norm(&proj, n, w, eps, &mut post)?;
