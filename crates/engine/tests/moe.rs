@@ -19,8 +19,15 @@ use lmi_engine::{DType, LogitsWanted};
 
 /// `qwen3_moe_mixed` has a dense layer among its sparse ones (`mlp_only_layers`); `gpt_oss`
 /// brings top-k-then-softmax routing, expert biases and clamped SwiGLU, attention sinks and
-/// biases, a sliding window on alternate layers and YaRN RoPE.
-const ARCHITECTURES: [&str; 4] = ["qwen3_moe", "qwen3_moe_mixed", "mixtral", "gpt_oss"];
+/// biases, a sliding window on alternate layers and YaRN RoPE; `gpt_oss_mxfp4` its experts in
+/// MXFP4, as published.
+const ARCHITECTURES: [&str; 5] = [
+    "qwen3_moe",
+    "qwen3_moe_mixed",
+    "mixtral",
+    "gpt_oss",
+    "gpt_oss_mxfp4",
+];
 /// Written by llama.cpp's converter (`convert_gguf.py`).
 const GGUF_ARCHITECTURES: [&str; 2] = ["qwen3_moe", "mixtral"];
 /// Q8_0 weights (with 8-bit activations in their products and bf16 K/V, as quantized models

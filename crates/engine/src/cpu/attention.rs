@@ -10,17 +10,39 @@ use crate::batch::BatchLayout;
 use crate::kv::BLOCK_SIZE;
 use crate::sampling::fast_exp::exp_nonpositive;
 
+/// How scores become weights: the scale, a sliding window (the last `window` keys), and a
+/// sink logit per q head in each softmax's denominator (gpt-oss).
+#[derive(Debug, Clone, Copy)]
+pub struct Scoring<'a> {
+    pub scale: f32,
+    pub window: Option<usize>,
+    pub sinks: Option<&'a [f32]>,
+}
+
+impl Scoring<'_> {
+    pub fn plain(scale: f32) -> Self {
+        Scoring {
+            scale,
+            window: None,
+            sinks: None,
+        }
+    }
+}
+
 pub fn paged_attention<'a, E: WElem>(
     qkv: &[f32],
     layout: &BatchLayout,
     l: QkvLayout,
     k_cache: &'a [E],
     v_cache: &'a [E],
-    scale: f32,
-    window: Option<usize>,
-    sinks: Option<&[f32]>,
+    scoring: Scoring<'_>,
     out: &mut [f32],
 ) {
+    let Scoring {
+        scale,
+        window,
+        sinks,
+    } = scoring;
     let d = l.head_dim;
     let group = l.q_heads / l.kv_heads;
     let width = l.q_heads * d;

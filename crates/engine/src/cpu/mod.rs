@@ -21,6 +21,7 @@ use crate::kv::{BLOCK_SIZE, KvCacheConfig};
 use crate::sampling::process_logits_host;
 use crate::step::{LogitsOutput, LogitsWork};
 use crate::weights::{HostData, HostTensor};
+use attention::Scoring;
 
 pub use amx::available as amx_available;
 pub use kv_pool::KvPool;
@@ -415,10 +416,10 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         match (k_cache, v_cache) {
             (CpuKv::F32(k), CpuKv::F32(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, scale, None, None, out)
+                attention::paged_attention(qkv, step, layout, k, v, Scoring::plain(scale), out)
             }
             (CpuKv::BF16(k), CpuKv::BF16(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, scale, None, None, out)
+                attention::paged_attention(qkv, step, layout, k, v, Scoring::plain(scale), out)
             }
             _ => unreachable!("K and V pools share one dtype"),
         }
@@ -451,13 +452,16 @@ impl Backend for CpuBackend {
         window: usize,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let w = Some(window);
+        let w = Scoring {
+            window: Some(window),
+            ..Scoring::plain(scale)
+        };
         match (k_cache, v_cache) {
             (CpuKv::F32(k), CpuKv::F32(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, scale, w, None, out)
+                attention::paged_attention(qkv, step, layout, k, v, w, out)
             }
             (CpuKv::BF16(k), CpuKv::BF16(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, scale, w, None, out)
+                attention::paged_attention(qkv, step, layout, k, v, w, out)
             }
             _ => unreachable!("K and V pools share one dtype"),
         }
@@ -476,13 +480,17 @@ impl Backend for CpuBackend {
         sinks: &CpuWeight,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let s = Some(sinks.as_f32());
+        let s = Scoring {
+            scale,
+            window,
+            sinks: Some(sinks.as_f32()),
+        };
         match (k_cache, v_cache) {
             (CpuKv::F32(k), CpuKv::F32(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, scale, window, s, out)
+                attention::paged_attention(qkv, step, layout, k, v, s, out)
             }
             (CpuKv::BF16(k), CpuKv::BF16(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, scale, window, s, out)
+                attention::paged_attention(qkv, step, layout, k, v, s, out)
             }
             _ => unreachable!("K and V pools share one dtype"),
         }

@@ -265,15 +265,9 @@ fn load_experts<B: Backend>(
     dtype: DType,
 ) -> Result<MoeLayer<B::Weight>> {
     let (h, width) = (c.hidden_size, moe.expert_intermediate_size);
-    if st.contains(&format!("{prefix}.mlp.experts.gate_up_proj_blocks")) {
-        return Err(EngineError::Backend(
-            "this gpt-oss checkpoint holds its experts in MXFP4 (gate_up_proj_blocks / _scales), \
-             which lmi does not read yet: serve a bf16 copy of it (as transformers writes when \
-             it dequantizes one)"
-                .into(),
-        ));
-    }
-    if st.contains(&format!("{prefix}.mlp.experts.gate_up_proj")) {
+    if st.contains(&format!("{prefix}.mlp.experts.gate_up_proj"))
+        || st.contains(&format!("{prefix}.mlp.experts.gate_up_proj_blocks"))
+    {
         return load_stacked_experts(backend, moe, h, width, prefix, st, dtype);
     }
     let (block, [gate, up, down]) =
@@ -309,10 +303,12 @@ fn load_experts<B: Backend>(
     })
 }
 
-/// gpt-oss's experts, stacked and in `x · W` form: `gate_up_proj` `[E, hidden, 2 · width]` with
-/// gate and up in alternate columns, `down_proj` `[E, width, hidden]`, their biases, and the
-/// router `mlp.router` with its bias. Each expert becomes the dense MLP's layout: gate rows then
-/// up rows `[2 · width, hidden]`, down `[hidden, width]`.
+/// gpt-oss's experts, stacked: `gate_up_proj` `[E, hidden, 2 · width]` (`x · W` form) with gate
+/// and up in alternate columns, `down_proj` `[E, width, hidden]`, or both in MXFP4 as the
+/// published checkpoints hold them (`*_blocks` `[E, rows, cols / 32, 16]` and `*_scales`, in
+/// `W · x` form: [`stacked_rows`]); their biases, and the router `mlp.router` with its bias.
+/// Each expert becomes the dense MLP's layout: gate rows then up rows `[2 · width, hidden]`,
+/// down `[hidden, width]` (MXFP4 dequantized exactly, then held in the load's dtype).
 fn load_stacked_experts<B: Backend>(
     backend: &B,
     moe: &MoeConfig,
@@ -329,9 +325,10 @@ fn load_stacked_experts<B: Backend>(
             .load(&format!("{m}.{name}"), shape, DType::F32)?
             .to_f32_vec())
     };
-    let gate_up = f32s("experts.gate_up_proj", &[n, h, 2 * width])?;
+    // Both as `[E, rows, cols]` (W · x form): gate_up's rows interleave gate and up.
+    let gate_up = stacked_rows(st, &format!("{m}.experts.gate_up_proj"), n, 2 * width, h)?;
     let gate_up_bias = f32s("experts.gate_up_proj_bias", &[n, 2 * width])?;
-    let down = f32s("experts.down_proj", &[n, width, h])?;
+    let down = stacked_rows(st, &format!("{m}.experts.down_proj"), n, h, width)?;
     let down_bias = f32s("experts.down_proj_bias", &[n, h])?;
     let upload = |shape: Vec<usize>, v: Vec<f32>, d: DType| {
         backend.upload_weight(HostTensor::f32(shape, v).to_dtype(d))
@@ -339,16 +336,11 @@ fn load_stacked_experts<B: Backend>(
     let experts = (0..n)
         .map(|e| {
             let w = &gate_up[e * h * 2 * width..(e + 1) * h * 2 * width];
-            // Row j of gate is column 2j, row j of up column 2j + 1.
-            let mut gu = vec![0f32; 2 * width * h];
-            for j in 0..2 * width {
-                let (row, col) = if j < width {
-                    (j, 2 * j)
-                } else {
-                    (j, 2 * (j - width) + 1)
-                };
-                for k in 0..h {
-                    gu[row * h + k] = w[k * 2 * width + col];
+            // Row j of gate is row 2j, row j of up row 2j + 1.
+            let mut gu = Vec::with_capacity(2 * width * h);
+            for first in [0, 1] {
+                for j in 0..width {
+                    gu.extend_from_slice(&w[(2 * j + first) * h..(2 * j + first + 1) * h]);
                 }
             }
             let bias = &gate_up_bias[e * 2 * width..(e + 1) * 2 * width];
@@ -356,13 +348,7 @@ fn load_stacked_experts<B: Backend>(
                 .map(|j| bias[2 * j])
                 .chain((0..width).map(|j| bias[2 * j + 1]))
                 .collect();
-            let dw = &down[e * width * h..(e + 1) * width * h];
-            let mut dt = vec![0f32; h * width];
-            for j in 0..width {
-                for i in 0..h {
-                    dt[i * width + j] = dw[j * h + i];
-                }
-            }
+            let dt = down[e * width * h..(e + 1) * width * h].to_vec();
             Ok(Expert {
                 gate_up: upload(vec![2 * width, h], gu, dtype)?,
                 down: upload(vec![h, width], dt, dtype)?,
@@ -389,4 +375,44 @@ fn load_stacked_experts<B: Backend>(
         routing: moe.routing,
         activation: moe.activation,
     })
+}
+
+/// An expert stack `name` of gpt-oss as `[experts, rows, cols]` f32 (each expert's matrix in
+/// `W · x` form): from MXFP4 `{name}_blocks` / `{name}_scales` (already in that form), else
+/// transposed from the dense `{name}` `[experts, cols, rows]`.
+fn stacked_rows(
+    st: &WeightSource,
+    name: &str,
+    experts: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<Vec<f32>> {
+    use crate::quant::{MXFP4_BLOCK, dequantize_mxfp4};
+    let blocks_name = format!("{name}_blocks");
+    if st.contains(&blocks_name) {
+        if !cols.is_multiple_of(MXFP4_BLOCK) {
+            return Err(EngineError::Backend(format!(
+                "{name}: {cols} columns are not whole MXFP4 blocks of {MXFP4_BLOCK}"
+            )));
+        }
+        let g = cols / MXFP4_BLOCK;
+        let blocks = st.load_u8(&blocks_name, &[experts, rows, g, 16])?;
+        let scales = st.load_u8(&format!("{name}_scales"), &[experts, rows, g])?;
+        let mut out = vec![0f32; experts * rows * cols];
+        dequantize_mxfp4(&blocks, &scales, &mut out);
+        return Ok(out);
+    }
+    let dense = st
+        .load(name, &[experts, cols, rows], DType::F32)?
+        .to_f32_vec();
+    let mut out = vec![0f32; experts * rows * cols];
+    for e in 0..experts {
+        let (src, dst) = (&dense[e * rows * cols..], &mut out[e * rows * cols..]);
+        for c in 0..cols {
+            for r in 0..rows {
+                dst[r * cols + c] = src[c * rows + r];
+            }
+        }
+    }
+    Ok(out)
 }

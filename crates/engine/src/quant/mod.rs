@@ -7,9 +7,11 @@
 //! these formats dequantize at upload (`HostTensor::to_dtype`).
 
 mod blocks;
+mod mxfp4;
 
 pub(crate) use blocks::scale_min_k4;
 pub use blocks::{dequantize_block, quantize_row};
+pub use mxfp4::{MXFP4_BLOCK, dequantize_mxfp4};
 
 use crate::gguf::GgmlType;
 

@@ -25,6 +25,16 @@ impl WeightSource {
         }
     }
 
+    /// A U8 tensor's bytes (MXFP4 blocks and scales), from safetensors.
+    pub fn load_u8(&self, name: &str, shape: &[usize]) -> Result<Vec<u8>> {
+        match self {
+            WeightSource::Safetensors(s) => s.load_u8(name, shape),
+            WeightSource::Gguf(_) => Err(crate::error::EngineError::Gguf(format!(
+                "{name}: a GGUF holds no U8 tensors"
+            ))),
+        }
+    }
+
     pub fn load(&self, name: &str, shape: &[usize], dtype: DType) -> Result<HostTensor> {
         match self {
             WeightSource::Safetensors(s) => s.load(name, shape, dtype),

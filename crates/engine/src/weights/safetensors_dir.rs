@@ -116,6 +116,45 @@ impl SafetensorsDir {
 
     /// Reads tensor `name`, checks its shape, and converts it to `dtype`.
     pub fn load(&self, name: &str, expected: &[usize], dtype: DType) -> Result<HostTensor> {
+        self.with_view(name, expected, |view| {
+            let bytes = view.data();
+            let data = match view.dtype() {
+                StDtype::F32 => HostData::F32(f32_bytes_to_f32(bytes)),
+                StDtype::F16 => HostData::F32(f16_bytes_to_f32(bytes)),
+                StDtype::BF16 => HostData::BF16(bf16_bytes_to_bits(bytes)),
+                other => {
+                    return Err(EngineError::UnsupportedDtype {
+                        name: name.to_string(),
+                        dtype: format!("{other:?}"),
+                    });
+                }
+            };
+            Ok(HostTensor {
+                shape: expected.to_vec(),
+                data,
+            }
+            .to_dtype(dtype))
+        })
+    }
+
+    /// The bytes of a U8 tensor `name` of shape `expected` (MXFP4 blocks and scales).
+    pub fn load_u8(&self, name: &str, expected: &[usize]) -> Result<Vec<u8>> {
+        self.with_view(name, expected, |view| match view.dtype() {
+            StDtype::U8 => Ok(view.data().to_vec()),
+            other => Err(EngineError::UnsupportedDtype {
+                name: name.to_string(),
+                dtype: format!("{other:?} (expected U8)"),
+            }),
+        })
+    }
+
+    /// Runs `f` on tensor `name`'s view once its shape is checked.
+    fn with_view<T>(
+        &self,
+        name: &str,
+        expected: &[usize],
+        f: impl FnOnce(&safetensors::tensor::TensorView<'_>) -> Result<T>,
+    ) -> Result<T> {
         let &fi = self
             .index
             .get(name)
@@ -139,22 +178,6 @@ impl SafetensorsDir {
                 expected: expected.to_vec(),
             });
         }
-        let bytes = view.data();
-        let data = match view.dtype() {
-            StDtype::F32 => HostData::F32(f32_bytes_to_f32(bytes)),
-            StDtype::F16 => HostData::F32(f16_bytes_to_f32(bytes)),
-            StDtype::BF16 => HostData::BF16(bf16_bytes_to_bits(bytes)),
-            other => {
-                return Err(EngineError::UnsupportedDtype {
-                    name: name.to_string(),
-                    dtype: format!("{other:?}"),
-                });
-            }
-        };
-        Ok(HostTensor {
-            shape: expected.to_vec(),
-            data,
-        }
-        .to_dtype(dtype))
+        f(&view)
     }
 }
