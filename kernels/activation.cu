@@ -10,35 +10,24 @@ __device__ __forceinline__ float silu_mul_one(float g, float u) {
     return g * sigmoid * u;
 }
 
-// Rows of `width` outputs, `n` in all: rows in y, columns in x (rows.cuh: no division).
-#define SILU_MUL(NAME, TOut)                                                                   \
-    extern "C" __global__ void NAME(TOut* __restrict__ out, const float* __restrict__ gate_up, \
-                                    unsigned width, unsigned long long n) {                    \
-        FOR_ROWS(r, width, n) {                                                                \
-            TOut* o = out + r * width;                                                         \
-            const float* g = gate_up + 2 * r * width;                                          \
-            const float* u = g + width;                                                        \
-            FOR_COLS(c, width) store_f32(o, c, silu_mul_one(g[c], u[c]));                      \
-        }                                                                                      \
-    }
-SILU_MUL(silu_mul_f32, float)
-SILU_MUL(silu_mul_bf16, bf16)
-
 // gelu_pytorch_tanh: g/2 · (1 + tanh(√(2/π) · (g + 0.044715 g³))) (the CPU backend's formula).
 __device__ __forceinline__ float gelu_tanh_mul_one(float g, float u) {
     const float t = tanhf(0.7978846f * (g + 0.044715f * g * g * g));
     return 0.5f * g * (1.0f + t) * u;
 }
 
-#define GELU_TANH_MUL(NAME, TOut)                                                              \
+// Rows of `width` outputs, `n` in all: rows in y, columns in x (rows.cuh: no division).
+#define GATED(NAME, TOut, ONE)                                                                 \
     extern "C" __global__ void NAME(TOut* __restrict__ out, const float* __restrict__ gate_up, \
                                     unsigned width, unsigned long long n) {                    \
         FOR_ROWS(r, width, n) {                                                                \
             TOut* o = out + r * width;                                                         \
             const float* g = gate_up + 2 * r * width;                                          \
             const float* u = g + width;                                                        \
-            FOR_COLS(c, width) store_f32(o, c, gelu_tanh_mul_one(g[c], u[c]));                 \
+            FOR_COLS(c, width) store_f32(o, c, ONE(g[c], u[c]));                               \
         }                                                                                      \
     }
-GELU_TANH_MUL(gelu_tanh_mul_f32, float)
-GELU_TANH_MUL(gelu_tanh_mul_bf16, bf16)
+GATED(silu_mul_f32, float, silu_mul_one)
+GATED(silu_mul_bf16, bf16, silu_mul_one)
+GATED(gelu_tanh_mul_f32, float, gelu_tanh_mul_one)
+GATED(gelu_tanh_mul_bf16, bf16, gelu_tanh_mul_one)

@@ -13,7 +13,9 @@ mod hf_fixture;
 
 use std::path::PathBuf;
 
-use hf_fixture::{argmax, blocks, chunk, load, load_gguf, reference, rel_diff};
+use hf_fixture::{
+    argmax, blocks, check_greedy, chunk, load, load_gguf, prompt_diffs, reference, rel_diff,
+};
 use lmi_engine::{DType, LogitsWanted};
 
 /// `gemma3_linear` scales the global layers' RoPE linearly (gemma-3-4b and larger).
@@ -59,25 +61,12 @@ fn the_config_reads_gemma3s_layers_and_bases() {
 #[test]
 fn prompt_logits_match_transformers_in_f32_and_bf16() {
     for name in VARIANTS {
-        let dir = fixture(name);
-        let r = reference(&dir);
         for (dtype, tol) in [(DType::F32, F32_TOL), (DType::BF16, BF16_TOL)] {
-            let mut e = load(&dir, dtype);
-            let out = e
-                .forward_logits(&[chunk(
-                    &r.prompt,
-                    0,
-                    &blocks(0, r.prompt.len()),
-                    LogitsWanted::All,
-                )])
-                .unwrap();
-            let worst = (0..r.prompt.len())
-                .map(|t| rel_diff(out.row(t), &r.prompt_logits[t]))
-                .fold(0f32, f32::max);
+            let worst = prompt_diffs(&fixture(name), dtype).pop().unwrap_or(0.0);
             eprintln!("{name} {dtype}: prompt logits within {worst:.2e} of transformers'");
             assert!(
                 worst < tol,
-                "{name} {dtype}: prompt logits differ by {worst} (tolerance {tol})"
+                "{name} {dtype}: prompt logits differ by {worst}"
             );
         }
     }
@@ -86,33 +75,7 @@ fn prompt_logits_match_transformers_in_f32_and_bf16() {
 #[test]
 fn greedy_tokens_match_transformers_past_the_window() {
     for name in VARIANTS {
-        let dir = fixture(name);
-        let r = reference(&dir);
-        let mut e = load(&dir, DType::F32);
-        let total = r.prompt.len() + r.greedy.len();
-        let table = blocks(3, total);
-        let out = e
-            .forward_logits(&[chunk(&r.prompt, 0, &table, LogitsWanted::Last)])
-            .unwrap();
-        let mut next = argmax(out.row(0));
-        let mut tokens = Vec::new();
-        for step in 0..r.greedy.len() {
-            tokens.push(next);
-            let pos = r.prompt.len() + step;
-            let out = e
-                .forward_logits(&[chunk(&[next], pos, &table, LogitsWanted::Last)])
-                .unwrap();
-            let d = rel_diff(out.row(0), &r.full_logits[pos]);
-            assert!(
-                d < F32_TOL,
-                "{name}: decode step {step} logits differ by {d}"
-            );
-            next = argmax(out.row(0));
-        }
-        assert_eq!(
-            tokens, r.greedy,
-            "{name}: greedy tokens differ from transformers'"
-        );
+        check_greedy(name, &fixture(name), F32_TOL);
     }
 }
 

@@ -14,7 +14,9 @@ mod hf_fixture;
 
 use std::path::PathBuf;
 
-use hf_fixture::{argmax, blocks, chunk, load, load_gguf, reference, rel_diff};
+use hf_fixture::{
+    argmax, blocks, check_greedy, chunk, load, load_gguf, prompt_diffs, reference, rel_diff,
+};
 use lmi_engine::{DType, LogitsWanted};
 
 /// `qwen3_moe_mixed` has a dense layer among its sparse ones (`mlp_only_layers`); `gpt_oss`
@@ -48,22 +50,8 @@ fn fixture(name: &str) -> PathBuf {
 #[test]
 fn prompt_logits_match_transformers_in_f32_and_bf16() {
     for name in ARCHITECTURES {
-        let dir = fixture(name);
-        let r = reference(&dir);
         for (dtype, tol) in [(DType::F32, F32_TOL), (DType::BF16, BF16_TOL)] {
-            let mut e = load(&dir, dtype);
-            let out = e
-                .forward_logits(&[chunk(
-                    &r.prompt,
-                    0,
-                    &blocks(0, r.prompt.len()),
-                    LogitsWanted::All,
-                )])
-                .unwrap();
-            let mut diffs: Vec<f32> = (0..r.prompt.len())
-                .map(|t| rel_diff(out.row(t), &r.prompt_logits[t]))
-                .collect();
-            diffs.sort_by(f32::total_cmp);
+            let diffs = prompt_diffs(&fixture(name), dtype);
             let (median, worst) = (diffs[diffs.len() / 2], diffs[diffs.len() - 1]);
             eprintln!(
                 "{name} {dtype}: prompt logits within {worst:.2e} of transformers' (median {median:.2e})"
@@ -88,33 +76,7 @@ fn prompt_logits_match_transformers_in_f32_and_bf16() {
 #[test]
 fn greedy_tokens_match_transformers() {
     for name in ARCHITECTURES {
-        let dir = fixture(name);
-        let r = reference(&dir);
-        let mut e = load(&dir, DType::F32);
-        let total = r.prompt.len() + r.greedy.len();
-        let table = blocks(3, total);
-        let out = e
-            .forward_logits(&[chunk(&r.prompt, 0, &table, LogitsWanted::Last)])
-            .unwrap();
-        let mut next = argmax(out.row(0));
-        let mut tokens = Vec::new();
-        for step in 0..r.greedy.len() {
-            tokens.push(next);
-            let pos = r.prompt.len() + step;
-            let out = e
-                .forward_logits(&[chunk(&[next], pos, &table, LogitsWanted::Last)])
-                .unwrap();
-            let d = rel_diff(out.row(0), &r.full_logits[pos]);
-            assert!(
-                d < F32_TOL,
-                "{name}: decode step {step} logits differ by {d}"
-            );
-            next = argmax(out.row(0));
-        }
-        assert_eq!(
-            tokens, r.greedy,
-            "{name}: greedy tokens differ from transformers'"
-        );
+        check_greedy(name, &fixture(name), F32_TOL);
     }
 }
 

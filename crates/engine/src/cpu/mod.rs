@@ -125,6 +125,28 @@ impl CpuBackend {
     }
 }
 
+/// Paged attention over pools of either element type.
+fn attend(
+    qkv: &[f32],
+    step: &BatchLayout,
+    layout: QkvLayout,
+    k_cache: &CpuKv,
+    v_cache: &CpuKv,
+    scoring: Scoring<'_>,
+    out: &mut [f32],
+) -> Result<()> {
+    match (k_cache, v_cache) {
+        (CpuKv::F32(k), CpuKv::F32(v)) => {
+            attention::paged_attention(qkv, step, layout, k, v, scoring, out)
+        }
+        (CpuKv::BF16(k), CpuKv::BF16(v)) => {
+            attention::paged_attention(qkv, step, layout, k, v, scoring, out)
+        }
+        _ => unreachable!("K and V pools share one dtype"),
+    }
+    Ok(())
+}
+
 impl Backend for CpuBackend {
     type Buf = Vec<f32>;
     type Weight = CpuWeight;
@@ -414,16 +436,15 @@ impl Backend for CpuBackend {
         scale: f32,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        match (k_cache, v_cache) {
-            (CpuKv::F32(k), CpuKv::F32(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, Scoring::plain(scale), out)
-            }
-            (CpuKv::BF16(k), CpuKv::BF16(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, Scoring::plain(scale), out)
-            }
-            _ => unreachable!("K and V pools share one dtype"),
-        }
-        Ok(())
+        attend(
+            qkv,
+            step,
+            layout,
+            k_cache,
+            v_cache,
+            Scoring::plain(scale),
+            out,
+        )
     }
 
     fn silu_mul(
@@ -456,16 +477,7 @@ impl Backend for CpuBackend {
             window: Some(window),
             ..Scoring::plain(scale)
         };
-        match (k_cache, v_cache) {
-            (CpuKv::F32(k), CpuKv::F32(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, w, out)
-            }
-            (CpuKv::BF16(k), CpuKv::BF16(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, w, out)
-            }
-            _ => unreachable!("K and V pools share one dtype"),
-        }
-        Ok(())
+        attend(qkv, step, layout, k_cache, v_cache, w, out)
     }
 
     fn sink_attention(
@@ -485,16 +497,7 @@ impl Backend for CpuBackend {
             window,
             sinks: Some(sinks.as_f32()),
         };
-        match (k_cache, v_cache) {
-            (CpuKv::F32(k), CpuKv::F32(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, s, out)
-            }
-            (CpuKv::BF16(k), CpuKv::BF16(v)) => {
-                attention::paged_attention(qkv, step, layout, k, v, s, out)
-            }
-            _ => unreachable!("K and V pools share one dtype"),
-        }
-        Ok(())
+        attend(qkv, step, layout, k_cache, v_cache, s, out)
     }
 
     fn scale(&self, x: &mut Vec<f32>, len: usize, s: f32) -> Result<()> {

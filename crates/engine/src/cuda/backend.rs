@@ -307,6 +307,30 @@ impl<D: Device> CudaBackend<D> {
     }
 }
 
+impl<D: Device> CudaBackend<D> {
+    /// A gated activation's launch (kernels/activation.cu) over rows of `[gate | up]`.
+    fn gated(
+        &self,
+        kernel: &'static str,
+        gate_up: &CudaBuf,
+        rows: usize,
+        width: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let n = rows * width;
+        self.launch(
+            kernel,
+            rows_cols(rows, width)?,
+            &[
+                out.ptr.into(),
+                gate_up.ptr.into(),
+                (width as u32).into(),
+                (n as u64).into(),
+            ],
+        )
+    }
+}
+
 fn norm_kernel(out: &CudaBuf, f32_name: &'static str, bf16_name: &'static str) -> &'static str {
     match out.dtype {
         ElemType::F32 => f32_name,
@@ -752,17 +776,8 @@ impl<D: Device> Backend for CudaBackend<D> {
         width: usize,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        let n = rows * width;
-        self.launch(
-            norm_kernel(out, "gelu_tanh_mul_f32", "gelu_tanh_mul_bf16"),
-            rows_cols(rows, width)?,
-            &[
-                out.ptr.into(),
-                gate_up.ptr.into(),
-                (width as u32).into(),
-                (n as u64).into(),
-            ],
-        )
+        let kernel = norm_kernel(out, "gelu_tanh_mul_f32", "gelu_tanh_mul_bf16");
+        self.gated(kernel, gate_up, rows, width, out)
     }
 
     fn runs_gemma(&self) -> bool {
@@ -776,17 +791,8 @@ impl<D: Device> Backend for CudaBackend<D> {
         width: usize,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        let n = rows * width;
-        self.launch(
-            norm_kernel(out, "silu_mul_f32", "silu_mul_bf16"),
-            rows_cols(rows, width)?,
-            &[
-                out.ptr.into(),
-                gate_up.ptr.into(),
-                (width as u32).into(),
-                (n as u64).into(),
-            ],
-        )
+        let kernel = norm_kernel(out, "silu_mul_f32", "silu_mul_bf16");
+        self.gated(kernel, gate_up, rows, width, out)
     }
 
     fn silu_mul_linear(

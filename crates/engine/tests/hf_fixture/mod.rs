@@ -107,3 +107,46 @@ pub fn load_gguf(
     let e = Engine::load_cpu(&dir, &opts).unwrap();
     (tmp, e)
 }
+
+/// Every prompt position's difference from transformers' logits ([`rel_diff`]), the prompt
+/// prefilled at once, sorted ascending.
+pub fn prompt_diffs(dir: &Path, dtype: DType) -> Vec<f32> {
+    let r = reference(dir);
+    let mut e = load(dir, dtype);
+    let table = blocks(0, r.prompt.len());
+    let out = e
+        .forward_logits(&[chunk(&r.prompt, 0, &table, LogitsWanted::All)])
+        .unwrap();
+    let mut diffs: Vec<f32> = (0..r.prompt.len())
+        .map(|t| rel_diff(out.row(t), &r.prompt_logits[t]))
+        .collect();
+    diffs.sort_by(f32::total_cmp);
+    diffs
+}
+
+/// Greedy decoding in f32, one token a step after the prompt: every step's logits within
+/// `tol` of transformers' and the tokens transformers' greedy ones.
+pub fn check_greedy(name: &str, dir: &Path, tol: f32) {
+    let r = reference(dir);
+    let mut e = load(dir, DType::F32);
+    let table = blocks(3, r.prompt.len() + r.greedy.len());
+    let out = e
+        .forward_logits(&[chunk(&r.prompt, 0, &table, LogitsWanted::Last)])
+        .unwrap();
+    let mut next = argmax(out.row(0));
+    let mut tokens = Vec::new();
+    for step in 0..r.greedy.len() {
+        tokens.push(next);
+        let pos = r.prompt.len() + step;
+        let out = e
+            .forward_logits(&[chunk(&[next], pos, &table, LogitsWanted::Last)])
+            .unwrap();
+        let d = rel_diff(out.row(0), &r.full_logits[pos]);
+        assert!(d < tol, "{name}: decode step {step} logits differ by {d}");
+        next = argmax(out.row(0));
+    }
+    assert_eq!(
+        tokens, r.greedy,
+        "{name}: greedy tokens differ from transformers'"
+    );
+}
