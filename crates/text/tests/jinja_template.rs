@@ -2,7 +2,7 @@
 mod templates;
 
 use lmi_text::{JinjaChatTemplate, Message, TextError};
-use templates::{GEMMA3, LLAMA3_LIKE, QWEN2_VL_LIKE, QWEN3_LIKE, QWEN25, SMOLLM2};
+use templates::{LLAMA3_LIKE, QWEN2_VL_LIKE, QWEN3_LIKE, QWEN25, SMOLLM2};
 
 fn jinja(src: &str) -> JinjaChatTemplate {
     JinjaChatTemplate::new(src, Some("<s>"), Some("</s>")).unwrap()
@@ -122,6 +122,50 @@ fn loop_controls_work() {
     assert_eq!(out, "a");
 }
 
+/// Gemma 3's (google/gemma-3-4b-it, tokenizer_config.json): the system prompt folded into the
+/// first user turn, `model` for the assistant, contents trimmed, roles checked to alternate.
+pub const GEMMA3: &str = r#"{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"#;
+
 #[test]
 fn gemma3_folds_the_system_prompt_and_checks_alternation() {
     let m = [
@@ -179,4 +223,39 @@ fn syntax_errors_fail_at_load_and_name_the_problem() {
 fn missing_special_tokens_render_empty() {
     let t = JinjaChatTemplate::new("[{{ bos_token }}{{ eos_token }}]", None, None).unwrap();
     assert_eq!(t.render(&[], false, false).unwrap(), "[]");
+}
+
+/// gpt-oss's harmony template (llama.cpp's copy of openai/gpt-oss-120b's) renders as
+/// transformers renders it (`templates/render_reference.py`): system and developer messages,
+/// tools as a TypeScript namespace, a tool call and its result, channels, the generation prompt.
+#[test]
+fn gpt_oss_harmony_template_renders_as_transformers_does() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/templates");
+    let source = std::fs::read_to_string(dir.join("openai-gpt-oss-120b.jinja")).unwrap();
+    let t = JinjaChatTemplate::new(source, None, Some("<|return|>")).unwrap();
+    let conversations: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("conversations.json")).unwrap())
+            .unwrap();
+    for (name, c) in conversations.as_object().unwrap() {
+        let messages: Vec<Message> = serde_json::from_value(c["messages"].clone()).unwrap();
+        let tools = c["tools"].as_array().map(Vec::as_slice);
+        let kwargs = c["kwargs"].as_object().cloned().unwrap_or_default();
+        let add = c["add_generation_prompt"].as_bool().unwrap();
+        let got = t
+            .render_with_kwargs(&messages, tools, add, &kwargs)
+            .unwrap();
+        let got: Vec<&str> = got
+            .split('\n')
+            .map(|l| {
+                if l.starts_with("Current date: ") {
+                    "Current date: YYYY-MM-DD"
+                } else {
+                    l
+                }
+            })
+            .collect();
+        let want =
+            std::fs::read_to_string(dir.join(format!("openai-gpt-oss-120b.{name}.txt"))).unwrap();
+        assert_eq!(got.join("\n"), want, "{name}");
+    }
 }

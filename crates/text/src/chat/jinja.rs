@@ -197,10 +197,12 @@ pub(super) fn json_value(v: &serde_json::Value) -> Value {
         },
         J::String(s) => Value::from(s.clone()),
         J::Array(items) => items.iter().map(json_value).collect(),
+        // In the request's order (minijinja's `preserve_order`), as Python's dicts keep it:
+        // a tool's parameters are listed to the model as the caller wrote them.
         J::Object(map) => Value::from_object(
             map.iter()
-                .map(|(k, v)| (k.clone(), json_value(v)))
-                .collect::<BTreeMap<String, Value>>(),
+                .map(|(k, v)| (Value::from(k.clone()), json_value(v)))
+                .collect::<indexmap::IndexMap<Value, Value>>(),
         ),
     }
 }
