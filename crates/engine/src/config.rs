@@ -683,6 +683,43 @@ mod tests {
         assert!((f[63] - unscaled_last / 8.0).abs() < 1e-15);
     }
 
+    /// gpt-oss's published RoPE (head_dim 64, θ 150,000, YaRN factor 32 over 4,096 positions,
+    /// β 32 and 1, not truncated) against transformers' `_compute_yarn_parameters` (torch f32):
+    /// the untouched, blended and interpolated ends of the frequencies, and the attention factor.
+    #[test]
+    fn yarn_matches_transformers_for_gpt_oss() {
+        let c = ModelConfig::from_json(
+            r#"{"architectures":["GptOssForCausalLM"],"vocab_size":201088,"hidden_size":2880,
+            "intermediate_size":2880,"num_hidden_layers":36,"num_attention_heads":64,
+            "num_key_value_heads":8,"head_dim":64,"num_local_experts":128,"num_experts_per_tok":4,
+            "sliding_window":128,"rope_theta":150000,"max_position_embeddings":131072,
+            "rope_scaling":{"rope_type":"yarn","factor":32.0,"beta_fast":32.0,"beta_slow":1.0,
+            "truncate":false,"original_max_position_embeddings":4096}}"#,
+        )
+        .unwrap();
+        let f = c.rope_inv_freq();
+        let want = [
+            (0, 1.0),
+            (8, 0.050_813_272_595_405_58),
+            (12, 0.006_794_959_306_716_919),
+            (16, 0.000_456_483_918_242_156_5),
+            (20, 1.818_833_698_052_913e-5),
+            (24, 4.099_978_468_730_114e-6),
+            (31, 3.023_511_396_804_679e-7),
+        ];
+        for (i, w) in want {
+            assert!(
+                (f[i] - w).abs() <= 1e-6 * w,
+                "frequency {i}: {} vs {w}",
+                f[i]
+            );
+        }
+        let af = c.rope_yarn.unwrap().attention_factor;
+        assert!((af - 1.346_573_590_279_972_7).abs() < 1e-12, "{af}");
+        // No layer of its own RoPE: the local layers use this one.
+        assert!(c.rope_inv_freq_local().is_none());
+    }
+
     #[test]
     fn unknown_architecture_is_named() {
         let e = ModelConfig::from_json(r#"{"architectures":["GPT2LMHeadModel"]}"#).unwrap_err();
