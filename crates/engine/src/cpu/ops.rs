@@ -190,10 +190,9 @@ mod tests {
             let (g, u) = (g as f64, u as f64);
             let c = (2.0 / std::f64::consts::PI).sqrt();
             let want = 0.5 * g * (1.0 + (c * (g + 0.044715 * g.powi(3))).tanh()) * u;
-            assert!(
-                (o as f64 - want).abs() <= 1e-5 * want.abs().max(1e-3),
-                "{g}: {o} vs {want}"
-            );
+            // f32's tanh reaches -1 a little before f64's: outputs near zero are then 0.
+            let tol = 1e-6 + 1e-5 * want.abs();
+            assert!((o as f64 - want).abs() <= tol, "{g}: {o} vs {want}");
         }
     }
 
