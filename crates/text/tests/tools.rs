@@ -72,7 +72,8 @@ fn conversation() -> Vec<Message> {
 
 // Expected text rendered by Python's jinja2 set up as transformers' apply_chat_template
 // (trim_blocks, lstrip_blocks, tojson = json.dumps(ensure_ascii=False)), with the tool call
-// arguments decoded as vLLM does.
+// arguments decoded as vLLM does. The tool's keys stay in the order written, as in a Python
+// dict.
 #[test]
 fn template_with_tools_renders_like_transformers() {
     let t = jinja(QWEN_TOOLS_LIKE);
@@ -82,7 +83,7 @@ fn template_with_tools_renders_like_transformers() {
         .unwrap();
     assert_eq!(
         out,
-        "<|im_start|>system\nBe brief.\n\n# Tools\n\n<tools>\n{\"function\": {\"description\": \"Get the city's weather\", \"name\": \"get_weather\", \"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"], \"type\": \"object\"}}, \"type\": \"function\"}\n</tools>\n\nCall a tool as <tool_call>\n{\"name\": <name>, \"arguments\": <object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response id=\"call_1\" name=\"get_weather\">\n18C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        "<|im_start|>system\nBe brief.\n\n# Tools\n\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get the city's weather\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}\n</tools>\n\nCall a tool as <tool_call>\n{\"name\": <name>, \"arguments\": <object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response id=\"call_1\" name=\"get_weather\">\n18C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     );
     assert_eq!(ToolCallFormat::detect(Some(&t)), ToolCallFormat::Hermes);
 }
