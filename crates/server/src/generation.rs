@@ -124,9 +124,14 @@ pub fn prepare_with(
             let (read, constraint) = crate::reasoning::plan(
                 model.reasoning,
                 &text,
-                budget.unwrap_or(model.reasoning_budget),
+                budget,
+                model.reasoning_budget,
                 spec.constraint.as_ref(),
             )?;
+            // Harmony's channels are special tokens: its readers need them in the text.
+            if read.is_some_and(|r| r.format.reads_special_tokens()) {
+                spec.skip_special_tokens = false;
+            }
             reasoning = read;
             spec.constraint = constraint;
             // Templates write their own BOS; HF tokenizes chat text without special tokens.

@@ -61,8 +61,9 @@ pub fn read_reply(
             let (thought, answer) = lmi_text::split_reasoning(r.format, text, r.starts_inside);
             // The tokens' own texts, to count those of the reasoning.
             let mut s = r.stream();
+            let keep = r.format.reads_special_tokens();
             for t in &seq.tokens {
-                s.push_token(if t.special { "" } else { &t.text });
+                s.push_token(if t.special && !keep { "" } else { &t.text });
             }
             (thought, answer, s.reasoning_tokens())
         }
@@ -81,15 +82,28 @@ pub fn read_reply(
 /// The reasoning of a request with this rendered prompt, and the constraint it generates
 /// under: the request's own, or a budget grammar wrapping it when the budget (the request's,
 /// else the server's) is a number of tokens and the prompt has not already closed the
-/// reasoning (`enable_thinking: false`).
+/// reasoning (`enable_thinking: false`). A format without budgets (harmony) refuses a
+/// request's budget and leaves the server's unused.
 pub fn plan(
     format: Option<ReasoningFormat>,
     prompt: &str,
-    budget: ThinkingBudget,
+    request_budget: Option<ThinkingBudget>,
+    server_budget: ThinkingBudget,
     constraint: Option<&Constraint>,
 ) -> Result<(Option<ReplyReasoning>, Option<Constraint>), ApiError> {
     let Some(format) = format else {
         return Ok((None, constraint.cloned()));
+    };
+    let budget = match request_budget {
+        Some(ThinkingBudget::Tokens(_)) if !format.takes_budget() => {
+            return Err(ApiError::validation(
+                "this model's reasoning (gpt-oss's harmony channels) cannot be held to a \
+                 thinking budget: send reasoning_effort (low, medium or high) instead",
+            )
+            .with_param("thinking_token_budget"));
+        }
+        _ if !format.takes_budget() => ThinkingBudget::Unlimited,
+        b => b.unwrap_or(server_budget),
     };
     let reasoning = ReplyReasoning {
         format,

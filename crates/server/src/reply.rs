@@ -49,8 +49,9 @@ pub fn read_whole(
 pub struct ReplyReader {
     tools: Option<StreamReader>,
     thinking: Option<lmi_text::ReasoningStream>,
-    format: ToolCallFormat,
-    skip_special_tokens: bool,
+    /// Special tokens reach the readers (see [`tool_calls::token_text`]).
+    reads_special: bool,
+    spec: GenerationSpec,
 }
 
 impl ReplyReader {
@@ -63,8 +64,9 @@ impl ReplyReader {
         Self {
             tools: tools.map(|t| StreamReader::new(Some(t), format)),
             thinking: reasoning.map(|r| r.stream()),
-            format,
-            skip_special_tokens: spec.skip_special_tokens,
+            reads_special: (tools.is_some() && tool_calls::reads_special_tokens(format))
+                || reasoning.is_some_and(|r| r.format.reads_special_tokens()),
+            spec: spec.clone(),
         }
     }
 
@@ -75,16 +77,7 @@ impl ReplyReader {
 
     /// What one generated token releases (the rest of the reply too on its last token).
     pub fn token(&mut self, token: &TokenOut, finish: Option<FinishReason>) -> Vec<ReplyPart> {
-        // Formats whose call marker is a special token read it (not the final EOS).
-        let keep_special = tool_calls::reads_special_tokens(self.format)
-            && self.tools.is_some()
-            && finish != Some(FinishReason::EosToken)
-            && !self.skip_special_tokens;
-        let text = if token.special && !keep_special {
-            ""
-        } else {
-            token.text.as_str()
-        };
+        let text = tool_calls::token_text(token, self.reads_special, &self.spec, finish);
         let split = crate::reasoning::split_token(self.thinking.as_mut(), text, finish.is_some());
         let mut parts = Vec::new();
         for piece in split {
@@ -122,7 +115,6 @@ pub fn assistant_message(parts: &[ReplyPart]) -> ChatMessage {
         .iter()
         .filter_map(|p| match p {
             ReplyPart::Text(t) => Some(t.as_str()),
-            // Reasoning is not carried into the next turn (as Qwen3's templates drop it).
             ReplyPart::ToolCall(_) | ReplyPart::Reasoning(_) => None,
         })
         .collect();
@@ -140,6 +132,16 @@ pub fn assistant_message(parts: &[ReplyPart]) -> ChatMessage {
             ReplyPart::Text(_) | ReplyPart::Reasoning(_) => None,
         })
         .collect();
+    // The reasoning goes with the turn; the template keeps it or drops it (Qwen3's drop it
+    // before the last user turn, gpt-oss's keep it before a tool call's result).
+    let thoughts: Vec<&str> = parts
+        .iter()
+        .filter_map(|p| match p {
+            ReplyPart::Reasoning(t) => Some(t.as_str()),
+            _ => None,
+        })
+        .collect();
+    let reasoning = (!thoughts.is_empty()).then(|| thoughts.concat());
     let text = text.trim();
     ChatMessage {
         role: Role::Assistant,
@@ -147,6 +149,7 @@ pub fn assistant_message(parts: &[ReplyPart]) -> ChatMessage {
         name: None,
         tool_calls: (!calls.is_empty()).then_some(calls),
         tool_call_id: None,
+        reasoning_content: reasoning,
     }
 }
 

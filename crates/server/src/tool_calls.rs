@@ -24,10 +24,28 @@ fn out(c: ParsedToolCall) -> ToolCallOut {
     }
 }
 
-/// Formats whose call marker is a special token (Mistral's `[TOOL_CALLS]`): the reply is
-/// decoded with special tokens so the parser sees the marker, as vLLM does.
+/// Formats whose call marker is a special token (Mistral's `[TOOL_CALLS]`, harmony's
+/// `<|channel|>`): the reply is decoded with special tokens so the parser sees the marker, as
+/// vLLM does.
 pub fn reads_special_tokens(format: ToolCallFormat) -> bool {
-    matches!(format, ToolCallFormat::Mistral)
+    matches!(format, ToolCallFormat::Mistral | ToolCallFormat::Harmony)
+}
+
+/// Whether a generated token's text goes to the reply's readers: special tokens only where a
+/// reader needs them (`reads`) and the client did not ask them dropped, and never the EOS
+/// that ended the reply.
+pub fn token_text<'a>(
+    token: &'a TokenOut,
+    reads: bool,
+    spec: &GenerationSpec,
+    finish: Option<FinishReason>,
+) -> &'a str {
+    let keep = reads && !spec.skip_special_tokens && finish != Some(FinishReason::EosToken);
+    if token.special && !keep {
+        ""
+    } else {
+        &token.text
+    }
 }
 
 /// The text a parser reads from a finished sequence: its text without the EOS token's text,
@@ -205,14 +223,11 @@ impl ToolStream {
         self.grow(index + 1);
         let c = &mut self.choices[index];
         c.pending.push((token.clone(), top.to_vec()));
-        let keep_special = reads_special_tokens(self.format)
-            && finish != Some(FinishReason::EosToken)
-            && !self.spec.skip_special_tokens;
-        let text = if token.special && !keep_special {
-            ""
-        } else {
-            token.text.as_str()
-        };
+        let reads = reads_special_tokens(self.format)
+            || self
+                .reasoning
+                .is_some_and(|r| r.format.reads_special_tokens());
+        let text = token_text(token, reads, &self.spec, finish);
         // Reasoning goes out as it is; the answer goes on to the reader.
         let split = crate::reasoning::split_token(c.thinking.as_mut(), text, finish.is_some());
         let mut pieces = Vec::new();

@@ -628,3 +628,156 @@ fn responses_and_messages_return_the_reasoning_apart() {
         "{m}"
     );
 }
+
+/// gpt-oss's format, reduced: harmony's markers are special tokens 260-266, the reply ends
+/// at `<|return|>` or `<|call|>`, the template writes `reasoning_effort` and the tools.
+const HARMONY_MARKERS: [&str; 7] = [
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|channel|>",
+    "<|return|>",
+    "<|call|>",
+    "<|constrain|>",
+];
+const HARMONY_TEMPLATE: &str = "{%- if reasoning_effort is defined %}<|start|>system<|message|>Reasoning: {{ reasoning_effort }}<|end|>{% endif %}\
+{%- if tools %}<|start|>developer<|message|>{% for t in tools %}{{ t.function.name }} {% endfor %}<|end|>{% endif %}\
+{%- for m in messages %}<|start|>{{ m.role }}{% if m.role == 'assistant' %}<|channel|>final{% endif %}<|message|>{{ m.content }}<|end|>{% endfor %}\
+{%- if add_generation_prompt %}<|start|>assistant{% endif %}";
+
+fn harmony_model(dir: &Path) {
+    let spec = TinySpec {
+        vocab_size: 267,
+        ..TinySpec::qwen3()
+    };
+    write_tiny_model(dir, &spec).unwrap();
+    let edit = |name: &str, f: &dyn Fn(&mut Value)| {
+        let path = dir.join(name);
+        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        f(&mut v);
+        std::fs::write(&path, v.to_string()).unwrap();
+    };
+    edit("tokenizer.json", &|tok| {
+        for (i, t) in HARMONY_MARKERS.iter().enumerate() {
+            let id = 260 + i;
+            tok["added_tokens"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"id": id, "content": t,
+                "single_word": false, "lstrip": false, "rstrip": false, "normalized": false,
+                "special": true}));
+            tok["model"]["vocab"][t] = json!(id);
+        }
+    });
+    edit("tokenizer_config.json", &|cfg| {
+        cfg["chat_template"] = json!(HARMONY_TEMPLATE);
+        cfg["eos_token"] = json!("<|return|>");
+    });
+    edit("generation_config.json", &|g| {
+        g["eos_token_id"] = json!([264, 265])
+    });
+}
+
+#[test]
+fn harmony_channels_and_calls_on_a_gpt_oss_style_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("tiny-harmony");
+    harmony_model(&model);
+    // The reasoning parser and the tool format are read from the template.
+    let mut server = start(&model, &["--kv-cache-bytes", "16M"]);
+    wait_ready(&mut server, "tiny-harmony");
+    let port = server.port;
+
+    // Analysis, then the final answer: the markers are special tokens the grammar names.
+    let grammar = "start: <|channel|> \"analysis\" <|message|> /[a-z]{4}/ <|end|> <|start|> \
+                   \"assistant\" <|channel|> \"final\" <|message|> (\"yes\" | \"no\")";
+    let body = json!({"messages": user("Is it?"), "max_tokens": 40, "temperature": 0,
+        "logprobs": true, "guided_grammar": grammar});
+    let reply = chat(port, body.clone());
+    let msg = &reply["choices"][0]["message"];
+    let thought = msg["reasoning_content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{reply}"));
+    assert!(
+        thought.len() == 4 && thought.bytes().all(|b| b.is_ascii_lowercase()),
+        "{msg}"
+    );
+    let answer = msg["content"].as_str().unwrap();
+    assert!(answer == "yes" || answer == "no", "{msg}");
+    assert_eq!(reply["choices"][0]["finish_reason"], "stop");
+    let texts = token_texts(&reply);
+    assert_eq!(
+        texts.concat(),
+        format!(
+            "<|channel|>analysis<|message|>{thought}<|end|><|start|>assistant<|channel|>final\
+             <|message|>{answer}"
+        )
+    );
+    // The analysis message's tokens: `<|channel|>`, 8 bytes, `<|message|>`, 4, `<|end|>`.
+    assert_eq!(reasoning_tokens(&reply), &json!(15));
+    let chunks = chat_stream(port, body);
+    assert_eq!(
+        stream_parts(&chunks),
+        (thought.to_string(), answer.to_string())
+    );
+    assert_eq!(reasoning_tokens(chunks.last().unwrap()), &json!(15));
+
+    // A call to a function (the recipient in the role part, as the template writes calls)
+    // is a tool call; its body is the arguments.
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let grammar = "start: <|channel|> \"analysis\" <|message|> /[a-z]{3}/ <|end|> <|start|> \
+                   \"assistant to=functions.get_weather\" <|channel|> \"commentary json\" \
+                   <|message|> \"{\\\"city\\\": \\\"Paris\\\"}\"";
+    let body = json!({"messages": user("Weather?"), "max_tokens": 120, "temperature": 0,
+        "tools": tools, "guided_grammar": grammar});
+    let reply = chat(port, body.clone());
+    let choice = &reply["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{choice}");
+    let call = &choice["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather");
+    assert_eq!(call["arguments"], r#"{"city":"Paris"}"#);
+    assert_eq!(
+        choice["message"]["reasoning_content"]
+            .as_str()
+            .unwrap()
+            .len(),
+        3
+    );
+    let chunks = chat_stream(port, body.clone());
+    let (thought, content) = stream_parts(&chunks);
+    assert_eq!((thought.len(), content.as_str()), (3, ""));
+    let calls: Vec<&Value> = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array())
+        .collect();
+    assert_eq!(calls.len(), 1, "{chunks:?}");
+    // Cut short by max_tokens: the arguments written so far are the content.
+    let mut cut = body;
+    cut["max_tokens"] = json!(80);
+    let reply = chat(port, cut);
+    let choice = &reply["choices"][0];
+    assert_eq!(choice["finish_reason"], "length", "{choice}");
+    assert_eq!(
+        choice["message"]["content"], r#"{"city": "Pari"#,
+        "{choice}"
+    );
+
+    // reasoning_effort is the template's variable; a thinking budget is refused.
+    let plain = prompt_tokens(port, json!({"messages": user("Hi"), "max_tokens": 1}));
+    let low = prompt_tokens(
+        port,
+        json!({"messages": user("Hi"), "max_tokens": 1, "reasoning_effort": "low"}),
+    );
+    assert_eq!(
+        (low - plain) as usize,
+        tokenize(port, "<|start|>system<|message|>Reasoning: low<|end|>")
+    );
+    let r = post(
+        port,
+        "/v1/chat/completions",
+        &json!({"messages": user("Hi"), "thinking_token_budget": 4}).to_string(),
+    );
+    assert_eq!(r.status, 422, "{}", r.body);
+    assert!(r.body.contains("reasoning_effort"), "{}", r.body);
+}

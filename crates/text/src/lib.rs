@@ -4,6 +4,7 @@
 pub mod chat;
 mod detokenizer;
 mod error;
+pub mod harmony;
 pub mod reasoning;
 mod tokenizer;
 pub mod tools;

@@ -2,14 +2,18 @@
 //! [`split_reasoning`] reads a finished reply whole; [`ReasoningStream`] is fed text deltas as
 //! they are generated and releases reasoning and answer deltas in order.
 //!
-//! Formats: think tags (`<think>` ... `</think>`, as Qwen3, QwQ and DeepSeek-R1 write them).
-//! gpt-oss's harmony channels are another variant of [`ReasoningFormat`] with the same API.
+//! Formats: think tags (`<think>` ... `</think>`, as Qwen3, QwQ and DeepSeek-R1 write them),
+//! and gpt-oss's harmony channels ([`crate::harmony`]), which are read with special tokens kept.
+
+use crate::harmony::{self, HarmonyReasoning, partial_suffix};
 
 /// How a model marks its reasoning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReasoningFormat {
     /// `<think>reasoning</think>answer`; the prompt may already have opened `<think>`.
     ThinkTags,
+    /// gpt-oss: `analysis` messages are the reasoning, `final` ones the answer.
+    Harmony,
 }
 
 const THINK_OPEN: &str = "<think>";
@@ -17,31 +21,59 @@ const THINK_CLOSE: &str = "</think>";
 
 impl ReasoningFormat {
     /// `option.reasoning_parser` names (vLLM's names for the same format are accepted).
-    pub const NAMES: &'static [&'static str] = &["think", "qwen3", "deepseek_r1"];
+    pub const NAMES: &'static [&'static str] = &[
+        "think",
+        "qwen3",
+        "deepseek_r1",
+        "openai_gptoss",
+        "gpt_oss",
+        "harmony",
+    ];
 
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::NAMES
-            .contains(&name.trim().to_ascii_lowercase().as_str())
-            .then_some(ReasoningFormat::ThinkTags)
+        match name.trim().to_ascii_lowercase().as_str() {
+            "think" | "qwen3" | "deepseek_r1" => Some(ReasoningFormat::ThinkTags),
+            "openai_gptoss" | "gpt_oss" | "harmony" => Some(ReasoningFormat::Harmony),
+            _ => None,
+        }
     }
 
-    /// The format a chat template's source implies: one that writes `</think>` knows think
-    /// tags. `None`: the model does not reason in a way we can tell apart.
+    /// The format a chat template's source implies: one that writes harmony channels is
+    /// gpt-oss's; one that writes `</think>` knows think tags. `None`: the model does not
+    /// reason in a way we can tell apart.
     pub fn detect(template_source: &str) -> Option<Self> {
-        template_source
-            .contains(THINK_CLOSE)
-            .then_some(ReasoningFormat::ThinkTags)
+        if template_source.contains(harmony::CHANNEL) {
+            Some(ReasoningFormat::Harmony)
+        } else {
+            template_source
+                .contains(THINK_CLOSE)
+                .then_some(ReasoningFormat::ThinkTags)
+        }
     }
 
+    /// Whether replies are read with their special tokens (harmony's markers are).
+    pub fn reads_special_tokens(self) -> bool {
+        self == ReasoningFormat::Harmony
+    }
+
+    /// Whether a thinking budget can be enforced (by a grammar over the tags): think tags
+    /// only; gpt-oss's effort is set with `reasoning_effort` instead.
+    pub fn takes_budget(self) -> bool {
+        self == ReasoningFormat::ThinkTags
+    }
+
+    /// What opens the reasoning.
     pub fn open_tag(self) -> &'static str {
         match self {
             ReasoningFormat::ThinkTags => THINK_OPEN,
+            ReasoningFormat::Harmony => "<|channel|>analysis<|message|>",
         }
     }
 
     pub fn close_tag(self) -> &'static str {
         match self {
             ReasoningFormat::ThinkTags => THINK_CLOSE,
+            ReasoningFormat::Harmony => harmony::END,
         }
     }
 
@@ -50,20 +82,28 @@ impl ReasoningFormat {
     pub fn after_close(self) -> &'static str {
         match self {
             ReasoningFormat::ThinkTags => "\n\n",
+            ReasoningFormat::Harmony => "",
         }
     }
 
     /// Whether a rendered prompt leaves the model inside its reasoning (templates that end the
-    /// generation prompt with `<think>`, as DeepSeek-R1's and Qwen3-Thinking's do).
+    /// generation prompt with `<think>`, as DeepSeek-R1's and Qwen3-Thinking's do); for
+    /// harmony, whether it leaves the model inside the header of its reply's first message.
     pub fn prompt_opens(self, prompt: &str) -> bool {
-        prompt.trim_end().ends_with(self.open_tag())
+        match self {
+            ReasoningFormat::ThinkTags => prompt.trim_end().ends_with(THINK_OPEN),
+            ReasoningFormat::Harmony => prompt.trim_end().ends_with(harmony::ASSISTANT_PROMPT),
+        }
     }
 
     /// Whether a rendered prompt has already closed the reasoning of the turn being generated
     /// (Qwen3 with `enable_thinking: false` writes an empty `<think>\n\n</think>\n\n`): the
     /// reply is then all answer.
     pub fn prompt_closes(self, prompt: &str) -> bool {
-        prompt.trim_end().ends_with(self.close_tag())
+        match self {
+            ReasoningFormat::ThinkTags => prompt.trim_end().ends_with(THINK_CLOSE),
+            ReasoningFormat::Harmony => false,
+        }
     }
 }
 
@@ -119,6 +159,8 @@ pub struct ReasoningStream {
     entered: bool,
     tokens: usize,
     pending_tokens: usize,
+    /// The harmony reader, for [`ReasoningFormat::Harmony`] (`state` is then unused).
+    harmony: Option<HarmonyReasoning>,
 }
 
 impl ReasoningStream {
@@ -134,12 +176,17 @@ impl ReasoningStream {
             entered: starts_inside,
             tokens: 0,
             pending_tokens: 0,
+            harmony: (format == ReasoningFormat::Harmony)
+                .then(|| HarmonyReasoning::new(starts_inside)),
         }
     }
 
     /// Whether the reply went into reasoning (opened by the prompt or by the reply).
     pub fn entered(&self) -> bool {
-        self.entered
+        match &self.harmony {
+            Some(h) => h.entered(),
+            None => self.entered,
+        }
     }
 
     /// Generated tokens that belong to the reasoning, the tags included, when each token's
@@ -151,6 +198,22 @@ impl ReasoningStream {
     /// [`Self::push`] for one generated token's text, counting it as reasoning when it was
     /// read inside the reasoning (or opened or closed it).
     pub fn push_token(&mut self, text: &str) -> Vec<ReasoningPiece> {
+        if let Some(h) = self.harmony.as_mut() {
+            // An analysis message's tokens, its header and end included.
+            let inside = h.in_reasoning();
+            let out = h.push(text);
+            if inside {
+                self.tokens += 1;
+            } else if h.in_reasoning() {
+                self.tokens += self.pending_tokens + 1;
+                self.pending_tokens = 0;
+            } else if h.in_header() {
+                self.pending_tokens += 1;
+            } else {
+                self.pending_tokens = 0;
+            }
+            return out;
+        }
         let (before, entered) = (self.state, self.entered);
         let out = self.push(text);
         if before == State::Inside {
@@ -166,6 +229,9 @@ impl ReasoningStream {
     }
 
     pub fn push(&mut self, delta: &str) -> Vec<ReasoningPiece> {
+        if let Some(h) = self.harmony.as_mut() {
+            return h.push(delta);
+        }
         self.held.push_str(delta);
         let mut out = Vec::new();
         loop {
@@ -225,6 +291,9 @@ impl ReasoningStream {
     /// The end of the reply: what was held back goes out as what it turned out to be (an
     /// unclosed reasoning stays reasoning; a lone partial tag at the start is answer text).
     pub fn finish(&mut self) -> Vec<ReasoningPiece> {
+        if let Some(h) = self.harmony.as_mut() {
+            return h.finish();
+        }
         let held = std::mem::take(&mut self.held);
         match self.state {
             State::Inside if !held.is_empty() => vec![ReasoningPiece::Reasoning(held)],
@@ -235,15 +304,6 @@ impl ReasoningStream {
             _ => Vec::new(),
         }
     }
-}
-
-/// The length of the longest suffix of `text` that is a proper prefix of `tag` (a tag that
-/// may be completed by the next delta), on a char boundary.
-fn partial_suffix(text: &str, tag: &str) -> usize {
-    (1..tag.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && text.ends_with(&tag[..n]))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -305,6 +365,41 @@ mod tests {
     }
 
     #[test]
+    fn harmony_channels_token_by_token() {
+        let f = ReasoningFormat::Harmony;
+        let prompt = "<|start|>user<|message|>Hi<|end|><|start|>assistant";
+        assert!(f.prompt_opens(prompt) && !f.prompt_closes(prompt));
+        let mut s = ReasoningStream::new(f, true);
+        let tokens = [
+            "<|channel|>",
+            "analysis",
+            "<|message|>",
+            "Greet",
+            ".",
+            "<|end|>",
+            "<|start|>",
+            "assistant",
+            "<|channel|>",
+            "final",
+            "<|message|>",
+            "Hello",
+        ];
+        let mut out: Vec<ReasoningPiece> = tokens.iter().flat_map(|t| s.push_token(t)).collect();
+        out.extend(s.finish());
+        assert_eq!(out, vec![r("Greet"), r("."), c("Hello")]);
+        assert_eq!(
+            s.reasoning_tokens(),
+            6,
+            "the analysis message, header to end"
+        );
+        let whole = split_reasoning(f, &tokens.concat(), true);
+        assert_eq!(whole, (Some("Greet.".into()), "Hello".into()));
+        // No analysis message: no reasoning.
+        let whole = split_reasoning(f, "<|channel|>final<|message|>Hi", true);
+        assert_eq!(whole, (None, "Hi".into()));
+    }
+
+    #[test]
     fn formats_from_names_and_templates() {
         assert_eq!(
             ReasoningFormat::from_name("deepseek_r1"),
@@ -317,5 +412,14 @@ mod tests {
         assert!(f.prompt_opens("<|im_start|>assistant\n<think>\n"));
         assert!(!f.prompt_opens("<|im_start|>assistant\n"));
         assert!(f.prompt_closes("assistant\n<think>\n\n</think>\n\n"));
+        assert_eq!(
+            ReasoningFormat::from_name("openai_gptoss"),
+            Some(ReasoningFormat::Harmony)
+        );
+        let harmony = "{{- '<|start|>assistant<|channel|>analysis<|message|>' }}</think>";
+        assert_eq!(
+            ReasoningFormat::detect(harmony),
+            Some(ReasoningFormat::Harmony)
+        );
     }
 }

@@ -76,6 +76,15 @@ pub struct ChatMessage {
     pub tool_calls: Option<Vec<ToolCall>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant turn's reasoning sent back (vLLM's `reasoning_content`; `reasoning` and
+    /// transformers' `thinking` are read too): the template decides what to keep.
+    #[serde(
+        default,
+        alias = "reasoning",
+        alias = "thinking",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -86,6 +95,7 @@ impl ChatMessage {
             name: None,
             tool_calls: None,
             tool_call_id: None,
+            reasoning_content: None,
         }
     }
 

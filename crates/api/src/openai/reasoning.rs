@@ -1,7 +1,9 @@
 //! Reasoning controls of a chat request: `chat_template_kwargs` (passed to the chat template,
 //! as vLLM and SGLang do: `enable_thinking` and any variable the template reads) and a thinking
 //! budget in the spellings clients send (vLLM's `thinking_token_budget`, llama.cpp's
-//! `thinking_budget_tokens`; -1 means no limit, as llama.cpp's `--reasoning-budget`).
+//! `thinking_budget_tokens`; -1 means no limit, as llama.cpp's `--reasoning-budget`), and
+//! OpenAI's `reasoning_effort`, given to the template as the variable of that name (gpt-oss's
+//! template writes it into the system message, as vLLM does for it).
 
 use crate::error::ApiError;
 use crate::fields::{Fields, Res};
@@ -12,7 +14,11 @@ pub(crate) const REASONING_FIELDS: &[&str] = &[
     "chat_template_kwargs",
     "thinking_token_budget",
     "thinking_budget_tokens",
+    "reasoning_effort",
 ];
+
+/// `reasoning_effort` values (OpenAI's).
+const EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high"];
 
 /// How many tokens a reply may spend reasoning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,10 +50,30 @@ pub struct ReasoningControls {
 }
 
 pub(crate) fn read_reasoning(f: &Fields) -> Res<ReasoningControls> {
-    let template_kwargs = f
+    let mut template_kwargs = f
         .object("chat_template_kwargs")?
         .cloned()
         .unwrap_or_default();
+    if let Some(effort) = f.str("reasoning_effort")? {
+        if !EFFORTS.contains(&effort) {
+            return Err(f.range_err(
+                "reasoning_effort",
+                format!("must be one of {}, got \"{effort}\"", EFFORTS.join(", ")),
+            ));
+        }
+        match template_kwargs.get("reasoning_effort") {
+            Some(v) if v != effort => {
+                return Err(ApiError::validation(
+                    "reasoning_effort and chat_template_kwargs.reasoning_effort disagree: \
+                     send one",
+                )
+                .with_param("reasoning_effort"));
+            }
+            _ => {
+                template_kwargs.insert("reasoning_effort".into(), effort.into());
+            }
+        }
+    }
     if let Some(v) = template_kwargs.get("enable_thinking")
         && !v.is_boolean()
     {
@@ -79,4 +105,35 @@ pub(crate) fn read_reasoning(f: &Fields) -> Res<ReasoningControls> {
         template_kwargs,
         budget: budget.map(|(_, b)| b),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn read(body: Value) -> Res<ReasoningControls> {
+        let map = body.as_object().cloned().unwrap_or_default();
+        read_reasoning(&Fields::new(&map, ""))
+    }
+
+    #[test]
+    fn reasoning_effort_becomes_the_template_variable() {
+        let r = read(json!({"reasoning_effort": "high"})).unwrap();
+        assert_eq!(r.template_kwargs["reasoning_effort"], "high");
+        let r = read(json!({"reasoning_effort": "low",
+            "chat_template_kwargs": {"reasoning_effort": "low", "x": 1}}))
+        .unwrap();
+        assert_eq!(r.template_kwargs.len(), 2);
+        let e = read(json!({"reasoning_effort": "max"})).unwrap_err();
+        assert!(
+            e.message.contains("none, minimal, low, medium, high"),
+            "{}",
+            e.message
+        );
+        let e = read(json!({"reasoning_effort": "low",
+            "chat_template_kwargs": {"reasoning_effort": "high"}}))
+        .unwrap_err();
+        assert!(e.message.contains("disagree"), "{}", e.message);
+    }
 }

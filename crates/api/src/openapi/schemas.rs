@@ -158,6 +158,9 @@ pub fn schemas() -> Map<String, Value> {
             "description": "Tokens the reasoning may take (-1: no limit; 0: none)."},
         "thinking_budget_tokens": {"type": "integer", "minimum": -1, "nullable": true,
             "description": "llama.cpp's spelling of `thinking_token_budget`."},
+        "reasoning_effort": {"type": "string", "enum": ["none", "minimal", "low", "medium", "high"],
+            "nullable": true,
+            "description": "The chat template's `reasoning_effort` variable (gpt-oss's effort)."},
         "ignore_eos": {"type": "boolean"}},
         "example": {"messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 8}}),
     );

@@ -351,6 +351,7 @@ fn fix_names(s: &str) -> String {
         .replace("response_format.json_schema", "text.format")
         .replace("response_format", "text.format")
         .replace("max_tokens", "max_output_tokens")
+        .replace("reasoning_effort", "reasoning.effort")
         .replace("messages", "input")
 }
 
@@ -418,8 +419,15 @@ pub fn parse_responses_request_with(body: &Value, media: bool) -> Res<ResponsesR
     {
         chat.insert("response_format".into(), rf);
     }
-    // Accepted where the model has no reasoning: the effort has nothing to act on.
+    // The effort is the chat template's `reasoning_effort` (gpt-oss's reads it; others
+    // ignore it); `summary` has nothing to act on.
     let reasoning = f.object("reasoning")?;
+    if let Some(effort) = reasoning
+        .and_then(|r| r.get("effort"))
+        .filter(|e| !e.is_null())
+    {
+        chat.insert("reasoning_effort".into(), effort.clone());
+    }
     let store = f.bool("store")?.unwrap_or(true);
     let previous_response_id = f.str("previous_response_id")?.map(str::to_string);
     let metadata = f.object("metadata")?;
@@ -501,6 +509,10 @@ mod tests {
             ToolChoice::Function("w".into())
         );
         assert!(r.chat.spec.constraint.is_some(), "a named tool is forced");
+        assert_eq!(
+            r.chat.reasoning.template_kwargs["reasoning_effort"], "low",
+            "the effort is the template's reasoning_effort"
+        );
         assert_eq!(r.echo.instructions.as_deref(), Some("Be brief."));
         assert!(r.echo.store);
     }

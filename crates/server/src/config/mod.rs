@@ -247,7 +247,8 @@ pub struct ServingConfig {
     /// from the chat template.
     pub tool_call_parser: Option<lmi_text::tools::ToolCallFormat>,
     /// How the model marks its reasoning (option.reasoning_parser: `think`, or vLLM's
-    /// `qwen3` / `deepseek_r1`; `none` turns reading it off); None: read from the template.
+    /// `qwen3` / `deepseek_r1` / `openai_gptoss`; `none` turns reading it off); None: read
+    /// from the template.
     pub reasoning_parser: Option<ReasoningParserChoice>,
     /// Tokens a reply may spend reasoning when the request names no budget
     /// (option.reasoning_budget: -1, the default, for no limit; 0 for none).

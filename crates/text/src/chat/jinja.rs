@@ -168,6 +168,10 @@ fn message_value(m: &Message) -> Value {
     if let Some(name) = &m.name {
         map.insert("name".to_owned(), Value::from(name.clone()));
     }
+    if let Some(r) = &m.reasoning_content {
+        map.insert("reasoning_content".to_owned(), Value::from(r.clone()));
+        map.insert("thinking".to_owned(), Value::from(r.clone()));
+    }
     Value::from_object(map)
 }
 

@@ -21,6 +21,15 @@ pub struct Message {
     pub tool_call_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant turn's reasoning; templates read it as `reasoning_content` (Qwen3) or
+    /// `thinking` (gpt-oss), so it is given under both names.
+    #[serde(
+        default,
+        alias = "reasoning",
+        alias = "thinking",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub reasoning_content: Option<String>,
 }
 
 impl Message {

@@ -19,18 +19,26 @@ pub enum ToolCallFormat {
     /// Mistral: `[TOOL_CALLS][{"name": .., "arguments": {..}}, ..]` (also the newer
     /// `[TOOL_CALLS]name[ARGS]{..}`).
     Mistral,
+    /// gpt-oss's harmony: a `commentary` message to `functions.NAME` whose body is the
+    /// arguments, ended by `<|call|>` (see [`crate::harmony`]).
+    Harmony,
 }
 
 impl ToolCallFormat {
-    pub const ALL: [ToolCallFormat; 4] = [
+    pub const ALL: [ToolCallFormat; 5] = [
         ToolCallFormat::Hermes,
         ToolCallFormat::SmolLm,
         ToolCallFormat::Llama3Json,
         ToolCallFormat::Mistral,
+        ToolCallFormat::Harmony,
     ];
 
-    /// vLLM's `--tool-call-parser` names (`hermes`, `llama3_json`, `mistral`) plus `smollm`.
+    /// vLLM's `--tool-call-parser` names (`hermes`, `llama3_json`, `mistral`, `openai` for
+    /// gpt-oss, also read as `harmony`) plus `smollm`.
     pub fn from_name(name: &str) -> Result<Self, String> {
+        if name.trim() == "harmony" {
+            return Ok(ToolCallFormat::Harmony);
+        }
         Self::ALL
             .into_iter()
             .find(|f| f.name() == name.trim())
@@ -49,6 +57,7 @@ impl ToolCallFormat {
             ToolCallFormat::SmolLm => "smollm",
             ToolCallFormat::Llama3Json => "llama3_json",
             ToolCallFormat::Mistral => "mistral",
+            ToolCallFormat::Harmony => "openai",
         }
     }
 
@@ -59,7 +68,9 @@ impl ToolCallFormat {
         let Some(source) = template.and_then(ChatTemplate::jinja_source) else {
             return ToolCallFormat::SmolLm;
         };
-        if source.contains("<tool_call>") {
+        if source.contains(crate::harmony::CHANNEL) {
+            ToolCallFormat::Harmony
+        } else if source.contains("<tool_call>") {
             ToolCallFormat::Hermes
         } else if source.contains("[TOOL_CALLS]") {
             ToolCallFormat::Mistral
@@ -70,12 +81,14 @@ impl ToolCallFormat {
         }
     }
 
-    /// The text that opens a call.
-    pub(crate) fn marker(self) -> &'static str {
+    /// The texts that may open a call (harmony: a message's start, or its channel when the
+    /// role was in the prompt).
+    pub(crate) fn markers(self) -> &'static [&'static str] {
         match self {
-            ToolCallFormat::Hermes | ToolCallFormat::SmolLm => "<tool_call>",
-            ToolCallFormat::Llama3Json => "<|python_tag|>",
-            ToolCallFormat::Mistral => "[TOOL_CALLS]",
+            ToolCallFormat::Hermes | ToolCallFormat::SmolLm => &["<tool_call>"],
+            ToolCallFormat::Llama3Json => &["<|python_tag|>"],
+            ToolCallFormat::Mistral => &["[TOOL_CALLS]"],
+            ToolCallFormat::Harmony => &[crate::harmony::START, crate::harmony::CHANNEL],
         }
     }
 }
@@ -110,7 +123,8 @@ mod tests {
         }
         let err = ToolCallFormat::from_name("pythonic").unwrap_err();
         assert!(
-            err.contains("\"pythonic\"") && err.contains("hermes, smollm, llama3_json, mistral"),
+            err.contains("\"pythonic\"")
+                && err.contains("hermes, smollm, llama3_json, mistral, openai"),
             "{err}"
         );
     }

@@ -98,6 +98,11 @@ pub fn tools_system_prompt(format: ToolCallFormat, tools: &[Value]) -> String {
              example:\n[TOOL_CALLS][{\"name\": \"function_name\", \"arguments\": \
              {\"argument\": \"value\"}}]"
         }
+        ToolCallFormat::Harmony => {
+            "To call a function, write a message like this one:\n<|channel|>commentary \
+             to=functions.function_name <|constrain|>json<|message|>{\"argument\": \
+             \"value\"}<|call|>"
+        }
     };
     format!(
         "You can call these functions, described in JSON:\n<tools>\n{}\n</tools>\n\n{how}\n\
@@ -134,6 +139,16 @@ fn calls_text(format: ToolCallFormat, calls: &[Value]) -> String {
         ToolCallFormat::SmolLm => format!("<tool_call>[{}]</tool_call>", objects.join(", ")),
         ToolCallFormat::Llama3Json => objects.join("; "),
         ToolCallFormat::Mistral => format!("[TOOL_CALLS][{}]", objects.join(", ")),
+        ToolCallFormat::Harmony => calls
+            .iter()
+            .filter_map(call_parts)
+            .map(|(name, args)| {
+                format!(
+                    "<|channel|>commentary to=functions.{name} <|constrain|>json\
+                     <|message|>{args}<|call|>"
+                )
+            })
+            .collect(),
     }
 }
 
@@ -213,6 +228,7 @@ mod tests {
             (ToolCallFormat::Hermes, "<tool_call>\n{\"name\""),
             (ToolCallFormat::Llama3Json, "\"parameters\": {"),
             (ToolCallFormat::Mistral, "[TOOL_CALLS][{\"name\""),
+            (ToolCallFormat::Harmony, "to=functions.function_name"),
         ] {
             let prompt = tools_system_prompt(format, &[json!({"name": "f"})]);
             assert!(prompt.contains(example), "{format}: {prompt}");
@@ -270,6 +286,11 @@ mod tests {
         assert_eq!(
             calls_text(ToolCallFormat::Mistral, &calls),
             r#"[TOOL_CALLS][{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"k":"v"}}]"#
+        );
+        assert_eq!(
+            calls_text(ToolCallFormat::Harmony, &calls),
+            "<|channel|>commentary to=functions.a <|constrain|>json<|message|>{}<|call|>\
+             <|channel|>commentary to=functions.b <|constrain|>json<|message|>{\"k\":\"v\"}<|call|>"
         );
     }
 }

@@ -51,6 +51,8 @@ enum Step {
     Calls(usize, Vec<ParsedToolCall>),
     /// The first `len` bytes are ordinary text.
     Text(usize),
+    /// The first `len` bytes are a message whose text is this (harmony without a recipient).
+    Content(usize, String),
 }
 
 impl ToolStreamParser {
@@ -111,6 +113,11 @@ impl ToolStreamParser {
                     self.content(&text, out);
                     self.state = State::Text;
                 }
+                Step::Content(len, text) => {
+                    self.buf.drain(..len);
+                    self.content(&text, out);
+                    self.state = State::Text;
+                }
             }
         }
     }
@@ -132,8 +139,9 @@ impl ToolStreamParser {
                 return true;
             }
         }
-        let marker = self.format.marker();
-        if let Some(at) = self.buf.find(marker) {
+        let markers = self.format.markers();
+        let found = markers.iter().filter_map(|m| self.buf.find(m)).min();
+        if let Some(at) = found {
             let text: String = self.buf.drain(..at).collect();
             self.content(&text, out);
             self.at_start = false;
@@ -146,7 +154,11 @@ impl ToolStreamParser {
         let keep = if eof {
             0
         } else {
-            marker_prefix_len(&self.buf, marker)
+            markers
+                .iter()
+                .map(|m| marker_prefix_len(&self.buf, m))
+                .max()
+                .unwrap_or(0)
         };
         let text: String = self.buf.drain(..self.buf.len() - keep).collect();
         if !text.trim().is_empty() {
@@ -160,6 +172,7 @@ impl ToolStreamParser {
         match self.format {
             ToolCallFormat::Hermes | ToolCallFormat::SmolLm => tagged_step(&self.buf, eof),
             ToolCallFormat::Mistral => mistral_step(&self.buf),
+            ToolCallFormat::Harmony => harmony_step(&self.buf, eof),
             // Llama's marker leads to LlamaCalls, never here.
             ToolCallFormat::Llama3Json => Step::Text(self.buf.len()),
         }
@@ -167,7 +180,7 @@ impl ToolStreamParser {
 
     /// Llama 3: JSON call objects separated by whitespace or `;`, after the optional tag.
     fn llama_step(&mut self, first: bool, eof: bool) -> Step {
-        let marker = self.format.marker();
+        let marker = "<|python_tag|>";
         let head = if first && self.buf.starts_with(marker) {
             marker.len()
         } else {
@@ -303,6 +316,49 @@ fn mistral_step(buf: &str) -> Step {
     }
 }
 
+/// Harmony: `<|start|>` or `<|channel|>` opens a message; one to `functions.NAME` is a call
+/// whose body is the arguments, any other gives its body as content (the raw reply, when
+/// reasoning is not split off first), as does a call whose arguments are not JSON (one cut
+/// short). A message left open at the end counts if what it holds is complete.
+fn harmony_step(buf: &str, eof: bool) -> Step {
+    use crate::harmony::{CALL, END, Header, MAX_HEADER, MESSAGE, RETURN, START};
+    let Some(at) = buf.find(MESSAGE) else {
+        return if eof || buf.len() > MAX_HEADER {
+            Step::Text(buf.len().min(MAX_HEADER))
+        } else {
+            Step::Wait
+        };
+    };
+    let header = Header::parse(buf[..at].strip_prefix(START).unwrap_or(&buf[..at]));
+    let start = at + MESSAGE.len();
+    let body = &buf[start..];
+    let (body, len) = match [CALL, END, RETURN]
+        .into_iter()
+        .filter_map(|m| body.find(m).map(|i| (i, m)))
+        .min()
+    {
+        Some((i, m)) => (&body[..i], start + i + m.len()),
+        None if eof => (body, buf.len()),
+        None => return Step::Wait,
+    };
+    let Some(name) = header.function() else {
+        return Step::Content(len, body.to_string());
+    };
+    // The body must be one JSON value before it is spliced into a call object.
+    let args = body.trim();
+    if serde_json::from_str::<&serde_json::value::RawValue>(args).is_err() {
+        return Step::Content(len, body.to_string());
+    }
+    let object = format!(
+        "{{\"name\": {}, \"arguments\": {args}}}",
+        serde_json::Value::from(name)
+    );
+    match call_from_object(&object) {
+        Ok(call) => Step::Calls(len, vec![call]),
+        Err(_) => Step::Content(len, body.to_string()),
+    }
+}
+
 /// Length of the longest end of `text` that `marker` starts with (shorter than the marker).
 fn marker_prefix_len(text: &str, marker: &str) -> usize {
     (1..marker.len().min(text.len() + 1))
@@ -353,6 +409,22 @@ mod tests {
             "ok [TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}] [TOOL_CALLS]b[ARGS]{\"k\": [1]} [TOOL_CALLS]? end",
         ),
         (Mistral, "[TOOL_CALLS]name_only"),
+        (
+            Harmony,
+            "Checking. <|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Zürich\"}<|call|><|channel|>commentary to=functions.t<|message|>{}",
+        ),
+        (
+            Harmony,
+            "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>Yes.<|return|>",
+        ),
+        (
+            Harmony,
+            "<|channel|>commentary to=functions.f<|message|>not json<|call|> after <|channel|>fin",
+        ),
+        (
+            Harmony,
+            "<|channel|>analysis<|message|>x<|end|><|start|>assistant to=functions.f<|channel|>commentary json<|message|>{\"a\": 1}<|call|>",
+        ),
     ];
 
     fn stream(format: ToolCallFormat, deltas: &[&str]) -> (String, Vec<ParsedToolCall>) {
@@ -412,7 +484,7 @@ mod tests {
 
     #[test]
     fn samples_parse_as_expected() {
-        let expected_calls = [2, 1, 0, 1, 0, 2, 0, 1, 1, 2, 0];
+        let expected_calls = [2, 1, 0, 1, 0, 2, 0, 1, 1, 2, 0, 2, 0, 0, 1];
         for (&(format, text), n) in SAMPLES.iter().zip(expected_calls) {
             assert_eq!(parse_tool_calls(format, text).1.len(), n, "{text:?}");
         }
@@ -427,6 +499,21 @@ mod tests {
         assert_eq!(
             parse_tool_calls(Mistral, SAMPLES[9].1).0,
             "ok   [TOOL_CALLS]? end"
+        );
+        let (content, calls) = parse_tool_calls(Harmony, SAMPLES[11].1);
+        assert_eq!(content, "Checking.");
+        assert_eq!(
+            calls[0],
+            ParsedToolCall {
+                name: "get_weather".into(),
+                arguments: "{\"city\":\"Zürich\"}".into()
+            }
+        );
+        // The raw reply (reasoning not split off): each message's text, markup dropped.
+        assert_eq!(parse_tool_calls(Harmony, SAMPLES[12].1).0, "hmYes.");
+        assert_eq!(
+            parse_tool_calls(Harmony, SAMPLES[13].1).0,
+            "not json after <|channel|>fin"
         );
     }
 
