@@ -310,7 +310,10 @@ pub trait Backend: Send + Sync + 'static {
         self.write_kv(qkv, step, layout, k_cache, v_cache)
     }
     /// Causal attention of each token's q heads over its sequence's cached keys
-    /// `0 ..= position`, read through the block table. `out` is `[tokens, q_heads * head_dim]`.
+    /// `0 ..= position` (or the last `window` of them), read through the block table, scored
+    /// as `scoring` says. `out` is `[tokens, q_heads * head_dim]`. A backend refuses scoring
+    /// it lacks ([`Feature::SlidingWindow`], [`Feature::AttentionSinks`]); models that need
+    /// it are refused at load.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -319,54 +322,13 @@ pub trait Backend: Send + Sync + 'static {
         layout: QkvLayout,
         k_cache: &Self::Kv,
         v_cache: &Self::Kv,
-        scale: f32,
+        scoring: AttnScoring<'_, Self::Weight>,
         out: &mut Self::Buf,
     ) -> Result<()>;
-    /// [`Backend::attention`] over the last `window` keys only (`position - window + 1 ..=
-    /// position`): a local layer's sliding window (Gemma 3). Backends without it refuse such
-    /// models at load ([`Backend::runs_gemma`]).
-    #[allow(clippy::too_many_arguments)]
-    fn sliding_attention(
-        &self,
-        qkv: &Self::Buf,
-        step: &Self::Step,
-        layout: QkvLayout,
-        k_cache: &Self::Kv,
-        v_cache: &Self::Kv,
-        scale: f32,
-        window: usize,
-        out: &mut Self::Buf,
-    ) -> Result<()> {
-        let _ = (qkv, step, layout, k_cache, v_cache, scale, window, out);
-        Err(gemma_refused(self.name()))
-    }
-    /// [`Backend::attention`] (over a sliding window when given) with a learned logit per q
-    /// head in each softmax's denominator, `sinks` `[q_heads]` (gpt-oss's attention sinks).
-    #[allow(clippy::too_many_arguments)]
-    fn sink_attention(
-        &self,
-        qkv: &Self::Buf,
-        step: &Self::Step,
-        layout: QkvLayout,
-        k_cache: &Self::Kv,
-        v_cache: &Self::Kv,
-        scale: f32,
-        window: Option<usize>,
-        sinks: &Self::Weight,
-        out: &mut Self::Buf,
-    ) -> Result<()> {
-        let _ = (
-            qkv, step, layout, k_cache, v_cache, scale, window, sinks, out,
-        );
-        Err(crate::error::EngineError::Backend(format!(
-            "the {} engine does not run attention sinks (gpt-oss) yet: use --device cpu",
-            self.name()
-        )))
-    }
     /// `x[..len] *= s` (Gemma's embedding scale).
     fn scale(&self, x: &mut Self::Buf, len: usize, s: f32) -> Result<()> {
         let _ = (x, len, s);
-        Err(gemma_refused(self.name()))
+        Err(refused(self.name(), Feature::Gemma))
     }
     /// `out[r, i] = gelu_tanh(gate[r, i]) * up[r, i]` (GeGLU), rows as [`Backend::silu_mul`].
     fn gelu_tanh_mul(
@@ -377,12 +339,12 @@ pub trait Backend: Send + Sync + 'static {
         out: &mut Self::Buf,
     ) -> Result<()> {
         let _ = (gate_up, rows, width, out);
-        Err(gemma_refused(self.name()))
+        Err(refused(self.name(), Feature::Gemma))
     }
-    /// Whether the Gemma 3 operations run here ([`Backend::sliding_attention`],
-    /// [`Backend::scale`], [`Backend::gelu_tanh_mul`]); such a model is refused at load
-    /// otherwise.
-    fn runs_gemma(&self) -> bool {
+    /// Whether the operations a model needs beyond the Llama family's run here; a model
+    /// that needs one this backend lacks is refused at load (before its weights are uploaded).
+    fn supports(&self, feature: Feature) -> bool {
+        let _ = feature;
         false
     }
     /// `out[r, i] = silu(gate[r, i]) * up[r, i]`, each input row holding `[gate | up]` (2·`width`).
@@ -412,11 +374,6 @@ pub trait Backend: Send + Sync + 'static {
         self.silu_mul(gate_up, rows, width, act)?;
         self.linear(act, rows, w, None, out)
     }
-    /// Whether [`Backend::moe`] runs here; a model with experts is refused at load otherwise
-    /// (before its weights are uploaded).
-    fn runs_moe(&self) -> bool {
-        false
-    }
     /// A mixture-of-experts MLP over `rows` rows of `x` (`hidden` wide): each row's experts
     /// from `layer.router`, `out[r] = Σ weight · down(silu(gate) · up)` over them. A row's
     /// result must not depend on the other rows of the step (batch invariance), even though
@@ -430,7 +387,7 @@ pub trait Backend: Send + Sync + 'static {
         out: &mut Self::Buf,
     ) -> Result<()> {
         let _ = (x, rows, hidden, layer, out);
-        Err(moe_refused(self.name()))
+        Err(refused(self.name(), Feature::Experts))
     }
     /// LoRA deltas on one projection, `site`, for every adapter of the step at once (SGMV's
     /// grouping): for each group, the token rows of `BatchLayout::adapter_rows[group]` get
@@ -501,17 +458,93 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<()>;
 }
 
-/// The error for a Gemma model on a backend without its operations ([`Backend::runs_gemma`]).
-pub fn gemma_refused(backend: &str) -> crate::error::EngineError {
-    crate::error::EngineError::Backend(format!(
-        "the {backend} engine does not run Gemma models yet: use --device cpu"
-    ))
+/// How attention scores a query against its keys.
+#[derive(Debug)]
+pub struct AttnScoring<'a, W: ?Sized> {
+    /// Multiplies q·k.
+    pub scale: f32,
+    /// Only the last `window` keys (`position - window + 1 ..= position`): a local layer's
+    /// sliding window (Gemma 3, gpt-oss).
+    pub window: Option<usize>,
+    /// A learned logit per q head in each softmax's denominator, `[q_heads]` (gpt-oss's
+    /// attention sinks).
+    pub sinks: Option<&'a W>,
 }
 
-/// The error for a mixture-of-experts model on a backend without [`Backend::moe`].
-pub fn moe_refused(backend: &str) -> crate::error::EngineError {
+impl<W: ?Sized> Clone for AttnScoring<'_, W> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<W: ?Sized> Copy for AttnScoring<'_, W> {}
+
+impl<'a, W: ?Sized> AttnScoring<'a, W> {
+    /// Every earlier key, no sinks.
+    pub fn plain(scale: f32) -> Self {
+        AttnScoring {
+            scale,
+            window: None,
+            sinks: None,
+        }
+    }
+
+    /// The same scoring, its sinks seen through `f` (a backend's view of its weight).
+    pub fn map_sinks<V: ?Sized>(self, f: impl FnOnce(&'a W) -> &'a V) -> AttnScoring<'a, V> {
+        AttnScoring {
+            scale: self.scale,
+            window: self.window,
+            sinks: self.sinks.map(f),
+        }
+    }
+}
+
+/// What a model may need beyond the Llama family's operations ([`Backend::supports`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feature {
+    /// [`Backend::moe`].
+    Experts,
+    /// [`AttnScoring::window`].
+    SlidingWindow,
+    /// [`AttnScoring::sinks`].
+    AttentionSinks,
+    /// Gemma's [`Backend::gelu_tanh_mul`] and [`Backend::scale`].
+    Gemma,
+}
+
+impl Feature {
+    /// The features `config`'s model needs.
+    pub fn needed_by(config: &crate::config::ModelConfig) -> Vec<Feature> {
+        let mut out = Vec::new();
+        if config.moe.is_some() {
+            out.push(Feature::Experts);
+        }
+        if config.sliding_window.is_some() {
+            out.push(Feature::SlidingWindow);
+        }
+        if config.architecture.has_sinks() {
+            out.push(Feature::AttentionSinks);
+        }
+        if config.architecture.is_gemma() {
+            out.push(Feature::Gemma);
+        }
+        out
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Feature::Experts => "mixture-of-experts models (Qwen3-MoE, Mixtral, gpt-oss)",
+            Feature::SlidingWindow => "sliding-window attention (Gemma 3, gpt-oss)",
+            Feature::AttentionSinks => "attention sinks (gpt-oss)",
+            Feature::Gemma => "Gemma models",
+        }
+    }
+}
+
+/// The error for a model that needs `feature` on a backend without it.
+pub fn refused(backend: &str, feature: Feature) -> crate::error::EngineError {
     crate::error::EngineError::Backend(format!(
-        "the {backend} engine does not run mixture-of-experts models (Qwen3-MoE, Mixtral) yet: \
-         use --device cpu"
+        "the {backend} engine does not run {} yet: use --device cpu",
+        feature.describe()
     ))
 }

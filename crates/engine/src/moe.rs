@@ -105,14 +105,11 @@ pub fn route(
                 order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
                 let picked = &order[..top_k.min(num_experts)];
                 let max = picked.first().map_or(0.0, |&e| row[e as usize]);
-                let exps: Vec<f32> = picked
-                    .iter()
-                    .map(|&e| (row[e as usize] - max).exp())
-                    .collect();
-                let sum: f32 = exps.iter().sum();
-                for (&e, x) in picked.iter().zip(exps) {
-                    out.push((e, x / sum));
-                }
+                // The exponentials go out first and are divided in place: no buffer per row.
+                let first = out.len();
+                out.extend(picked.iter().map(|&e| (e, (row[e as usize] - max).exp())));
+                let sum: f32 = out[first..].iter().map(|&(_, x)| x).sum();
+                out[first..].iter_mut().for_each(|(_, x)| *x /= sum);
             }
         }
     }

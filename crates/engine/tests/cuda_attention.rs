@@ -19,7 +19,7 @@ mod cuda_common;
 
 use cuda_common::{assert_close, bf16_round, cpu, random, to_host};
 use lmi_cuda::{Arg, Device, DeviceExt, ElemType, LaunchConfig};
-use lmi_engine::backend::QkvLayout;
+use lmi_engine::backend::{AttnScoring, QkvLayout};
 use lmi_engine::cpu::{CpuBackend, CpuKv};
 use lmi_engine::cuda::step::CudaStep;
 use lmi_engine::cuda::{CudaBackend, CudaBuf, CudaKv};
@@ -153,6 +153,18 @@ fn scale(ql: QkvLayout) -> f32 {
     1.0 / (ql.head_dim as f32).sqrt()
 }
 
+/// The model's scoring over the last `window` keys (all of them when `None`).
+fn scoring<W: ?Sized>(ql: QkvLayout, window: Option<usize>) -> AttnScoring<'static, W> {
+    AttnScoring {
+        window,
+        ..AttnScoring::plain(scale(ql))
+    }
+}
+
+fn plain<W: ?Sized>(ql: QkvLayout) -> AttnScoring<'static, W> {
+    scoring(ql, None)
+}
+
 /// How a test fills q, K and V.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Data {
@@ -229,11 +241,8 @@ fn cpu_window_attention<D: Device>(
     let mut want = c.alloc(l.num_tokens() * ql.q_heads * ql.head_dim).unwrap();
     let (ck, cv) = &pools.cpu;
     let step = c.upload_step(l).unwrap();
-    match window {
-        Some(w) => c.sliding_attention(qkv, &step, ql, ck, cv, scale(ql), w, &mut want),
-        None => c.attention(qkv, &step, ql, ck, cv, scale(ql), &mut want),
-    }
-    .unwrap();
+    c.attention(qkv, &step, ql, ck, cv, scoring(ql, window), &mut want)
+        .unwrap();
     want
 }
 
@@ -300,11 +309,8 @@ fn check_window<D: Device>(
 
     let mut got = alloc_out(g, want.len(), out);
     let (gk, gv) = &pools.gpu;
-    match window {
-        Some(w) => g.sliding_attention(&gqkv, &step, ql, gk, gv, scale(ql), w, &mut got),
-        None => g.attention(&gqkv, &step, ql, gk, gv, scale(ql), &mut got),
-    }
-    .unwrap();
+    g.attention(&gqkv, &step, ql, gk, gv, scoring(ql, window), &mut got)
+        .unwrap();
     // Windowed steps never take the tensor cores.
     let bf16_products = data == Data::Random && window.is_none() && on_tensor_cores(ql, seqs);
     compare(&what, &to_host(g, &got), &want, out, bf16_products);
@@ -513,7 +519,7 @@ fn check_graph_steps<D: Device>(
         let out = g
             .run_graph(&step, || {
                 let mut out = g.alloc(padded.num_tokens() * row)?;
-                g.attention(&gqkv, &step, ql, gk, gv, scale(ql), &mut out)?;
+                g.attention(&gqkv, &step, ql, gk, gv, plain(ql), &mut out)?;
                 Ok(out)
             })
             .unwrap();
@@ -839,7 +845,7 @@ fn check_high_block_ids<D: Device>(g: &CudaBackend<D>) {
             let want = cpu_attention(&c, &pools, &cl, ql, &qkv);
             let mut got = g.alloc(want.len()).unwrap();
             let (gk, gv) = &pools.gpu;
-            g.attention(&gqkv, &step, ql, gk, gv, scale(ql), &mut got)
+            g.attention(&gqkv, &step, ql, gk, gv, plain(ql), &mut got)
                 .unwrap();
             let tensor_cores = seqs.iter().any(|&(_, new)| new > 1);
             compare(
@@ -958,7 +964,7 @@ fn time_decode<D: Device>(g: &CudaBackend<D>, contexts: &[usize], reps: usize) {
         let qkv = g.upload_f32(&random(ql.row_width(), 1, 1.0)).unwrap();
         let mut out = g.alloc_matmul_input(ql.q_heads * ql.head_dim).unwrap();
         let mut run = || {
-            g.attention(&qkv, &step, ql, &k, &v, scale(ql), &mut out)
+            g.attention(&qkv, &step, ql, &k, &v, plain(ql), &mut out)
                 .unwrap()
         };
         run();

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use lmi_cuda::{CudaDevice, Device};
 use lmi_cuda_emu::ThreadOrder;
+use lmi_engine::backend::AttnScoring;
 use lmi_engine::cpu::CpuBackend;
 use lmi_engine::cuda::CudaBackend;
 use lmi_engine::engine::{EngineOptions, StepEngine};
@@ -437,7 +438,7 @@ fn decode_launches(spec: &TinySpec) -> (u64, u64) {
     };
     let (k, v) = (b.alloc_kv(&cfg).unwrap(), b.alloc_kv(&cfg).unwrap());
     let before = dev.launch_count();
-    b.attention(&qkv, &step, ql, &k, &v, 0.125, &mut out)
+    b.attention(&qkv, &step, ql, &k, &v, AttnScoring::plain(0.125), &mut out)
         .unwrap();
     (forward, dev.launch_count() - before)
 }

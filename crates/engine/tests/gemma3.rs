@@ -14,17 +14,13 @@ mod hf_fixture;
 use std::path::PathBuf;
 
 use hf_fixture::{
-    argmax, blocks, check_greedy, chunk, load, load_gguf, prompt_diffs, reference, rel_diff,
+    BF16_TOL, F32_TOL, argmax, blocks, check_greedy, chunk, load, load_gguf, prompt_diffs,
+    reference, rel_diff,
 };
 use lmi_engine::{DType, LogitsWanted};
 
 /// `gemma3_linear` scales the global layers' RoPE linearly (gemma-3-4b and larger).
 const VARIANTS: [&str; 2] = ["gemma3", "gemma3_linear"];
-/// transformers in f32 against ours in f32: the products sum in other orders.
-const F32_TOL: f32 = 1e-4;
-/// bf16 weights, matrix inputs and K/V against transformers in f32, relative to the largest
-/// logit.
-const BF16_TOL: f32 = 3e-2;
 /// Q8_0 weights with 8-bit activations in their products and bf16 K/V: every position within
 /// `Q8_TOL` (measured 4.6e-2 at worst), the median within `Q8_MEDIAN_TOL`. Without the 1 of
 /// the stored norms, or with llama's norm names, the logits are of another model.

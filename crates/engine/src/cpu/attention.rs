@@ -1,33 +1,18 @@
 //! Paged causal attention for a ragged batch: each token attends to its sequence's keys
-//! `0 ..= position` (a sliding window: the last `window` of them), read through the block table. One pass per token (prefill chunk or
-//! decode alike), all q heads of a GQA group sharing each K/V row load.
+//! `0 ..= position` (a sliding window: the last `window` of them), read through the block
+//! table. One pass per token (prefill chunk or decode alike), all q heads of a GQA group
+//! sharing each K/V row load.
 
 use rayon::prelude::*;
 
 use super::simd::{WElem, accumulate_rows_shared, dots};
-use crate::backend::QkvLayout;
+use crate::backend::{AttnScoring, QkvLayout};
 use crate::batch::BatchLayout;
 use crate::kv::BLOCK_SIZE;
 use crate::sampling::fast_exp::exp_nonpositive;
 
-/// How scores become weights: the scale, a sliding window (the last `window` keys), and a
-/// sink logit per q head in each softmax's denominator (gpt-oss).
-#[derive(Debug, Clone, Copy)]
-pub struct Scoring<'a> {
-    pub scale: f32,
-    pub window: Option<usize>,
-    pub sinks: Option<&'a [f32]>,
-}
-
-impl Scoring<'_> {
-    pub fn plain(scale: f32) -> Self {
-        Scoring {
-            scale,
-            window: None,
-            sinks: None,
-        }
-    }
-}
+/// How scores become weights, the sinks as f32.
+pub type Scoring<'a> = AttnScoring<'a, [f32]>;
 
 pub fn paged_attention<'a, E: WElem>(
     qkv: &[f32],

@@ -13,7 +13,7 @@ pub mod qlinear;
 mod qpack;
 pub mod simd;
 
-use crate::backend::{Backend, LoraGroup, LoraSite, QkvLayout};
+use crate::backend::{AttnScoring, Backend, Feature, LoraGroup, LoraSite, QkvLayout};
 use crate::batch::BatchLayout;
 use crate::dtype::DType;
 use crate::error::{EngineError, Result};
@@ -433,18 +433,11 @@ impl Backend for CpuBackend {
         layout: QkvLayout,
         k_cache: &CpuKv,
         v_cache: &CpuKv,
-        scale: f32,
+        scoring: AttnScoring<'_, CpuWeight>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        attend(
-            qkv,
-            step,
-            layout,
-            k_cache,
-            v_cache,
-            Scoring::plain(scale),
-            out,
-        )
+        let s = scoring.map_sinks(CpuWeight::as_f32);
+        attend(qkv, step, layout, k_cache, v_cache, s, out)
     }
 
     fn silu_mul(
@@ -458,46 +451,8 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn runs_moe(&self) -> bool {
+    fn supports(&self, _: Feature) -> bool {
         true
-    }
-
-    fn sliding_attention(
-        &self,
-        qkv: &Vec<f32>,
-        step: &BatchLayout,
-        layout: QkvLayout,
-        k_cache: &CpuKv,
-        v_cache: &CpuKv,
-        scale: f32,
-        window: usize,
-        out: &mut Vec<f32>,
-    ) -> Result<()> {
-        let w = Scoring {
-            window: Some(window),
-            ..Scoring::plain(scale)
-        };
-        attend(qkv, step, layout, k_cache, v_cache, w, out)
-    }
-
-    fn sink_attention(
-        &self,
-        qkv: &Vec<f32>,
-        step: &BatchLayout,
-        layout: QkvLayout,
-        k_cache: &CpuKv,
-        v_cache: &CpuKv,
-        scale: f32,
-        window: Option<usize>,
-        sinks: &CpuWeight,
-        out: &mut Vec<f32>,
-    ) -> Result<()> {
-        let s = Scoring {
-            scale,
-            window,
-            sinks: Some(sinks.as_f32()),
-        };
-        attend(qkv, step, layout, k_cache, v_cache, s, out)
     }
 
     fn scale(&self, x: &mut Vec<f32>, len: usize, s: f32) -> Result<()> {
@@ -514,10 +469,6 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         ops::gelu_tanh_mul(gate_up, width, &mut out[..rows * width]);
         Ok(())
-    }
-
-    fn runs_gemma(&self) -> bool {
-        true
     }
 
     fn moe(

@@ -16,7 +16,8 @@ use super::rope::{self, CudaRope, u32_arg};
 use super::step::{self, CudaStep, Packed};
 use super::{attention, lora, sampler};
 use crate::backend::{
-    Backend, LoraGroup, LoraPairs, LoraRegistration, LoraSite, QkNorm, QkvLayout,
+    AttnScoring, Backend, Feature, LoraGroup, LoraPairs, LoraRegistration, LoraSite, QkNorm,
+    QkvLayout, refused,
 };
 use crate::batch::BatchLayout;
 use crate::dtype::DType;
@@ -721,9 +722,12 @@ impl<D: Device> Backend for CudaBackend<D> {
         layout: QkvLayout,
         k_cache: &CudaKv<D>,
         v_cache: &CudaKv<D>,
-        scale: f32,
+        scoring: AttnScoring<'_, CudaWeight<D>>,
         out: &mut CudaBuf,
     ) -> Result<()> {
+        if scoring.sinks.is_some() {
+            return Err(refused(self.name(), Feature::AttentionSinks));
+        }
         attention::run(
             self,
             qkv,
@@ -731,32 +735,8 @@ impl<D: Device> Backend for CudaBackend<D> {
             layout,
             k_cache.ptr(),
             v_cache.ptr(),
-            scale,
-            None,
-            out,
-        )
-    }
-
-    fn sliding_attention(
-        &self,
-        qkv: &CudaBuf,
-        step: &CudaStep,
-        layout: QkvLayout,
-        k_cache: &CudaKv<D>,
-        v_cache: &CudaKv<D>,
-        scale: f32,
-        window: usize,
-        out: &mut CudaBuf,
-    ) -> Result<()> {
-        attention::run(
-            self,
-            qkv,
-            step,
-            layout,
-            k_cache.ptr(),
-            v_cache.ptr(),
-            scale,
-            Some(window),
+            scoring.scale,
+            scoring.window,
             out,
         )
     }
@@ -780,8 +760,11 @@ impl<D: Device> Backend for CudaBackend<D> {
         self.gated(kernel, gate_up, rows, width, out)
     }
 
-    fn runs_gemma(&self) -> bool {
-        true
+    fn supports(&self, feature: Feature) -> bool {
+        match feature {
+            Feature::SlidingWindow | Feature::Gemma => true,
+            Feature::Experts | Feature::AttentionSinks => false,
+        }
     }
 
     fn silu_mul(

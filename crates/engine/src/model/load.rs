@@ -2,7 +2,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use super::{Layer, Mlp, Model};
-use crate::backend::Backend;
+use crate::backend::{Backend, Feature};
 use crate::config::ModelConfig;
 use crate::dtype::DType;
 use crate::error::{EngineError, Result};
@@ -25,11 +25,11 @@ impl<B: Backend> Model<B> {
     /// Loads an HF model directory (config.json + safetensors).
     pub fn load(backend: &B, dir: &Path, opts: &LoadOptions) -> Result<Self> {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
-        if config.moe.is_some() && !backend.runs_moe() {
-            return Err(crate::backend::moe_refused(backend.name()));
-        }
-        if config.architecture.is_gemma() && !backend.runs_gemma() {
-            return Err(crate::backend::gemma_refused(backend.name()));
+        if let Some(&f) = Feature::needed_by(&config)
+            .iter()
+            .find(|&&f| !backend.supports(f))
+        {
+            return Err(crate::backend::refused(backend.name(), f));
         }
         let (st, dtype) = match (&opts.gguf, opts.dtype) {
             // As stored: block formats stay; float matrices are held in bf16.
@@ -254,7 +254,8 @@ impl<B: Backend> Model<B> {
 /// checkpoint uses: Mixtral's `block_sparse_moe.gate` and `block_sparse_moe.experts.E.{w1,w3,w2}`
 /// (gate, up, down), gpt-oss's stacked `mlp.experts.{gate_up_proj,down_proj}` (and biases), else
 /// Qwen3-MoE's `mlp.gate` and `mlp.experts.E.{gate,up,down}_proj` (also what a GGUF's experts
-/// are read as, whatever the model).
+/// are read as, whatever the model; a gpt-oss GGUF's router is `mlp.router`, and its experts
+/// have `.bias` beside each `.weight`).
 fn load_experts<B: Backend>(
     backend: &B,
     c: &ModelConfig,
@@ -277,24 +278,56 @@ fn load_experts<B: Backend>(
             ("mlp", ["gate_proj", "up_proj", "down_proj"])
         };
     let m = format!("{prefix}.{block}");
-    let router = backend.upload_weight(mat(&format!("{m}.gate.weight"), &[moe.num_experts, h])?)?;
+    // A gpt-oss GGUF: the router under gpt-oss's HF name, and biases (`moe.biases`).
+    let router_name = if st.contains(&format!("{m}.router.weight")) {
+        "router"
+    } else {
+        "gate"
+    };
+    let bias = |name: &str, len: usize| -> Result<Vec<f32>> {
+        Ok(st.load(name, &[len], DType::F32)?.to_f32_vec())
+    };
+    let upload_bias = |v: Vec<f32>| backend.upload_weight(HostTensor::f32(vec![v.len()], v));
+    // The router stays f32 whatever the load's dtype (llama.cpp's files keep it so too): a
+    // rounded router logit can flip a token between two close experts.
+    let router = st.load(
+        &format!("{m}.{router_name}.weight"),
+        &[moe.num_experts, h],
+        DType::F32,
+    )?;
+    let router_bias = match moe.biases {
+        true => Some(upload_bias(bias(
+            &format!("{m}.{router_name}.bias"),
+            moe.num_experts,
+        )?)?),
+        false => None,
+    };
     let experts = (0..moe.num_experts)
         .map(|e| {
             let x = format!("{m}.experts.{e}");
+            let (gate_up_bias, down_bias) = match moe.biases {
+                true => {
+                    let mut gu = bias(&format!("{x}.{gate}.bias"), width)?;
+                    gu.extend(bias(&format!("{x}.{up}.bias"), width)?);
+                    let d = bias(&format!("{x}.{down}.bias"), h)?;
+                    (Some(upload_bias(gu)?), Some(upload_bias(d)?))
+                }
+                false => (None, None),
+            };
             Ok(Expert {
                 gate_up: backend.upload_weight(HostTensor::concat_rows(vec![
                     mat(&format!("{x}.{gate}.weight"), &[width, h])?,
                     mat(&format!("{x}.{up}.weight"), &[width, h])?,
                 ]))?,
                 down: backend.upload_weight(mat(&format!("{x}.{down}.weight"), &[h, width])?)?,
-                gate_up_bias: None,
-                down_bias: None,
+                gate_up_bias,
+                down_bias,
             })
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(MoeLayer {
-        router,
-        router_bias: None,
+        router: backend.upload_weight(router)?,
+        router_bias,
         experts,
         top_k: moe.top_k,
         width,

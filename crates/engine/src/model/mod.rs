@@ -3,7 +3,7 @@
 
 mod load;
 
-use crate::backend::{Backend, LoraGroup, LoraSite, QkNorm, QkvLayout};
+use crate::backend::{AttnScoring, Backend, LoraGroup, LoraSite, QkNorm, QkvLayout};
 use crate::batch::BatchLayout;
 use crate::config::{Activation, ModelConfig};
 use crate::dtype::DType;
@@ -311,16 +311,12 @@ impl<B: Backend> Model<B> {
             };
             backend
                 .qk_norm_rope_write_kv(&mut qkv, n, step, ql, qk_norm, rope, k_cache, v_cache)?;
-            let w = window.filter(|_| layer.local);
-            match (&layer.sinks, w) {
-                (Some(s), w) => backend
-                    .sink_attention(&qkv, step, ql, k_cache, v_cache, scale, w, s, &mut attn)?,
-                (None, Some(w)) => backend
-                    .sliding_attention(&qkv, step, ql, k_cache, v_cache, scale, w, &mut attn)?,
-                (None, None) => {
-                    backend.attention(&qkv, step, ql, k_cache, v_cache, scale, &mut attn)?
-                }
-            }
+            let scoring = AttnScoring {
+                scale,
+                window: window.filter(|_| layer.local),
+                sinks: layer.sinks.as_ref(),
+            };
+            backend.attention(&qkv, step, ql, k_cache, v_cache, scoring, &mut attn)?;
             backend.linear(&attn, n, &layer.o_proj, layer.o_bias.as_ref(), &mut proj)?;
             lora(i, Target::O, &attn, qs, &mut proj, h, 0)?;
             if let Some(w) = &layer.attn_out_norm {

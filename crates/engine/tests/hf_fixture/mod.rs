@@ -8,6 +8,12 @@ use std::path::{Path, PathBuf};
 use lmi_engine::engine::EngineOptions;
 use lmi_engine::{BLOCK_SIZE, DType, Engine, LogitsWanted, SeqChunk};
 
+/// transformers in f32 against ours in f32: the products sum in other orders.
+pub const F32_TOL: f32 = 1e-4;
+/// bf16 weights, matrix inputs and K/V against transformers in f32, relative to the largest
+/// logit (a test may hold only the median position to it: see its own bound).
+pub const BF16_TOL: f32 = 3e-2;
+
 /// `tests/fixtures/{group}/{name}`.
 pub fn fixture(group: &str, name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/{group}/{name}"))
