@@ -17,6 +17,18 @@ import urllib.request
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+# Divergences of llama.cpp (llama-cpp-python 0.3.36's) from transformers, measured 2026-11-29;
+# ours match transformers on both (crates/engine/tests/moe.rs: 2.6e-6 and 4.3e-6 over all 46
+# positions). Reported, not failed on.
+KNOWN = {
+    # Greedy token 20 (position 34) is transformers' second choice, 0.35 below its first: not a
+    # near tie. Not YaRN's rounding (transformers with truncate=True keeps all 32) nor the
+    # window's cache (--swa-full gives the same tokens).
+    "gpt_oss": "llama.cpp's gpt-oss differs from token 20",
+    # From token 1; not investigated. ggml's MXFP4 dot product takes Q8_0 activations, whose
+    # rounding is larger than this fixture's greedy margins (0.03), so probably that.
+    "gpt_oss_mxfp4": "differs from token 1 (likely its 8-bit activations)",
+}
 GROUPS = ["moe", "gemma3"]
 PORT = 8399
 
@@ -49,9 +61,11 @@ def main():
             proc.terminate()
             proc.wait()
         same = tokens == ref["greedy"]
-        ok &= same
+        known = KNOWN.get(gguf.parent.name)
+        ok &= same or known is not None
+        note = "" if same or known is None else f" (known: {known})"
         print(f"{gguf.parent.name}: llama.cpp's {len(tokens)} greedy tokens "
-              f"{'equal' if same else 'DIFFER from'} transformers'")
+              f"{'equal' if same else 'DIFFER from'} transformers'{note}")
     sys.exit(0 if ok else 1)
 
 

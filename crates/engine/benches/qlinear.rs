@@ -49,6 +49,7 @@ fn main() {
             QType::Q4_1,
             QType::Q4_K,
             QType::Q6_K,
+            QType::MXFP4,
             QType::I8,
         ] {
             if k.is_multiple_of(qt.block()) {

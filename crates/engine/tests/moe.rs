@@ -15,7 +15,8 @@ mod hf_fixture;
 use std::path::PathBuf;
 
 use hf_fixture::{
-    argmax, blocks, check_greedy, chunk, load, load_gguf, prompt_diffs, reference, rel_diff,
+    BF16_TOL, F32_TOL, argmax, blocks, check_greedy, chunk, load, load_gguf, prompt_diffs,
+    reference, rel_diff,
 };
 use lmi_engine::{DType, LogitsWanted};
 
@@ -36,11 +37,7 @@ const GGUF_ARCHITECTURES: [&str; 2] = ["qwen3_moe", "mixtral"];
 /// run) against transformers in f32; measured 3.4e-2. A wrong expert's rows give errors of
 /// the logits' own size.
 const Q8_TOL: f32 = 5e-2;
-/// transformers in f32 against ours in f32: the products sum in other orders.
-const F32_TOL: f32 = 1e-4;
-/// bf16 weights, matrix inputs and K/V against transformers in f32, relative to the largest
-/// logit: the median position within `BF16_TOL`, every one within `BF16_FLIP_TOL`.
-const BF16_TOL: f32 = 3e-2;
+/// bf16: the median position within `BF16_TOL`, every one within `BF16_FLIP_TOL`.
 const BF16_FLIP_TOL: f32 = 1e-1;
 
 fn fixture(name: &str) -> PathBuf {
@@ -214,6 +211,67 @@ fn llama_cpp_gguf_files_match_transformers() {
                     assert_eq!(argmax(out.row(t)), want, "{name}: greedy token {i}");
                 }
             }
+        }
+    }
+}
+
+/// gpt-oss as llama.cpp's converter writes it (`convert_gguf.py`): from the dense checkpoint
+/// (f32 experts) and from the MXFP4 one (its experts in ggml's MXFP4 blocks). In f32 every
+/// position matches transformers (MXFP4 decodes exactly). Served as stored, the dense file's
+/// matrices are bf16 and its logits are those of the HF checkpoint loaded in bf16, exactly;
+/// the MXFP4 file's experts stay MXFP4 (8-bit activations in their products), held to bf16's
+/// median bound (a flip between two close experts moves a position by more, as in the bf16
+/// test).
+#[test]
+fn llama_cpp_gpt_oss_gguf_files_match_transformers() {
+    for name in ["gpt_oss", "gpt_oss_mxfp4"] {
+        let dir = fixture(name);
+        let r = reference(&dir);
+        let gguf = dir.join("model.f32.gguf");
+        let file = lmi_engine::gguf::GgufFile::open(&gguf).unwrap();
+        let experts = file.tensor("blk.0.ffn_gate_exps.weight").unwrap();
+        let want = if name == "gpt_oss" { "F32" } else { "MXFP4" };
+        assert_eq!(experts.ggml_type.name(), want);
+        let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();
+        let logits = |e: &mut lmi_engine::Engine<lmi_engine::cpu::CpuBackend>| {
+            let table = blocks(0, seq.len());
+            let out = e
+                .forward_logits(&[chunk(&seq, 0, &table, LogitsWanted::All)])
+                .unwrap();
+            (0..seq.len())
+                .map(|t| out.row(t).to_vec())
+                .collect::<Vec<_>>()
+        };
+        let (_tmp, mut e) = load_gguf(&gguf, Some(DType::F32));
+        let got = logits(&mut e);
+        let worst = (0..seq.len())
+            .map(|t| rel_diff(&got[t], &r.full_logits[t]))
+            .fold(0f32, f32::max);
+        eprintln!("{name} f32: within {worst:.2e} of transformers'");
+        assert!(worst < F32_TOL, "{name} f32: logits differ by {worst}");
+        for (i, &want) in r.greedy.iter().enumerate() {
+            let t = r.prompt.len() - 1 + i;
+            assert_eq!(argmax(&got[t]), want, "{name}: greedy token {i}");
+        }
+        let (_tmp, mut e) = load_gguf(&gguf, None);
+        let stored = logits(&mut e);
+        if name == "gpt_oss" {
+            let hf = logits(&mut load(&dir, DType::BF16));
+            assert_eq!(
+                stored, hf,
+                "{name}: as stored differs from the HF checkpoint in bf16"
+            );
+        } else {
+            let mut diffs: Vec<f32> = (0..seq.len())
+                .map(|t| rel_diff(&stored[t], &r.full_logits[t]))
+                .collect();
+            diffs.sort_by(f32::total_cmp);
+            let median = diffs[diffs.len() / 2];
+            eprintln!(
+                "{name} as stored: median {median:.2e} (worst {:.2e})",
+                diffs[diffs.len() - 1]
+            );
+            assert!(median < BF16_TOL, "{name} as stored: median {median}");
         }
     }
 }

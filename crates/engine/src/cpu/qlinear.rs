@@ -348,6 +348,7 @@ macro_rules! dispatch {
             QType::Q4_1 => by_shape!(Q4_1),
             QType::Q4_K => by_shape!(Q4K),
             QType::Q6_K => by_shape!(Q6K),
+            QType::MXFP4 => by_shape!(Mxfp4),
             QType::I8 => by_shape!(I8),
         }
     }};
@@ -552,6 +553,27 @@ mod x86 {
     pub struct Q4_1;
     pub struct Q4K;
     pub struct Q6K;
+    pub struct Mxfp4;
+
+    impl Fmt for Mxfp4 {
+        const QTYPE: QType = QType::MXFP4;
+        const SIGNED: bool = true;
+        type Head = ();
+        #[inline(always)]
+        unsafe fn head(_: *const u8, _: usize, _: f32) {}
+        #[inline(always)]
+        unsafe fn decode(row: *const u8, sb: usize, _: &()) -> (__m256i, __m256, __m256) {
+            unsafe {
+                let b = row.add(sb * 17);
+                let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                    crate::quant::FP4_X2.as_ptr() as *const __m128i,
+                ));
+                let q = _mm256_shuffle_epi8(table, nibbles16(b.add(1)));
+                let d = crate::quant::half_e8m0(*b);
+                (q, _mm256_set1_ps(d), _mm256_setzero_ps())
+            }
+        }
+    }
 
     impl Fmt for Q8_0 {
         const QTYPE: QType = QType::Q8_0;

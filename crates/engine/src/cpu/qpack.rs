@@ -9,6 +9,7 @@
 //! - Q4_K: per super-block d, dmin, the eight 6-bit scales and eight mins unpacked to a byte
 //!   each, the 128 bytes of nibbles (148 bytes instead of 144: 2.8% more memory).
 //! - Q6_K: as in the file.
+//! - MXFP4: every block's exponent byte, then every block's 16 bytes of nibbles (17 a block).
 
 use super::qact::QK;
 use crate::quant::{QMatrix, QType, dequantize_block, scale_min_k4};
@@ -39,6 +40,7 @@ impl Packed {
             QType::I8 => nsub * 32,
             QType::Q4_K => m.cols / 256 * Q4K_PACKED,
             QType::Q6_K => m.cols / 256 * 210,
+            QType::MXFP4 => nsub * 17,
         };
         let mut data = vec![0u8; m.rows * row_bytes];
         let src_rb = m.row_bytes();
@@ -59,6 +61,12 @@ impl Packed {
                     }
                 }
                 QType::I8 => dst[..src.len()].copy_from_slice(src),
+                QType::MXFP4 => {
+                    for (b, blk) in src.chunks_exact(17).enumerate() {
+                        dst[b] = blk[0];
+                        dst[nsub + 16 * b..nsub + 16 * (b + 1)].copy_from_slice(&blk[1..]);
+                    }
+                }
                 QType::Q4_K => {
                     for (blk, out) in src.chunks_exact(144).zip(dst.chunks_exact_mut(Q4K_PACKED)) {
                         out[..4].copy_from_slice(&blk[..4]);
@@ -107,6 +115,10 @@ impl Packed {
                     blk[2 * heads..].copy_from_slice(&row[at..at + body]);
                 }
                 QType::I8 => blk.copy_from_slice(&row[32 * b..32 * b + 32]),
+                QType::MXFP4 => {
+                    blk[0] = row[b];
+                    blk[1..].copy_from_slice(&row[self.nsub + 16 * b..self.nsub + 16 * (b + 1)]);
+                }
                 QType::Q4_K => {
                     let p = &row[Q4K_PACKED * b..Q4K_PACKED * (b + 1)];
                     blk[..4].copy_from_slice(&p[..4]);
@@ -212,6 +224,52 @@ pub(crate) mod x86 {
     pub struct I8;
     pub struct Q4K;
     pub struct Q6K;
+    pub struct Mxfp4;
+
+    /// Half an E8M0 scale, 2^(e − 128), per lane of a u32 vector of exponents: the scale of the
+    /// doubled FP4 values ([`crate::quant::FP4_X2`]). Exponents 0 and 1 (2^-128, 2^-127,
+    /// values under 1e-37) read as 0, as [`super::super::qlinear`]'s other paths do.
+    #[inline(always)]
+    pub(crate) unsafe fn half_e8m0(e: __m512i) -> __m512 {
+        unsafe {
+            let one = _mm512_set1_epi32(1);
+            let biased = _mm512_sub_epi32(_mm512_max_epu32(e, one), one);
+            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(biased))
+        }
+    }
+
+    impl PFmt for Mxfp4 {
+        const SIGNED: bool = true;
+        const GROUP: usize = 8;
+        #[inline(always)]
+        unsafe fn min_sums(a: &crate::cpu::qact::QAct, row: usize, g: usize) -> __m512 {
+            unsafe { block_sums(a, row, 16 * g) }
+        }
+        #[inline(always)]
+        unsafe fn group(row: *const u8, g: usize, _: f32, nsub: usize) -> (__m512, __m512) {
+            unsafe {
+                let n = (nsub - 16 * g).min(16);
+                let mask: __mmask16 = if n == 16 { 0xffff } else { (1u16 << n) - 1 };
+                let e =
+                    _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, row.add(16 * g) as *const i8));
+                (half_e8m0(e), _mm512_setzero_ps())
+            }
+        }
+        #[inline(always)]
+        unsafe fn quants(row: *const u8, p: usize, nsub: usize) -> __m512i {
+            unsafe {
+                let codes = nibbles32(row.add(nsub + 32 * p));
+                let table = _mm512_broadcast_i32x4(_mm_loadu_si128(
+                    crate::quant::FP4_X2.as_ptr() as *const __m128i
+                ));
+                _mm512_shuffle_epi8(table, codes)
+            }
+        }
+        #[inline(always)]
+        unsafe fn index(pp: usize) -> __m512i {
+            unsafe { pair_index(pp) }
+        }
+    }
 
     impl PFmt for Q4_0 {
         const SIGNED: bool = false;

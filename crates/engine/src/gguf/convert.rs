@@ -169,7 +169,7 @@ fn plan_tensors<'a>(
             }
             None => {
                 return Err(EngineError::Gguf(format!(
-                    "tensor {:?} has no HF equivalent known to lmi; this GGUF is not a llama, qwen2, qwen3, qwen3moe or gemma3 model",
+                    "tensor {:?} has no HF equivalent known to lmi; this GGUF is not a llama, qwen2, qwen3, qwen3moe, gemma3 or gpt-oss model",
                     info.name
                 )));
             }

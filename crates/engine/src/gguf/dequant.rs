@@ -18,7 +18,7 @@ pub fn dequantize_into(name: &str, ty: GgmlType, data: &[u8], out: &mut [f32]) -
     let n = out.len();
     let Some((block, bytes)) = ty.block_layout().filter(|_| ty.can_dequantize()) else {
         return Err(EngineError::Gguf(format!(
-            "tensor {name:?} has type {ty}, which cannot be dequantized; supported types are F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (re-quantize the model with one of these)"
+            "tensor {name:?} has type {ty}, which cannot be dequantized; supported types are F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, MXFP4 (re-quantize the model with one of these)"
         )));
     };
     let (block, bytes) = (block as usize, bytes as usize);

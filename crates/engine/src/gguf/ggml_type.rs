@@ -16,6 +16,7 @@ impl GgmlType {
     pub const Q4_K: GgmlType = GgmlType(12);
     pub const Q6_K: GgmlType = GgmlType(14);
     pub const BF16: GgmlType = GgmlType(30);
+    pub const MXFP4: GgmlType = GgmlType(39);
 
     pub fn name(self) -> &'static str {
         match self.0 {
@@ -76,6 +77,7 @@ impl GgmlType {
             25 => (1, 2),
             26 => (1, 4),
             27 | 28 => (1, 8),
+            39 => (32, 17),
             _ => return None,
         })
     }
@@ -92,6 +94,7 @@ impl GgmlType {
                 | GgmlType::Q4_1
                 | GgmlType::Q4_K
                 | GgmlType::Q6_K
+                | GgmlType::MXFP4
         )
     }
 }

@@ -19,6 +19,9 @@ pub enum GgufArch {
     Qwen3Moe,
     /// Gemma 3 (text). Norm weights are stored as 1 + w (llama.cpp's converter adds the 1).
     Gemma3,
+    /// gpt-oss: biased attention with sinks, a window on alternate layers (llama.cpp's fixed
+    /// pattern: even layers local), YaRN, experts with biases (MXFP4 as published).
+    GptOss,
 }
 
 impl GgufArch {
@@ -29,9 +32,10 @@ impl GgufArch {
             "qwen3" => Ok(GgufArch::Qwen3),
             "qwen3moe" => Ok(GgufArch::Qwen3Moe),
             "gemma3" => Ok(GgufArch::Gemma3),
+            "gpt-oss" => Ok(GgufArch::GptOss),
             other => Err(EngineError::Gguf(format!(
                 "general.architecture {other:?} is not supported (supported: llama (with or \
-                 without experts), qwen2, qwen3, qwen3moe, gemma3)"
+                 without experts), qwen2, qwen3, qwen3moe, gemma3, gpt-oss)"
             ))),
         }
     }
@@ -45,6 +49,7 @@ impl GgufArch {
             GgufArch::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
             GgufArch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
             GgufArch::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
+            GgufArch::GptOss => ("GptOssForCausalLM", "gpt_oss"),
         }
     }
 }
@@ -70,6 +75,8 @@ pub struct Hparams {
     pub rope_scaling: Option<Value>,
     pub experts: Option<ExpertHparams>,
     pub gemma: Option<GemmaHparams>,
+    /// gpt-oss's window (`attention.sliding_window`).
+    pub sliding_window: Option<u64>,
 }
 
 /// What a Gemma 3 file adds (`gemma3.*`), in config.json's terms.
@@ -133,9 +140,9 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
     let context_length = g.get_u64(&key("context_length"))?.unwrap_or(4096);
     let num_layers = g.require_u64(&key("block_count"))?;
     let experts = match g.get_u64(&key("expert_count"))?.filter(|&n| n > 0) {
-        None if arch == GgufArch::Qwen3Moe => {
+        None if matches!(arch, GgufArch::Qwen3Moe | GgufArch::GptOss) => {
             return Err(EngineError::Gguf(format!(
-                "{} is missing: a qwen3moe file needs its expert count",
+                "{} is missing: a {arch_name} file needs its expert count",
                 key("expert_count")
             )));
         }
@@ -187,9 +194,15 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         tie_word_embeddings: output.is_none(),
         bos_token_id: g.get_u64("tokenizer.ggml.bos_token_id")?,
         eos_token_ids: end_of_generation_ids(g)?,
-        rope_scaling: rope_scaling(g, arch_name, head_dim, rope_theta)?,
+        rope_scaling: rope_scaling(g, arch, arch_name, head_dim, rope_theta)?,
         experts,
         gemma,
+        sliding_window: match arch {
+            GgufArch::GptOss => g
+                .get_u64(&key("attention.sliding_window"))?
+                .filter(|&w| w > 0),
+            _ => None,
+        },
     })
 }
 
@@ -265,10 +278,17 @@ fn eos_json(ids: &[u64]) -> Value {
     }
 }
 
-/// Llama 3.1-style scaling: llama.cpp stores it only as the `rope_freqs` tensor (per-frequency
-/// divisors). We recover HF's `rope_scaling` by checking the divisors against the llama3 formula
-/// with the factor from the tensor and the published Llama 3.1 defaults (or `rope.scaling.*`).
-fn rope_scaling(g: &GgufFile, arch: &str, head_dim: u64, theta: f64) -> Result<Option<Value>> {
+/// Linear and YaRN scaling from `rope.scaling.*`; Llama 3.1-style scaling, which llama.cpp
+/// stores only as the `rope_freqs` tensor (per-frequency divisors), recovered by checking the
+/// divisors against the llama3 formula with the factor from the tensor and the published
+/// Llama 3.1 defaults (or `rope.scaling.*`).
+fn rope_scaling(
+    g: &GgufFile,
+    gguf_arch: GgufArch,
+    arch: &str,
+    head_dim: u64,
+    theta: f64,
+) -> Result<Option<Value>> {
     let key = |k: &str| format!("{arch}.rope.scaling.{k}");
     let ty = g.get_str(&key("type"))?;
     let factor_key = g.get_f64(&key("factor"))?;
@@ -276,9 +296,24 @@ fn rope_scaling(g: &GgufFile, arch: &str, head_dim: u64, theta: f64) -> Result<O
         None | Some("none") => {}
         Some(_) if factor_key.is_none_or(|f| f == 1.0) => {}
         Some("linear") => return Ok(Some(json!({"rope_type": "linear", "factor": factor_key}))),
+        Some("yarn") => {
+            let mut y = json!({
+                "rope_type": "yarn",
+                "factor": factor_key,
+                "original_max_position_embeddings": g.get_u64(&key("original_context_length"))?,
+                "beta_fast": g.get_f64(&key("yarn_beta_fast"))?.unwrap_or(32.0),
+                "beta_slow": g.get_f64(&key("yarn_beta_slow"))?.unwrap_or(1.0),
+            });
+            // gpt-oss's published setting (not in the file): the correction range is not
+            // rounded to whole dimensions.
+            if gguf_arch == GgufArch::GptOss {
+                y["truncate"] = json!(false);
+            }
+            return Ok(Some(y));
+        }
         Some(other) => {
             return Err(EngineError::Gguf(format!(
-                "{} = {other:?} (factor {factor_key:?}) is not supported: only linear and Llama 3 rope scaling can be converted",
+                "{} = {other:?} (factor {factor_key:?}) is not supported: only linear, YaRN and Llama 3 rope scaling can be converted",
                 key("type")
             )));
         }
@@ -382,6 +417,21 @@ pub fn config_json(h: &Hparams, dtype: DType) -> Value {
         c["rope_local_base_freq"] = json!(gm.rope_local_base_freq);
         c["query_pre_attn_scalar"] = json!(gm.query_pre_attn_scalar);
         c["final_logit_softcapping"] = json!(gm.final_logit_softcapping);
+    }
+    if h.arch == GgufArch::GptOss {
+        // llama.cpp's gpt-oss: every other layer local, the first among them.
+        let types: Vec<&str> = (0..h.num_layers)
+            .map(|i| {
+                if i % 2 == 0 {
+                    "sliding_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect();
+        c["sliding_window"] = json!(h.sliding_window);
+        c["layer_types"] = json!(types);
+        c["attention_bias"] = json!(true);
     }
     if let Some(e) = &h.experts {
         c["num_experts_per_tok"] = json!(e.used);

@@ -10,13 +10,18 @@ pub enum Mapped {
     /// Consumed elsewhere (e.g. `rope_freqs.weight` becomes config.json's `rope_scaling`).
     Skip,
     /// Every expert's `proj` of a layer stacked in one tensor (`[experts, rows, cols]` in HF
-    /// order): expert `e` is HF's `model.layers.{layer}.mlp.experts.{e}.{proj}.weight`.
-    Experts { layer: u32, proj: &'static str },
+    /// order, or `[experts, rows]` for biases): expert `e` is HF's
+    /// `model.layers.{layer}.mlp.experts.{e}.{proj}.{suffix}`.
+    Experts {
+        layer: u32,
+        proj: &'static str,
+        suffix: &'static str,
+    },
 }
 
 /// The HF name of expert `e`'s slice of a [`Mapped::Experts`] tensor.
-pub fn expert_name(layer: u32, proj: &str, e: usize) -> String {
-    format!("model.layers.{layer}.mlp.experts.{e}.{proj}.weight")
+pub fn expert_name(layer: u32, proj: &str, e: usize, suffix: &str) -> String {
+    format!("model.layers.{layer}.mlp.experts.{e}.{proj}.{suffix}")
 }
 
 /// Q and K projections are the tensors whose rows llama.cpp reorders for its RoPE.
@@ -41,22 +46,34 @@ pub fn map(gguf: &str, arch: GgufArch) -> Option<Mapped> {
     let (layer, rest) = rest.split_once('.')?;
     let layer: u32 = layer.parse().ok()?;
     let (part, suffix) = rest.rsplit_once('.')?;
-    if suffix != "weight" && suffix != "bias" {
-        return None;
-    }
-    let experts = |proj| (suffix == "weight").then_some(Mapped::Experts { layer, proj });
+    let suffix = match suffix {
+        "weight" => "weight",
+        "bias" => "bias",
+        _ => return None,
+    };
+    let experts = |proj| {
+        Some(Mapped::Experts {
+            layer,
+            proj,
+            suffix,
+        })
+    };
     match part {
         "ffn_gate_exps" => return experts("gate_proj"),
         "ffn_up_exps" => return experts("up_proj"),
         "ffn_down_exps" => return experts("down_proj"),
+        // gpt-oss's sinks are a parameter of their own (no `.weight` in HF).
+        "attn_sinks" => return hf(format!("model.layers.{layer}.self_attn.sinks")),
         _ => {}
     }
     let gemma = arch == GgufArch::Gemma3;
+    let gpt_oss = arch == GgufArch::GptOss;
     let (hf_part, qk) = match part {
         "attn_norm" => ("input_layernorm", None),
         // Gemma norms the attention's output as well: its HF post_attention_layernorm.
         "ffn_norm" if gemma => ("pre_feedforward_layernorm", None),
-        "post_attention_norm" if gemma => ("post_attention_layernorm", None),
+        "post_attention_norm" if gemma || gpt_oss => ("post_attention_layernorm", None),
+        "ffn_gate_inp" if gpt_oss => ("mlp.router", None),
         "post_ffw_norm" if gemma => ("post_feedforward_layernorm", None),
         "ffn_norm" => ("post_attention_layernorm", None),
         "attn_q" => ("self_attn.q_proj", Some(QkKind::Q)),
@@ -145,9 +162,30 @@ mod tests {
             map_llama("blk.3.ffn_up_exps.weight"),
             Some(Mapped::Experts {
                 layer: 3,
-                proj: "up_proj"
+                proj: "up_proj",
+                suffix: "weight"
             })
         );
+        let gpt_oss = |g: &str| map(g, GgufArch::GptOss);
+        assert_eq!(
+            gpt_oss("blk.1.ffn_down_exps.bias"),
+            Some(Mapped::Experts {
+                layer: 1,
+                proj: "down_proj",
+                suffix: "bias"
+            })
+        );
+        for (g, hf) in [
+            ("blk.1.attn_sinks.weight", "model.layers.1.self_attn.sinks"),
+            ("blk.1.ffn_gate_inp.bias", "model.layers.1.mlp.router.bias"),
+            (
+                "blk.1.post_attention_norm.weight",
+                "model.layers.1.post_attention_layernorm.weight",
+            ),
+        ] {
+            let name = hf.to_string();
+            assert_eq!(gpt_oss(g), Some(Mapped::Hf { name, qk: None }), "{g}");
+        }
         assert_eq!(
             map_llama("blk.3.ffn_gate_inp.weight"),
             Some(Mapped::Hf {

@@ -112,6 +112,8 @@ fn file_type(qtype: QType) -> u32 {
         QType::Q8_0 => 7,
         QType::Q4_K => 14,
         QType::Q6_K => 18,
+        // MOSTLY_MXFP4_MOE: llama.cpp's files keep attention in another type.
+        QType::MXFP4 => 38,
         QType::I8 => 0,
     }
 }
@@ -122,7 +124,7 @@ fn file_type(qtype: QType) -> u32 {
 pub fn requantize(src: &Path, dst: &Path, qtype: QType) -> Result<()> {
     let ggml = qtype.ggml().ok_or_else(|| {
         EngineError::Gguf(format!(
-            "{} has no GGUF block type; choose q8_0, q4_0, q4_1, q4_k or q6_k",
+            "{} has no GGUF block type; choose q8_0, q4_0, q4_1, q4_k, q6_k or mxfp4",
             qtype.name()
         ))
     })?;

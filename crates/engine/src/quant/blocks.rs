@@ -73,6 +73,7 @@ pub fn dequantize_block(qtype: QType, b: &[u8], out: &mut [f32]) {
                 }
             }
         }
+        QType::MXFP4 => super::mxfp4::dequantize_ggml_block(b, out),
         QType::Q6_K => {
             let d = f16_at(b, 208);
             for h in 0..2 {
@@ -117,6 +118,9 @@ pub fn quantize_row(qtype: QType, x: &[f32], out: &mut Vec<u8>) -> Option<f32> {
         QType::Q4_1 => x.chunks_exact(b).for_each(|x| q4_1(x, out)),
         QType::Q4_K => x.chunks_exact(b).for_each(|x| q4_k(x, out)),
         QType::Q6_K => x.chunks_exact(b).for_each(|x| q6_k(x, out)),
+        QType::MXFP4 => x
+            .chunks_exact(b)
+            .for_each(|x| super::mxfp4::quantize_ggml_block(x, out)),
     }
     None
 }

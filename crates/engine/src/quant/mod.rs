@@ -1,6 +1,6 @@
 //! Quantized weight matrices kept in their block formats in memory: the GGUF types most files
-//! on the hub use (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), and `I8`, per-channel int8 the engine makes
-//! from a bf16/f32 checkpoint (`--dtype int8`).
+//! on the hub use (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, and MXFP4, gpt-oss's experts), and `I8`,
+//! per-channel int8 the engine makes from a bf16/f32 checkpoint (`--dtype int8`).
 //!
 //! The block layouts are ggml's (`ggml-common.h`), byte for byte, so a GGUF tensor is used as
 //! it is in the file. The CPU products are in `cpu/qlinear.rs`; backends without kernels for
@@ -11,6 +11,7 @@ mod mxfp4;
 
 pub(crate) use blocks::scale_min_k4;
 pub use blocks::{dequantize_block, quantize_row};
+pub(crate) use mxfp4::{FP4_X2, half_e8m0};
 pub use mxfp4::{MXFP4_BLOCK, dequantize_mxfp4};
 
 use crate::gguf::GgmlType;
@@ -23,17 +24,20 @@ pub enum QType {
     Q4_1,
     Q4_K,
     Q6_K,
+    /// ggml's MXFP4: an E8M0 exponent and 32 FP4 (E2M1) values (`quant/mxfp4.rs`).
+    MXFP4,
     /// Per-channel int8: one f32 scale per row, 32 signed bytes per block.
     I8,
 }
 
 impl QType {
-    pub const ALL: [QType; 6] = [
+    pub const ALL: [QType; 7] = [
         QType::Q8_0,
         QType::Q4_0,
         QType::Q4_1,
         QType::Q4_K,
         QType::Q6_K,
+        QType::MXFP4,
         QType::I8,
     ];
 
@@ -53,6 +57,7 @@ impl QType {
             QType::Q4_1 => 20,
             QType::Q4_K => 144,
             QType::Q6_K => 210,
+            QType::MXFP4 => 17,
             QType::I8 => 32,
         }
     }
@@ -64,6 +69,7 @@ impl QType {
             GgmlType::Q4_1 => QType::Q4_1,
             GgmlType::Q4_K => QType::Q4_K,
             GgmlType::Q6_K => QType::Q6_K,
+            GgmlType::MXFP4 => QType::MXFP4,
             _ => return None,
         })
     }
@@ -76,6 +82,7 @@ impl QType {
             QType::Q4_1 => GgmlType::Q4_1,
             QType::Q4_K => GgmlType::Q4_K,
             QType::Q6_K => GgmlType::Q6_K,
+            QType::MXFP4 => GgmlType::MXFP4,
             QType::I8 => return None,
         })
     }
@@ -87,6 +94,7 @@ impl QType {
             QType::Q4_1 => "q4_1",
             QType::Q4_K => "q4_k",
             QType::Q6_K => "q6_k",
+            QType::MXFP4 => "mxfp4",
             QType::I8 => "int8",
         }
     }
@@ -100,7 +108,10 @@ impl std::str::FromStr for QType {
             .into_iter()
             .find(|q| q.name() == s || (s == "i8" && *q == QType::I8))
             .ok_or_else(|| {
-                format!("unknown block type {s:?}: expected q8_0, q4_0, q4_1, q4_k, q6_k or int8")
+                format!(
+                    "unknown block type {s:?}: expected q8_0, q4_0, q4_1, q4_k, q6_k, mxfp4 \
+                     or int8"
+                )
             })
     }
 }

@@ -27,6 +27,58 @@ pub fn dequantize_mxfp4(blocks: &[u8], scales: &[u8], out: &mut [f32]) {
     }
 }
 
+/// One ggml MXFP4 block (`block_mxfp4`, 17 bytes: the exponent byte, then 16 bytes whose low
+/// nibbles are values 0..16 and high nibbles values 16..32; llama.cpp's converter moves
+/// transformers' nibbles there, the codes are the same) into 32 values.
+pub(crate) fn dequantize_ggml_block(block: &[u8], out: &mut [f32]) {
+    let scale = e8m0(block[0]);
+    for (j, &byte) in block[1..17].iter().enumerate() {
+        out[j] = FP4[usize::from(byte & 0x0f)] * scale;
+        out[j + 16] = FP4[usize::from(byte >> 4)] * scale;
+    }
+}
+
+/// 2^(e − 127), the E8M0 scale (e = 255, NaN in the format, reads as 2^128 = inf).
+pub(crate) fn e8m0(e: u8) -> f32 {
+    (f32::from(e) - 127.0).exp2()
+}
+
+/// Half the E8M0 scale, 2^(e − 128), as the int8 kernels apply it (to the doubled values):
+/// exponents 0 and 1 (values under 1e-37) read as 0, which every kernel path shares.
+pub(crate) fn half_e8m0(e: u8) -> f32 {
+    f32::from_bits(u32::from(e.max(1) - 1) << 23)
+}
+
+/// Twice each code's value: integers of magnitude at most 12, what the int8 kernels multiply
+/// (against half the block's scale).
+pub(crate) const FP4_X2: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// One ggml MXFP4 block of 32 values: the power of two that brings the largest magnitude to
+/// at most 6, each value to its nearest FP4 code (ties to the even code).
+pub(crate) fn quantize_ggml_block(x: &[f32], out: &mut Vec<u8>) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let e = if amax > 0.0 && amax.is_finite() {
+        // Smallest e with amax / 2^(e−127) <= 6.
+        ((amax / 6.0).log2().ceil() as i32 + 127).clamp(0, 254)
+    } else {
+        0
+    };
+    let scale = e8m0(e as u8);
+    let code = |v: f32| -> u8 {
+        let m = (v / scale).abs();
+        let (mut best, mut dist) = (0u8, f32::INFINITY);
+        for (c, &f) in FP4[..8].iter().enumerate() {
+            let d = (m - f).abs();
+            if d < dist || (d == dist && c % 2 == 0) {
+                (best, dist) = (c as u8, d);
+            }
+        }
+        if v < 0.0 && best != 0 { best | 8 } else { best }
+    };
+    out.push(e as u8);
+    out.extend((0..16).map(|j| code(x[j]) | (code(x[j + 16]) << 4)));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -41,5 +93,23 @@ mod tests {
         assert_eq!(&out[..2], &[0.25, 1.5]);
         assert_eq!(&out[30..], &[-1.5, -0.125]);
         assert!(out[2..30].iter().all(|&v| v == 0.0));
+    }
+
+    #[test]
+    fn ggml_blocks_decode_and_quantize() {
+        let mut block = [0u8; 17];
+        block[0] = 126; // 2^-1
+        block[1] = 0x9f; // value 0: -6.0, value 16: -0.5
+        block[16] = 0x07; // value 15: 6.0, value 31: 0
+        let mut x = [0f32; 32];
+        dequantize_ggml_block(&block, &mut x);
+        assert_eq!((x[0], x[16], x[15], x[31]), (-3.0, -0.25, 3.0, 0.0));
+        // Values on the grid come back as they were.
+        let mut again = Vec::new();
+        quantize_ggml_block(&x, &mut again);
+        assert_eq!(again, block);
+        for (c, &f) in FP4.iter().enumerate() {
+            assert_eq!(f32::from(FP4_X2[c]), 2.0 * f);
+        }
     }
 }

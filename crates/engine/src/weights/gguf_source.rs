@@ -42,7 +42,11 @@ impl GgufWeights {
                     };
                     by_name.insert(name, source);
                 }
-                Some(Mapped::Experts { layer, proj }) => {
+                Some(Mapped::Experts {
+                    layer,
+                    proj,
+                    suffix,
+                }) => {
                     let count = info.hf_shape().first().copied().unwrap_or(0);
                     for e in 0..count {
                         let source = Source {
@@ -50,7 +54,8 @@ impl GgufWeights {
                             heads: None,
                             expert: Some((e, count)),
                         };
-                        by_name.insert(tensor_names::expert_name(layer, proj, e), source);
+                        let name = tensor_names::expert_name(layer, proj, e, suffix);
+                        by_name.insert(name, source);
                     }
                 }
                 Some(Mapped::Skip) | None => {}
