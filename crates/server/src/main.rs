@@ -58,7 +58,7 @@ enum Command {
     Generate(commands::generate::Args),
     /// Import a GGUF file into an HF model directory (safetensors, config, tokenizer).
     Convert(commands::convert::Args),
-    /// Re-quantize a GGUF's weight matrices into one block type (q8_0, q4_0, q4_1, q4_k, q6_k).
+    /// Re-quantize a GGUF's weight matrices into one block type (q8_0, q4_0, q4_1, q4_k, q6_k, mxfp4).
     Quantize(commands::quantize::Args),
     /// Benchmarks: `lmi bench engine` measures the engine alone.
     #[command(subcommand)]

@@ -53,24 +53,24 @@ pub(crate) fn half_e8m0(e: u8) -> f32 {
 /// (against half the block's scale).
 pub(crate) const FP4_X2: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
-/// One ggml MXFP4 block of 32 values: the power of two that brings the largest magnitude to
-/// at most 6, each value to its nearest FP4 code (ties to the even code).
+/// One ggml MXFP4 block of 32 values, as ggml's reference quantizer writes it
+/// (`quantize_row_mxfp4_ref`): the power of two that puts the largest magnitude in [4, 8)
+/// (values past 6 take the largest code), each value the nearest code, ties to the smaller
+/// magnitude.
 pub(crate) fn quantize_ggml_block(x: &[f32], out: &mut Vec<u8>) {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let e = if amax > 0.0 && amax.is_finite() {
-        // Smallest e with amax / 2^(e−127) <= 6.
-        ((amax / 6.0).log2().ceil() as i32 + 127).clamp(0, 254)
+        (amax.log2().floor() as i32 - 2 + 127).clamp(0, 254)
     } else {
         0
     };
     let scale = e8m0(e as u8);
     let code = |v: f32| -> u8 {
         let m = (v / scale).abs();
-        let (mut best, mut dist) = (0u8, f32::INFINITY);
-        for (c, &f) in FP4[..8].iter().enumerate() {
-            let d = (m - f).abs();
-            if d < dist || (d == dist && c % 2 == 0) {
-                (best, dist) = (c as u8, d);
+        let (mut best, mut dist) = (0u8, m);
+        for (c, &f) in FP4.iter().enumerate().take(8).skip(1) {
+            if (m - f).abs() < dist {
+                (best, dist) = (c as u8, (m - f).abs());
             }
         }
         if v < 0.0 && best != 0 { best | 8 } else { best }
@@ -111,5 +111,25 @@ mod tests {
         for (c, &f) in FP4.iter().enumerate() {
             assert_eq!(f32::from(FP4_X2[c]), 2.0 * f);
         }
+    }
+
+    /// Bytes of gguf-py 0.19's `quantize(x, MXFP4)` (ggml's reference quantizer) for
+    /// x[i] = sin(0.37 i) · (1 + i % 5) / 10, x[5] = 0, x[40] = 3.5 / 8 (a tie).
+    #[test]
+    fn quantizes_as_ggml_does() {
+        let mut x: Vec<f32> = (0..64)
+            .map(|i| ((i as f64 * 0.37).sin() * (1 + i % 5) as f64 * 0.1) as f32)
+            .collect();
+        x[5] = 0.0;
+        x[40] = 3.5 / 8.0;
+        let mut got = Vec::new();
+        for b in x.chunks_exact(32) {
+            quantize_ggml_block(b, &mut got);
+        }
+        let want: [u8; 34] = [
+            123, 160, 2, 69, 119, 55, 80, 101, 117, 98, 27, 154, 221, 254, 255, 191, 218, 123,
+            253, 252, 144, 1, 68, 102, 119, 55, 87, 99, 82, 59, 158, 203, 237, 254,
+        ];
+        assert_eq!(got, want);
     }
 }

@@ -108,8 +108,9 @@ fn quantize_then_dequantize_stays_within_a_step() {
             QType::Q4_K => 0.1,
             QType::Q6_K => 0.03,
             QType::Q8_0 | QType::I8 => 0.005,
-            // FP4 codes under a power of two: values near 1 sit between 0.75 and 1.0.
-            QType::MXFP4 => 0.13,
+            // ggml's rule puts the largest magnitude in [4, 8) of the scale, whose largest
+            // code is 6: a block's top values (here up to 1.0) may be clipped to 0.75.
+            QType::MXFP4 => 0.25,
         };
         let worst = x
             .iter()

@@ -9,7 +9,7 @@ pub struct Args {
     gguf: PathBuf,
     /// The GGUF file to write (must not exist yet).
     out: PathBuf,
-    /// Block type for the weight matrices: q8_0, q4_0, q4_1, q4_k or q6_k.
+    /// Block type for the weight matrices: q8_0, q4_0, q4_1, q4_k, q6_k or mxfp4.
     #[arg(long = "type")]
     qtype: QType,
 }
