@@ -193,7 +193,7 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         context_length,
         tie_word_embeddings: output.is_none(),
         bos_token_id: g.get_u64("tokenizer.ggml.bos_token_id")?,
-        eos_token_ids: end_of_generation_ids(g)?,
+        eos_token_ids: end_of_generation_ids(g, arch)?,
         rope_scaling: rope_scaling(g, arch, arch_name, head_dim, rope_theta)?,
         experts,
         gemma,
@@ -253,7 +253,10 @@ fn gemma_hparams(
     })
 }
 
-fn end_of_generation_ids(g: &GgufFile) -> Result<Vec<u64>> {
+/// EOS, EOT and EOM; and for gpt-oss, harmony's `<|return|>` and `<|call|>` by their text, as
+/// llama.cpp finds them (the converter stores one EOS; a reply that calls a tool ends at
+/// `<|call|>`, which transformers' generation_config lists beside it).
+fn end_of_generation_ids(g: &GgufFile, arch: GgufArch) -> Result<Vec<u64>> {
     let mut ids = Vec::new();
     for key in [
         "tokenizer.ggml.eos_token_id",
@@ -264,6 +267,16 @@ fn end_of_generation_ids(g: &GgufFile) -> Result<Vec<u64>> {
             && !ids.contains(&id)
         {
             ids.push(id);
+        }
+    }
+    if arch == GgufArch::GptOss
+        && let Some(tokens) = g.get_array("tokenizer.ggml.tokens")?
+    {
+        for (id, t) in tokens.iter().enumerate() {
+            let id = id as u64;
+            if matches!(t.as_str(), Some("<|return|>" | "<|call|>")) && !ids.contains(&id) {
+                ids.push(id);
+            }
         }
     }
     Ok(ids)
@@ -460,6 +473,44 @@ pub fn generation_config_json(h: &Hparams) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A gpt-oss file names one EOS; `<|return|>` and `<|call|>` end replies too, found by text.
+    #[test]
+    fn gpt_oss_stops_at_return_and_call() {
+        use crate::gguf::GgmlType;
+        use crate::gguf::reader::GgufValue as V;
+        use crate::gguf::writer::{TensorOut, write};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        let tokens = ["a", "<|end|>", "<|return|>", "b", "<|call|>"];
+        let u = |k: &str, v: u32| (k.to_string(), V::U32(v));
+        let meta = vec![
+            (
+                "general.architecture".to_string(),
+                V::String("gpt-oss".into()),
+            ),
+            u("gpt-oss.embedding_length", 2),
+            u("gpt-oss.attention.head_count", 1),
+            u("gpt-oss.block_count", 1),
+            u("gpt-oss.feed_forward_length", 2),
+            u("gpt-oss.expert_count", 2),
+            u("gpt-oss.expert_used_count", 1),
+            u("tokenizer.ggml.eos_token_id", 2),
+            (
+                "tokenizer.ggml.tokens".to_string(),
+                V::Array(tokens.iter().map(|t| V::String(t.to_string())).collect()),
+            ),
+        ];
+        let embd = TensorOut {
+            name: "token_embd.weight".into(),
+            dims: vec![2, 5],
+            ggml_type: GgmlType::F32,
+            data: vec![0; 40],
+        };
+        write(&path, &meta, &[embd]).unwrap();
+        let h = read(&GgufFile::open(&path).unwrap()).unwrap();
+        assert_eq!(h.eos_token_ids, [2, 4], "<|end|> does not end a reply");
+    }
 
     #[test]
     fn llama3_divisors_match_llama31_shape() {
