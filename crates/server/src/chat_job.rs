@@ -35,6 +35,13 @@ pub fn prepare(
         if tool_calls::reads_special_tokens(model.tool_format) {
             spec.skip_special_tokens = false;
         }
+        // gpt-oss writes a forced call as its own message, not as the bare JSON the request
+        // was parsed for.
+        if let Some(g) = tool_calls::harmony_forced_grammar(t)
+            .filter(|_| model.tool_format == lmi_text::ToolCallFormat::Harmony)
+        {
+            spec.constraint = Some(lmi_api::Constraint::Grammar(g));
+        }
     }
     let offered: Vec<serde_json::Value> = tools
         .iter()

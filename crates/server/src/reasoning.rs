@@ -119,7 +119,7 @@ pub fn plan(
 }
 
 /// A Lark string literal.
-fn lark_string(s: &str) -> String {
+pub(crate) fn lark_string(s: &str) -> String {
     serde_json::Value::from(s).to_string()
 }
 

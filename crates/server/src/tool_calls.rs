@@ -48,6 +48,49 @@ pub fn token_text<'a>(
     }
 }
 
+/// Whether a forced call's reply is the bare JSON of [`ToolSpec::forced_schema`] (read whole
+/// at the end); harmony forces its own message form instead ([`harmony_forced_grammar`]),
+/// read by the format's parser.
+fn forced_json(tools: &ToolSpec, format: ToolCallFormat) -> bool {
+    tools.forced() && format != ToolCallFormat::Harmony
+}
+
+/// A forced call in gpt-oss's own form, as a Lark grammar: the analysis the model may write
+/// first, then one commentary message to an allowed function (`required`: any of them;
+/// harmony has one call a turn), its body the arguments matching that function's schema,
+/// compact as the plain forced grammar makes them. The `<|call|>` that follows ends the reply.
+pub fn harmony_forced_grammar(tools: &ToolSpec) -> Option<String> {
+    use lmi_api::openai::ToolChoice;
+    let allowed: Vec<_> = match &tools.choice {
+        ToolChoice::Function(name) => tools.tools.iter().filter(|t| &t.name == name).collect(),
+        ToolChoice::Required => tools.tools.iter().collect(),
+        ToolChoice::None | ToolChoice::Auto => return None,
+    };
+    let lark = crate::reasoning::lark_string;
+    let mut rules = String::new();
+    let mut calls = Vec::new();
+    for (i, t) in allowed.iter().enumerate() {
+        let mut schema = t.parameters.clone();
+        if let Some(o) = schema.as_object_mut() {
+            o.entry("x-guidance")
+                .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));
+        }
+        let header = lark(&format!("commentary to=functions.{} ", t.name));
+        rules.push_str(&format!(
+            "call_{i}: <|channel|> {header} <|constrain|> \"json\" <|message|> args_{i}\n\
+             args_{i}: %json {schema}\n"
+        ));
+        calls.push(format!("call_{i}"));
+    }
+    Some(format!(
+        "start: analysis? call\n\
+         analysis: <|channel|> \"analysis\" <|message|> THOUGHT <|end|> <|start|> \"assistant\"\n\
+         THOUGHT: /(?s:.*)/\n\
+         call: {}\n{rules}",
+        calls.join(" | ")
+    ))
+}
+
 /// The text a parser reads from a finished sequence: its text without the EOS token's text,
 /// which is there when special tokens are kept.
 pub fn reply_text(s: &SequenceOut) -> &str {
@@ -61,7 +104,7 @@ pub fn reply_text(s: &SequenceOut) -> &str {
 
 /// A finished reply, read whole.
 pub fn read_turn(tools: &ToolSpec, format: ToolCallFormat, text: &str) -> ChatTurn {
-    if tools.forced() {
+    if forced_json(tools, format) {
         return match parse_forced_calls(text) {
             Ok(calls) => ChatTurn {
                 content: String::new(),
@@ -104,7 +147,7 @@ impl StreamReader {
     pub fn new(tools: Option<&ToolSpec>, format: ToolCallFormat) -> Self {
         match tools {
             None => StreamReader::Plain,
-            Some(t) if t.forced() => StreamReader::Forced(String::new()),
+            Some(t) if forced_json(t, format) => StreamReader::Forced(String::new()),
             Some(_) => StreamReader::Parsed(ToolStreamParser::new(format)),
         }
     }

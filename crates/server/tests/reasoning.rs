@@ -752,6 +752,46 @@ fn harmony_channels_and_calls_on_a_gpt_oss_style_model() {
         .filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array())
         .collect();
     assert_eq!(calls.len(), 1, "{chunks:?}");
+    // A forced call is written in harmony's own form (analysis allowed first), its arguments
+    // held to the function's schema.
+    let forced = json!({"messages": user("Weather?"), "max_tokens": 300, "temperature": 0,
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters":
+            {"type": "object", "properties": {"unit": {"enum": ["c", "f"]}}, "required": ["unit"],
+             "additionalProperties": false}}}],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "logprobs": true});
+    let mut required = forced.clone();
+    let reply = chat(port, forced);
+    let choice = &reply["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{choice}");
+    let call = &choice["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather");
+    let args = call["arguments"].as_str().unwrap();
+    assert!(
+        args == r#"{"unit":"c"}"# || args == r#"{"unit":"f"}"#,
+        "{args}"
+    );
+    let texts = token_texts(&reply).concat();
+    assert!(
+        texts.contains(
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+        ),
+        "{texts}"
+    );
+    // `required`: one call to any of the functions.
+    required["tool_choice"] = json!("required");
+    required["tools"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "function",
+        "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}));
+    let reply = chat(port, required);
+    let choice = &reply["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{choice}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{choice}");
+    assert!(["get_weather", "now"].contains(&calls[0]["function"]["name"].as_str().unwrap()));
+
     // Cut short by max_tokens: the arguments written so far are the content.
     let mut cut = body;
     cut["max_tokens"] = json!(80);
