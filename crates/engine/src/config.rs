@@ -500,7 +500,14 @@ impl ModelConfig {
         {
             return Err("logit soft-capping (Gemma 2's) is not supported".into());
         }
-        let windowed = gemma || architecture == Architecture::GptOss;
+        // transformers applies `sliding_window` for these (Mistral and Mixtral to every layer
+        // when set: Mistral-7B-v0.1's 4096); Qwen2's `use_sliding_window` is off in the
+        // published configs, and Llama has none.
+        let windowed = gemma
+            || matches!(
+                architecture,
+                Architecture::GptOss | Architecture::Mistral | Architecture::Mixtral
+            );
         let sliding_window = match (windowed, raw.sliding_window) {
             (true, Some(size)) if size > 0 => {
                 let local: Vec<bool> = match (&raw.layer_types, raw.sliding_window_pattern) {
@@ -521,10 +528,15 @@ impl ModelConfig {
                             .collect::<std::result::Result<_, _>>()?
                     }
                     // Every `pattern`-th layer is global (Gemma 3 publishes 6).
-                    (None, p) => {
+                    (None, p) if gemma => {
                         let p = p.unwrap_or(6).max(1);
                         (0..num_layers).map(|i| (i + 1) % p != 0).collect()
                     }
+                    // gpt-oss alternates, local first.
+                    (None, _) if architecture == Architecture::GptOss => {
+                        (0..num_layers).map(|i| i % 2 == 0).collect()
+                    }
+                    (None, _) => vec![true; num_layers],
                 };
                 Some(SlidingWindow {
                     size,
