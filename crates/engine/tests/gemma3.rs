@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use hf_fixture::{
     BF16_TOL, F32_TOL, argmax, blocks, check_greedy, chunk, load, load_gguf, prompt_diffs,
-    reference, rel_diff,
+    reference, rel_diff, sequence_logits, with_config,
 };
 use lmi_engine::{DType, LogitsWanted};
 
@@ -204,23 +204,11 @@ fn a_gguf_converted_to_safetensors_gives_the_same_logits() {
 fn without_the_window_the_logits_differ() {
     let dir = fixture("gemma3");
     let r = reference(&dir);
-    let tmp = tempfile::tempdir().unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(dir.join(f), tmp.path().join(f)).unwrap();
-    }
-    let path = tmp.path().join("config.json");
-    let mut c: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    c["sliding_window"] = 512.into();
-    std::fs::write(&path, c.to_string()).unwrap();
-    let mut e = load(tmp.path(), DType::F32);
-    let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();
-    let out = e
-        .forward_logits(&[chunk(&seq, 0, &blocks(0, seq.len()), LogitsWanted::All)])
-        .unwrap();
-    assert!(rel_diff(out.row(7), &r.full_logits[7]) < F32_TOL);
-    let last = seq.len() - 1;
-    let d = rel_diff(out.row(last), &r.full_logits[last]);
+    let tmp = with_config(&dir, |c| c["sliding_window"] = 512.into());
+    let got = sequence_logits(&mut load(tmp.path(), DType::F32), &r.sequence());
+    assert!(rel_diff(&got[7], &r.full_logits[7]) < F32_TOL);
+    let last = got.len() - 1;
+    let d = rel_diff(&got[last], &r.full_logits[last]);
     assert!(d > 1e-2, "the window changed nothing ({d})");
 }
 

@@ -4,8 +4,8 @@
 
 mod hf_fixture;
 
-use hf_fixture::{F32_TOL, blocks, check_greedy, chunk, load, reference, rel_diff};
-use lmi_engine::{DType, LogitsWanted};
+use hf_fixture::{F32_TOL, check_greedy, load, reference, rel_diff, sequence_logits, with_config};
+use lmi_engine::DType;
 
 fn fixture() -> std::path::PathBuf {
     hf_fixture::fixture("mistral", "mistral_window")
@@ -24,13 +24,11 @@ fn every_layer_is_windowed() {
 fn logits_and_greedy_tokens_match_transformers() {
     let dir = fixture();
     let r = reference(&dir);
-    let mut e = load(&dir, DType::F32);
-    let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();
-    let out = e
-        .forward_logits(&[chunk(&seq, 0, &blocks(0, seq.len()), LogitsWanted::All)])
-        .unwrap();
-    let worst = (0..seq.len())
-        .map(|t| rel_diff(out.row(t), &r.full_logits[t]))
+    let got = sequence_logits(&mut load(&dir, DType::F32), &r.sequence());
+    let worst = got
+        .iter()
+        .zip(&r.full_logits)
+        .map(|(g, w)| rel_diff(g, w))
         .fold(0f32, f32::max);
     eprintln!("mistral_window f32: within {worst:.2e} of transformers'");
     assert!(worst < F32_TOL, "logits differ by {worst}");
@@ -42,22 +40,10 @@ fn logits_and_greedy_tokens_match_transformers() {
 fn without_the_window_the_logits_differ() {
     let dir = fixture();
     let r = reference(&dir);
-    let tmp = tempfile::tempdir().unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(dir.join(f), tmp.path().join(f)).unwrap();
-    }
-    let path = tmp.path().join("config.json");
-    let mut c: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    c["sliding_window"] = serde_json::Value::Null;
-    std::fs::write(&path, c.to_string()).unwrap();
-    let mut e = load(tmp.path(), DType::F32);
-    let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();
-    let out = e
-        .forward_logits(&[chunk(&seq, 0, &blocks(0, seq.len()), LogitsWanted::All)])
-        .unwrap();
-    assert!(rel_diff(out.row(7), &r.full_logits[7]) < F32_TOL);
-    let last = seq.len() - 1;
-    let d = rel_diff(out.row(last), &r.full_logits[last]);
+    let tmp = with_config(&dir, |c| c["sliding_window"] = serde_json::Value::Null);
+    let got = sequence_logits(&mut load(tmp.path(), DType::F32), &r.sequence());
+    assert!(rel_diff(&got[7], &r.full_logits[7]) < F32_TOL);
+    let last = got.len() - 1;
+    let d = rel_diff(&got[last], &r.full_logits[last]);
     assert!(d > 1e-2, "the window changed nothing ({d})");
 }

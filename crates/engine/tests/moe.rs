@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 use hf_fixture::{
     BF16_TOL, F32_TOL, argmax, blocks, check_greedy, chunk, load, load_gguf, prompt_diffs,
-    reference, rel_diff,
+    reference, rel_diff, sequence_logits,
 };
 use lmi_engine::{DType, LogitsWanted};
 
@@ -232,18 +232,9 @@ fn llama_cpp_gpt_oss_gguf_files_match_transformers() {
         let experts = file.tensor("blk.0.ffn_gate_exps.weight").unwrap();
         let want = if name == "gpt_oss" { "F32" } else { "MXFP4" };
         assert_eq!(experts.ggml_type.name(), want);
-        let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();
-        let logits = |e: &mut lmi_engine::Engine<lmi_engine::cpu::CpuBackend>| {
-            let table = blocks(0, seq.len());
-            let out = e
-                .forward_logits(&[chunk(&seq, 0, &table, LogitsWanted::All)])
-                .unwrap();
-            (0..seq.len())
-                .map(|t| out.row(t).to_vec())
-                .collect::<Vec<_>>()
-        };
+        let seq = r.sequence();
         let (_tmp, mut e) = load_gguf(&gguf, Some(DType::F32));
-        let got = logits(&mut e);
+        let got = sequence_logits(&mut e, &seq);
         let worst = (0..seq.len())
             .map(|t| rel_diff(&got[t], &r.full_logits[t]))
             .fold(0f32, f32::max);
@@ -254,9 +245,9 @@ fn llama_cpp_gpt_oss_gguf_files_match_transformers() {
             assert_eq!(argmax(&got[t]), want, "{name}: greedy token {i}");
         }
         let (_tmp, mut e) = load_gguf(&gguf, None);
-        let stored = logits(&mut e);
+        let stored = sequence_logits(&mut e, &seq);
         if name == "gpt_oss" {
-            let hf = logits(&mut load(&dir, DType::BF16));
+            let hf = sequence_logits(&mut load(&dir, DType::BF16), &seq);
             assert_eq!(
                 stored, hf,
                 "{name}: as stored differs from the HF checkpoint in bf16"

@@ -49,9 +49,8 @@ pub fn read_whole(
 pub struct ReplyReader {
     tools: Option<StreamReader>,
     thinking: Option<lmi_text::ReasoningStream>,
-    /// Special tokens reach the readers (see [`tool_calls::token_text`]).
-    reads_special: bool,
-    spec: GenerationSpec,
+    /// Special tokens reach the readers ([`tool_calls::keeps_special_tokens`]).
+    keep_special: bool,
 }
 
 impl ReplyReader {
@@ -64,9 +63,7 @@ impl ReplyReader {
         Self {
             tools: tools.map(|t| StreamReader::new(Some(t), format)),
             thinking: reasoning.map(|r| r.stream()),
-            reads_special: (tools.is_some() && tool_calls::reads_special_tokens(format))
-                || reasoning.is_some_and(|r| r.format.reads_special_tokens()),
-            spec: spec.clone(),
+            keep_special: tool_calls::keeps_special_tokens(format, reasoning, spec),
         }
     }
 
@@ -77,7 +74,7 @@ impl ReplyReader {
 
     /// What one generated token releases (the rest of the reply too on its last token).
     pub fn token(&mut self, token: &TokenOut, finish: Option<FinishReason>) -> Vec<ReplyPart> {
-        let text = tool_calls::token_text(token, self.reads_special, &self.spec, finish);
+        let text = tool_calls::token_text(token, self.keep_special, finish);
         let split = crate::reasoning::split_token(self.thinking.as_mut(), text, finish.is_some());
         let mut parts = Vec::new();
         for piece in split {

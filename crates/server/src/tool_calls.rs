@@ -31,16 +31,22 @@ pub fn reads_special_tokens(format: ToolCallFormat) -> bool {
     matches!(format, ToolCallFormat::Mistral | ToolCallFormat::Harmony)
 }
 
-/// Whether a generated token's text goes to the reply's readers: special tokens only where a
-/// reader needs them (`reads`) and the client did not ask them dropped, and never the EOS
-/// that ended the reply.
-pub fn token_text<'a>(
-    token: &'a TokenOut,
-    reads: bool,
+/// Whether a reply's special tokens reach its readers: where a reader needs them (a call
+/// format whose marker is one, harmony's reasoning) and the client did not ask them dropped.
+pub fn keeps_special_tokens(
+    format: ToolCallFormat,
+    reasoning: Option<crate::reasoning::ReplyReasoning>,
     spec: &GenerationSpec,
-    finish: Option<FinishReason>,
-) -> &'a str {
-    let keep = reads && !spec.skip_special_tokens && finish != Some(FinishReason::EosToken);
+) -> bool {
+    let reads =
+        reads_special_tokens(format) || reasoning.is_some_and(|r| r.format.reads_special_tokens());
+    reads && !spec.skip_special_tokens
+}
+
+/// A generated token's text as the readers get it: a special token's only when they keep
+/// them ([`keeps_special_tokens`]), and never the EOS that ended the reply.
+pub fn token_text(token: &TokenOut, keep_special: bool, finish: Option<FinishReason>) -> &str {
+    let keep = keep_special && finish != Some(FinishReason::EosToken);
     if token.special && !keep {
         ""
     } else {
@@ -197,6 +203,7 @@ pub struct ToolStream {
     tools: Option<ToolSpec>,
     format: ToolCallFormat,
     reasoning: Option<crate::reasoning::ReplyReasoning>,
+    keep_special: bool,
     choices: Vec<ChoiceStream>,
 }
 
@@ -219,6 +226,7 @@ impl ToolStream {
         n: usize,
     ) -> Self {
         let mut s = Self {
+            keep_special: keeps_special_tokens(format, reasoning, &spec),
             meta,
             spec,
             include_usage,
@@ -266,11 +274,7 @@ impl ToolStream {
         self.grow(index + 1);
         let c = &mut self.choices[index];
         c.pending.push((token.clone(), top.to_vec()));
-        let reads = reads_special_tokens(self.format)
-            || self
-                .reasoning
-                .is_some_and(|r| r.format.reads_special_tokens());
-        let text = token_text(token, reads, &self.spec, finish);
+        let text = token_text(token, self.keep_special, finish);
         // Reasoning goes out as it is; the answer goes on to the reader.
         let split = crate::reasoning::split_token(c.thinking.as_mut(), text, finish.is_some());
         let mut pieces = Vec::new();

@@ -19,33 +19,48 @@ const QWEN3_TEMPLATE: &str = "{%- if note is defined %}{{ note }}{% endif %}\
 {%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}\
 {%- if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}";
 
-/// A tiny Qwen3 model; `tag_tokens`: `<think>` and `</think>` are single (added, not special)
-/// tokens 260 and 261, as in Qwen3's vocabulary; otherwise they are 7 and 8 byte tokens.
-fn qwen3_model(dir: &Path, tag_tokens: bool) {
-    let vocab = if tag_tokens { 262 } else { 260 };
+/// Rewrites the JSON file `name` of a model directory with `f`.
+fn edit_json(dir: &Path, name: &str, f: impl FnOnce(&mut Value)) {
+    let path = dir.join(name);
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(&path, v.to_string()).unwrap();
+}
+
+/// A tiny Qwen3-architecture model whose vocabulary ends with `tokens` as added tokens (ids
+/// from 260; `special` as the tokenizer marks them) and whose chat template is `template`.
+fn tiny_model_with_tokens(dir: &Path, tokens: &[&str], special: bool, template: &str) {
     let spec = TinySpec {
-        vocab_size: vocab,
+        vocab_size: 260 + tokens.len(),
         ..TinySpec::qwen3()
     };
     write_tiny_model(dir, &spec).unwrap();
-    let path = dir.join("tokenizer.json");
-    let mut tok: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    if tag_tokens {
-        for (id, t) in [(260, "<think>"), (261, "</think>")] {
+    edit_json(dir, "tokenizer.json", |tok| {
+        for (i, t) in tokens.iter().enumerate() {
+            let id = 260 + i;
             tok["added_tokens"]
                 .as_array_mut()
                 .unwrap()
                 .push(json!({"id": id, "content": t,
                 "single_word": false, "lstrip": false, "rstrip": false, "normalized": false,
-                "special": false}));
+                "special": special}));
             tok["model"]["vocab"][t] = json!(id);
         }
-    }
-    std::fs::write(&path, tok.to_string()).unwrap();
-    let path = dir.join("tokenizer_config.json");
-    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    cfg["chat_template"] = json!(QWEN3_TEMPLATE);
-    std::fs::write(&path, cfg.to_string()).unwrap();
+    });
+    edit_json(dir, "tokenizer_config.json", |cfg| {
+        cfg["chat_template"] = json!(template)
+    });
+}
+
+/// A tiny Qwen3 model; `tag_tokens`: `<think>` and `</think>` are single (added, not special)
+/// tokens 260 and 261, as in Qwen3's vocabulary; otherwise they are 7 and 8 byte tokens.
+fn qwen3_model(dir: &Path, tag_tokens: bool) {
+    let tags: &[&str] = if tag_tokens {
+        &["<think>", "</think>"]
+    } else {
+        &[]
+    };
+    tiny_model_with_tokens(dir, tags, false, QWEN3_TEMPLATE);
 }
 
 fn chat(port: u16, body: Value) -> Value {
@@ -118,6 +133,17 @@ fn stream_parts(chunks: &[Value]) -> (String, String) {
         }
     }
     (reasoning, content)
+}
+
+/// A streamed reply: 3 letters of reasoning, no content, one `tool_calls` delta.
+fn assert_one_call_after_three_letters_of_reasoning(chunks: &[Value]) {
+    let (thought, content) = stream_parts(chunks);
+    assert_eq!((thought.len(), content.as_str()), (3, ""));
+    let calls = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array())
+        .count();
+    assert_eq!(calls, 1, "{chunks:?}");
 }
 
 fn prompt_tokens(port: u16, body: Value) -> i64 {
@@ -233,13 +259,7 @@ fn reasoning_apart_from_the_answer_on_a_qwen3_style_model() {
         json!({"messages": user("Weather?"), "max_tokens": 110, "temperature": 0, "tools": tools,
             "guided_regex": format!("<think>[a-z]{{3}}</think>\n\n{call}")}),
     );
-    let (thought, content) = stream_parts(&chunks);
-    assert_eq!((thought.len(), content.as_str()), (3, ""));
-    let calls: Vec<&Value> = chunks
-        .iter()
-        .filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array())
-        .collect();
-    assert_eq!(calls.len(), 1, "{chunks:?}");
+    assert_one_call_after_three_letters_of_reasoning(&chunks);
 
     // chat_template_kwargs reach the template: the prompt grows by what it writes.
     let plain = prompt_tokens(port, json!({"messages": user("Hi"), "max_tokens": 1}));
@@ -646,34 +666,11 @@ const HARMONY_TEMPLATE: &str = "{%- if reasoning_effort is defined %}<|start|>sy
 {%- if add_generation_prompt %}<|start|>assistant{% endif %}";
 
 fn harmony_model(dir: &Path) {
-    let spec = TinySpec {
-        vocab_size: 267,
-        ..TinySpec::qwen3()
-    };
-    write_tiny_model(dir, &spec).unwrap();
-    let edit = |name: &str, f: &dyn Fn(&mut Value)| {
-        let path = dir.join(name);
-        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        f(&mut v);
-        std::fs::write(&path, v.to_string()).unwrap();
-    };
-    edit("tokenizer.json", &|tok| {
-        for (i, t) in HARMONY_MARKERS.iter().enumerate() {
-            let id = 260 + i;
-            tok["added_tokens"]
-                .as_array_mut()
-                .unwrap()
-                .push(json!({"id": id, "content": t,
-                "single_word": false, "lstrip": false, "rstrip": false, "normalized": false,
-                "special": true}));
-            tok["model"]["vocab"][t] = json!(id);
-        }
+    tiny_model_with_tokens(dir, &HARMONY_MARKERS, true, HARMONY_TEMPLATE);
+    edit_json(dir, "tokenizer_config.json", |cfg| {
+        cfg["eos_token"] = json!("<|return|>")
     });
-    edit("tokenizer_config.json", &|cfg| {
-        cfg["chat_template"] = json!(HARMONY_TEMPLATE);
-        cfg["eos_token"] = json!("<|return|>");
-    });
-    edit("generation_config.json", &|g| {
+    edit_json(dir, "generation_config.json", |g| {
         g["eos_token_id"] = json!([264, 265])
     });
 }
@@ -745,13 +742,7 @@ fn harmony_channels_and_calls_on_a_gpt_oss_style_model() {
         3
     );
     let chunks = chat_stream(port, body.clone());
-    let (thought, content) = stream_parts(&chunks);
-    assert_eq!((thought.len(), content.as_str()), (3, ""));
-    let calls: Vec<&Value> = chunks
-        .iter()
-        .filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array())
-        .collect();
-    assert_eq!(calls.len(), 1, "{chunks:?}");
+    assert_one_call_after_three_letters_of_reasoning(&chunks);
     // A forced call is written in harmony's own form (analysis allowed first), its arguments
     // held to the function's schema.
     let forced = json!({"messages": user("Weather?"), "max_tokens": 300, "temperature": 0,

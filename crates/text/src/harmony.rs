@@ -11,6 +11,7 @@
 //! are the answer; a function call goes on to the tool reader as one message in canonical
 //! form, which `ToolCallFormat::Harmony` reads.
 
+use crate::markers;
 use crate::reasoning::ReasoningPiece;
 
 pub const START: &str = "<|start|>";
@@ -146,23 +147,15 @@ impl HarmonyParser {
         loop {
             match self.state {
                 State::Outside => {
-                    let next = [START, CHANNEL]
-                        .into_iter()
-                        .filter_map(|m| self.held.find(m).map(|at| (at, m)))
-                        .min();
-                    if let Some((at, marker)) = next {
-                        self.text(at, &mut out);
+                    if let Some((at, marker)) = markers::first(&self.held, &[START, CHANNEL]) {
+                        self.take(at, HarmonyEvent::Text, &mut out);
                         if marker == START {
                             self.held.drain(..START.len());
                         }
                         self.state = State::Header { marked: true };
                     } else {
-                        let keep = [START, CHANNEL]
-                            .iter()
-                            .map(|m| partial_suffix(&self.held, m))
-                            .max()
-                            .unwrap_or(0);
-                        self.text(self.held.len() - keep, &mut out);
+                        let keep = markers::held_back(&self.held, &[START, CHANNEL]);
+                        self.take(self.held.len() - keep, HarmonyEvent::Text, &mut out);
                         return out;
                     }
                 }
@@ -175,18 +168,14 @@ impl HarmonyParser {
                     None if self.held.len() > MAX_HEADER => {
                         self.state = State::Outside;
                         let all = self.held.len();
-                        self.text(all, &mut out);
+                        self.take(all, HarmonyEvent::Text, &mut out);
                         return out;
                     }
                     None => return out,
                 },
                 State::Body => {
-                    let next = BODY_ENDS
-                        .into_iter()
-                        .filter_map(|m| self.held.find(m).map(|at| (at, m)))
-                        .min();
-                    if let Some((at, end)) = next {
-                        self.body(at, &mut out);
+                    if let Some((at, end)) = markers::first(&self.held, &BODY_ENDS) {
+                        self.take(at, HarmonyEvent::Body, &mut out);
                         // A new message without an end closes this one; its marker is kept.
                         if end == START {
                             out.push(HarmonyEvent::Close(""));
@@ -196,12 +185,8 @@ impl HarmonyParser {
                         }
                         self.state = State::Outside;
                     } else {
-                        let keep = BODY_ENDS
-                            .iter()
-                            .map(|m| partial_suffix(&self.held, m))
-                            .max()
-                            .unwrap_or(0);
-                        self.body(self.held.len() - keep, &mut out);
+                        let keep = markers::held_back(&self.held, &BODY_ENDS);
+                        self.take(self.held.len() - keep, HarmonyEvent::Body, &mut out);
                         return out;
                     }
                 }
@@ -214,15 +199,15 @@ impl HarmonyParser {
     pub fn finish(&mut self) -> Vec<HarmonyEvent> {
         let mut out = Vec::new();
         match self.state {
-            State::Outside => self.text(self.held.len(), &mut out),
+            State::Outside => self.take(self.held.len(), HarmonyEvent::Text, &mut out),
             State::Header { marked } => {
                 if !marked && !self.held.contains(CHANNEL) {
-                    self.text(self.held.len(), &mut out);
+                    self.take(self.held.len(), HarmonyEvent::Text, &mut out);
                 }
                 self.held.clear();
             }
             State::Body => {
-                self.body(self.held.len(), &mut out);
+                self.take(self.held.len(), HarmonyEvent::Body, &mut out);
                 out.push(HarmonyEvent::Close(""));
             }
         }
@@ -230,17 +215,11 @@ impl HarmonyParser {
         out
     }
 
-    fn text(&mut self, len: usize, out: &mut Vec<HarmonyEvent>) {
+    /// The first `len` bytes held, as a `Text` or `Body` event (none when empty).
+    fn take(&mut self, len: usize, event: fn(String) -> HarmonyEvent, out: &mut Vec<HarmonyEvent>) {
         let t: String = self.held.drain(..len).collect();
         if !t.is_empty() {
-            out.push(HarmonyEvent::Text(t));
-        }
-    }
-
-    fn body(&mut self, len: usize, out: &mut Vec<HarmonyEvent>) {
-        let t: String = self.held.drain(..len).collect();
-        if !t.is_empty() {
-            out.push(HarmonyEvent::Body(t));
+            out.push(event(t));
         }
     }
 }
@@ -318,15 +297,6 @@ impl HarmonyReasoning {
         }
         out
     }
-}
-
-/// The length of the longest suffix of `text` that is a proper prefix of `tag` (a tag that
-/// may be completed by the next delta), on a char boundary.
-pub(crate) fn partial_suffix(text: &str, tag: &str) -> usize {
-    (1..tag.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && text.ends_with(&tag[..n]))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -448,24 +418,7 @@ mod tests {
     fn reasoning_answer_and_calls() {
         let r = |t: &str| ReasoningPiece::Reasoning(t.into());
         let c = |t: &str| ReasoningPiece::Content(t.into());
-        assert_eq!(
-            pieces(&[
-                "<|channel|>",
-                "analysis",
-                "<|message|>",
-                "Think",
-                ".",
-                "<|end|>",
-                "<|start|>",
-                "assistant",
-                "<|channel|>",
-                "final",
-                "<|message|>",
-                "Hi",
-                "!",
-            ]),
-            vec![r("Think"), r("."), c("Hi"), c("!")]
-        );
+        // Analysis then final, token by token: `reasoning::tests::harmony_channels_token_by_token`.
         // A call is released whole, in canonical form, when it ends (or the reply does: the
         // `<|call|>` that stopped generation is not in the text).
         let call = "<|channel|>commentary to=functions.f<|message|>{\"a\":1}<|call|>";

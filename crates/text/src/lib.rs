@@ -5,6 +5,7 @@ pub mod chat;
 mod detokenizer;
 mod error;
 pub mod harmony;
+mod markers;
 pub mod reasoning;
 mod tokenizer;
 pub mod tools;

@@ -5,7 +5,8 @@
 //! Formats: think tags (`<think>` ... `</think>`, as Qwen3, QwQ and DeepSeek-R1 write them),
 //! and gpt-oss's harmony channels ([`crate::harmony`]), which are read with special tokens kept.
 
-use crate::harmony::{self, HarmonyReasoning, partial_suffix};
+use crate::harmony::{self, HarmonyReasoning};
+use crate::markers;
 
 /// How a model marks its reasoning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -260,7 +261,7 @@ impl ReasoningStream {
                         }
                         self.state = State::Closed;
                     } else {
-                        let keep = partial_suffix(&self.held, close);
+                        let keep = markers::held_back(&self.held, &[close]);
                         let cut = self.held.len() - keep;
                         if cut > 0 {
                             out.push(ReasoningPiece::Reasoning(self.held[..cut].to_string()));

@@ -75,17 +75,23 @@ pub struct Hparams {
     pub rope_scaling: Option<Value>,
     pub experts: Option<ExpertHparams>,
     pub gemma: Option<GemmaHparams>,
-    /// gpt-oss's window (`attention.sliding_window`).
-    pub sliding_window: Option<u64>,
+    /// Gemma 3's and gpt-oss's local layers and their window.
+    pub windows: Option<Windows>,
+}
+
+/// Which layers attend over a window, and its size (config.json's `layer_types` and
+/// `sliding_window`).
+#[derive(Debug, Clone)]
+pub struct Windows {
+    /// None: every layer global.
+    pub size: Option<u64>,
+    /// Per layer, whether it is local.
+    pub local: Vec<bool>,
 }
 
 /// What a Gemma 3 file adds (`gemma3.*`), in config.json's terms.
 #[derive(Debug, Clone)]
 pub struct GemmaHparams {
-    /// None: every layer global.
-    pub sliding_window: Option<u64>,
-    /// `layer_types`: per layer, whether it is local.
-    pub local: Vec<bool>,
     pub rope_local_base_freq: f64,
     pub query_pre_attn_scalar: u64,
     pub final_logit_softcapping: Option<f64>,
@@ -177,6 +183,7 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         )?),
         _ => None,
     };
+    let windows = windows(g, arch, arch_name, num_layers)?;
     Ok(Hparams {
         arch,
         vocab_size,
@@ -197,34 +204,31 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         rope_scaling: rope_scaling(g, arch, arch_name, head_dim, rope_theta)?,
         experts,
         gemma,
-        sliding_window: match arch {
-            GgufArch::GptOss => g
-                .get_u64(&key("attention.sliding_window"))?
-                .filter(|&w| w > 0),
-            _ => None,
-        },
+        windows,
     })
 }
 
-/// llama.cpp's reading of a gemma3 file (`llama_model_gemma3::load_arch_hparams`): a window
-/// when `attention.sliding_window` is given, local layers from `attention.
-/// sliding_window_pattern` (per-layer flags, or every n-th layer global; 6 when absent), the
-/// local RoPE base from `rope.freq_base_swa` (10,000 when absent), and the attention scale of
-/// head_dim, or of hidden / heads for the 27B (62 layers), as Google's code does.
-fn gemma_hparams(
-    g: &GgufFile,
-    arch: &str,
-    num_layers: u64,
-    hidden: u64,
-    heads: u64,
-    head_dim: u64,
-) -> Result<GemmaHparams> {
-    let key = |k: &str| format!("{arch}.{k}");
-    let sliding_window = g
+/// The local layers as llama.cpp reads them: a window when `attention.sliding_window` is
+/// given; Gemma 3's local layers from `attention.sliding_window_pattern` (per-layer flags,
+/// or every n-th layer global; 6 when absent), gpt-oss's every other layer from the first
+/// (llama.cpp's fixed pattern; the file has no key).
+fn windows(g: &GgufFile, arch: GgufArch, name: &str, num_layers: u64) -> Result<Option<Windows>> {
+    let key = |k: &str| format!("{name}.{k}");
+    let local: Vec<bool> = match arch {
+        GgufArch::Gemma3 => {
+            gemma_local_layers(g, &key("attention.sliding_window_pattern"), num_layers)?
+        }
+        GgufArch::GptOss => (0..num_layers).map(|i| i % 2 == 0).collect(),
+        _ => return Ok(None),
+    };
+    let size = g
         .get_u64(&key("attention.sliding_window"))?
         .filter(|&w| w > 0);
-    let pattern_key = key("attention.sliding_window_pattern");
-    let local: Vec<bool> = match g.get_array(&pattern_key).ok().flatten() {
+    Ok(Some(Windows { size, local }))
+}
+
+fn gemma_local_layers(g: &GgufFile, pattern_key: &str, num_layers: u64) -> Result<Vec<bool>> {
+    Ok(match g.get_array(pattern_key).ok().flatten() {
         Some(flags) => {
             let v: Vec<bool> = flags.iter().filter_map(|f| f.as_bool()).collect();
             if v.len() as u64 != num_layers {
@@ -236,13 +240,25 @@ fn gemma_hparams(
             v
         }
         None => {
-            let n = g.get_u64(&pattern_key)?.unwrap_or(6).max(1);
+            let n = g.get_u64(pattern_key)?.unwrap_or(6).max(1);
             (0..num_layers).map(|i| (i + 1) % n != 0).collect()
         }
-    };
+    })
+}
+
+/// The rest of llama.cpp's reading of a gemma3 file (`llama_model_gemma3::load_arch_hparams`):
+/// the local RoPE base from `rope.freq_base_swa` (10,000 when absent), and the attention scale
+/// of head_dim, or of hidden / heads for the 27B (62 layers), as Google's code does.
+fn gemma_hparams(
+    g: &GgufFile,
+    arch: &str,
+    num_layers: u64,
+    hidden: u64,
+    heads: u64,
+    head_dim: u64,
+) -> Result<GemmaHparams> {
+    let key = |k: &str| format!("{arch}.{k}");
     Ok(GemmaHparams {
-        sliding_window,
-        local,
         rope_local_base_freq: g.get_f64(&key("rope.freq_base_swa"))?.unwrap_or(10_000.0),
         query_pre_attn_scalar: if num_layers == 62 {
             hidden / heads
@@ -413,8 +429,8 @@ pub fn config_json(h: &Hparams, dtype: DType) -> Value {
         c["attention_bias"] = json!(false);
         c["mlp_bias"] = json!(false);
     }
-    if let Some(gm) = &h.gemma {
-        let types: Vec<&str> = gm
+    if let Some(w) = &h.windows {
+        let types: Vec<&str> = w
             .local
             .iter()
             .map(|&l| {
@@ -425,25 +441,15 @@ pub fn config_json(h: &Hparams, dtype: DType) -> Value {
                 }
             })
             .collect();
-        c["sliding_window"] = json!(gm.sliding_window);
+        c["sliding_window"] = json!(w.size);
         c["layer_types"] = json!(types);
+    }
+    if let Some(gm) = &h.gemma {
         c["rope_local_base_freq"] = json!(gm.rope_local_base_freq);
         c["query_pre_attn_scalar"] = json!(gm.query_pre_attn_scalar);
         c["final_logit_softcapping"] = json!(gm.final_logit_softcapping);
     }
     if h.arch == GgufArch::GptOss {
-        // llama.cpp's gpt-oss: every other layer local, the first among them.
-        let types: Vec<&str> = (0..h.num_layers)
-            .map(|i| {
-                if i % 2 == 0 {
-                    "sliding_attention"
-                } else {
-                    "full_attention"
-                }
-            })
-            .collect();
-        c["sliding_window"] = json!(h.sliding_window);
-        c["layer_types"] = json!(types);
         c["attention_bias"] = json!(true);
     }
     if let Some(e) = &h.experts {

@@ -19,7 +19,7 @@ pub fn dequantize_mxfp4(blocks: &[u8], scales: &[u8], out: &mut [f32]) {
         .zip(scales)
         .zip(out.chunks_exact_mut(MXFP4_BLOCK))
     {
-        let scale = (f32::from(s) - 127.0).exp2();
+        let scale = e8m0(s);
         for (pair, &byte) in o.chunks_exact_mut(2).zip(b) {
             pair[0] = FP4[usize::from(byte & 0x0f)] * scale;
             pair[1] = FP4[usize::from(byte >> 4)] * scale;

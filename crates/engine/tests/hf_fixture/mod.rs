@@ -26,6 +26,36 @@ pub struct Reference {
     pub full_logits: Vec<Vec<f32>>,
 }
 
+impl Reference {
+    /// The prompt and its greedy tokens: the sequence `full_logits` covers.
+    pub fn sequence(&self) -> Vec<u32> {
+        self.prompt.iter().chain(&self.greedy).copied().collect()
+    }
+}
+
+/// The logits at every position of `seq`, prefilled at once.
+pub fn sequence_logits(e: &mut Engine<lmi_engine::cpu::CpuBackend>, seq: &[u32]) -> Vec<Vec<f32>> {
+    let out = e
+        .forward_logits(&[chunk(seq, 0, &blocks(0, seq.len()), LogitsWanted::All)])
+        .unwrap();
+    (0..seq.len()).map(|t| out.row(t).to_vec()).collect()
+}
+
+/// A copy of the fixture's model (config.json and model.safetensors) with its config.json
+/// changed by `edit`.
+pub fn with_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(dir.join(f), tmp.path().join(f)).unwrap();
+    }
+    let path = tmp.path().join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut c);
+    std::fs::write(&path, c.to_string()).unwrap();
+    tmp
+}
+
 pub fn reference(dir: &Path) -> Reference {
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())

@@ -140,8 +140,7 @@ impl ToolStreamParser {
             }
         }
         let markers = self.format.markers();
-        let found = markers.iter().filter_map(|m| self.buf.find(m)).min();
-        if let Some(at) = found {
+        if let Some((at, _)) = crate::markers::first(&self.buf, markers) {
             let text: String = self.buf.drain(..at).collect();
             self.content(&text, out);
             self.at_start = false;
@@ -154,11 +153,7 @@ impl ToolStreamParser {
         let keep = if eof {
             0
         } else {
-            markers
-                .iter()
-                .map(|m| marker_prefix_len(&self.buf, m))
-                .max()
-                .unwrap_or(0)
+            crate::markers::held_back(&self.buf, markers)
         };
         let text: String = self.buf.drain(..self.buf.len() - keep).collect();
         if !text.trim().is_empty() {
@@ -332,11 +327,7 @@ fn harmony_step(buf: &str, eof: bool) -> Step {
     let header = Header::parse(buf[..at].strip_prefix(START).unwrap_or(&buf[..at]));
     let start = at + MESSAGE.len();
     let body = &buf[start..];
-    let (body, len) = match [CALL, END, RETURN]
-        .into_iter()
-        .filter_map(|m| body.find(m).map(|i| (i, m)))
-        .min()
-    {
+    let (body, len) = match crate::markers::first(body, &[CALL, END, RETURN]) {
         Some((i, m)) => (&body[..i], start + i + m.len()),
         None if eof => (body, buf.len()),
         None => return Step::Wait,
@@ -357,14 +348,6 @@ fn harmony_step(buf: &str, eof: bool) -> Step {
         Ok(call) => Step::Calls(len, vec![call]),
         Err(_) => Step::Content(len, body.to_string()),
     }
-}
-
-/// Length of the longest end of `text` that `marker` starts with (shorter than the marker).
-fn marker_prefix_len(text: &str, marker: &str) -> usize {
-    (1..marker.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && text.ends_with(&marker[..n]))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
