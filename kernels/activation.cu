@@ -3,13 +3,6 @@
 #include "common.cuh"
 #include "rows.cuh"
 
-// σ from exp(-|g|) never overflows (the CPU backend's formulation).
-__device__ __forceinline__ float silu_mul_one(float g, float u) {
-    const float x = expf(-fabsf(g));
-    const float sigmoid = g >= 0.0f ? 1.0f / (1.0f + x) : x / (1.0f + x);
-    return g * sigmoid * u;
-}
-
 // gelu_pytorch_tanh: g/2 · (1 + tanh(√(2/π) · (g + 0.044715 g³))) (the CPU backend's formula).
 __device__ __forceinline__ float gelu_tanh_mul_one(float g, float u) {
     const float t = tanhf(0.7978846f * (g + 0.044715f * g * g * g));

@@ -28,6 +28,10 @@
 //   with a sliding window W (> 0: Gemma's local layers), only the last W of them. A pass's
 //   keys start at the block of its first row's window, and a tile's splits count the keys
 //   its window spans. Rows of context 0 (padding of decode batches) write zeros.
+// - Attention sinks (gpt-oss; `sinks` non-null, one logit per q head): an extra logit in
+//   each row's softmax whose value is zero, which is the online softmax started from it
+//   (max = the sink, sum = 1) instead of from nothing. Split 0 alone starts so; the merge of
+//   the splits' (max, sum) then counts it once.
 // - Every reduction has a fixed order for a given launch shape.
 #include "common.cuh"
 #include "attention_split.cuh"
@@ -276,7 +280,8 @@ __device__ __forceinline__ void paged_attention(
     const bf16* __restrict__ v_cache, const unsigned* __restrict__ tiles,
     const unsigned* __restrict__ positions, const unsigned* __restrict__ context_lens,
     const unsigned* __restrict__ block_tables, unsigned block_stride, unsigned num_tokens,
-    unsigned q_heads, unsigned kv_heads, unsigned head_dim, float scale, unsigned window) {
+    unsigned q_heads, unsigned kv_heads, unsigned head_dim, float scale, unsigned window,
+    const float* __restrict__ sinks) {
     LMI_DYNAMIC_SHARED(unsigned char, smem);
     float* q_s = reinterpret_cast<float*>(smem);
     bf16* k_s = reinterpret_cast<bf16*>(smem + S::Q_BYTES);
@@ -332,8 +337,11 @@ __device__ __forceinline__ void paged_attention(
         if (tid < S::ROWS) {
             lim_s[tid] =
                 tid < rows ? min(positions[first + (base + tid) / group] + 1u, ctx) : 0u;
-            m_s[tid] = LMI_NEG_INF;
-            l_s[tid] = 0.0f;
+            // Base-2 logits, as the scores (q carries log2(e)); the sink is unscaled, as
+            // transformers adds it beside the scaled scores.
+            const bool sink = sinks != nullptr && split == 0 && tid < rows;
+            m_s[tid] = sink ? sinks[kvh * group + (base + tid) % group] * ATT_LOG2E : LMI_NEG_INF;
+            l_s[tid] = sink ? 1.0f : 0.0f;
         }
 
         // This split's share of the keys the pass's rows see, in KV blocks: up to the last
@@ -418,10 +426,11 @@ __device__ __forceinline__ void paged_attention(
              const unsigned* __restrict__ positions, const unsigned* __restrict__ context_lens,  \
              const unsigned* __restrict__ block_tables, unsigned block_stride,                  \
              unsigned num_tokens, unsigned q_heads, unsigned kv_heads, unsigned head_dim,       \
-             float scale, unsigned window) {                                                    \
+             float scale, unsigned window, const float* __restrict__ sinks) {                   \
         paged_attention<SHAPE, EXACT>(out, part_o, part_ml, tile_counters, qkv, k_cache, v_cache, tiles,       \
                                       positions, context_lens, block_tables, block_stride,      \
-                                      num_tokens, q_heads, kv_heads, head_dim, scale, window);  \
+                                      num_tokens, q_heads, kv_heads, head_dim, scale, window,   \
+                                      sinks);                                                   \
     }
 
 ATTENTION(attention_decode_hd64_f32, DecodeHd64, true, float, 2)

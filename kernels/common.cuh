@@ -49,6 +49,13 @@ __device__ __forceinline__ float load_f32(const bf16* p, unsigned long long i) {
 __device__ __forceinline__ void store_f32(float* p, unsigned long long i, float v) { p[i] = v; }
 __device__ __forceinline__ void store_f32(bf16* p, unsigned long long i, float v) { p[i] = f32_to_bf16(v); }
 
+// silu(g) · u, σ from exp(-|g|) so it never overflows (the CPU backend's formulation).
+__device__ __forceinline__ float silu_mul_one(float g, float u) {
+    const float x = expf(-fabsf(g));
+    const float sigmoid = g >= 0.0f ? 1.0f / (1.0f + x) : x / (1.0f + x);
+    return g * sigmoid * u;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(LMI_FULL_MASK, v, o);
     return v;

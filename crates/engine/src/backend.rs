@@ -102,10 +102,18 @@ pub trait Backend: Send + Sync + 'static {
     type Rope: Send + Sync;
     /// A vision tower's weights on this backend (the CPU runs the host tower: it has none).
     type Vision: Send + Sync;
+    /// What a backend keeps beside a mixture-of-experts layer's weights to run it
+    /// ([`Backend::index_experts`]; CUDA: the device table of the experts' addresses).
+    type Experts: Send + Sync;
 
     fn name(&self) -> &'static str;
 
     fn upload_weight(&self, t: HostTensor) -> Result<Self::Weight>;
+    /// A mixture's router `[experts, hidden]`, in f32 where this backend would round other
+    /// matrices (a rounded logit can flip a token between two close experts).
+    fn upload_router(&self, t: HostTensor) -> Result<Self::Weight> {
+        self.upload_weight(t)
+    }
     /// Uploads a LoRA pair (`a` `[rank, in]`, `b` `[out, rank]`, scale folded into `b`) in
     /// `dtype`, in whatever layout this backend's `lora` reads.
     fn upload_lora_pair(
@@ -374,19 +382,24 @@ pub trait Backend: Send + Sync + 'static {
         self.silu_mul(gate_up, rows, width, act)?;
         self.linear(act, rows, w, None, out)
     }
+    /// What [`Backend::moe`] needs beside an uploaded layer's weights, built once at load
+    /// (after [`Backend::supports`] accepted [`Feature::Experts`]).
+    fn index_experts(&self, layer: &crate::moe::MoeLayer<Self::Weight>) -> Result<Self::Experts>;
     /// A mixture-of-experts MLP over `rows` rows of `x` (`hidden` wide): each row's experts
     /// from `layer.router`, `out[r] = Σ weight · down(silu(gate) · up)` over them. A row's
     /// result must not depend on the other rows of the step (batch invariance), even though
     /// they change which experts the step reads.
+    #[allow(clippy::too_many_arguments)]
     fn moe(
         &self,
         x: &Self::Buf,
         rows: usize,
         hidden: usize,
         layer: &crate::moe::MoeLayer<Self::Weight>,
+        experts: &Self::Experts,
         out: &mut Self::Buf,
     ) -> Result<()> {
-        let _ = (x, rows, hidden, layer, out);
+        let _ = (x, rows, hidden, layer, experts, out);
         Err(refused(self.name(), Feature::Experts))
     }
     /// LoRA deltas on one projection, `site`, for every adapter of the step at once (SGMV's

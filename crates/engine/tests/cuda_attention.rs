@@ -23,6 +23,7 @@ use lmi_engine::backend::{AttnScoring, QkvLayout};
 use lmi_engine::cpu::{CpuBackend, CpuKv};
 use lmi_engine::cuda::step::CudaStep;
 use lmi_engine::cuda::{CudaBackend, CudaBuf, CudaKv};
+use lmi_engine::weights::HostTensor;
 use lmi_engine::{BLOCK_SIZE, Backend, BatchLayout, DType, KvCacheConfig, LogitsWanted, SeqChunk};
 
 /// KV blocks in the pools: a prime, so block ids `i * 101 % POOL` are distinct and scattered.
@@ -238,10 +239,31 @@ fn cpu_window_attention<D: Device>(
     qkv: &Vec<f32>,
     window: Option<usize>,
 ) -> Vec<f32> {
+    cpu_scored_attention(c, pools, l, ql, qkv, window, None)
+}
+
+/// [`cpu_window_attention`] with per-head attention sinks, when given.
+fn cpu_scored_attention<D: Device>(
+    c: &CpuBackend,
+    pools: &Pools<D>,
+    l: &BatchLayout,
+    ql: QkvLayout,
+    qkv: &Vec<f32>,
+    window: Option<usize>,
+    sinks: Option<&[f32]>,
+) -> Vec<f32> {
     let mut want = c.alloc(l.num_tokens() * ql.q_heads * ql.head_dim).unwrap();
     let (ck, cv) = &pools.cpu;
     let step = c.upload_step(l).unwrap();
-    c.attention(qkv, &step, ql, ck, cv, scoring(ql, window), &mut want)
+    let sinks = sinks.map(|v| {
+        c.upload_weight(HostTensor::f32(vec![v.len()], v.to_vec()))
+            .unwrap()
+    });
+    let scoring = AttnScoring {
+        sinks: sinks.as_ref(),
+        ..scoring(ql, window)
+    };
+    c.attention(qkv, &step, ql, ck, cv, scoring, &mut want)
         .unwrap();
     want
 }
@@ -295,7 +317,24 @@ fn check_window<D: Device>(
     data: Data,
     window: Option<usize>,
 ) {
-    let what = format!("{ql:?}, {seqs:?}, {out:?} out, {data:?} data, window {window:?}");
+    check_scoring(g, ql, seqs, out, data, window, None)
+}
+
+/// [`check_window`] with per-head attention sinks, when given.
+#[track_caller]
+fn check_scoring<D: Device>(
+    g: &CudaBackend<D>,
+    ql: QkvLayout,
+    seqs: &[Seq],
+    out: ElemType,
+    data: Data,
+    window: Option<usize>,
+    sinks: Option<&[f32]>,
+) {
+    let what = format!(
+        "{ql:?}, {seqs:?}, {out:?} out, {data:?} data, window {window:?}, sinks {}",
+        sinks.is_some()
+    );
     let c = cpu();
     let mut pools = Pools::new(&c, g, ql);
     let chunks = chunks(seqs);
@@ -305,14 +344,23 @@ fn check_window<D: Device>(
     let step = g.upload_step(&l).unwrap();
     let gqkv = g.upload_f32(&qkv).unwrap();
     pools.write(&c, &l, &qkv, g, &step, &gqkv);
-    let want = cpu_window_attention(&c, &pools, &l, ql, &qkv, window);
+    let want = cpu_scored_attention(&c, &pools, &l, ql, &qkv, window, sinks);
 
     let mut got = alloc_out(g, want.len(), out);
     let (gk, gv) = &pools.gpu;
-    g.attention(&gqkv, &step, ql, gk, gv, scoring(ql, window), &mut got)
+    let gsinks = sinks.map(|v| {
+        g.upload_weight(HostTensor::f32(vec![v.len()], v.to_vec()))
+            .unwrap()
+    });
+    let scoring = AttnScoring {
+        sinks: gsinks.as_ref(),
+        ..scoring(ql, window)
+    };
+    g.attention(&gqkv, &step, ql, gk, gv, scoring, &mut got)
         .unwrap();
-    // Windowed steps never take the tensor cores.
-    let bf16_products = data == Data::Random && window.is_none() && on_tensor_cores(ql, seqs);
+    // Windowed steps and steps with sinks never take the tensor cores.
+    let bf16_products =
+        data == Data::Random && window.is_none() && sinks.is_none() && on_tensor_cores(ql, seqs);
     compare(&what, &to_host(g, &got), &want, out, bf16_products);
 }
 
@@ -384,6 +432,44 @@ fn check_sliding_windows<D: Device>(g: &CudaBackend<D>) {
         ElemType::F32,
         Data::Exact,
         Some(130),
+    );
+}
+
+/// gpt-oss's per-head sinks: decode tiles over one split and over several (split 0 alone
+/// starts from the sink; the merge must count it once), prefill tiles, a padded head size,
+/// with and without a window; sinks from well below to well above the scores.
+fn check_attention_sinks<D: Device>(g: &CudaBackend<D>) {
+    let seqs = [
+        decode(1),
+        decode(100),
+        decode(1000),
+        prefill(40, 40),
+        prefill(300, 20),
+    ];
+    for (hd, q_heads) in [(64, 8), (16, 4)] {
+        let sinks: Vec<f32> = (0..q_heads).map(|h| h as f32 * 1.5 - 4.0).collect();
+        for window in [None, Some(100)] {
+            let ql = heads(q_heads, 2, hd);
+            check_scoring(
+                g,
+                ql,
+                &seqs,
+                ElemType::F32,
+                Data::Random,
+                window,
+                Some(&sinks),
+            );
+        }
+    }
+    let sinks: Vec<f32> = (0..8).map(|h| 8.0 - h as f32).collect();
+    check_scoring(
+        g,
+        heads(8, 2, 64),
+        &[decode(1000), prefill(720, 20)],
+        ElemType::BF16,
+        Data::Exact,
+        None,
+        Some(&sinks),
     );
 }
 
@@ -701,7 +787,8 @@ fn check_split_protocol<D: Device>(g: &CudaBackend<D>) {
             Arg::F32(scale(ql)),
         ];
         if kernel.starts_with("attention_decode") {
-            args.push(Arg::U32(0)); // attention.cu's kernels: no window
+            args.push(Arg::U32(0)); // attention.cu's kernels: no window, no sinks
+            args.push(Arg::Ptr(lmi_cuda::DevPtr::NULL));
         }
         dev.launch(f, &cfg, &args).unwrap();
         let got_out: Vec<u32> = dev.dtoh_vec(out, out_len).unwrap();
@@ -891,6 +978,11 @@ fn split_contexts() {
 #[test]
 fn sliding_windows() {
     on_every_device!(check_sliding_windows);
+}
+
+#[test]
+fn attention_sinks() {
+    on_every_device!(check_attention_sinks);
 }
 
 #[test]

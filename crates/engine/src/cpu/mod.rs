@@ -154,6 +154,7 @@ impl Backend for CpuBackend {
     type Step = BatchLayout;
     type Rope = CpuRope;
     type Vision = std::convert::Infallible;
+    type Experts = ();
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -471,12 +472,18 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    /// Nothing: the CPU groups each step's rows by expert itself.
+    fn index_experts(&self, _: &crate::moe::MoeLayer<CpuWeight>) -> Result<()> {
+        Ok(())
+    }
+
     fn moe(
         &self,
         x: &Vec<f32>,
         rows: usize,
         hidden: usize,
         layer: &crate::moe::MoeLayer<CpuWeight>,
+        _: &(),
         out: &mut Vec<f32>,
     ) -> Result<()> {
         moe::moe(self, x, rows, hidden, layer, out)

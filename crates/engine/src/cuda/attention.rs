@@ -18,9 +18,9 @@
 //!   one split writes its output itself; otherwise the last of its blocks to finish (counted
 //!   in the step's `tile_counters`) combines exactly its splits, in order, so no merge launch
 //!   follows;
-//! - a sliding window (Gemma's local layers) runs on attention.cu's kernels, which take it
-//!   (the prefill of head_dim 64 and 128 then uses the 256-wide CUDA-core kernels, not the
-//!   tensor cores);
+//! - a sliding window (Gemma's local layers) or attention sinks (gpt-oss) run on
+//!   attention.cu's kernels, which take them (the prefill of head_dim 64 and 128 then uses
+//!   the 256-wide CUDA-core kernels, not the tensor cores);
 //! - CUDA graphs: a step with a graph key is launched from the key alone (its block-table
 //!   width bounds the context), never from its context lengths, which the kernels read from
 //!   device memory; a captured graph replays the same launches for later steps, and the
@@ -217,6 +217,7 @@ pub fn run<D: Device>(
     v_cache: DevPtr,
     scale: f32,
     window: Option<usize>,
+    sinks: Option<DevPtr>,
     out: &mut CudaBuf,
 ) -> Result<()> {
     let QkvLayout {
@@ -249,9 +250,9 @@ pub fn run<D: Device>(
     // Every tile is one token exactly when there are as many tokens as sequences.
     let decode = tokens == step.num_seqs;
     let (names, shape) = family.kernels(decode);
-    // attention.cu's kernels (CUDA cores) take a window; the tensor-core ones do not.
-    let (names, shape) = match (window, shape) {
-        (Some(_), Shape::Wmma { .. }) => ANY.kernels(decode),
+    // attention.cu's kernels (CUDA cores) take a window and sinks; the tensor-core ones not.
+    let (names, shape) = match shape {
+        Shape::Wmma { .. } if window.is_some() || sinks.is_some() => ANY.kernels(decode),
         _ => (names, shape),
     };
     let name = match out.dtype {
@@ -301,6 +302,7 @@ pub fn run<D: Device>(
     ];
     if matches!(shape, Shape::Cores { .. }) {
         args.push(window.into());
+        args.push(sinks.unwrap_or(DevPtr::NULL).into());
     }
     b.launch(name, cfg, &args)
 }

@@ -14,10 +14,10 @@ use super::graphs::{Captured, GraphCache, Plan};
 use super::memory::{Arena, DeviceBox, cuda_err};
 use super::rope::{self, CudaRope, u32_arg};
 use super::step::{self, CudaStep, Packed};
-use super::{attention, lora, sampler};
+use super::{attention, lora, moe, sampler};
 use crate::backend::{
     AttnScoring, Backend, Feature, LoraGroup, LoraPairs, LoraRegistration, LoraSite, QkNorm,
-    QkvLayout, refused,
+    QkvLayout,
 };
 use crate::batch::BatchLayout;
 use crate::dtype::DType;
@@ -194,6 +194,7 @@ impl<D: Device> CudaBackend<D> {
             .iter()
             .chain(attention::KERNELS)
             .chain(lora::KERNELS)
+            .chain(moe::KERNELS)
             .chain(sampler::KERNELS);
         for &name in all {
             let f = dev
@@ -346,6 +347,7 @@ impl<D: Device> Backend for CudaBackend<D> {
     type Step = CudaStep;
     type Rope = CudaRope<D>;
     type Vision = super::vision::CudaVision<D>;
+    type Experts = moe::CudaExperts<D>;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -368,6 +370,18 @@ impl<D: Device> Backend for CudaBackend<D> {
         let mem = DeviceBox::new(&self.dev, bytes.len())?;
         self.dev.htod(&bytes, mem.ptr()).map_err(cuda_err)?;
         Ok(CudaWeight { mem, shape, dtype })
+    }
+
+    /// Kept in f32 (kernels/moe.cu's router reads it so).
+    fn upload_router(&self, t: HostTensor) -> Result<CudaWeight<D>> {
+        let v = t.to_f32_vec();
+        let mem = DeviceBox::new(&self.dev, v.len() * 4)?;
+        self.dev.htod_slice(&v, mem.ptr()).map_err(cuda_err)?;
+        Ok(CudaWeight {
+            mem,
+            shape: t.shape,
+            dtype: ElemType::F32,
+        })
     }
 
     /// A `[rank, in]` and Bᵀ `[rank, out]`, both bf16 (see kernels/lora.cu).
@@ -725,9 +739,15 @@ impl<D: Device> Backend for CudaBackend<D> {
         scoring: AttnScoring<'_, CudaWeight<D>>,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        if scoring.sinks.is_some() {
-            return Err(refused(self.name(), Feature::AttentionSinks));
-        }
+        let sinks = match scoring.sinks {
+            Some(w) if w.dtype != ElemType::F32 || w.shape != [layout.q_heads] => {
+                return Err(EngineError::Backend(format!(
+                    "attention sinks are {:?} {:?}, expected [{}] f32",
+                    w.shape, w.dtype, layout.q_heads
+                )));
+            }
+            w => w.map(|w| w.ptr()),
+        };
         attention::run(
             self,
             qkv,
@@ -737,6 +757,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             v_cache.ptr(),
             scoring.scale,
             scoring.window,
+            sinks,
             out,
         )
     }
@@ -762,9 +783,30 @@ impl<D: Device> Backend for CudaBackend<D> {
 
     fn supports(&self, feature: Feature) -> bool {
         match feature {
-            Feature::SlidingWindow | Feature::Gemma => true,
-            Feature::Experts | Feature::AttentionSinks => false,
+            Feature::SlidingWindow
+            | Feature::Gemma
+            | Feature::Experts
+            | Feature::AttentionSinks => true,
         }
+    }
+
+    fn index_experts(
+        &self,
+        layer: &crate::moe::MoeLayer<CudaWeight<D>>,
+    ) -> Result<moe::CudaExperts<D>> {
+        moe::index(self, layer)
+    }
+
+    fn moe(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        hidden: usize,
+        layer: &crate::moe::MoeLayer<CudaWeight<D>>,
+        experts: &moe::CudaExperts<D>,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        moe::forward(self, x, rows, hidden, layer, experts, out)
     }
 
     fn silu_mul(

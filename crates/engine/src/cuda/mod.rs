@@ -8,6 +8,7 @@ pub mod ceilings;
 mod graphs;
 mod lora;
 mod memory;
+mod moe;
 mod rope;
 mod sampler;
 pub mod step;
@@ -19,6 +20,7 @@ use std::sync::Arc;
 pub use backend::{CudaBackend, CudaBuf, CudaKv, CudaWeight};
 use lmi_cuda::{CudaDevice, Device};
 use memory::cuda_err;
+pub use moe::CudaExperts;
 
 use crate::dtype::DType;
 use crate::engine::{Engine, EngineOptions, StepEngine};

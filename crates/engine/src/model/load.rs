@@ -141,7 +141,11 @@ impl<B: Backend> Model<B> {
                 (None, None)
             };
             let mlp = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
-                Some(moe) => Mlp::Moe(load_experts(backend, c, moe, &p, st, &mat, dtype)?),
+                Some(moe) => {
+                    let layer = load_experts(backend, c, moe, &p, st, &mat, dtype)?;
+                    let index = backend.index_experts(&layer)?;
+                    Mlp::Moe(layer, index)
+                }
                 None => {
                     let m = format!("{p}.mlp");
                     let inter = c.intermediate_size;
@@ -326,7 +330,7 @@ fn load_experts<B: Backend>(
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(MoeLayer {
-        router: backend.upload_weight(router)?,
+        router: backend.upload_router(router)?,
         router_bias,
         experts,
         top_k: moe.top_k,
@@ -396,7 +400,7 @@ fn load_stacked_experts<B: Backend>(
         .collect::<Result<Vec<_>>>()?;
     let router = st.load(&format!("{m}.router.weight"), &[n, h], DType::F32)?;
     Ok(MoeLayer {
-        router: backend.upload_weight(router)?,
+        router: backend.upload_router(router)?,
         router_bias: Some(backend.upload_weight(st.load(
             &format!("{m}.router.bias"),
             &[n],

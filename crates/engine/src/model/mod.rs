@@ -34,17 +34,18 @@ pub(crate) struct Layer<B: Backend> {
     mlp_out_norm: Option<B::Weight>,
     /// A local layer: attention over a sliding window, with the local RoPE.
     local: bool,
-    mlp: Mlp<B::Weight>,
+    mlp: Mlp<B::Weight, B::Experts>,
 }
 
-/// A layer's MLP: one SwiGLU, or a mixture of SwiGLU experts.
-pub(crate) enum Mlp<W> {
+/// A layer's MLP: one SwiGLU, or a mixture of SwiGLU experts (and what the backend keeps
+/// beside them, `X`: [`Backend::Experts`]).
+pub(crate) enum Mlp<W, X> {
     Dense {
         /// gate and up projections fused into one `[2 · intermediate, hidden]` matrix.
         gate_up: W,
         down: W,
     },
-    Moe(MoeLayer<W>),
+    Moe(MoeLayer<W>, X),
 }
 
 pub struct Model<B: Backend> {
@@ -70,14 +71,14 @@ pub struct Model<B: Backend> {
     pub vision_device: Option<B::Vision>,
 }
 
-impl<W> Mlp<W> {
+impl<W, X> Mlp<W, X> {
     /// Bytes of the matrices a step of `tokens` tokens reads (`None`: all of them). A mixture
     /// reads its router and the experts its tokens pick, counted as if each picked `top_k` of
     /// `E` uniformly at random: `E · (1 - (1 - top_k / E)^tokens)`, `top_k` for one token.
     fn bytes(&self, w: &impl Fn(&W) -> usize, tokens: Option<usize>) -> usize {
         match self {
             Mlp::Dense { gate_up, down } => w(gate_up) + w(down),
-            Mlp::Moe(m) => {
+            Mlp::Moe(m, _) => {
                 let all: usize = m.experts.iter().map(|x| w(&x.gate_up) + w(&x.down)).sum();
                 let read = match tokens {
                     None => all,
@@ -345,7 +346,7 @@ impl<B: Backend> Model<B> {
                     lora(i, Target::Down, &act, inter, &mut proj, h, 0)?;
                 }
                 // Adapters on experts are refused at load (`lora`), so none applies here.
-                Mlp::Moe(moe) => backend.moe(&normed, n, h, moe, &mut proj)?,
+                Mlp::Moe(moe, index) => backend.moe(&normed, n, h, moe, index, &mut proj)?,
             }
             if let Some(w) = &layer.mlp_out_norm {
                 backend.rms_norm(&proj, n, w, eps, &mut post)?;

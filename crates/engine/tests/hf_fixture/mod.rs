@@ -34,7 +34,7 @@ impl Reference {
 }
 
 /// The logits at every position of `seq`, prefilled at once.
-pub fn sequence_logits(e: &mut Engine<lmi_engine::cpu::CpuBackend>, seq: &[u32]) -> Vec<Vec<f32>> {
+pub fn sequence_logits<B: lmi_engine::Backend>(e: &mut Engine<B>, seq: &[u32]) -> Vec<Vec<f32>> {
     let out = e
         .forward_logits(&[chunk(seq, 0, &blocks(0, seq.len()), LogitsWanted::All)])
         .unwrap();
