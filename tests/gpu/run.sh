@@ -88,7 +88,7 @@ need_hf_model() {
         "$BIN/lmi" convert "$MODEL" "$WORK/smollm2" --dtype bf16 >>"$LOG" 2>&1
 }
 
-tests_with() { for t in cuda_ops cuda_attention cuda_sampling cuda_engine cuda_qwen_vl; do [ -x "$BIN/$t" ] && echo "$t"; done; }
+tests_with() { for t in cuda_ops cuda_attention cuda_sampling cuda_engine cuda_qwen_vl cuda_gemma3 cuda_moe; do [ -x "$BIN/$t" ] && echo "$t"; done; }
 
 case $step in
 unpack)

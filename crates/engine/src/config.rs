@@ -265,6 +265,10 @@ struct RawConfig {
     hidden_activation: Option<String>,
     query_pre_attn_scalar: Option<f64>,
     sliding_window: Option<usize>,
+    /// Qwen2's and Qwen3's switch for `sliding_window` (off in their published configs), and
+    /// the layers from which it applies when `layer_types` does not list them.
+    use_sliding_window: Option<bool>,
+    max_window_layers: Option<usize>,
     sliding_window_pattern: Option<usize>,
     layer_types: Option<Vec<String>>,
     rope_local_base_freq: Option<f64>,
@@ -501,9 +505,15 @@ impl ModelConfig {
             return Err("logit soft-capping (Gemma 2's) is not supported".into());
         }
         // transformers applies `sliding_window` for these (Mistral and Mixtral to every layer
-        // when set: Mistral-7B-v0.1's 4096); Qwen2's `use_sliding_window` is off in the
-        // published configs, and Llama has none.
+        // when set: Mistral-7B-v0.1's 4096); for Qwen2, Qwen3 and Qwen3-MoE only when
+        // `use_sliding_window` (off in the published configs), from layer `max_window_layers`
+        // on; Llama has none.
+        let qwen = matches!(
+            architecture,
+            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe
+        );
         let windowed = gemma
+            || qwen && raw.use_sliding_window == Some(true)
             || matches!(
                 architecture,
                 Architecture::GptOss | Architecture::Mistral | Architecture::Mixtral
@@ -535,6 +545,11 @@ impl ModelConfig {
                     // gpt-oss alternates, local first.
                     (None, _) if architecture == Architecture::GptOss => {
                         (0..num_layers).map(|i| i % 2 == 0).collect()
+                    }
+                    // transformers' Qwen2Config default is 28.
+                    (None, _) if qwen => {
+                        let from = raw.max_window_layers.unwrap_or(28);
+                        (0..num_layers).map(|i| i >= from).collect()
                     }
                     (None, _) => vec![true; num_layers],
                 };

@@ -204,6 +204,20 @@ fn llama_cpp_gguf_files_match_transformers() {
                 diffs[at],
                 share * 100.0
             );
+            if dtype.is_none() {
+                // Experts as stored: a row's logits must be the same bits beside another
+                // sequence, which wakes other experts and changes their row counts.
+                let other: Vec<u32> = (0..29u32).map(|i| (i * 37 + 5) % 320).collect();
+                let busy = e
+                    .forward_logits(&[
+                        chunk(&other, 0, &blocks(10, 29), LogitsWanted::All),
+                        chunk(&seq, 0, &blocks(20, seq.len()), LogitsWanted::All),
+                    ])
+                    .unwrap();
+                for t in 0..seq.len() {
+                    assert_eq!(busy.row(29 + t), out.row(t), "{name} Q8_0: token {t}");
+                }
+            }
             if dtype == Some(DType::F32) {
                 // Greedy: the argmax after every prefix equals transformers' next token.
                 for (i, &want) in r.greedy.iter().enumerate() {
