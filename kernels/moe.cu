@@ -9,10 +9,13 @@
 //   moe_gate_up_*  per tile: act = activation(x · gate_upᵀ + bias), bf16 (as the dense MLP
 //                  rounds what feeds its down projection); a warp holds a column's gate and up
 //   moe_down       per tile: y = act · downᵀ + bias, f32
+//                  (both on tensor cores instead, moe_wmma.cu, where the layer's sizes are
+//                  multiples of 16: the host picks per layer, so every step of a model runs
+//                  the same kernels)
 //   moe_combine    out[r] = Σ weight · y over the row's picks, ascending expert (transformers'
 //                  index_add_ order, and the CPU backend's)
 //
-// The grouped products: grid (column blocks, tiles), one block per (tile, MOE_BLOCK_COLS
+// The grouped products here: grid (column blocks, tiles), one block per (tile, MOE_BLOCK_COLS
 // columns). A tile's rows are staged in shared memory MOE_CHUNK of K at a time; each warp
 // streams its weight rows 16 bytes a lane (512 contiguous bytes per warp), so an expert's
 // weights are read once per tile: once per step for an expert that at most MOE_TILE of the
@@ -24,11 +27,9 @@
 // k order whatever else shares its tile; routing and the final sum are per row. A row's result
 // does not depend on the other rows of the step, nor on which experts they pick.
 #include "common.cuh"
+#include "moe.cuh"
 #include "rows.cuh"
 
-// The most experts a layer may have (32 per lane of moe_route's warp) and picks per row.
-#define MOE_MAX_EXPERTS 1024
-#define MOE_MAX_TOP_K 32
 #define MOE_TILE 8
 #define MOE_THREADS 256
 #define MOE_WARPS 8
@@ -36,31 +37,6 @@
 #define MOE_BLOCK_COLS (MOE_WARPS * MOE_WARP_COLS)
 #define MOE_CHUNK 2048
 #define MOE_SORT_THREADS 256
-
-// Routing rules (crate::moe::Routing).
-#define MOE_SOFTMAX_TOPK 0
-#define MOE_SOFTMAX_TOPK_RENORM 1
-#define MOE_TOPK_SOFTMAX 2
-
-// Expert activations (crate::moe::ExpertActivation).
-#define MOE_SILU 0
-#define MOE_CLAMPED_SWIGLU 1
-
-// One expert as the host's table holds it (cuda/moe.rs writes four addresses per expert).
-struct MoeExpert {
-    const bf16* gate_up;         // [2 · width, hidden]: gate rows, then up rows
-    const bf16* down;            // [hidden, width]
-    const float* gate_up_bias;   // [2 · width], or null
-    const float* down_bias;      // [hidden], or null
-};
-
-// Up to MOE_TILE consecutive assignments (in sorted order) of one expert; count 0: unused.
-struct MoeTile {
-    unsigned expert;
-    unsigned start;
-    unsigned count;
-    unsigned pad_;
-};
 
 // logits [rows, experts]: grid (ceil(experts / 8), min(rows, 65535)), 256 threads, one warp
 // per (row, expert), lanes over k in a fixed order.
@@ -182,11 +158,12 @@ extern "C" __global__ void moe_route(unsigned* __restrict__ ids, float* __restri
 
 // One block of MOE_SORT_THREADS. order[s] = the assignment (r · top_k + p) at sorted position
 // s, grouped by expert ascending and by assignment within an expert; slot[a] its inverse;
-// tiles[0 .. max_tiles) the tiles, in order, then unused ones (count 0). max_tiles bounds
-// Σ_e ceil(count_e / MOE_TILE) (the host's `max_tiles`).
+// tiles[0 .. max_tiles) the tiles of up to tile_rows assignments, in order, then unused ones
+// (count 0). max_tiles bounds Σ_e ceil(count_e / tile_rows) (the host's `max_tiles`).
 extern "C" __global__ void __launch_bounds__(MOE_SORT_THREADS) moe_sort(
     unsigned* __restrict__ order, unsigned* __restrict__ slot, MoeTile* __restrict__ tiles,
-    const unsigned* __restrict__ ids, unsigned n, unsigned experts, unsigned max_tiles) {
+    const unsigned* __restrict__ ids, unsigned n, unsigned experts, unsigned max_tiles,
+    unsigned tile_rows) {
     __shared__ unsigned count[MOE_MAX_EXPERTS];
     __shared__ unsigned cursor[MOE_MAX_EXPERTS];
     __shared__ unsigned chunk_ids[MOE_SORT_THREADS];
@@ -200,11 +177,11 @@ extern "C" __global__ void __launch_bounds__(MOE_SORT_THREADS) moe_sort(
         unsigned start = 0, t = 0;
         for (unsigned e = 0; e < experts; e++) {
             cursor[e] = start;
-            for (unsigned s = 0; s < count[e] && t < max_tiles; s += MOE_TILE, t++) {
+            for (unsigned s = 0; s < count[e] && t < max_tiles; s += tile_rows, t++) {
                 MoeTile tile;
                 tile.expert = e;
                 tile.start = start + s;
-                tile.count = min((unsigned)MOE_TILE, count[e] - s);
+                tile.count = min(tile_rows, count[e] - s);
                 tile.pad_ = 0;
                 tiles[t] = tile;
             }
@@ -236,9 +213,6 @@ extern "C" __global__ void __launch_bounds__(MOE_SORT_THREADS) moe_sort(
         __syncthreads();
     }
 }
-
-__device__ __forceinline__ bf16 moe_bf16(float v) { return f32_to_bf16(v); }
-__device__ __forceinline__ bf16 moe_bf16(bf16 v) { return v; }
 
 // acc[j][i] += Σ_{c < kc} xs[i][c] · wrow[j][c] for the tile's `rows` staged rows, lanes
 // taking 8 consecutive k at a time (kc a multiple of 8, rows 16-byte aligned).
@@ -273,17 +247,6 @@ __device__ __forceinline__ void moe_tile_dot(float (&acc)[R][MOE_TILE], const bf
             }
         }
     }
-}
-
-__device__ __forceinline__ float moe_activate(float g, float u, unsigned activation, float alpha,
-                                              float limit) {
-    if (activation == MOE_CLAMPED_SWIGLU) {
-        // gpt-oss: min(g, limit) · σ(alpha · that) · (clamp(u, ±limit) + 1), the CPU's formula.
-        g = fminf(g, limit);
-        u = fminf(fmaxf(u, -limit), limit);
-        return g * (1.0f / (1.0f + expf(-alpha * g))) * (u + 1.0f);
-    }
-    return silu_mul_one(g, u);
 }
 
 // act [n, width] (sorted order): grid (ceil(width / MOE_BLOCK_COLS), max_tiles), MOE_THREADS.

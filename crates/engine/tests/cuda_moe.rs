@@ -33,7 +33,8 @@ struct Case {
     x_bf16: bool,
 }
 
-const CASES: [Case; 4] = [
+/// The first four run on CUDA cores (a size not a multiple of 16), the others on tensor cores.
+const CASES: [Case; 8] = [
     // One decode row; then more rows than a tile (8), so busy experts take two tiles.
     Case {
         experts: 6,
@@ -68,6 +69,44 @@ const CASES: [Case; 4] = [
         top_k: 2,
         hidden: 2056,
         width: 2056,
+        rows: 5,
+        gpt_oss: true,
+        x_bf16: false,
+    },
+    // Tensor cores: one row; more rows than a tile (16); gpt-oss's routing; K over three
+    // 256-wide chunks in both products.
+    Case {
+        experts: 6,
+        top_k: 2,
+        hidden: 64,
+        width: 32,
+        rows: 1,
+        gpt_oss: false,
+        x_bf16: true,
+    },
+    Case {
+        experts: 6,
+        top_k: 2,
+        hidden: 64,
+        width: 32,
+        rows: 41,
+        gpt_oss: false,
+        x_bf16: false,
+    },
+    Case {
+        experts: 8,
+        top_k: 3,
+        hidden: 48,
+        width: 16,
+        rows: 23,
+        gpt_oss: true,
+        x_bf16: true,
+    },
+    Case {
+        experts: 4,
+        top_k: 2,
+        hidden: 528,
+        width: 560,
         rows: 5,
         gpt_oss: true,
         x_bf16: false,
@@ -144,6 +183,7 @@ fn check_moe_op<D: Device>(g: &CudaBackend<D>) {
         let seed = 100 * i as u64;
         let (cl, gl) = (layer(&c, case, seed), layer(g, case, seed));
         let gi = g.index_experts(&gl).unwrap();
+        assert_eq!(gi.tensor_cores(), i >= 4, "{what}: which kernels");
         let h = case.hidden;
         let x = bf16_round(&random(case.rows * h, seed + 7, 2.0));
 

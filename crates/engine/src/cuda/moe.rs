@@ -1,6 +1,9 @@
 //! Mixture-of-experts layers on the device (kernels/moe.cu): router, routing, the step's
 //! assignments sorted by expert, two grouped products over tiles of one expert's rows, and
-//! the weighted sum: six launches per layer whatever the batch, none per expert.
+//! the weighted sum: six launches per layer whatever the batch, none per expert. The products
+//! run on tensor cores (kernels/moe_wmma.cu, tiles of 16 rows) where the layer's hidden size
+//! and expert width are multiples of 16, else on CUDA cores (tiles of 8): decided per layer at
+//! load, so a row's result never depends on the step it is in.
 //!
 //! The experts stay where `upload_weight` put them (one allocation per matrix, bf16); a
 //! device table per layer ([`CudaExperts`], built at load) gives the kernels their addresses.
@@ -23,6 +26,9 @@ pub const KERNELS: &[&str] = &[
     "moe_gate_up_f32",
     "moe_gate_up_bf16",
     "moe_down",
+    "moe_gate_up_wmma_f32",
+    "moe_gate_up_wmma_bf16",
+    "moe_down_wmma",
     "moe_combine",
 ];
 
@@ -32,13 +38,26 @@ const MAX_TOP_K: usize = 32;
 const TILE: usize = 8;
 const THREADS: u32 = 256;
 const BLOCK_COLS: usize = 16;
+/// kernels/moe_wmma.cu's (`MOE_WTILE`, `MOE_W_THREADS`, `MOE_W_COLS`).
+const WMMA_TILE: usize = 16;
+const WMMA_THREADS: u32 = 128;
+const WMMA_COLS: usize = 64;
 /// A `MoeTile`'s words.
 const TILE_WORDS: usize = 4;
 
 /// A layer's experts as kernels/moe.cu's `MoeExpert` table: four addresses per expert
-/// (gate_up, down, gate_up bias, down bias; 0 where there is none).
+/// (gate_up, down, gate_up bias, down bias; 0 where there is none), and which kernels run its
+/// products.
 pub struct CudaExperts<D: Device> {
     table: DeviceBox<D>,
+    tensor_cores: bool,
+}
+
+impl<D: Device> CudaExperts<D> {
+    /// Whether the layer's products run on tensor cores (kernels/moe_wmma.cu).
+    pub fn tensor_cores(&self) -> bool {
+        self.tensor_cores
+    }
 }
 
 fn refuse(what: String) -> EngineError {
@@ -115,13 +134,17 @@ pub(super) fn index<D: Device>(
     }
     let table = DeviceBox::new(&b.dev, words.len() * 8)?;
     b.dev.htod_slice(&words, table.ptr()).map_err(cuda_err)?;
-    Ok(CudaExperts { table })
+    let tensor_cores = h.is_multiple_of(16) && w.is_multiple_of(16);
+    Ok(CudaExperts {
+        table,
+        tensor_cores,
+    })
 }
 
-/// An upper bound on the tiles of `n` assignments over `experts` experts:
-/// Σ_e ceil(count_e / TILE) with at most min(experts, n) counts above zero.
-fn max_tiles(n: usize, experts: usize) -> usize {
-    (n + experts.min(n) * (TILE - 1)).div_ceil(TILE)
+/// An upper bound on the tiles of up to `tile` of `n` assignments over `experts` experts:
+/// Σ_e ceil(count_e / tile) with at most min(experts, n) counts above zero.
+fn max_tiles(n: usize, experts: usize, tile: usize) -> usize {
+    (n + experts.min(n) * (tile - 1)).div_ceil(tile)
 }
 
 fn u32_of(what: &str, v: usize) -> Result<u32> {
@@ -149,7 +172,9 @@ pub(super) fn forward<D: Device>(
     let e = layer.experts.len();
     let (k, width) = (layer.top_k, layer.width);
     let n = rows * k;
-    let tiles = max_tiles(n, e);
+    let tc = experts.tensor_cores;
+    let tile = if tc { WMMA_TILE } else { TILE };
+    let tiles = max_tiles(n, e, tile);
     if tiles > 65_535 {
         return Err(EngineError::Backend(format!(
             "a step of {rows} rows is too large for one mixture-of-experts launch"
@@ -219,6 +244,7 @@ pub(super) fn forward<D: Device>(
             u32_of("assignments", n)?.into(),
             e32.into(),
             (tiles as u32).into(),
+            (tile as u32).into(),
         ],
     )?;
 
@@ -227,17 +253,23 @@ pub(super) fn forward<D: Device>(
         ExpertActivation::ClampedSwiGlu { alpha, limit } => (1, alpha, limit),
     };
     let act = b.arena_alloc(n * width, ElemType::BF16)?;
+    let products = |cols: usize| LaunchConfig {
+        grid: match tc {
+            true => (cols.div_ceil(WMMA_COLS) as u32, tiles as u32, 1),
+            false => (cols.div_ceil(BLOCK_COLS) as u32, tiles as u32, 1),
+        },
+        block: (if tc { WMMA_THREADS } else { THREADS }, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let gate_up = match (tc, xbf16) {
+        (true, true) => "moe_gate_up_wmma_bf16",
+        (true, false) => "moe_gate_up_wmma_f32",
+        (false, true) => "moe_gate_up_bf16",
+        (false, false) => "moe_gate_up_f32",
+    };
     b.launch(
-        if xbf16 {
-            "moe_gate_up_bf16"
-        } else {
-            "moe_gate_up_f32"
-        },
-        LaunchConfig {
-            grid: (width.div_ceil(BLOCK_COLS) as u32, tiles as u32, 1),
-            block: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        },
+        gate_up,
+        products(width),
         &[
             act.ptr.into(),
             x.ptr.into(),
@@ -255,12 +287,8 @@ pub(super) fn forward<D: Device>(
 
     let y = b.arena_alloc(n * hidden, ElemType::F32)?;
     b.launch(
-        "moe_down",
-        LaunchConfig {
-            grid: (hidden.div_ceil(BLOCK_COLS) as u32, tiles as u32, 1),
-            block: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        },
+        if tc { "moe_down_wmma" } else { "moe_down" },
+        products(hidden),
         &[
             y.ptr.into(),
             act.ptr.into(),
@@ -292,14 +320,19 @@ mod tests {
 
     #[test]
     fn the_tile_bound_holds_for_every_split_of_the_assignments() {
-        // Worst case: as many experts as possible each hold one more than a multiple of TILE.
-        for (n, e) in [(1, 64), (8, 64), (64, 8), (64, 128), (4096, 128), (9, 1)] {
-            let busy = e.min(n);
-            let worst: usize = (0..busy)
-                .map(|i| n / busy + usize::from(i < n % busy))
-                .map(|c| c.div_ceil(TILE))
-                .sum();
-            assert!(worst <= max_tiles(n, e), "{n} assignments over {e} experts");
+        // Worst case: as many experts as possible each hold one more than a multiple of a tile.
+        for tile in [TILE, WMMA_TILE] {
+            for (n, e) in [(1, 64), (8, 64), (64, 8), (64, 128), (4096, 128), (9, 1)] {
+                let busy = e.min(n);
+                let worst: usize = (0..busy)
+                    .map(|i| n / busy + usize::from(i < n % busy))
+                    .map(|c| c.div_ceil(tile))
+                    .sum();
+                assert!(
+                    worst <= max_tiles(n, e, tile),
+                    "{n} over {e} experts, tiles of {tile}"
+                );
+            }
         }
     }
 }
