@@ -68,6 +68,10 @@ pub struct GenerationSpec {
     pub draft: Option<Draft>,
     /// Beam search instead of sampling; `n` and `best_of` are then its `num_return`.
     pub beam: Option<BeamSpec>,
+    /// Whether the reply reports each generated token's logprob (set by the schema's parser
+    /// or route: OpenAI only when `logprobs` is asked). When it does not, and nothing else
+    /// needs one (`best_of` ranking, beams, alternatives), sampling skips the log-normalizer.
+    pub token_logprobs: bool,
 }
 
 /// HF `early_stopping`: `false`, `true` or `"never"`.
@@ -182,11 +186,18 @@ impl Default for GenerationSpec {
             constraint: None,
             draft: None,
             beam: None,
+            token_logprobs: true,
         }
     }
 }
 
 impl GenerationSpec {
+    /// Whether sampling must give each token's logprob: the reply reports it, or `best_of`
+    /// ranks sequences by it, or beams score by it.
+    pub fn needs_token_logprobs(&self) -> bool {
+        self.token_logprobs || self.best_of > self.n || self.beam.is_some() || self.top_n_tokens > 0
+    }
+
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
     }

@@ -237,6 +237,7 @@ fn build(
         min_new_tokens: spec.min_new_tokens as u32,
         seed,
         top_logprobs: top_n,
+        logprob: spec.needs_token_logprobs(),
     };
     let prompt_logprobs = if spec.decoder_input_details || spec.prompt_logprobs.is_some() {
         Some(spec.prompt_logprobs.unwrap_or(0).max(top_n))

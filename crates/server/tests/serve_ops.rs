@@ -102,8 +102,94 @@ fn serves_ops_routes_and_exits_cleanly_on_sigterm() {
         m.body
     );
 
+    check_reported_logprobs(port);
+
     let status = sigterm_and_wait(&mut server);
     assert_eq!(status.code(), Some(0), "{status}");
+}
+
+/// Sampling skips the log-normalizer for replies that print no logprob; every reply that does
+/// print one (LMI details and streams, TGI details, OpenAI `logprobs`) must get a number.
+fn check_reported_logprobs(port: u16) {
+    let numbers = |what: &str, v: Vec<&serde_json::Value>| {
+        assert!(!v.is_empty(), "{what}: no tokens");
+        for x in v {
+            assert!(x.as_f64().is_some_and(|f| f <= 0.0), "{what}: logprob {x}");
+        }
+    };
+    let lmi = post(
+        port,
+        "/invocations",
+        r#"{"inputs":"abc","parameters":{"max_new_tokens":4,"details":true}}"#,
+    )
+    .json();
+    let tokens = lmi["details"]["tokens"].as_array().unwrap();
+    numbers(
+        "LMI details",
+        tokens.iter().map(|t| &t["log_prob"]).collect(),
+    );
+    let plain = post(
+        port,
+        "/invocations",
+        r#"{"inputs":"abc","parameters":{"max_new_tokens":4}}"#,
+    );
+    assert_eq!(plain.status, 200, "{}", plain.body);
+    assert!(plain.json()["generated_text"].is_string(), "{}", plain.body);
+    let lines = post(
+        port,
+        "/invocations",
+        r#"{"inputs":"abc","stream":true,"parameters":{"max_new_tokens":4}}"#,
+    );
+    let lines: Vec<serde_json::Value> = lines
+        .body
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    numbers(
+        "LMI jsonlines",
+        lines.iter().map(|l| &l["token"]["log_prob"]).collect(),
+    );
+    let tgi = post(
+        port,
+        "/generate",
+        r#"{"inputs":"abc","parameters":{"max_new_tokens":4,"details":true}}"#,
+    )
+    .json();
+    let tokens = tgi["details"]["tokens"].as_array().unwrap();
+    numbers(
+        "TGI details",
+        tokens.iter().map(|t| &t["logprob"]).collect(),
+    );
+    let chat = post(
+        port,
+        "/v1/chat/completions",
+        r#"{"messages":[{"role":"user","content":"Hi"}],"max_tokens":4,"logprobs":true}"#,
+    )
+    .json();
+    let content = chat["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap();
+    numbers(
+        "chat logprobs",
+        content.iter().map(|t| &t["logprob"]).collect(),
+    );
+    let plain = post(
+        port,
+        "/v1/chat/completions",
+        r#"{"messages":[{"role":"user","content":"Hi"}],"max_tokens":4}"#,
+    )
+    .json();
+    assert!(plain["choices"][0]["logprobs"].is_null(), "{plain}");
+    let completion = post(
+        port,
+        "/v1/completions",
+        r#"{"prompt":"abc","max_tokens":4,"logprobs":1}"#,
+    )
+    .json();
+    let lps = completion["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap();
+    numbers("completion logprobs", lps.iter().collect());
 }
 
 #[test]

@@ -81,6 +81,7 @@ pub fn parse_chat_request(body: &Value) -> Res<ChatRequest> {
         spec.top_n_tokens = top_logprobs;
         spec.details = true;
     }
+    spec.token_logprobs = logprobs;
     let tools = read_tools(&f)?;
     if let Some(forced) = tools.as_ref().and_then(ToolSpec::forced_schema) {
         if spec.constraint.is_some() {

@@ -127,6 +127,7 @@ pub fn parse_completion_request(body: &Value, cfg: &OpenAiConfig) -> Res<Complet
     let logprobs = f
         .int_in("logprobs", 0, 5, "an integer in [0, 5]")?
         .map(|v| v as u32);
+    spec.token_logprobs = logprobs.is_some();
     if let Some(k) = logprobs {
         spec.logprobs = Some(k);
         spec.top_n_tokens = k;

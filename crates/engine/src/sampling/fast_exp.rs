@@ -40,10 +40,56 @@ pub(crate) fn sum_exp_shifted_clean(row: &[f32], max: f32) -> f64 {
     sum_exp_lanes(row, max)
 }
 
+/// [`sum_exp_lanes`] in explicit AVX2: the compiler left that loop scalar (the saturating
+/// `as i32` and `clean`'s branches), 2.5 ns an entry. The same operations in the same order
+/// per lane (no fused multiply-add), so the same bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn sum_exp_avx2(row: &[f32], max: f32) -> f64 {
-    sum_exp_lanes(row, max)
+    use std::arch::x86_64::*;
+    const CHUNK: usize = 256;
+    let c = |v: f32| _mm256_set1_ps(v);
+    let (vmax, m87, log2e, round) = (c(max), c(-87.0), c(LOG2E), c(ROUND));
+    let (hi, lo, one) = (c(LN2_HI), c(LN2_LO), c(1.0));
+    let coef = [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0].map(c);
+    let (neg_inf, big, pos_inf) = (c(f32::NEG_INFINITY), c(f32::MAX), c(f32::INFINITY));
+    let mut total = 0.0f64;
+    for chunk in row.chunks(CHUNK) {
+        let mut acc = _mm256_setzero_ps();
+        let mut it = chunk.chunks_exact(8);
+        for g in &mut it {
+            // SAFETY: `g` holds 8 values.
+            let x = unsafe { _mm256_loadu_ps(g.as_ptr()) };
+            let x = _mm256_blendv_ps(x, neg_inf, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
+            let x = _mm256_blendv_ps(x, big, _mm256_cmp_ps::<_CMP_EQ_OQ>(x, pos_inf));
+            let v = _mm256_sub_ps(x, vmax);
+            let xc = _mm256_max_ps(v, m87);
+            let n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(xc, log2e), round), round);
+            let r = _mm256_sub_ps(
+                _mm256_sub_ps(xc, _mm256_mul_ps(n, hi)),
+                _mm256_mul_ps(n, lo),
+            );
+            let mut p = coef[0];
+            for &k in &coef[1..] {
+                p = _mm256_add_ps(k, _mm256_mul_ps(r, p));
+            }
+            let p = _mm256_add_ps(one, _mm256_mul_ps(r, p));
+            let e = _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127));
+            let y = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e)));
+            let y = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(v, m87), y);
+            acc = _mm256_add_ps(acc, y);
+        }
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: `lanes` holds 8 values.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+        let mut s: f32 = lanes.iter().sum();
+        for &x in it.remainder() {
+            let v = super::logprobs::clean(x) - max;
+            s += exp_nonpositive(v);
+        }
+        total += f64::from(s);
+    }
+    total
 }
 
 #[inline(always)]
@@ -87,6 +133,35 @@ mod tests {
         assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp_nonpositive(-100.0), 0.0);
         assert_eq!(exp_nonpositive(0.0), 1.0);
+    }
+
+    #[test]
+    fn the_vector_path_gives_the_scalar_bits() {
+        let mut x = 12345u64;
+        let mut row: Vec<f32> = (0..10_007)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 200.0
+            })
+            .collect();
+        row[5] = f32::NAN;
+        row[77] = f32::NEG_INFINITY;
+        // The caller's max is the cleaned row's: f32::MAX once +inf is in it.
+        let finite_max = row
+            .iter()
+            .copied()
+            .filter(|v| !v.is_nan())
+            .fold(f32::MIN, f32::max);
+        for (inf, max) in [(false, finite_max), (true, f32::MAX)] {
+            if inf {
+                row[300] = f32::INFINITY;
+            }
+            let want = sum_exp_lanes(&row, max);
+            let got = sum_exp_shifted_clean(&row, max);
+            assert_eq!(got.to_bits(), want.to_bits(), "{max}");
+        }
     }
 
     #[test]

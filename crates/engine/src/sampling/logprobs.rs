@@ -48,6 +48,20 @@ impl RowStats {
         Self::scan_raw(row)
     }
 
+    /// [`RowStats::scan_in_place`] without the log-normalizer (`logprob` then gives NaN).
+    pub(crate) fn scan_in_place_argmax(row: &mut [f32]) -> Self {
+        for x in row.iter_mut() {
+            *x = clean(*x);
+        }
+        let (argmax, max) = max_argmax(row);
+        Self {
+            argmax,
+            max,
+            log_norm: f64::NAN,
+            len: row.len(),
+        }
+    }
+
     /// Scans a row that may hold NaN / inf without modifying it: one pass for the argmax
     /// (lowest id on ties), one vectorized pass for `Σ exp(x - max)`.
     pub(crate) fn scan_raw(row: &[f32]) -> Self {

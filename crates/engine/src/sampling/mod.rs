@@ -47,7 +47,8 @@
 //!
 //! # Cost
 //! Greedy with everything off is one fused pass (clean + argmax + online log-sum-exp) and no
-//! vocab-sized allocation. Processors cost O(len(prompt) + len(output)). Sampling uses a
+//! vocab-sized allocation; without a logprob wanted (`SamplingParams::logprob` false, no
+//! alternatives) the log-sum-exp is skipped and the logprob is NaN. Processors cost O(len(prompt) + len(output)). Sampling uses a
 //! per-thread candidate buffer, selection for top-k and mass-guided selection for top-p and
 //! the draw; only `typical_p` sorts all survivors.
 
@@ -132,11 +133,16 @@ pub fn sample_masked(
         };
     }
     let bans = processors::apply(logits, params, ctx);
-    let mut stats = RowStats::scan_in_place(logits);
+    let scan = if params.needs_logprobs() {
+        RowStats::scan_in_place
+    } else {
+        RowStats::scan_in_place_argmax
+    };
+    let mut stats = scan(logits);
     let banned_everything = stats.max == f32::NEG_INFINITY && !bans.is_empty();
     if banned_everything {
         processors::lift_bans(logits, &bans);
-        stats = RowStats::scan_in_place(logits);
+        stats = scan(logits);
     }
     let token = if params.is_greedy() || banned_everything || stats.max == f32::NEG_INFINITY {
         stats.argmax

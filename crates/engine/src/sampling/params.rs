@@ -34,6 +34,10 @@ pub struct SamplingParams {
     pub seed: u64,
     /// Number of `(id, logprob)` alternatives to report; 0 = none.
     pub top_logprobs: u32,
+    /// Whether the sampled token's logprob is wanted. When it is not (and `top_logprobs` is 0)
+    /// the host sampler skips the row's log-normalizer, an exponential per vocabulary entry,
+    /// and reports the logprob as NaN.
+    pub logprob: bool,
 }
 
 impl Default for SamplingParams {
@@ -54,6 +58,7 @@ impl Default for SamplingParams {
             min_new_tokens: 0,
             seed: 0,
             top_logprobs: 0,
+            logprob: true,
         }
     }
 }
@@ -62,6 +67,11 @@ impl SamplingParams {
     /// True when the token is the argmax (temperature `<= 1e-5`).
     pub fn is_greedy(&self) -> bool {
         self.temperature <= GREEDY_EPS
+    }
+
+    /// Whether sampling must compute the row's log-normalizer: a logprob or alternatives.
+    pub fn needs_logprobs(&self) -> bool {
+        self.logprob || self.top_logprobs > 0
     }
 
     /// Checks every field; the error message names the field and says what is allowed.

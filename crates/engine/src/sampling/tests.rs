@@ -1028,3 +1028,38 @@ fn equal_weights_keep_the_logit_order() {
     filters::survivors(&row, max, &p, &mut cands);
     assert_eq!(cands.iter().map(|c| c.id).collect::<Vec<_>>(), [1]);
 }
+
+#[test]
+fn without_a_logprob_wanted_the_tokens_are_the_same_and_the_logprob_nan() {
+    for (r, temperature) in [(0u64, 0.0f32), (1, 0.7), (2, 1.3)] {
+        let row = random_row(500 + r, 4000, 6.0);
+        for pos in 0..8usize {
+            let out = vec![3u32; pos];
+            let ctx = SequenceContext {
+                output: &out,
+                ..Default::default()
+            };
+            let with = SamplingParams {
+                seed: 11 + r,
+                min_p: 0.01,
+                ..sampled_params(temperature)
+            };
+            let without = SamplingParams {
+                logprob: false,
+                ..with.clone()
+            };
+            let a = sample(&mut row.clone(), &with, &ctx);
+            let b = sample(&mut row.clone(), &without, &ctx);
+            assert_eq!(a.token, b.token, "temperature {temperature}, pos {pos}");
+            assert!(a.logprob.is_finite() && b.logprob.is_nan());
+            // Alternatives still need the normalizer: the logprob comes with them.
+            let top = SamplingParams {
+                top_logprobs: 2,
+                ..without.clone()
+            };
+            let c = sample(&mut row.clone(), &top, &ctx);
+            assert_eq!((c.token, c.logprob), (a.token, a.logprob));
+            assert_eq!(c.top.len(), 2);
+        }
+    }
+}

@@ -126,16 +126,18 @@ async fn rolling(state: Arc<AppState>, req: LmiRequest, route: &'static str) -> 
         Err(e) => return respond::reject(tracker, &e, schema),
     };
     let format = formatter(&state, &req);
-    let Some((prompt, spec)) = req.items().into_iter().next() else {
+    let Some((prompt, mut spec)) = req.items().into_iter().next() else {
         let e = ApiError::validation("`inputs` cannot be empty").with_param("inputs");
         return respond::error(&e, schema);
     };
+    let tgi_compat = state.config.tgi_compat;
+    let streaming = spec.stream || format == "jsonlines" || format == "sse";
+    // A json reply lists tokens (with their logprobs) only with details or several sequences.
+    spec.token_logprobs = streaming || tgi_compat || spec.details || spec.n > 1;
     let job = match generation::prepare(model, Prompt::Text(prompt), spec) {
         Ok(j) => j,
         Err(e) => return respond::reject(tracker, &e, schema),
     };
-    let tgi_compat = state.config.tgi_compat;
-    let streaming = job.spec.stream || format == "jsonlines" || format == "sse";
     if !streaming {
         return match generation::run(model, &job, tracker).await {
             Ok(out) if tgi_compat => {
@@ -202,7 +204,11 @@ async fn dynamic_batch(state: Arc<AppState>, req: LmiRequest, route: &'static st
     let jobs: Result<Vec<_>, ApiError> = req
         .items()
         .into_iter()
-        .map(|(p, s)| generation::prepare(model, Prompt::Text(p), s))
+        .map(|(p, mut s)| {
+            // The reply is each input's generated_text only.
+            s.token_logprobs = false;
+            generation::prepare(model, Prompt::Text(p), s)
+        })
         .collect();
     let jobs = match jobs {
         Ok(j) => j,
