@@ -43,6 +43,27 @@ __device__ __forceinline__ bf16 f32_to_bf16(float f) {
     return (bf16)(u >> 16);
 }
 
+// The 8 bf16 values of a 16-byte load as f32.
+__device__ __forceinline__ void bf16x8_to_f32(uint4 v, float (&f)[8]) {
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        f[2 * e] = __uint_as_float(w[e] << 16);
+        f[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+    }
+}
+
+// acc + Σ a[e] · w[e] over the 8 bf16 values of `a` (a 16-byte load), in order, one fma each.
+__device__ __forceinline__ float fma_bf16x8(uint4 a, const float (&w)[8], float acc) {
+    const unsigned b[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        acc = fmaf(__uint_as_float(b[e] << 16), w[2 * e], acc);
+        acc = fmaf(__uint_as_float(b[e] & 0xffff0000u), w[2 * e + 1], acc);
+    }
+    return acc;
+}
+
 // Loads and stores of activations that are either f32 or bf16 (a template parameter).
 __device__ __forceinline__ float load_f32(const float* p, unsigned long long i) { return p[i]; }
 __device__ __forceinline__ float load_f32(const bf16* p, unsigned long long i) { return bf16_to_f32(p[i]); }

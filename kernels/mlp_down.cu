@@ -65,26 +65,13 @@ extern "C" __global__ void __launch_bounds__(MD_THREADS) silu_mul_down_bf16(
             const bf16* wr = w + (unsigned long long)col * k + k0;
 #pragma unroll 4
             for (unsigned c = lane * 8; c < kc; c += 256) {
-                const uint4 wv = *reinterpret_cast<const uint4*>(wr + c);
-                const unsigned wb[4] = {wv.x, wv.y, wv.z, wv.w};
                 float wf[8];
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    wf[2 * e] = __uint_as_float(wb[e] << 16);
-                    wf[2 * e + 1] = __uint_as_float(wb[e] & 0xffff0000u);
-                }
+                bf16x8_to_f32(*reinterpret_cast<const uint4*>(wr + c), wf);
 #pragma unroll
                 for (int r = 0; r < MD_MAX_ROWS; r++) {
                     if ((unsigned)r >= rows) break;
                     const uint4 av = *reinterpret_cast<const uint4*>(act_s + r * MD_CHUNK + c);
-                    const unsigned ab[4] = {av.x, av.y, av.z, av.w};
-                    float s = acc[j][r];
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        s = fmaf(__uint_as_float(ab[e] << 16), wf[2 * e], s);
-                        s = fmaf(__uint_as_float(ab[e] & 0xffff0000u), wf[2 * e + 1], s);
-                    }
-                    acc[j][r] = s;
+                    acc[j][r] = fma_bf16x8(av, wf, acc[j][r]);
                 }
             }
         }

@@ -224,26 +224,13 @@ __device__ __forceinline__ void moe_tile_dot(float (&acc)[R][MOE_TILE], const bf
     for (int j = 0; j < R; j++) {
         if (wrow[j] == nullptr) continue;
         for (unsigned c = lane * 8; c < kc; c += 256) {
-            const uint4 wv = *reinterpret_cast<const uint4*>(wrow[j] + c);
-            const unsigned wb[4] = {wv.x, wv.y, wv.z, wv.w};
             float wf[8];
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                wf[2 * e] = __uint_as_float(wb[e] << 16);
-                wf[2 * e + 1] = __uint_as_float(wb[e] & 0xffff0000u);
-            }
+            bf16x8_to_f32(*reinterpret_cast<const uint4*>(wrow[j] + c), wf);
 #pragma unroll
             for (int i = 0; i < MOE_TILE; i++) {
                 if ((unsigned)i >= rows) break;
                 const uint4 av = *reinterpret_cast<const uint4*>(xs + i * MOE_CHUNK + c);
-                const unsigned ab[4] = {av.x, av.y, av.z, av.w};
-                float s = acc[j][i];
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    s = fmaf(__uint_as_float(ab[e] << 16), wf[2 * e], s);
-                    s = fmaf(__uint_as_float(ab[e] & 0xffff0000u), wf[2 * e + 1], s);
-                }
-                acc[j][i] = s;
+                acc[j][i] = fma_bf16x8(av, wf, acc[j][i]);
             }
         }
     }

@@ -82,14 +82,19 @@ unsafe fn sum_exp_avx2(row: &[f32], max: f32) -> f64 {
         let mut lanes = [0.0f32; 8];
         // SAFETY: `lanes` holds 8 values.
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
-        let mut s: f32 = lanes.iter().sum();
-        for &x in it.remainder() {
-            let v = super::logprobs::clean(x) - max;
-            s += exp_nonpositive(v);
-        }
-        total += f64::from(s);
+        total += f64::from(chunk_sum(&lanes, it.remainder(), max));
     }
     total
+}
+
+/// A chunk's sum: its lanes in order, then the values past the last whole 8.
+#[inline(always)]
+fn chunk_sum(lanes: &[f32; 8], rest: &[f32], max: f32) -> f32 {
+    let mut s: f32 = lanes.iter().sum();
+    for &x in rest {
+        s += exp_nonpositive(super::logprobs::clean(x) - max);
+    }
+    s
 }
 
 #[inline(always)]
@@ -105,12 +110,7 @@ fn sum_exp_lanes(row: &[f32], max: f32) -> f64 {
                 lanes[i] += exp_nonpositive(v);
             }
         }
-        let mut s: f32 = lanes.iter().sum();
-        for &x in it.remainder() {
-            let v = super::logprobs::clean(x) - max;
-            s += exp_nonpositive(v);
-        }
-        total += f64::from(s);
+        total += f64::from(chunk_sum(&lanes, it.remainder(), max));
     }
     total
 }
