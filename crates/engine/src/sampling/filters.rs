@@ -56,9 +56,37 @@ pub(crate) fn draw(row: &[f32], max: f32, params: &SamplingParams, u: f64) -> Op
             return None;
         }
         let total: f64 = cands.iter().map(Cand::mass).sum();
-        let r = rank_by_mass(&mut cands, u * total, Crossing::Above);
+        let target = u * total;
+        // The crossing is usually among the few heaviest: rank those alone when they hold it.
+        let n = HEAVY
+            .iter()
+            .find_map(|&w| heavy_first(&mut cands, w, target, total))
+            .unwrap_or(cands.len());
+        let r = rank_by_mass(&mut cands[..n], target, Crossing::Above);
         Some(cands[r].id)
     })
+}
+
+/// Weights (relative to the most likely token's 1) from which candidates count as heavy, tried
+/// in turn: a peaked row's draw lands among a handful above 2^-8, a flat row's among
+/// thousands above 2^-20.
+const HEAVY: [f32; 2] = [1.0 / 256.0, 1.0 / (1u32 << 20) as f32];
+
+/// Moves the candidates of weight at least `heavy` to the front and returns their count when
+/// their mass alone passes `target` (by a margin no summation order can undo): the draw's
+/// crossing is then among them, since every heavy candidate ranks before every light one, and
+/// the selections need not touch the long tail a vocabulary has at any temperature. None
+/// otherwise (the draw lands past them, with the probability of what lies past them).
+fn heavy_first(cands: &mut [Cand], heavy: f32, target: f64, total: f64) -> Option<usize> {
+    let mut n = 0;
+    for i in 0..cands.len() {
+        if cands[i].w >= heavy {
+            cands.swap(n, i);
+            n += 1;
+        }
+    }
+    let heavy: f64 = cands[..n].iter().map(Cand::mass).sum();
+    (n > 0 && heavy - target > total * 1e-9).then_some(n)
 }
 
 /// Fills `cands` with the tokens that survive temperature -> min_p -> top_k -> top_p ->

@@ -1063,3 +1063,12 @@ fn without_a_logprob_wanted_the_tokens_are_the_same_and_the_logprob_nan() {
         }
     }
 }
+
+#[test]
+fn plain_temperature_draws_match_brute_force() {
+    // Peaked rows (the draw almost always among the heavy head) and flat ones (a heavy set
+    // of thousands, and draws past it into the tail).
+    for (t, spread) in [(0.7, 12.0), (1.0, 4.0), (1.5, 30.0), (0.3, 1.0)] {
+        check_filters(&sampled_params(t), 3000, spread, 3);
+    }
+}
