@@ -99,13 +99,19 @@ pub(crate) fn survivors(row: &[f32], max: f32, params: &SamplingParams, cands: &
     // min_p: p < min_p * p_max  <=>  w < min_p, since w_max = 1. Also drops w that
     // underflowed to 0 (below 2^-126 of the most likely token's at this temperature).
     let min_w = params.min_p;
-    for (i, &x) in row.iter().enumerate() {
-        if x == f32::NEG_INFINITY {
-            continue;
-        }
-        let w = weight::weight(x, max, scale);
-        if w > 0.0 && w >= min_w {
-            cands.push(Cand { id: i as u32, x, w });
+    // Weights a block at a time (vectorized, the same bits as one by one).
+    let mut ws = [0f32; 256];
+    for (b, xs) in row.chunks(ws.len()).enumerate() {
+        weight::weights(xs, max, scale, &mut ws);
+        for (j, (&x, &w)) in xs.iter().zip(&ws).enumerate() {
+            // A -inf logit weighs 0.
+            if w > 0.0 && w >= min_w {
+                cands.push(Cand {
+                    id: (b * ws.len() + j) as u32,
+                    x,
+                    w,
+                });
+            }
         }
     }
     let k = params.top_k as usize;
