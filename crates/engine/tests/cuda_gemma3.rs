@@ -55,11 +55,5 @@ fn check_gemma3<D: Device>(dev: &Arc<D>) {
 
 #[test]
 fn gemma3_in_bf16_matches_transformers() {
-    for order in cuda_common::emulator_orders() {
-        check_gemma3(&cuda_common::emulator(order));
-    }
-    if let Some(dev) = cuda_common::driver() {
-        let _turn = cuda_common::driver_turn();
-        check_gemma3(&dev);
-    }
+    on_every_raw_device!(check_gemma3);
 }

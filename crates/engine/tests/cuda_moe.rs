@@ -294,11 +294,5 @@ fn check_fixtures<D: Device>(dev: &Arc<D>) {
 
 #[test]
 fn mixture_of_experts_fixtures_in_bf16_match_transformers() {
-    for order in cuda_common::emulator_orders() {
-        check_fixtures(&cuda_common::emulator(order));
-    }
-    if let Some(dev) = cuda_common::driver() {
-        let _turn = cuda_common::driver_turn();
-        check_fixtures(&dev);
-    }
+    on_every_raw_device!(check_fixtures);
 }

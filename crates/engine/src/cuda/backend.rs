@@ -310,6 +310,23 @@ impl<D: Device> CudaBackend<D> {
 }
 
 impl<D: Device> CudaBackend<D> {
+    /// `t` on the device in `dtype` (bf16 rounded to nearest even).
+    fn upload_as(&self, t: HostTensor, dtype: ElemType) -> Result<CudaWeight<D>> {
+        let shape = t.shape.clone();
+        let bytes = match dtype {
+            ElemType::BF16 => match t.to_dtype(DType::BF16).data {
+                HostData::BF16(v) => lmi_cuda::device::as_bytes(&v).to_vec(),
+                HostData::F32(_) | HostData::Quant(_) => {
+                    unreachable!("to_dtype(BF16) gives bf16")
+                }
+            },
+            ElemType::F32 => lmi_cuda::device::as_bytes(&t.to_f32_vec()).to_vec(),
+        };
+        let mem = DeviceBox::new(&self.dev, bytes.len())?;
+        self.dev.htod(&bytes, mem.ptr()).map_err(cuda_err)?;
+        Ok(CudaWeight { mem, shape, dtype })
+    }
+
     /// A gated activation's launch (kernels/activation.cu) over rows of `[gate | up]`.
     fn gated(
         &self,
@@ -354,34 +371,17 @@ impl<D: Device> Backend for CudaBackend<D> {
     }
 
     fn upload_weight(&self, t: HostTensor) -> Result<CudaWeight<D>> {
-        let shape = t.shape.clone();
-        let (bytes, dtype): (Vec<u8>, ElemType) = if shape.len() >= 2 {
-            let bits: Vec<u16> = match t.to_dtype(DType::BF16).data {
-                HostData::BF16(v) => v,
-                HostData::F32(_) | HostData::Quant(_) => {
-                    unreachable!("to_dtype(BF16) gives bf16")
-                }
-            };
-            (lmi_cuda::device::as_bytes(&bits).to_vec(), ElemType::BF16)
+        let dtype = if t.shape.len() >= 2 {
+            ElemType::BF16
         } else {
-            let v = t.to_f32_vec();
-            (lmi_cuda::device::as_bytes(&v).to_vec(), ElemType::F32)
+            ElemType::F32
         };
-        let mem = DeviceBox::new(&self.dev, bytes.len())?;
-        self.dev.htod(&bytes, mem.ptr()).map_err(cuda_err)?;
-        Ok(CudaWeight { mem, shape, dtype })
+        self.upload_as(t, dtype)
     }
 
     /// Kept in f32 (kernels/moe.cu's router reads it so).
     fn upload_router(&self, t: HostTensor) -> Result<CudaWeight<D>> {
-        let v = t.to_f32_vec();
-        let mem = DeviceBox::new(&self.dev, v.len() * 4)?;
-        self.dev.htod_slice(&v, mem.ptr()).map_err(cuda_err)?;
-        Ok(CudaWeight {
-            mem,
-            shape: t.shape,
-            dtype: ElemType::F32,
-        })
+        self.upload_as(t, ElemType::F32)
     }
 
     /// A `[rank, in]` and Bᵀ `[rank, out]`, both bf16 (see kernels/lora.cu).

@@ -36,6 +36,22 @@ macro_rules! on_every_device {
     }};
 }
 
+/// Runs `check(&Arc<device>)` on the emulator in both thread orders, then on the driver's
+/// `CudaDevice` (a GPU or the fake driver) when it opens: for checks that build their own
+/// backends or engines.
+#[macro_export]
+macro_rules! on_every_raw_device {
+    ($check:ident) => {{
+        for order in $crate::cuda_common::emulator_orders() {
+            $check(&$crate::cuda_common::emulator(order));
+        }
+        if let Some(dev) = $crate::cuda_common::driver() {
+            let _turn = $crate::cuda_common::driver_turn();
+            $check(&dev);
+        }
+    }};
+}
+
 /// The emulator's thread orders to test in: both, unless `LMI_TEST_DEVICE_ONLY=1`.
 pub fn emulator_orders() -> Vec<ThreadOrder> {
     if required("LMI_TEST_DEVICE_ONLY") {
