@@ -4,7 +4,8 @@
 the same way through /v1/completions by ../shared/peers/openai_bench.py.
 
   python3 tests/peers/quant_bench.py --lmi target/release/lmi \
-      --llama ~/.cache/lmi-peers/llama.cpp/bin/llama-server --gguf A.gguf [--gguf B.gguf]
+      --llama ~/.cache/lmi-peers/llama.cpp/bin/llama-server --gguf A.gguf [--gguf B.gguf] \
+      [--lmi-variant 'lmi bf16=--dtype bf16'] [--lmi-variant 'lmi invariant=--batch-invariant']
 
 Per server and file: batch-1 decode tok/s (64-token prompt, 128 greedy tokens, median of 3),
 prefill tok/s (one 512-token prompt, 1 token: prompt / time to first token, median of 3),
@@ -63,14 +64,15 @@ def prefill(client, pool, n_tokens, reps=3):
 
 
 def start(kind, a, gguf, port):
-    log = open(f"/tmp/quant-bench-{kind}-{port}.log", "w")
+    log = open(f"/tmp/quant-bench-{kind.replace(' ', '_')}-{port}.log", "w")
     if kind == "llama":
         ctx = 64 * 768
         cmd = [a.llama, "-m", gguf, "-t", "2", "-tb", "2", "-np", "64", "-cb", "-c", str(ctx),
                "--port", str(port), "--no-webui"]
         env = os.environ.copy()
     else:
-        cmd = [a.lmi, "serve", "--model", gguf, "--port", str(port), "--host", "127.0.0.1"]
+        extra = a.variants.get(kind, [])
+        cmd = [a.lmi, "serve", "--model", gguf, "--port", str(port), "--host", "127.0.0.1"] + extra
         env = dict(os.environ, OPTION_MAX_ROLLING_BATCH_SIZE="64", RUST_LOG="warn")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     wait_ready(f"http://127.0.0.1:{port}", "/health" if kind == "llama" else "/ping", proc)
@@ -84,13 +86,20 @@ def main():
     ap.add_argument("--gguf", action="append", required=True)
     ap.add_argument("--concurrency", default="16,64")
     ap.add_argument("--port", type=int, default=8391)
+    ap.add_argument("--lmi-variant", action="append", default=[], metavar="NAME=ARGS",
+                    help="also serve with these lmi serve arguments, e.g. "
+                    "'lmi bf16=--dtype bf16' or 'lmi invariant=--batch-invariant'")
     a = ap.parse_args()
+    a.variants = {}
+    for v in a.lmi_variant:
+        name, _, args = v.partition("=")
+        a.variants[name] = args.split()
     conc = [int(c) for c in a.concurrency.split(",")]
     pool = bc.word_pool(bc.default_gguf())
     rows = []
     for gguf in a.gguf:
         size = os.path.getsize(gguf) / 2**20
-        for kind in ("llama", "lmi"):
+        for kind in ["llama", "lmi"] + list(a.variants):
             proc = start(kind, a, gguf, a.port)
             try:
                 client = ob.Client(f"http://127.0.0.1:{a.port}")
@@ -121,9 +130,13 @@ def main():
               + f" | {r['VmRSS']:.0f} | {r['VmHWM']:.0f} |")
     for f in dict.fromkeys(r["file"] for r in rows):
         pair = {r["server"]: r for r in rows if r["file"] == f}
-        if len(pair) == 2:
-            print(f"| {f} | lmi / llama | " + " | ".join(
-                f"{pair['lmi'][c] / pair['llama'][c]:.2f}x" for c in cols) + " | | |")
+        for kind in [k for k in pair if k != "llama"]:
+            if "llama" in pair:
+                print(f"| {f} | {kind} / llama | " + " | ".join(
+                    f"{pair[kind][c] / pair['llama'][c]:.2f}x" for c in cols) + " | | |")
+            for other in [k for k in pair if k not in ("llama", kind) and kind == "lmi"]:
+                print(f"| {f} | lmi / {other} | " + " | ".join(
+                    f"{pair['lmi'][c] / pair[other][c]:.2f}x" for c in cols) + " | | |")
     print("RESULT " + json.dumps(rows))
 
 

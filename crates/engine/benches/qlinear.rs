@@ -1,5 +1,6 @@
 //! `cargo bench -p lmi-engine --bench qlinear`: one matrix product per weight format at
-//! decode-sized and prefill-sized batches, in GMAC/s and weight GB/s, beside bf16.
+//! decode-sized and prefill-sized batches, in GMAC/s and weight GB/s, beside bf16: each
+//! quantized format on the int8 kernels, then on the bf16 tiles (where the CPU has them).
 //!
 //! A matrix that fits in the last-level cache is read from there on every repetition, which
 //! flatters batch 1. The Llama-1B-shaped rows are therefore also run "from memory": copies of
@@ -9,8 +10,9 @@ use std::time::Instant;
 
 use lmi_engine::Backend;
 use lmi_engine::cpu::CpuBackend;
+use lmi_engine::cpu::qlinear::{QWeight, qlinear_tiles};
 use lmi_engine::quant::{QMatrix, QType};
-use lmi_engine::weights::HostTensor;
+use lmi_engine::weights::{HostData, HostTensor};
 
 fn lcg(seed: &mut u64) -> f32 {
     *seed = seed
@@ -23,11 +25,13 @@ fn lcg(seed: &mut u64) -> f32 {
 const COLD_BYTES: usize = 256 << 20;
 
 fn main() {
-    let be = CpuBackend::new();
-    // (rows n, cols k, from memory): SmolLM2's MLP up/gate, its tied LM head; Llama-3.2-1B's
+    // The int8 kernels at every batch size; the bf16 tiles are run explicitly beside them.
+    let be = CpuBackend::batch_invariant();
+    // (rows n, cols k, from memory): SmolLM2's MLP up/gate, down, its tied LM head; Llama-3.2-1B's
     // gate/up, from cache and from memory.
     let shapes = [
         (3072usize, 576usize, false),
+        (576, 1536, false),
         (49152, 576, false),
         (16384, 2048, false),
         (16384, 2048, true),
@@ -64,6 +68,19 @@ fn main() {
                 continue;
             }
             let first = be.upload_weight(t.clone()).unwrap();
+            // The bf16 tiles read the same packed blocks: one QWeight per copy.
+            let tiles: Option<Vec<QWeight>> = match &t.data {
+                HostData::Quant(parts) => Some(
+                    (0..if cold {
+                        COLD_BYTES.div_ceil(be.weight_bytes(&first)).max(2)
+                    } else {
+                        1
+                    })
+                        .map(|_| QWeight::new(parts.clone()))
+                        .collect(),
+                ),
+                _ => None,
+            };
             let bytes = be.weight_bytes(&first);
             let copies = if cold {
                 COLD_BYTES.div_ceil(bytes).max(2)
@@ -74,7 +91,7 @@ fn main() {
             for _ in 1..copies {
                 ws.push(be.upload_weight(t.clone()).unwrap());
             }
-            for m in [1usize, 16, 64] {
+            for m in [1usize, 8, 16, 64] {
                 let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
                 let mut out = vec![0f32; m * n];
                 for w in &ws {
@@ -98,6 +115,25 @@ fn main() {
                     (m * n * k) as f64 / s / 1e9,
                     bytes as f64 / s / 1e9
                 );
+                // The same product on the bf16 tiles (`qtile.rs`), which the default engine
+                // takes from 16 rows on for k up to 1536; the rows above are the int8 kernels.
+                if let (Some(qw), true) = (&tiles, lmi_engine::cpu::qlinear::tiles_available()) {
+                    let s = (0..5)
+                        .map(|_| {
+                            let t0 = Instant::now();
+                            for r in 0..reps {
+                                qlinear_tiles(&x, m, &qw[r % copies], None, &mut out);
+                            }
+                            t0.elapsed().as_secs_f64() / reps as f64
+                        })
+                        .fold(f64::INFINITY, f64::min);
+                    println!(
+                        "| {label} | {name} bf16 tiles | {m} | {:.3} | {:.1} | {:.1} |",
+                        s * 1e3,
+                        (m * n * k) as f64 / s / 1e9,
+                        bytes as f64 / s / 1e9
+                    );
+                }
             }
         }
     }

@@ -107,6 +107,12 @@ pub trait Backend: Send + Sync + 'static {
     type Experts: Send + Sync;
 
     fn name(&self) -> &'static str;
+    /// Which kernels run a step's matrix products of `rows` rows, for reports (`lmi bench
+    /// engine`); `quantized`: the weights are kept in quantized blocks.
+    fn product_kernel(&self, rows: usize, quantized: bool) -> String {
+        let _ = (rows, quantized);
+        self.name().to_string()
+    }
 
     fn upload_weight(&self, t: HostTensor) -> Result<Self::Weight>;
     /// A mixture's router `[experts, hidden]`, in f32 where this backend would round other

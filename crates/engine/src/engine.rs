@@ -43,6 +43,11 @@ pub struct EngineOptions {
     /// run it (a GPU): saves its device memory; tests compare the backends' language models
     /// with it on identical embeddings.
     pub vision_on_host: bool,
+    /// Keep every step's quantized products on one kernel path, so that a sequence's
+    /// logits are the same bits whatever else shares its steps (a seeded request then yields
+    /// the same tokens under any load). Off, the CPU runs steps of many rows on bf16 tiles
+    /// (faster, rounded differently). bf16 and f32 weights are batch invariant either way.
+    pub batch_invariant: bool,
 }
 
 impl Default for EngineOptions {
@@ -55,6 +60,7 @@ impl Default for EngineOptions {
             gguf: None,
             max_step: StepShape::default(),
             vision_on_host: false,
+            batch_invariant: false,
         }
     }
 }
@@ -88,6 +94,11 @@ pub trait StepEngine: Send {
         "none"
     }
     fn num_blocks(&self) -> usize;
+    /// Which kernels run the matrix products of a step of `rows` token rows (reports).
+    fn product_kernel(&self, rows: usize) -> String {
+        let _ = rows;
+        String::new()
+    }
     /// Runs one ragged step: writes the chunks' K/V, then draws the requested tokens and
     /// scores the requested prompt tokens. Logits stay inside the engine.
     fn step(&mut self, batch: &StepBatch<'_>) -> Result<StepOutput>;
@@ -136,7 +147,12 @@ pub struct Engine<B: Backend> {
 impl Engine<CpuBackend> {
     /// Loads an HF model directory on the CPU backend.
     pub fn load_cpu(dir: &Path, opts: &EngineOptions) -> Result<Self> {
-        Self::load(CpuBackend::new(), dir, opts)
+        let backend = if opts.batch_invariant {
+            CpuBackend::batch_invariant()
+        } else {
+            CpuBackend::new()
+        };
+        Self::load(backend, dir, opts)
     }
 }
 
@@ -318,6 +334,11 @@ impl<B: Backend> StepEngine for Engine<B> {
 
     fn weights_format(&self) -> &str {
         &self.model.weights
+    }
+
+    fn product_kernel(&self, rows: usize) -> String {
+        self.backend
+            .product_kernel(rows, self.model.dtype == DType::I8)
     }
 
     fn num_blocks(&self) -> usize {

@@ -11,6 +11,7 @@ mod ops;
 mod qact;
 pub mod qlinear;
 mod qpack;
+mod qtile;
 pub mod simd;
 
 use crate::backend::{AttnScoring, Backend, Feature, LoraGroup, LoraSite, QkvLayout};
@@ -99,6 +100,10 @@ pub enum CpuKv {
 #[derive(Debug, Default)]
 pub struct CpuBackend {
     pool: std::sync::Mutex<Vec<Vec<f32>>>,
+    /// Quantized products run every step on the int8 kernels, so a row's result never
+    /// depends on its step (`EngineOptions::batch_invariant`); otherwise steps of
+    /// [`qtile::MIN_ROWS`] rows or more take the bf16 tiles where the CPU has them.
+    batch_invariant: bool,
 }
 
 /// Buffers kept for reuse at most.
@@ -107,6 +112,28 @@ const POOL_MAX: usize = 32;
 impl CpuBackend {
     pub fn new() -> Self {
         CpuBackend::default()
+    }
+
+    /// A backend whose quantized products take one path at every step size (see
+    /// `EngineOptions::batch_invariant`).
+    pub fn batch_invariant() -> Self {
+        CpuBackend {
+            batch_invariant: true,
+            ..CpuBackend::default()
+        }
+    }
+
+    /// The product path a step of `rows` rows takes for quantized weights, for reports.
+    pub fn quant_kernel(&self, rows: usize) -> String {
+        let int8 = qlinear::qpath().name();
+        if !self.batch_invariant && qtile::takes(rows, 0) {
+            format!(
+                "bf16 tiles (vdpbf16ps) up to k {}, then {int8}",
+                qtile::MAX_K
+            )
+        } else {
+            int8.into()
+        }
     }
 
     /// `count` zeroed pools of `cfg`'s shape and dtype, in one allocation.
@@ -158,6 +185,18 @@ impl Backend for CpuBackend {
 
     fn name(&self) -> &'static str {
         "cpu"
+    }
+
+    fn product_kernel(&self, rows: usize, quantized: bool) -> String {
+        if quantized {
+            self.quant_kernel(rows)
+        } else if amx::available() {
+            "bf16 (AMX-BF16 tiles), f32 (FMA)".into()
+        } else if simd::has_bf16_dot() {
+            "bf16 (vdpbf16ps), f32 (FMA)".into()
+        } else {
+            "FMA (bf16 widened to f32)".into()
+        }
     }
 
     fn upload_weight(&self, t: HostTensor) -> Result<CpuWeight> {
@@ -327,7 +366,9 @@ impl Backend for CpuBackend {
             CpuWeight::F32 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
             CpuWeight::BF16 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
             CpuWeight::Amx { packed, .. } => amx::linear(x, rows, packed, bias, out),
-            CpuWeight::Quant { w, .. } => qlinear::qlinear(x, rows, w, bias, out),
+            CpuWeight::Quant { w, .. } => {
+                qlinear::qlinear_by_shape(x, rows, w, bias, out, self.batch_invariant)
+            }
         }
         Ok(())
     }

@@ -67,6 +67,17 @@ impl QPath {
         v
     }
 
+    /// How reports name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            QPath::Avx512Vnni => "int8 (AVX512-VNNI)",
+            QPath::Avx512 => "int8 (AVX-512BW)",
+            QPath::AvxVnni => "int8 (AVX-VNNI)",
+            QPath::Avx2 => "int8 (AVX2)",
+            QPath::Scalar => "int8 (scalar)",
+        }
+    }
+
     fn is_512(self) -> bool {
         matches!(self, QPath::Avx512Vnni | QPath::Avx512)
     }
@@ -87,6 +98,11 @@ pub fn qpath() -> QPath {
             })
             .unwrap_or(QPath::Scalar)
     })
+}
+
+/// Whether this process reads packed weights (the AVX-512 paths).
+pub(crate) fn qpath_is_512() -> bool {
+    qpath().is_512()
 }
 
 /// Input rows per tile at most.
@@ -162,6 +178,57 @@ impl QWeight {
 /// `out[m, n] = x[m, k] · wᵀ (+ bias)`.
 pub fn qlinear(x: &[f32], m: usize, w: &QWeight, bias: Option<&[f32]>, out: &mut [f32]) {
     qlinear_with(qpath(), x, m, w, bias, out)
+}
+
+/// Whether this CPU has the bf16 tiles of [`qlinear_by_shape`] (AVX-512 and AVX512-BF16).
+pub fn tiles_available() -> bool {
+    super::qtile::available()
+}
+
+/// [`qlinear`], or the bf16 tiles of `qtile.rs` where the step's shape suits them
+/// (`qtile::takes`) and the engine is not `batch_invariant` (then every step is int8).
+pub fn qlinear_by_shape(
+    x: &[f32],
+    m: usize,
+    w: &QWeight,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    batch_invariant: bool,
+) {
+    if !batch_invariant && super::qtile::takes(m, w.cols()) && qlinear_tiles(x, m, w, bias, out) {
+        return;
+    }
+    qlinear(x, m, w, bias, out)
+}
+
+/// The product on the bf16 tiles whatever its shape (benches and tests); false, with nothing
+/// written, where the CPU lacks them or `w` is not in the packed form.
+pub fn qlinear_tiles(
+    x: &[f32],
+    m: usize,
+    w: &QWeight,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) -> bool {
+    let QWeight::Packed(parts) = w else {
+        return false;
+    };
+    if !super::qtile::available() || parts.is_empty() {
+        return false;
+    }
+    if m == 0 {
+        return true;
+    }
+    super::qtile::qlinear_bf16(x, m, parts, out);
+    if let Some(b) = bias {
+        let n = parts.iter().map(|p| p.rows).sum::<usize>();
+        for row in out[..m * n].chunks_exact_mut(n) {
+            for (v, &bv) in row.iter_mut().zip(b) {
+                *v += bv;
+            }
+        }
+    }
+    true
 }
 
 #[derive(Clone, Copy)]

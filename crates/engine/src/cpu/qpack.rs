@@ -183,7 +183,7 @@ pub(crate) mod x86 {
 
     /// Up to 16 f16 scales starting at block `16g` of an array of `nsub`.
     #[inline(always)]
-    unsafe fn scales16(at: *const u8, g: usize, nsub: usize) -> __m512 {
+    pub(crate) unsafe fn scales16(at: *const u8, g: usize, nsub: usize) -> __m512 {
         unsafe {
             let n = (nsub - 16 * g).min(16);
             let mask: __mmask16 = if n == 16 { 0xffff } else { (1u16 << n) - 1 };

@@ -136,6 +136,9 @@ pub struct EngineArgs {
     /// products for the matrix rate (small ones for a rehearsal on the fake driver).
     #[arg(long, value_delimiter = ',', default_values_t = [1024, 8192])]
     ceiling_sizes: Vec<usize>,
+    /// Quantized products on one kernel path at every batch size (option.batch_invariant).
+    #[arg(long)]
+    batch_invariant: bool,
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -193,6 +196,7 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
         dtype,
         gguf: gguf.clone(),
         kv_blocks: Some(per_seq * max_batch),
+        batch_invariant: a.batch_invariant,
         ..Default::default()
     };
     let mut engine = lmi_engine::open(a.m.device, &dir, &opts)?;
@@ -241,9 +245,9 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
     // Rates use the median step: on a shared machine a neighbour's burst lands on a few steps
     // and would otherwise decide the mean (printed beside it).
     println!(
-        "| batch | prefill tok/s | decode step ms (median) | (mean) | decode tok/s | vs batch 1 | roofline ms | of roofline |"
+        "| batch | prefill tok/s | decode step ms (median) | (mean) | decode tok/s | vs batch 1 | roofline ms | of roofline | decode products on |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     let mut base = None;
     for &b in &batches {
         let limit = roofline(b, engine.step_weight_bytes(b));
@@ -282,12 +286,13 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
         let tps = b as f64 / per_step;
         let base_tps = *base.get_or_insert(tps);
         println!(
-            "| {b} | {prefill:.0} | {:.2} | {:.2} | {tps:.1} | {:.2}x | {:.2} | {:.0}% |",
+            "| {b} | {prefill:.0} | {:.2} | {:.2} | {tps:.1} | {:.2}x | {:.2} | {:.0}% | {} |",
             per_step * 1e3,
             mean * 1e3,
             tps / base_tps,
             limit * 1e3,
-            limit / per_step * 100.0
+            limit / per_step * 100.0,
+            engine.product_kernel(b)
         );
     }
     Ok(())

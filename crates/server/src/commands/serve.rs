@@ -246,6 +246,7 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
                     tokens: config.max_rolling_batch_prefill_tokens,
                     context: config.max_model_len,
                 },
+                batch_invariant: config.batch_invariant,
                 ..Default::default()
             };
             let engine = lmi_engine::open(config.device, &dir, &opts)
@@ -318,6 +319,7 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
                 dtype: config.engine_dtype_for(&draft),
                 kv_cache_bytes: config.kv_cache_bytes / 4,
                 gguf: draft.gguf,
+                batch_invariant: config.batch_invariant,
                 ..Default::default()
             };
             Some(

@@ -82,6 +82,11 @@ pub struct ServeArgs {
     /// Enable LoRA adapters (option.enable_lora=true).
     #[arg(long)]
     pub enable_lora: bool,
+    /// The same logits for a sequence whatever shares its steps (option.batch_invariant=true):
+    /// the CPU keeps quantized weights on one kernel path at every step size (slower under
+    /// load).
+    #[arg(long)]
+    pub batch_invariant: bool,
     /// LoRA adapters to load at start: name=path,name2=path2 (option.adapters).
     #[arg(long)]
     pub adapters: Option<String>,
@@ -145,6 +150,10 @@ impl ServeArgs {
         set(
             "option.enable_lora",
             self.enable_lora.then(|| "true".into()),
+        );
+        set(
+            "option.batch_invariant",
+            self.batch_invariant.then(|| "true".into()),
         );
         set("option.adapters", self.adapters.clone());
         set("option.served_model_name", self.served_model_name.clone());
@@ -232,6 +241,8 @@ pub struct ServingConfig {
     pub max_model_len: Option<usize>,
     pub output_formatter: Option<String>,
     pub tgi_compat: bool,
+    /// option.batch_invariant: see `EngineOptions::batch_invariant`.
+    pub batch_invariant: bool,
     pub enable_lora: bool,
     pub max_loras: usize,
     pub max_cpu_loras: usize,
@@ -591,6 +602,7 @@ impl ServingConfig {
             max_model_len,
             output_formatter: str_of("option.output_formatter"),
             tgi_compat: boolean(&raw, "option.tgi_compat")?,
+            batch_invariant: boolean(&raw, "option.batch_invariant")?,
             enable_lora,
             max_loras,
             max_cpu_loras,
@@ -704,6 +716,7 @@ impl ServingConfig {
                     .unwrap_or_else(|| "(per request)".into()),
             ),
             ("tgi_compat", self.tgi_compat.to_string()),
+            ("batch_invariant", self.batch_invariant.to_string()),
             ("enable_lora", self.enable_lora.to_string()),
             (
                 "max_loras / max_cpu_loras",
