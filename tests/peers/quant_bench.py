@@ -5,7 +5,7 @@ the same way through /v1/completions by ../shared/peers/openai_bench.py.
 
   python3 tests/peers/quant_bench.py --lmi target/release/lmi \
       --llama ~/.cache/lmi-peers/llama.cpp/bin/llama-server --gguf A.gguf [--gguf B.gguf] \
-      [--lmi-variant 'lmi bf16=--dtype bf16'] [--lmi-variant 'lmi invariant=--batch-invariant']
+      [--lmi-variant 'lmi bf16=--dtype bf16'] [--lmi-variant 'lmi tiles=--batch-invariant false']
 
 Per server and file: batch-1 decode tok/s (64-token prompt, 128 greedy tokens, median of 3),
 prefill tok/s (one 512-token prompt, 1 token: prompt / time to first token, median of 3),
@@ -88,7 +88,7 @@ def main():
     ap.add_argument("--port", type=int, default=8391)
     ap.add_argument("--lmi-variant", action="append", default=[], metavar="NAME=ARGS",
                     help="also serve with these lmi serve arguments, e.g. "
-                    "'lmi bf16=--dtype bf16' or 'lmi invariant=--batch-invariant'")
+                    "'lmi bf16=--dtype bf16' or 'lmi tiles=--batch-invariant false'")
     a = ap.parse_args()
     a.variants = {}
     for v in a.lmi_variant:

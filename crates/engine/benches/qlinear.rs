@@ -26,7 +26,7 @@ const COLD_BYTES: usize = 256 << 20;
 
 fn main() {
     // The int8 kernels at every batch size; the bf16 tiles are run explicitly beside them.
-    let be = CpuBackend::batch_invariant();
+    let be = CpuBackend::new();
     // (rows n, cols k, from memory): SmolLM2's MLP up/gate, down, its tied LM head; Llama-3.2-1B's
     // gate/up, from cache and from memory.
     let shapes = [
@@ -115,8 +115,8 @@ fn main() {
                     (m * n * k) as f64 / s / 1e9,
                     bytes as f64 / s / 1e9
                 );
-                // The same product on the bf16 tiles (`qtile.rs`), which the default engine
-                // takes from 16 rows on for k up to 1536; the rows above are the int8 kernels.
+                // The same product on the bf16 tiles (`qtile.rs`), which an engine that is
+                // not batch invariant takes from 16 rows on; the rows above are int8.
                 if let (Some(qw), true) = (&tiles, lmi_engine::cpu::qlinear::tiles_available()) {
                     let s = (0..5)
                         .map(|_| {

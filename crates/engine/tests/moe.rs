@@ -172,7 +172,7 @@ fn llama_cpp_gguf_files_match_transformers() {
         let kind = |n: &str| file.tensor(n).unwrap().ggml_type.name();
         assert_eq!(kind("blk.0.ffn_gate_exps.weight"), "Q8_0");
         assert_eq!(kind("blk.0.ffn_gate_inp.weight"), "F32");
-        // Q8_0 twice: by default (a step of many rows on bf16 tiles) and batch invariant.
+        // Q8_0 twice: not batch invariant (a step of many rows on bf16 tiles), and invariant.
         for (file, dtype, tol, invariant) in [
             (&gguf, Some(DType::F32), F32_TOL, false),
             (&q8, None, Q8_TOL, false),

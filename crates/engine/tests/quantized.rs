@@ -33,7 +33,7 @@ fn engine(
     gguf: &std::path::Path,
     dtype: Option<DType>,
 ) -> Engine<lmi_engine::cpu::CpuBackend> {
-    engine_with(dir, gguf, dtype, false)
+    engine_with(dir, gguf, dtype, true)
 }
 
 fn engine_with(
@@ -171,8 +171,8 @@ fn alone_and_together(e: &mut Engine<lmi_engine::cpu::CpuBackend>) -> (Vec<Vec<f
     (alone, e.forward_logits(&chunks).unwrap().data)
 }
 
-/// With `batch_invariant`, a sequence's logits are bit-identical alone, beside others (a step
-/// that would take the bf16 tiles otherwise), and prefilled in chunks.
+/// Batch invariant (the default), a sequence's logits are bit-identical alone, beside others
+/// (a step that would take the bf16 tiles otherwise), and prefilled in chunks.
 #[test]
 fn quantized_logits_do_not_depend_on_the_batch() {
     let tmp = tempfile::tempdir().unwrap();
@@ -205,10 +205,10 @@ fn quantized_logits_do_not_depend_on_the_batch() {
     }
 }
 
-/// By default, steps of many rows take the bf16 tiles: the same step gives the same bits
-/// every time, steps below the threshold still match alone, and a row's logits across the
-/// threshold differ by bf16-versus-int8 rounding only (both far inside what the format's own
-/// rounding moves).
+/// Not batch invariant, steps of many rows take the bf16 tiles: the same step gives the same
+/// bits every time, steps below the threshold still match alone, and a row's logits across
+/// the threshold differ by bf16-versus-int8 rounding only (both far inside what the format's
+/// own rounding moves).
 #[test]
 fn quantized_steps_of_many_rows_take_bf16_tiles() {
     let tmp = tempfile::tempdir().unwrap();
@@ -218,7 +218,7 @@ fn quantized_steps_of_many_rows_take_bf16_tiles() {
     for qt in [QType::Q4_K, QType::Q4_1, QType::Q8_0] {
         let gguf = tmp.path().join(format!("{}.gguf", qt.name()));
         write_tiny_gguf(&dir, &spec, &gguf, qt).unwrap();
-        let mut e = engine(&dir, &gguf, None);
+        let mut e = engine_with(&dir, &gguf, None, false);
         let (alone, together) = alone_and_together(&mut e);
         let (again_alone, again) = alone_and_together(&mut e);
         assert_eq!(again, together, "{qt:?}: the same step twice");

@@ -103,8 +103,8 @@ fn greedy_ids_and_prompt_logprobs_match_the_reference() {
 /// f32 reference, which dequantized every tensor: the weights are the same numbers, so what
 /// differs is the rounding of the products' operands. Greedy ids must agree on most prompts,
 /// and prompt logprobs stay within 0.25 nats. Rounding the same weights to bf16 moves them by
-/// 0.20 on these prompts (5/6 agree). With `batch_invariant` every step runs on int8
-/// activations with one scale per 4 values and measures 0.13 (5/6); by default a prompt (a
+/// 0.20 on these prompts (5/6 agree). Batch invariant (the default), every step runs on int8
+/// activations with one scale per 4 values and measures 0.13 (5/6); otherwise a prompt (a
 /// step of many rows) runs on bf16 tiles, which round the weights to bf16, and measures 0.21
 /// (6/6: decode steps of one row stay on the int8 kernels).
 #[test]

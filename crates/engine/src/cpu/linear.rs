@@ -283,9 +283,6 @@ unsafe fn scalar_tile<W: WElem>(
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::tile512bf;
-
-#[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 

@@ -100,10 +100,10 @@ pub enum CpuKv {
 #[derive(Debug, Default)]
 pub struct CpuBackend {
     pool: std::sync::Mutex<Vec<Vec<f32>>>,
-    /// Quantized products run every step on the int8 kernels, so a row's result never
-    /// depends on its step (`EngineOptions::batch_invariant`); otherwise steps of
-    /// [`qtile::MIN_ROWS`] rows or more take the bf16 tiles where the CPU has them.
-    batch_invariant: bool,
+    /// Steps of [`qtile::MIN_ROWS`] rows or more take the bf16 tiles for quantized weights
+    /// where the CPU has them. Off (the default), every step runs on the int8 kernels, so a
+    /// row's result never depends on its step (`EngineOptions::batch_invariant`).
+    tiles: bool,
 }
 
 /// Buffers kept for reuse at most.
@@ -114,25 +114,21 @@ impl CpuBackend {
         CpuBackend::default()
     }
 
-    /// A backend whose quantized products take one path at every step size (see
-    /// `EngineOptions::batch_invariant`).
-    pub fn batch_invariant() -> Self {
+    /// A backend whose quantized products of many rows take the bf16 tiles (`qtile.rs`):
+    /// faster under load, not batch invariant (`EngineOptions::batch_invariant` false).
+    pub fn with_tiles() -> Self {
         CpuBackend {
-            batch_invariant: true,
+            tiles: true,
             ..CpuBackend::default()
         }
     }
 
     /// The product path a step of `rows` rows takes for quantized weights, for reports.
     pub fn quant_kernel(&self, rows: usize) -> String {
-        let int8 = qlinear::qpath().name();
-        if !self.batch_invariant && qtile::takes(rows, 0) {
-            format!(
-                "bf16 tiles (vdpbf16ps) up to k {}, then {int8}",
-                qtile::MAX_K
-            )
+        if self.tiles && qtile::takes(rows) {
+            "bf16 tiles (vdpbf16ps)".into()
         } else {
-            int8.into()
+            qlinear::qpath().name().into()
         }
     }
 
@@ -367,7 +363,7 @@ impl Backend for CpuBackend {
             CpuWeight::BF16 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
             CpuWeight::Amx { packed, .. } => amx::linear(x, rows, packed, bias, out),
             CpuWeight::Quant { w, .. } => {
-                qlinear::qlinear_by_shape(x, rows, w, bias, out, self.batch_invariant)
+                qlinear::qlinear_by_shape(x, rows, w, bias, out, !self.tiles)
             }
         }
         Ok(())

@@ -195,7 +195,7 @@ pub fn qlinear_by_shape(
     out: &mut [f32],
     batch_invariant: bool,
 ) {
-    if !batch_invariant && super::qtile::takes(m, w.cols()) && qlinear_tiles(x, m, w, bias, out) {
+    if !batch_invariant && super::qtile::takes(m) && qlinear_tiles(x, m, w, bias, out) {
         return;
     }
     qlinear(x, m, w, bias, out)

@@ -21,19 +21,16 @@ use super::qpack::Packed;
 /// rows the two paths are about even, dequantizing costing what the scale arithmetic saves).
 pub(crate) const MIN_ROWS: usize = 16;
 
-/// The longest rows this path takes: a 4×4 tile then reads 8 rows of bf16, 24 KiB, inside L1.
-/// Longer ones spill to L2 and lose to the int8 kernels (16384×2048 Q4_1 at 16 rows: 7.3 ms
-/// against 5.2; 576×1536: 0.125 against 0.158).
-pub(crate) const MAX_K: usize = 1536;
-
-/// Whether a product of `rows` rows of `k` values takes this path on this CPU.
-pub(crate) fn takes(rows: usize, k: usize) -> bool {
-    rows >= MIN_ROWS && k <= MAX_K && available()
+/// Whether a product of `rows` rows takes this path on this CPU.
+pub(crate) fn takes(rows: usize) -> bool {
+    rows >= MIN_ROWS && available()
 }
 
 /// Weight rows dequantized at once: 16 rows of 2048 values are 64 KiB of bf16, inside L2,
 /// and each is read by every input row of the step.
 const GROUP_ROWS: usize = 16;
+// `x86::group_product` keeps a 4-row tile's accumulators for 16 weight rows.
+const _: () = assert!(GROUP_ROWS == 16);
 
 /// Whether this CPU runs the path: the AVX-512 packed form and AVX512-BF16.
 pub(crate) fn available() -> bool {
@@ -93,27 +90,7 @@ pub(crate) fn qlinear_bf16(x: &[f32], m: usize, parts: &[Packed], out: &mut [f32
             // columns are this task's alone.
             unsafe {
                 x86::dequantize(&parts[pi], r0, nr, wb.as_mut_ptr(), kp);
-                let mut i = 0;
-                while i < m {
-                    let mr = if m - i >= 4 { 4 } else { 1 };
-                    let mut j = 0;
-                    while j < nr {
-                        let nrt = if nr - j >= 4 { 4 } else { 1 };
-                        super::linear::tile512bf(
-                            mr,
-                            nrt,
-                            xp.at(i * kp),
-                            kp,
-                            wb.as_ptr().add(j * kp),
-                            kp,
-                            kp,
-                            o.at(i * n + c0 + j),
-                            n,
-                        );
-                        j += nrt;
-                    }
-                    i += mr;
-                }
+                x86::group_product(xp.at(0), m, wb.as_ptr(), nr, kp, o.at(c0), n);
             }
             #[cfg(not(target_arch = "x86_64"))]
             let _ = (pi, r0, nr, c0, &o, &xp);
@@ -156,6 +133,108 @@ mod x86 {
     use crate::cpu::qpack::Packed;
     use crate::cpu::qpack::x86::*;
     use crate::quant::QType;
+
+    /// Values of K a pass covers: four input rows (4 KiB) and the group's sixteen weight rows
+    /// (16 KiB) of it stay in L1 while every tile of the group reads them. (One pass over rows
+    /// of 2048 read 32 KiB a tile and ran slower than the int8 kernels.)
+    const KC: usize = 512;
+
+    /// `out[i·ldo + j] = Σ_t x[i·k + t] · w[j·k + t]` for i < m, j < nr (nr ≤ GROUP_ROWS): tiles of 4
+    /// input rows by 4 weight rows, K in passes of [`KC`] with the tiles' accumulators kept in
+    /// L1 between passes. Each output's lanes see the same `vdpbf16ps` sequence, in order,
+    /// whatever `m` and the pass boundaries, then one fixed horizontal sum.
+    ///
+    /// # Safety
+    /// AVX512-BF16; `x` holds m rows of k, `w` nr rows of k (k a multiple of 32); the output
+    /// rows and columns exist.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn group_product(
+        x: *const u16,
+        m: usize,
+        w: *const u16,
+        nr: usize,
+        k: usize,
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        unsafe {
+            let mut acc = [_mm512_setzero_ps(); 4 * 16];
+            let a = acc.as_mut_ptr();
+            let mut i = 0;
+            while i < m {
+                let mr = if m - i >= 4 { 4 } else { 1 };
+                acc.iter_mut().for_each(|v| *v = _mm512_setzero_ps());
+                let mut t0 = 0;
+                while t0 < k {
+                    let t1 = (t0 + KC).min(k);
+                    let mut j = 0;
+                    while j < nr {
+                        let xi = x.add(i * k);
+                        let wj = w.add(j * k);
+                        let aj = a.add(j);
+                        match (mr, nr - j >= 4) {
+                            (4, true) => pass::<4, 4>(xi, wj, k, t0, t1, aj),
+                            (4, false) => pass::<4, 1>(xi, wj, k, t0, t1, aj),
+                            (_, true) => pass::<1, 4>(xi, wj, k, t0, t1, aj),
+                            (_, false) => pass::<1, 1>(xi, wj, k, t0, t1, aj),
+                        }
+                        j += if nr - j >= 4 { 4 } else { 1 };
+                    }
+                    t0 = t1;
+                }
+                for r in 0..mr {
+                    for c in 0..nr {
+                        *out.add((i + r) * ldo + c) = _mm512_reduce_add_ps(acc[r * 16 + c]);
+                    }
+                }
+                i += mr;
+            }
+        }
+    }
+
+    /// One pass of an `MR × NR` tile over values `t0..t1`: accumulators at `acc[r·16 + c]`.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[inline]
+    unsafe fn pass<const MR: usize, const NR: usize>(
+        x: *const u16,
+        w: *const u16,
+        k: usize,
+        t0: usize,
+        t1: usize,
+        acc: *mut __m512,
+    ) {
+        unsafe {
+            let mut v = [[_mm512_setzero_ps(); NR]; MR];
+            for (r, v) in v.iter_mut().enumerate() {
+                for (c, v) in v.iter_mut().enumerate() {
+                    *v = *acc.add(r * 16 + c);
+                }
+            }
+            let mut t = t0;
+            while t < t1 {
+                let mut wv: [__m512bh; NR] = std::mem::zeroed();
+                for (c, wv) in wv.iter_mut().enumerate() {
+                    *wv = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                        w.add(c * k + t) as *const _,
+                    ));
+                }
+                for (r, v) in v.iter_mut().enumerate() {
+                    let xv = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                        x.add(r * k + t) as *const _,
+                    ));
+                    for c in 0..NR {
+                        v[c] = _mm512_dpbf16_ps(v[c], xv, wv[c]);
+                    }
+                }
+                t += 32;
+            }
+            for (r, v) in v.iter().enumerate() {
+                for (c, v) in v.iter().enumerate() {
+                    *acc.add(r * 16 + c) = *v;
+                }
+            }
+        }
+    }
 
     /// Rows `r0..r0 + nr` of `w` into `out` (`ld` values a row), bf16 in pair order.
     ///

@@ -131,7 +131,7 @@ pub fn load_gguf(
     gguf: &Path,
     dtype: Option<DType>,
 ) -> (tempfile::TempDir, Engine<lmi_engine::cpu::CpuBackend>) {
-    load_gguf_with(gguf, dtype, false)
+    load_gguf_with(gguf, dtype, true)
 }
 
 /// [`load_gguf`] with `EngineOptions::batch_invariant` as given.

@@ -136,8 +136,8 @@ pub struct EngineArgs {
     /// products for the matrix rate (small ones for a rehearsal on the fake driver).
     #[arg(long, value_delimiter = ',', default_values_t = [1024, 8192])]
     ceiling_sizes: Vec<usize>,
-    /// Quantized products on one kernel path at every batch size (option.batch_invariant).
-    #[arg(long)]
+    /// `false`: quantized products of 16 rows or more on bf16 tiles (option.batch_invariant).
+    #[arg(long, value_name = "true|false", default_value_t = true, action = clap::ArgAction::Set)]
     batch_invariant: bool,
 }
 
