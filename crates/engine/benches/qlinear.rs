@@ -12,14 +12,8 @@ use lmi_engine::Backend;
 use lmi_engine::cpu::CpuBackend;
 use lmi_engine::cpu::qlinear::{QWeight, qlinear_tiles};
 use lmi_engine::quant::{QMatrix, QType};
+use lmi_engine::testing::lcg;
 use lmi_engine::weights::{HostData, HostTensor};
-
-fn lcg(seed: &mut u64) -> f32 {
-    *seed = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-}
 
 /// Bytes of copies that the "from memory" rows cycle through: past twice any L3 we run on.
 const COLD_BYTES: usize = 256 << 20;

@@ -603,6 +603,14 @@ pub fn write_tiny_gguf(
     write(path, &meta, &tensors)
 }
 
+/// Deterministic inputs for tests and benches: a 64-bit LCG, uniform in [-0.5, 0.5).
+pub fn lcg(seed: &mut u64) -> f32 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+}
+
 /// The greedy pick of a logits row: the largest logit, the lowest id on ties (the engine's
 /// rule), for tests that decode outside the sampler.
 pub fn argmax(row: &[f32]) -> u32 {

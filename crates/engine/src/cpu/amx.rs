@@ -346,13 +346,7 @@ unsafe fn run_groups(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-    }
+    use crate::testing::lcg;
 
     fn bf16(v: f32) -> u16 {
         half::bf16::from_f32(v).to_bits()

@@ -1,17 +1,11 @@
 use super::*;
+use crate::testing::lcg;
 
 fn hex(s: &str) -> Vec<u8> {
     (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
         .collect()
-}
-
-fn lcg(seed: &mut u64) -> f32 {
-    *seed = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
 }
 
 /// Blocks of random bytes dequantized by gguf-py 0.19.0 (`gguf.quants.dequantize`), an

@@ -1,11 +1,5 @@
 use super::*;
-
-fn lcg(seed: &mut u64) -> f32 {
-    *seed = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-}
+use crate::testing::lcg;
 
 /// f64 product of the dequantized weights with the exact inputs.
 fn reference(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f64> {
