@@ -15,6 +15,18 @@ use lmi_engine::quant::{QMatrix, QType};
 use lmi_engine::testing::lcg;
 use lmi_engine::weights::{HostData, HostTensor};
 
+/// Seconds per repetition of `run(0..reps)`, the best of five rounds: this machine is shared
+/// and noisy.
+fn best_of_five(reps: usize, mut run: impl FnMut(usize)) -> f64 {
+    (0..5)
+        .map(|_| {
+            let t0 = Instant::now();
+            (0..reps).for_each(&mut run);
+            t0.elapsed().as_secs_f64() / reps as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
 /// Bytes of copies that the "from memory" rows cycle through: past twice any L3 we run on.
 const COLD_BYTES: usize = 256 << 20;
 
@@ -93,16 +105,9 @@ fn main() {
                 }
                 let reps = (1e9 / (m * n * k) as f64).clamp(2.0, 100.0) as usize;
                 let reps = reps.div_ceil(copies) * copies;
-                // The best of five rounds: this machine is shared and noisy.
-                let s = (0..5)
-                    .map(|_| {
-                        let t0 = Instant::now();
-                        for r in 0..reps {
-                            be.linear(&x, m, &ws[r % copies], None, &mut out).unwrap();
-                        }
-                        t0.elapsed().as_secs_f64() / reps as f64
-                    })
-                    .fold(f64::INFINITY, f64::min);
+                let s = best_of_five(reps, |r| {
+                    be.linear(&x, m, &ws[r % copies], None, &mut out).unwrap();
+                });
                 println!(
                     "{row} {m} | {:.3} | {:.1} | {:.1} |",
                     s * 1e3,
@@ -112,15 +117,9 @@ fn main() {
                 // The same product on the bf16 tiles (`qtile.rs`), which an engine that is
                 // not batch invariant takes from 16 rows on; the rows above are int8.
                 if let (Some(qw), true) = (&tiles, lmi_engine::cpu::qlinear::tiles_available()) {
-                    let s = (0..5)
-                        .map(|_| {
-                            let t0 = Instant::now();
-                            for r in 0..reps {
-                                qlinear_tiles(&x, m, &qw[r % copies], None, &mut out);
-                            }
-                            t0.elapsed().as_secs_f64() / reps as f64
-                        })
-                        .fold(f64::INFINITY, f64::min);
+                    let s = best_of_five(reps, |r| {
+                        qlinear_tiles(&x, m, &qw[r % copies], None, &mut out);
+                    });
                     println!(
                         "| {label} | {name} bf16 tiles | {m} | {:.3} | {:.1} | {:.1} |",
                         s * 1e3,

@@ -220,15 +220,19 @@ pub fn qlinear_tiles(
         return true;
     }
     super::qtile::qlinear_bf16(x, m, parts, out);
+    add_bias(out, m, w.part_rows().iter().sum(), bias);
+    true
+}
+
+/// `out[i, j] += bias[j]` over `m` rows of `n`.
+fn add_bias(out: &mut [f32], m: usize, n: usize, bias: Option<&[f32]>) {
     if let Some(b) = bias {
-        let n = parts.iter().map(|p| p.rows).sum::<usize>();
         for row in out[..m * n].chunks_exact_mut(n) {
             for (v, &bv) in row.iter_mut().zip(b) {
                 *v += bv;
             }
         }
     }
-    true
 }
 
 #[derive(Clone, Copy)]
@@ -363,13 +367,7 @@ pub fn qlinear_with(
     } else {
         tiles.par_chunks(per).for_each(run);
     }
-    if let Some(b) = bias {
-        for row in out[..m * n].chunks_exact_mut(n) {
-            for (v, &bv) in row.iter_mut().zip(b) {
-                *v += bv;
-            }
-        }
-    }
+    add_bias(out, m, n, bias);
 }
 
 /// Runs `$kernel::<Format, MR, NR>(&$args)` for the tile's format and shape (the format
