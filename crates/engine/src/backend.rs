@@ -215,6 +215,12 @@ pub trait Backend: Send + Sync + 'static {
             .map(|_| Ok((self.alloc_kv(cfg)?, self.alloc_kv(cfg)?)))
             .collect()
     }
+    /// Whether sliding-window layers may keep their K/V in pools of their own
+    /// ([`crate::kv::KvWindow`]): a second block table per step. The CUDA backend's
+    /// uploads and graphs carry one table, so its local layers use the global pools.
+    fn window_pools(&self) -> bool {
+        false
+    }
     /// Adjusts a step's layout before it is uploaded and run: the CUDA backend pads decode
     /// batches to the sizes it keeps CUDA graphs for. The logits rows the step's requests
     /// name are unchanged.

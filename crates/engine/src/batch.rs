@@ -4,6 +4,10 @@
 use crate::error::{EngineError, Result};
 use crate::kv::BLOCK_SIZE;
 
+/// A block-table entry that holds no block: a sliding-window layer's block that left the
+/// window and went back to its pool.
+pub const NO_BLOCK: u32 = u32::MAX;
+
 /// Which logits rows a sequence needs back from this step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogitsWanted {
@@ -24,6 +28,11 @@ pub struct SeqChunk {
     pub start_pos: usize,
     /// Physical block ids covering positions `0 .. start_pos + tokens.len()`.
     pub block_table: Vec<u32>,
+    /// Where the engine keeps its sliding-window layers' K/V in pools of their own
+    /// ([`crate::engine::StepEngine::kv_window`]): those layers' block ids, covering the same
+    /// positions; blocks wholly before the window of the chunk's first token may be
+    /// [`NO_BLOCK`] (given back, never read). Empty: `block_table`'s ids serve there too.
+    pub window_table: Vec<u32>,
     pub logits: LogitsWanted,
     /// LoRA adapter applied to this sequence's tokens (loaded with `StepEngine::load_adapter`).
     pub adapter: Option<u64>,
@@ -166,6 +175,64 @@ impl BatchLayout {
     pub fn block_table(&self, seq: usize) -> &[u32] {
         &self.block_tables[seq * self.max_blocks..(seq + 1) * self.max_blocks]
     }
+
+    /// This step as the sliding-window layers run it when they keep their K/V in pools of
+    /// their own (`num_blocks` blocks): the chunks' window tables in place of their block
+    /// tables. A token at position p reads keys from `p + 1 - window` on, so a chunk needs
+    /// real blocks from the one holding `start_pos + 1 - window`; entries before it may be
+    /// [`NO_BLOCK`] and are laid out as block 0, which attention never reads for them.
+    pub fn for_window(
+        &self,
+        chunks: &[SeqChunk],
+        num_blocks: usize,
+        window: usize,
+    ) -> Result<Self> {
+        fn table(c: &SeqChunk) -> &[u32] {
+            if c.window_table.is_empty() {
+                &c.block_table
+            } else {
+                &c.window_table
+            }
+        }
+        let max_blocks = chunks.iter().map(|c| table(c).len()).max().unwrap_or(0);
+        let mut l = BatchLayout {
+            slot_mapping: Vec::with_capacity(self.slot_mapping.len()),
+            block_tables: vec![0; chunks.len() * max_blocks],
+            max_blocks,
+            ..self.clone()
+        };
+        for (s, c) in chunks.iter().enumerate() {
+            let t = table(c);
+            let end = c.start_pos + c.tokens.len();
+            let needed = end.div_ceil(BLOCK_SIZE);
+            if t.len() < needed {
+                return Err(EngineError::Batch(format!(
+                    "sequence {s}: {end} tokens need {needed} window blocks, its window table has {}",
+                    t.len()
+                )));
+            }
+            let first = (c.start_pos + 1).saturating_sub(window) / BLOCK_SIZE;
+            if let Some(&b) = t[first..].iter().find(|&&b| b as usize >= num_blocks) {
+                let what = if b == NO_BLOCK {
+                    "no block".to_string()
+                } else {
+                    format!("block id {b}, outside the window pool of {num_blocks} blocks")
+                };
+                return Err(EngineError::Batch(format!(
+                    "sequence {s}: its window table holds {what} inside the window"
+                )));
+            }
+            let row = &mut l.block_tables[s * max_blocks..s * max_blocks + t.len()];
+            row[first..].copy_from_slice(&t[first..]);
+            for i in 0..c.tokens.len() {
+                let pos = c.start_pos + i;
+                let block = t[pos / BLOCK_SIZE];
+                l.slot_mapping
+                    .push(block * BLOCK_SIZE as u32 + (pos % BLOCK_SIZE) as u32);
+            }
+        }
+        Ok(l)
+    }
 }
 
 #[cfg(test)]
@@ -179,6 +246,7 @@ mod tests {
                 tokens: vec![5; 18],
                 start_pos: 0,
                 block_table: vec![3, 7],
+                window_table: Vec::new(),
                 logits: LogitsWanted::Last,
                 adapter: None,
             },
@@ -186,6 +254,7 @@ mod tests {
                 tokens: vec![9],
                 start_pos: 16,
                 block_table: vec![1, 2],
+                window_table: Vec::new(),
                 logits: LogitsWanted::All,
                 adapter: None,
             },
@@ -207,6 +276,7 @@ mod tests {
             tokens: vec![1; 17],
             start_pos: 0,
             block_table: vec![0],
+            window_table: Vec::new(),
             logits: LogitsWanted::Last,
             adapter: None,
         };

@@ -11,7 +11,7 @@ use crate::config::ModelConfig;
 use crate::cpu::CpuBackend;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::kv::KvCacheConfig;
+use crate::kv::{KvCacheConfig, KvWindow};
 use crate::lora::{LoraAdapter, LoraWeights};
 use crate::model::InputEmbeds;
 use crate::model::{KvCache, LoadOptions, Model};
@@ -51,6 +51,11 @@ pub struct EngineOptions {
     /// (prompt logprobs move by up to 0.1 nat on the default model). bf16 and f32 weights are
     /// batch invariant either way.
     pub batch_invariant: bool,
+    /// Let sliding-window layers keep their K/V in pools of their own, sized to their windows
+    /// ([`KvWindow`]), where the backend supports it and the model has local and global
+    /// layers: the scheduler then gives their blocks back as they leave the window. False
+    /// for an engine whose caller keeps one block table per sequence (a draft model).
+    pub window_pools: bool,
 }
 
 impl Default for EngineOptions {
@@ -64,6 +69,7 @@ impl Default for EngineOptions {
             max_step: StepShape::default(),
             vision_on_host: false,
             batch_invariant: true,
+            window_pools: true,
         }
     }
 }
@@ -97,6 +103,11 @@ pub trait StepEngine: Send {
         "none"
     }
     fn num_blocks(&self) -> usize;
+    /// The sliding-window layers' own pools, when the engine keeps them apart: chunks then
+    /// carry a `window_table` of blocks in them.
+    fn kv_window(&self) -> Option<KvWindow> {
+        None
+    }
     /// Which kernels run the matrix products of a step of `rows` token rows (reports).
     fn product_kernel(&self, rows: usize) -> String {
         let _ = rows;
@@ -107,6 +118,15 @@ pub trait StepEngine: Send {
     fn step(&mut self, batch: &StepBatch<'_>) -> Result<StepOutput>;
     /// Copies whole KV blocks (copy-on-write of shared blocks).
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()>;
+    /// Copies whole blocks of the sliding-window layers' own pools ([`Self::kv_window`]).
+    fn copy_window_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        Err(crate::error::EngineError::Batch(
+            "this engine keeps no window pools".into(),
+        ))
+    }
     /// Bytes of weights a decode step streams (the roofline's numerator).
     fn weight_bytes(&self) -> usize;
     /// Bytes of weights a decode step of `tokens` tokens streams: more than
@@ -181,7 +201,17 @@ impl<B: Backend> Engine<B> {
                 KvCacheConfig::blocks_for_budget(c, kv_dtype.size(), opts.kv_cache_bytes).max(1)
             }
         };
-        let kv = KvCache::new(&backend, KvCacheConfig::new(c, num_blocks, kv_dtype))?;
+        let cfg = KvCacheConfig::new(c, num_blocks, kv_dtype);
+        let kv = match window_pools(c, opts, &backend, device_share.is_some(), cfg) {
+            Some((window, global_blocks, local)) => {
+                let cfg = KvCacheConfig {
+                    num_blocks: global_blocks,
+                    ..cfg
+                };
+                KvCache::with_window(&backend, cfg, window, local)?
+            }
+            None => KvCache::new(&backend, cfg)?,
+        };
         let weight_bytes = model.weight_bytes(&backend);
         let mut engine = Engine {
             backend,
@@ -202,6 +232,22 @@ impl<B: Backend> Engine<B> {
         Ok(engine)
     }
 
+    /// The sliding-window layers' pools, if kept apart.
+    fn window(&self) -> Option<KvWindow> {
+        self.kv.window.as_ref().map(|(w, _)| *w)
+    }
+
+    /// The step's layout for the layers with window pools of their own.
+    fn window_layout(
+        &self,
+        layout: &BatchLayout,
+        chunks: &[SeqChunk],
+    ) -> Result<Option<BatchLayout>> {
+        self.window()
+            .map(|w| layout.for_window(chunks, w.blocks, w.size))
+            .transpose()
+    }
+
     pub(crate) fn kv_config(&self) -> KvCacheConfig {
         self.kv.cfg
     }
@@ -212,8 +258,12 @@ impl<B: Backend> Engine<B> {
             num_blocks,
             ..self.kv.cfg
         };
+        let window = self.kv.window.take();
         self.kv = KvCache::empty(self.kv.cfg);
-        self.kv = KvCache::new(&self.backend, cfg)?;
+        self.kv = match window {
+            Some((w, local)) => KvCache::with_window(&self.backend, cfg, w, local)?,
+            None => KvCache::new(&self.backend, cfg)?,
+        };
         Ok(())
     }
 
@@ -221,14 +271,19 @@ impl<B: Backend> Engine<B> {
     /// has one for the shape), with nothing read back: the load-time graph capture.
     pub(crate) fn run_device_pass(&mut self, chunks: &[SeqChunk]) -> Result<()> {
         let layout = BatchLayout::new(chunks, self.kv.cfg.num_blocks)?;
+        let window = self.window_layout(&layout, chunks)?;
         let layout = self.backend.prepare_layout(layout);
         let (model, backend, kv, adapters) =
             (&self.model, &self.backend, &mut self.kv, &self.adapters);
         backend.run_forward(|| {
             let step = backend.upload_step(&layout)?;
+            let wstep = window
+                .as_ref()
+                .map(|l| backend.upload_step(l))
+                .transpose()?;
             backend
                 .run_graph(&step, || {
-                    model.forward(backend, &layout, &step, kv, adapters, None)
+                    model.forward(backend, &layout, &step, wstep.as_ref(), kv, adapters, None)
                 })
                 .map(|_| ())
         })
@@ -296,6 +351,7 @@ impl<B: Backend> Engine<B> {
         rope_deltas: &[i64],
     ) -> Result<Logits> {
         let (layout, embeds) = self.prepare(chunks, media, rope_deltas)?;
+        let window = self.window_layout(&layout, chunks)?;
         let rows_per_seq = layout.logits_per_seq.clone();
         let rows = layout.logits_rows.len();
         let tokens = layout.num_tokens();
@@ -305,8 +361,21 @@ impl<B: Backend> Engine<B> {
         let vocab = model.config.vocab_size;
         let data = backend.run_forward(|| {
             let step = backend.upload_step(&layout)?;
+            let wstep = window
+                .as_ref()
+                .map(|l| backend.upload_step(l))
+                .transpose()?;
             let logits = backend.run_graph(&step, || {
-                model.forward(backend, &layout, &step, kv, adapters, embeds.as_ref())
+                let wstep = wstep.as_ref();
+                model.forward(
+                    backend,
+                    &layout,
+                    &step,
+                    wstep,
+                    kv,
+                    adapters,
+                    embeds.as_ref(),
+                )
             })?;
             match logits {
                 Some(buf) => backend.to_host(buf, rows * vocab),
@@ -348,8 +417,13 @@ impl<B: Backend> StepEngine for Engine<B> {
         self.kv.cfg.num_blocks
     }
 
+    fn kv_window(&self) -> Option<KvWindow> {
+        self.window()
+    }
+
     fn step(&mut self, batch: &StepBatch<'_>) -> Result<StepOutput> {
         let (layout, embeds) = self.prepare(batch.chunks, batch.media, batch.rope_deltas)?;
+        let window = self.window_layout(&layout, batch.chunks)?;
         let work = LogitsWork::new(batch, &layout)?;
         let tokens = layout.num_tokens();
         let layout = self.backend.prepare_layout(layout);
@@ -359,8 +433,21 @@ impl<B: Backend> StepEngine for Engine<B> {
         let rows = layout.logits_rows.len();
         let (out, sample_time) = backend.run_forward(|| {
             let step = backend.upload_step(&layout)?;
+            let wstep = window
+                .as_ref()
+                .map(|l| backend.upload_step(l))
+                .transpose()?;
             let logits = backend.run_graph(&step, || {
-                model.forward(backend, &layout, &step, kv, adapters, embeds.as_ref())
+                let wstep = wstep.as_ref();
+                model.forward(
+                    backend,
+                    &layout,
+                    &step,
+                    wstep,
+                    kv,
+                    adapters,
+                    embeds.as_ref(),
+                )
             })?;
             let t = Instant::now();
             let out = match logits {
@@ -374,7 +461,11 @@ impl<B: Backend> StepEngine for Engine<B> {
     }
 
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
-        self.kv.copy_blocks(&self.backend, pairs)
+        self.kv.copy_blocks(&self.backend, pairs, false)
+    }
+
+    fn copy_window_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
+        self.kv.copy_blocks(&self.backend, pairs, true)
     }
 
     fn encoder_stats(&self) -> EncoderStats {
@@ -417,4 +508,43 @@ impl<B: Backend> StepEngine for Engine<B> {
     fn has_adapter(&self, id: u64) -> bool {
         self.adapters.contains_key(&id)
     }
+}
+
+/// The sliding-window layers' own pools, when they are worth having: the backend supports
+/// them, the caller keeps window tables, the model has local and global layers, and a full
+/// step's windows need fewer blocks than the uniform pools hold. Returns the window pools,
+/// the global layers' blocks (the freed budget goes to them; `kv_blocks` and a device share
+/// keep theirs) and which layers are local.
+fn window_pools<B: Backend>(
+    c: &ModelConfig,
+    opts: &EngineOptions,
+    backend: &B,
+    device_share: bool,
+    cfg: KvCacheConfig,
+) -> Option<(KvWindow, usize, Vec<bool>)> {
+    let w = c.sliding_window.as_ref()?;
+    let local = w.local.iter().filter(|&&l| l).count();
+    if !opts.window_pools || !backend.window_pools() || local == 0 || local == w.local.len() {
+        return None;
+    }
+    let shape = opts.max_step;
+    let blocks = KvWindow::blocks_for_step(w.size, shape.seqs.max(1), shape.tokens.max(1));
+    if blocks >= cfg.num_blocks {
+        return None;
+    }
+    let global_blocks = match (opts.kv_blocks, device_share) {
+        (None, false) => {
+            let layer_block = cfg.layer_block_bytes().max(1);
+            let left = opts
+                .kv_cache_bytes
+                .saturating_sub(blocks * local * layer_block);
+            (left / (layer_block * (w.local.len() - local))).max(cfg.num_blocks)
+        }
+        _ => cfg.num_blocks,
+    };
+    let window = KvWindow {
+        blocks,
+        size: w.size,
+    };
+    Some((window, global_blocks, w.local.clone()))
 }

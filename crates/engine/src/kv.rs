@@ -48,8 +48,41 @@ impl KvCacheConfig {
         budget_bytes / Self::block_bytes(model, elem_bytes).max(1)
     }
 
+    /// Bytes of one block of one layer, K and V.
+    pub fn layer_block_bytes(&self) -> usize {
+        2 * self.num_kv_heads * self.head_dim * BLOCK_SIZE * self.dtype.size()
+    }
+
     /// Elements of one layer's K (or V) pool: `[num_blocks, kv_heads, BLOCK_SIZE, head_dim]`.
     pub fn layer_elems(&self) -> usize {
         self.num_blocks * self.num_kv_heads * BLOCK_SIZE * self.head_dim
+    }
+}
+
+/// Sliding-window layers' own KV pools (vLLM's hybrid allocator, for two kinds of layers): a
+/// local layer reads only the last `size` keys, so its blocks before that go back to a pool
+/// sized for the windows of a full step instead of for every context. The scheduler keeps a
+/// second block table per sequence in this pool (`SeqChunk::window_table`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvWindow {
+    /// Blocks in the local layers' pools.
+    pub blocks: usize,
+    /// Keys a local layer's query sees (its own and the `size - 1` before it).
+    pub size: usize,
+}
+
+impl KvWindow {
+    /// Window blocks a step of `seqs` sequences and `tokens` new tokens can hold at once:
+    /// each sequence the blocks of its window (one more where the window straddles a block
+    /// boundary, one for a partial last block) and as many for its prompt's last window
+    /// (kept for the prefix cache until the sequence ends), plus its new tokens' blocks.
+    pub fn blocks_for_step(size: usize, seqs: usize, tokens: usize) -> usize {
+        seqs * 2 * (size.div_ceil(BLOCK_SIZE) + 2) + tokens.div_ceil(BLOCK_SIZE) + seqs
+    }
+
+    /// The first block a sequence still needs when its next token is at `position`: blocks
+    /// before it are out of every later token's window.
+    pub fn first_needed(size: usize, position: usize) -> usize {
+        (position + 1).saturating_sub(size) / BLOCK_SIZE
     }
 }

@@ -31,12 +31,12 @@ pub mod warmup;
 pub mod weights;
 
 pub use backend::Backend;
-pub use batch::{BatchLayout, ChunkMedia, LogitsWanted, SeqChunk};
+pub use batch::{BatchLayout, ChunkMedia, LogitsWanted, NO_BLOCK, SeqChunk};
 pub use config::{Architecture, ModelConfig};
 pub use dtype::DType;
 pub use engine::Engine;
 pub use error::{EngineError, Result};
-pub use kv::{BLOCK_SIZE, KvCacheConfig};
+pub use kv::{BLOCK_SIZE, KvCacheConfig, KvWindow};
 pub use open::{Device, check_device, open};
 pub use step::{
     PromptLogprobRequest, SampleRequest, StepBatch, StepOutput, TokenLogprob, TokenMask,

@@ -77,6 +77,7 @@ fn prefill_chunks(count: usize, tokens: usize, next: &mut u32) -> Vec<SeqChunk> 
                 tokens: (0..len as u32).collect(),
                 start_pos: 0,
                 block_table: table,
+                window_table: Vec::new(),
                 logits: LogitsWanted::Last,
                 adapter: None,
             }
@@ -180,6 +181,7 @@ impl<B: Backend> Engine<B> {
                     tokens: vec![s as u32],
                     start_pos: 0,
                     block_table: vec![s as u32 % blocks; key.block_stride],
+                    window_table: Vec::new(),
                     logits: LogitsWanted::Last,
                     adapter: None,
                 })

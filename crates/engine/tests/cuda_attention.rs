@@ -67,6 +67,7 @@ fn chunks(seqs: &[Seq]) -> Vec<SeqChunk> {
                 tokens: vec![1; s.new],
                 start_pos: s.context - s.new,
                 block_table,
+                window_table: Vec::new(),
                 logits: LogitsWanted::Last,
                 adapter: None,
             }
@@ -910,11 +911,13 @@ fn check_high_block_ids<D: Device>(g: &CudaBackend<D>) {
                     tokens: vec![1; len],
                     start_pos: start,
                     block_table: table.clone(),
+                    window_table: Vec::new(),
                     logits: LogitsWanted::Last,
                     adapter: None,
                 };
                 cpu_chunks.push(SeqChunk {
                     block_table: compact(table),
+                    window_table: Vec::new(),
                     ..c.clone()
                 });
                 gpu_chunks.push(c);
@@ -1048,6 +1051,7 @@ fn time_decode<D: Device>(g: &CudaBackend<D>, contexts: &[usize], reps: usize) {
             tokens: vec![1],
             start_pos: context - 1,
             block_table: (0..blocks as u32).rev().collect(),
+            window_table: Vec::new(),
             logits: LogitsWanted::Last,
             adapter: None,
         };

@@ -179,6 +179,7 @@ fn check_model<D: Device>(dev: &Arc<D>, spec: &TinySpec) {
         tokens: seqs[1][..16].to_vec(),
         start_pos: 0,
         block_table: tables[1].clone(),
+        window_table: Vec::new(),
         logits: LogitsWanted::None,
         adapter: None,
     }];
@@ -191,6 +192,7 @@ fn check_model<D: Device>(dev: &Arc<D>, spec: &TinySpec) {
                 tokens: seqs[s][start..].to_vec(),
                 start_pos: start,
                 block_table: tables[s].clone(),
+                window_table: Vec::new(),
                 logits: if s == 2 {
                     LogitsWanted::All
                 } else {
@@ -243,6 +245,7 @@ fn check_graph_replay<D: Device>(dev: &Arc<D>) {
                 tokens: prompt(9 + 4 * s, s as u32),
                 start_pos: 0,
                 block_table: (s as u32 * 8..s as u32 * 8 + 8).collect(),
+                window_table: Vec::new(),
                 logits: LogitsWanted::Last,
                 adapter: None,
             })
@@ -340,6 +343,7 @@ fn check_load_time_warm_up<D: Device>(dev: &Arc<D>) {
             tokens: prompt(20, s),
             start_pos: 0,
             block_table: vec![s, s + 3],
+            window_table: Vec::new(),
             logits: LogitsWanted::Last,
             adapter: None,
         })
@@ -406,6 +410,7 @@ fn decode_launches(spec: &TinySpec) -> (u64, u64) {
         tokens: prompt(20, 4),
         start_pos: 0,
         block_table: vec![3, 9],
+        window_table: Vec::new(),
         logits: LogitsWanted::Last,
         adapter: None,
     };
@@ -487,6 +492,7 @@ fn generate<E: StepEngine + ?Sized>(
         tokens: prompt.to_vec(),
         start_pos: 0,
         block_table: (0..blocks).collect(),
+        window_table: Vec::new(),
         logits: LogitsWanted::Last,
         adapter: None,
     };
@@ -659,6 +665,7 @@ fn seq(s: usize, len: usize, adapter: Option<u64>) -> Seq {
             tokens: prompt.clone(),
             start_pos: 0,
             block_table: (s as u32 * 8..s as u32 * 8 + 8).collect(),
+            window_table: Vec::new(),
             logits: LogitsWanted::Last,
             adapter,
         },
@@ -847,6 +854,7 @@ fn lora_launches_per_step(dev: &Arc<lmi_cuda_emu::EmuDevice>, dir: &Path, n: usi
                 tokens: vec![5 + s as u32],
                 start_pos: 3,
                 block_table: vec![s as u32],
+                window_table: Vec::new(),
                 logits: LogitsWanted::Last,
                 adapter: with.then_some((s % n) as u64 + 1),
             })

@@ -214,6 +214,7 @@ fn check(spec: TinySpec, dtype: DType) {
             tokens: a.clone(),
             start_pos: 0,
             block_table: table(0, a.len(), 1),
+            window_table: Vec::new(),
             logits: LogitsWanted::All,
             adapter: None,
         }])
@@ -241,6 +242,7 @@ fn check(spec: TinySpec, dtype: DType) {
                 tokens: vec![tok],
                 start_pos: t,
                 block_table: tbl.clone(),
+                window_table: Vec::new(),
                 logits: LogitsWanted::Last,
                 adapter: None,
             }])
@@ -263,6 +265,7 @@ fn check(spec: TinySpec, dtype: DType) {
                     tokens: vec![b[b_pos]],
                     start_pos: b_pos,
                     block_table: tb.clone(),
+                    window_table: Vec::new(),
                     logits: LogitsWanted::Last,
                     adapter: None,
                 },
@@ -270,6 +273,7 @@ fn check(spec: TinySpec, dtype: DType) {
                     tokens: a[a_pos..a_pos + chunk].to_vec(),
                     start_pos: a_pos,
                     block_table: ta.clone(),
+                    window_table: Vec::new(),
                     logits: LogitsWanted::All,
                     adapter: None,
                 },

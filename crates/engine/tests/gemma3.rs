@@ -17,7 +17,9 @@ use hf_fixture::{
     BF16_TOL, F32_TOL, argmax, blocks, check_greedy, chunk, load, load_gguf, prompt_diffs,
     reference, rel_diff, sequence_logits, with_config,
 };
-use lmi_engine::{DType, LogitsWanted};
+use lmi_engine::engine::{EngineOptions, StepEngine};
+use lmi_engine::warmup::StepShape;
+use lmi_engine::{BLOCK_SIZE, DType, Engine, KvWindow, LogitsWanted, NO_BLOCK};
 
 /// `gemma3_linear` scales the global layers' RoPE linearly (gemma-3-4b and larger).
 const VARIANTS: [&str; 2] = ["gemma3", "gemma3_linear"];
@@ -124,6 +126,75 @@ fn a_sequence_is_bit_identical_alone_chunked_and_in_a_busy_batch() {
             start += len;
         }
     }
+}
+
+/// The local layers' K/V in pools of their own (`KvWindow`), with each block given back as
+/// the window leaves it and handed straight to the sequence's next block, as the scheduler's
+/// KV manager does: every position's logits are the bits of the engine with one table.
+#[test]
+fn local_layers_in_window_pools_give_the_same_bits() {
+    let dir = fixture("gemma3");
+    let r = reference(&dir);
+    let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();
+    let alone = load(&dir, DType::F32)
+        .forward_logits(&[chunk(&seq, 0, &blocks(0, seq.len()), LogitsWanted::All)])
+        .unwrap();
+    let opts = EngineOptions {
+        dtype: Some(DType::F32),
+        kv_blocks: Some(64),
+        max_step: StepShape {
+            seqs: 1,
+            tokens: 16,
+            context: None,
+        },
+        ..Default::default()
+    };
+    let mut e = Engine::load_cpu(&dir, &opts).unwrap();
+    let w = e
+        .kv_window()
+        .expect("window pools for Gemma 3's local layers");
+    assert_eq!(w, KvWindow { blocks: 8, size: 8 });
+    // Global ids beyond the window pool's: a local layer on the wrong table reads outside it.
+    let table = blocks(8, seq.len());
+    let (mut window_table, mut free): (Vec<u32>, Vec<u32>) = (Vec::new(), (0..8).rev().collect());
+    let mut reused = false;
+    let mut start = 0;
+    while start < seq.len() {
+        let len = match start {
+            0 => 5,
+            5 => 11,
+            _ => 1,
+        };
+        let first = KvWindow::first_needed(w.size, start);
+        for b in window_table.iter_mut().take(first) {
+            if *b != NO_BLOCK {
+                free.push(std::mem::replace(b, NO_BLOCK));
+            }
+        }
+        while window_table.len() < (start + len).div_ceil(BLOCK_SIZE) {
+            let b = free.pop().expect("the window pool holds a step's windows");
+            reused |= window_table.contains(&NO_BLOCK);
+            window_table.push(b);
+        }
+        let mut c = chunk(&seq[start..start + len], start, &table, LogitsWanted::All);
+        c.window_table = window_table.clone();
+        let out = e.forward_logits(&[c]).unwrap();
+        for t in 0..len {
+            assert_eq!(
+                out.row(t),
+                alone.row(start + t),
+                "token {} changed with window pools",
+                start + t
+            );
+        }
+        start += len;
+    }
+    assert!(reused, "no block left the window ({} tokens)", seq.len());
+    // A window table without a block where the window reaches is refused, naming it.
+    let mut c = chunk(&seq[20..21], 20, &table, LogitsWanted::Last);
+    c.window_table = vec![NO_BLOCK, 1];
+    let err = e.forward_logits(&[c]).unwrap_err().to_string();
+    assert!(err.contains("window table holds no block"), "{err}");
 }
 
 #[test]

@@ -110,6 +110,7 @@ fn adapter_equals_merged_weights_and_leaves_other_rows_alone() {
         tokens: tokens.clone(),
         start_pos: 0,
         block_table: vec![first_block, first_block + 1],
+        window_table: Vec::new(),
         logits: LogitsWanted::All,
         adapter,
     };

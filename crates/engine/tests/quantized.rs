@@ -60,6 +60,7 @@ fn chunk(tokens: Vec<u32>, start: usize, table: Vec<u32>, logits: LogitsWanted) 
         tokens,
         start_pos: start,
         block_table: table,
+        window_table: Vec::new(),
         logits,
         adapter: None,
     }

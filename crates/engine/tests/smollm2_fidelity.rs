@@ -39,6 +39,7 @@ fn prompt_and_greedy(
         tokens,
         start_pos,
         block_table: table.clone(),
+        window_table: Vec::new(),
         logits,
         adapter: None,
     };

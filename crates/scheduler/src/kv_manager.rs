@@ -3,8 +3,13 @@
 //! of a shared partial block), gives blocks back (`release`, `trim`), shares them with forks,
 //! and registers or reuses full blocks by their chained hash. It knows sequences only as
 //! their [`SeqBlocks`] and token ids, so strategies and sequences never reach into the pool.
+//!
+//! When the engine keeps its sliding-window layers' K/V apart ([`KvWindow`]), a second pool
+//! holds those, and each sequence a second table: a block leaves it (back to the pool, still
+//! cached by its hash) once no later token's window reaches it. A prefix hit then also needs
+//! the window blocks before its end, so it is cut back to the longest prefix that has them.
 
-use lmi_engine::BLOCK_SIZE;
+use lmi_engine::{BLOCK_SIZE, KvWindow, NO_BLOCK};
 
 use crate::block_pool::{BlockHash, BlockPool};
 use crate::prefix_hash::block_hash;
@@ -21,8 +26,34 @@ pub(crate) struct SeqBlocks {
     /// Tokens whose K/V are in the cache.
     pub num_computed: usize,
     pub block_table: Vec<u32>,
+    /// Blocks in the window pool, covering the same positions; [`NO_BLOCK`] where given
+    /// back. Empty without a window pool.
+    pub window_table: Vec<u32>,
+    /// Entries of `window_table` before this one have been considered for giving back.
+    pub window_from: usize,
+    /// Full prompt blocks whose last window the window table keeps until release, so that
+    /// the same prompt again (a retry, an evaluation's repeated context) continues from the
+    /// prefix cache: its hit ends there and needs those blocks.
+    pub hold_blocks: usize,
     /// Hashes of the full blocks registered in the prefix cache, in order.
     pub hashes: Vec<BlockHash>,
+}
+
+impl SeqBlocks {
+    /// A new sequence's (empty) blocks, holding the last window of its prompt's full blocks.
+    pub fn for_prompt(prompt_len: usize) -> Self {
+        SeqBlocks {
+            hold_blocks: prompt_len.saturating_sub(1) / BLOCK_SIZE,
+            ..Default::default()
+        }
+    }
+}
+
+/// Copy-on-write block copies for the engine, in each pool.
+#[derive(Debug, Default)]
+pub(crate) struct BlockCopies {
+    pub full: Vec<(u32, u32)>,
+    pub window: Vec<(u32, u32)>,
 }
 
 /// What a sequence's KV depends on besides its token ids: the prompt's media items and the
@@ -44,17 +75,34 @@ impl CacheKey<'_> {
 #[derive(Debug)]
 pub(crate) struct KvManager {
     pool: BlockPool,
+    /// The sliding-window layers' pool and their window (tokens).
+    window: Option<(BlockPool, usize)>,
 }
 
 impl KvManager {
+    #[cfg(test)]
     pub fn new(num_blocks: usize) -> Self {
         KvManager {
             pool: BlockPool::new(num_blocks),
+            window: None,
+        }
+    }
+
+    /// A manager for an engine that keeps `window` pools for its sliding-window layers.
+    pub fn with_window(num_blocks: usize, window: Option<KvWindow>) -> Self {
+        KvManager {
+            pool: BlockPool::new(num_blocks),
+            window: window.map(|w| (BlockPool::new(w.blocks), w.size)),
         }
     }
 
     pub fn pool(&self) -> &BlockPool {
         &self.pool
+    }
+
+    /// The window pool, when there is one.
+    pub fn window_pool(&self) -> Option<&BlockPool> {
+        self.window.as_ref().map(|(p, _)| p)
     }
 
     /// Blocks a request may ever use (pinned prefixes hold theirs for good).
@@ -64,28 +112,39 @@ impl KvManager {
 
     /// Makes room for `n` more tokens: copy-on-write of a shared partial block (recorded in
     /// `copies` for the engine), then new blocks. False when the pool is out of blocks.
-    pub fn grow(&mut self, kv: &mut SeqBlocks, n: usize, copies: &mut Vec<(u32, u32)>) -> bool {
-        let first = kv.num_computed / BLOCK_SIZE;
-        if let Some(&b) = kv.block_table.get(first)
-            && self.pool.ref_count(b) > 1
-        {
-            let Some(nb) = self.pool.allocate() else {
-                return false;
-            };
-            copies.push((b, nb));
-            self.pool.free(b);
-            kv.block_table[first] = nb;
-        }
-        let need = blocks_for(kv.num_computed + n).saturating_sub(kv.block_table.len());
-        if need > self.pool.num_free() {
+    pub fn grow(&mut self, kv: &mut SeqBlocks, n: usize, copies: &mut BlockCopies) -> bool {
+        let end = kv.num_computed + n;
+        if !grow_table(
+            &mut self.pool,
+            &mut kv.block_table,
+            kv.num_computed,
+            end,
+            &mut copies.full,
+        ) {
             return false;
         }
-        for _ in 0..need {
-            if let Some(b) = self.pool.allocate() {
-                kv.block_table.push(b);
+        let Some((pool, size)) = self.window.as_mut() else {
+            return true;
+        };
+        // Blocks no later token's window reaches go back first, so the room is there (but
+        // the prompt's last window stays until release).
+        let keep = KvWindow::first_needed(*size, kv.num_computed).min(kv.window_table.len());
+        let hold = kv.hold_blocks;
+        let held = KvWindow::first_needed(*size, hold * BLOCK_SIZE).min(hold)..hold;
+        for i in kv.window_from.min(keep)..keep {
+            let b = &mut kv.window_table[i];
+            if *b != NO_BLOCK && !held.contains(&i) {
+                pool.free(std::mem::replace(b, NO_BLOCK));
             }
         }
-        true
+        kv.window_from = kv.window_from.max(keep);
+        grow_table(
+            pool,
+            &mut kv.window_table,
+            kv.num_computed,
+            end,
+            &mut copies.window,
+        )
     }
 
     /// The same blocks for a fork: one more reference on each.
@@ -93,15 +152,29 @@ impl KvManager {
         for &b in &kv.block_table {
             self.pool.share(b);
         }
+        if let Some((pool, _)) = self.window.as_mut() {
+            for &b in kv.window_table.iter().filter(|&&b| b != NO_BLOCK) {
+                pool.share(b);
+            }
+        }
         kv.clone()
     }
 
     /// Gives every block back (full ones stay in the prefix cache until evicted).
     pub fn release(&mut self, kv: &mut SeqBlocks) {
+        let hold = kv.hold_blocks;
         for &b in kv.block_table.iter().rev() {
             self.pool.free(b);
         }
-        *kv = SeqBlocks::default();
+        if let Some((pool, _)) = self.window.as_mut() {
+            for &b in kv.window_table.iter().rev().filter(|&&b| b != NO_BLOCK) {
+                pool.free(b);
+            }
+        }
+        *kv = SeqBlocks {
+            hold_blocks: hold,
+            ..Default::default()
+        };
     }
 
     /// Frees the blocks beyond what `len` tokens need (rejected draft tokens).
@@ -111,24 +184,54 @@ impl KvManager {
                 self.pool.free(b);
             }
         }
+        if let Some((pool, _)) = self.window.as_mut() {
+            while kv.window_table.len() > blocks_for(len).max(kv.window_from) {
+                if let Some(b) = kv.window_table.pop().filter(|&b| b != NO_BLOCK) {
+                    pool.free(b);
+                }
+            }
+        }
     }
 
     /// Takes the longest cached prefix of full blocks of `tokens`, leaving at least one token
     /// to compute. A hit may end inside a media item (its first positions cached).
     pub fn reuse_prefix(&mut self, kv: &mut SeqBlocks, tokens: &[u32], key: CacheKey<'_>) {
         let max_blocks = (tokens.len() - 1) / BLOCK_SIZE;
-        let mut parent = None;
+        let mut hashes: Vec<BlockHash> = Vec::new();
         for b in 0..max_blocks {
-            let h = key.hash(parent, b, tokens);
-            match self.pool.lookup(h) {
-                Some(block) => {
-                    kv.block_table.push(block);
-                    kv.hashes.push(h);
-                    parent = Some(h);
-                }
-                None => break,
+            let h = key.hash(hashes.last().copied(), b, tokens);
+            if !self.pool.is_cached(h) {
+                break;
+            }
+            hashes.push(h);
+        }
+        // With a window pool: the longest hit whose last window is cached there too.
+        let mut hit = hashes.len();
+        if let Some((pool, size)) = &self.window {
+            while hit > 0
+                && !(KvWindow::first_needed(*size, hit * BLOCK_SIZE)..hit)
+                    .all(|b| pool.is_cached(hashes[b]))
+            {
+                hit -= 1;
             }
         }
+        hashes.truncate(hit);
+        for &h in &hashes {
+            if let Some(block) = self.pool.lookup(h) {
+                kv.block_table.push(block);
+            }
+        }
+        if let Some((pool, size)) = self.window.as_mut() {
+            let from = KvWindow::first_needed(*size, hit * BLOCK_SIZE).min(hit);
+            kv.window_table = vec![NO_BLOCK; from];
+            kv.window_from = from;
+            for &h in &hashes[from..] {
+                if let Some(block) = pool.lookup(h) {
+                    kv.window_table.push(block);
+                }
+            }
+        }
+        kv.hashes = hashes;
         kv.num_computed = kv.block_table.len() * BLOCK_SIZE;
     }
 
@@ -141,16 +244,65 @@ impl KvManager {
         key: CacheKey<'_>,
         pin_upto: usize,
     ) {
+        // Window blocks a pinned prefix keeps: those a hit at its end needs.
+        let pin_blocks = pin_upto / BLOCK_SIZE;
+        let window_pin_from = self.window.as_ref().map_or(0, |(_, size)| {
+            KvWindow::first_needed(*size, pin_blocks * BLOCK_SIZE)
+        });
         while (kv.hashes.len() + 1) * BLOCK_SIZE <= kv.num_computed {
             let b = kv.hashes.len();
             let h = key.hash(kv.hashes.last().copied(), b, tokens);
             self.pool.register(kv.block_table[b], h);
-            if (b + 1) * BLOCK_SIZE <= pin_upto {
+            let pinned = b < pin_blocks;
+            if pinned {
                 self.pool.pin(h);
+            }
+            if let Some((pool, _)) = self.window.as_mut()
+                && let Some(&wb) = kv.window_table.get(b)
+                && wb != NO_BLOCK
+            {
+                pool.register(wb, h);
+                if pinned && b >= window_pin_from {
+                    pool.pin(h);
+                }
             }
             kv.hashes.push(h);
         }
     }
+}
+
+/// Makes `table` cover positions `..end` for tokens written from `start`: copy-on-write of a
+/// shared block at `start` (recorded in `copies`), then new blocks. False when `pool` is out
+/// of blocks.
+fn grow_table(
+    pool: &mut BlockPool,
+    table: &mut Vec<u32>,
+    start: usize,
+    end: usize,
+    copies: &mut Vec<(u32, u32)>,
+) -> bool {
+    let first = start / BLOCK_SIZE;
+    if let Some(&b) = table.get(first)
+        && b != NO_BLOCK
+        && pool.ref_count(b) > 1
+    {
+        let Some(nb) = pool.allocate() else {
+            return false;
+        };
+        copies.push((b, nb));
+        pool.free(b);
+        table[first] = nb;
+    }
+    let need = blocks_for(end).saturating_sub(table.len());
+    if need > pool.num_free() {
+        return false;
+    }
+    for _ in 0..need {
+        if let Some(b) = pool.allocate() {
+            table.push(b);
+        }
+    }
+    true
 }
 
 #[cfg(test)]
@@ -167,7 +319,7 @@ mod tests {
     fn a_fork_copies_the_shared_partial_block_before_writing_it() {
         let mut kv = KvManager::new(8);
         let mut a = SeqBlocks::default();
-        let mut copies = Vec::new();
+        let mut copies = BlockCopies::default();
         assert!(kv.grow(&mut a, 20, &mut copies));
         a.num_computed = 20;
         assert_eq!(a.block_table.len(), 2);
@@ -175,7 +327,7 @@ mod tests {
         assert_eq!(kv.pool().num_used(), 2);
         // Writing position 20 of the fork: block 1 (positions 16..32) is shared, so copied.
         assert!(kv.grow(&mut b, 1, &mut copies));
-        assert_eq!(copies, vec![(a.block_table[1], b.block_table[1])]);
+        assert_eq!(copies.full, vec![(a.block_table[1], b.block_table[1])]);
         assert_eq!(a.block_table[0], b.block_table[0]);
         assert_eq!(kv.pool().ref_count(a.block_table[0]), 2);
         assert_eq!(kv.pool().ref_count(a.block_table[1]), 1);
@@ -205,7 +357,7 @@ mod tests {
         };
         let (p1, p2) = (image(1), image(2));
         let mut a = SeqBlocks::default();
-        assert!(kv.grow(&mut a, p1.len(), &mut Vec::new()));
+        assert!(kv.grow(&mut a, p1.len(), &mut BlockCopies::default()));
         a.num_computed = p1.len();
         kv.register_full_blocks(&mut a, &p1, key(&p1), 0);
         assert_eq!(a.hashes.len(), 2);
@@ -223,6 +375,53 @@ mod tests {
             kv.release(s);
         }
         kv.pool().check_invariants().unwrap();
+    }
+
+    #[test]
+    fn window_blocks_leave_the_table_and_a_hit_needs_its_last_window() {
+        let window = KvWindow { blocks: 6, size: 8 };
+        let mut kv = KvManager::with_window(32, Some(window));
+        let tokens: Vec<u32> = (0..41).collect();
+        let mut copies = BlockCopies::default();
+        let mut a = SeqBlocks::default();
+        assert!(kv.grow(&mut a, 40, &mut copies));
+        a.num_computed = 40;
+        kv.register_full_blocks(&mut a, &tokens, TEXT, 0);
+        assert_eq!((a.block_table.len(), a.window_table.len()), (3, 3));
+        // Position 40 reads keys 33..=40: blocks 0 and 1 leave the window table.
+        assert!(kv.grow(&mut a, 1, &mut copies));
+        assert_eq!(&a.window_table[..2], &[NO_BLOCK; 2]);
+        assert_eq!(a.window_from, 2);
+        assert_eq!(kv.window_pool().unwrap().num_used(), 1);
+        assert_eq!(kv.pool().num_used(), 3);
+
+        // The same tokens hit both full blocks: the window pool still caches block 1, the
+        // only one a token at 32 reads.
+        let mut b = SeqBlocks::default();
+        kv.reuse_prefix(&mut b, &tokens, TEXT);
+        assert_eq!(b.num_computed, 32);
+        assert_eq!((b.window_from, b.window_table.len()), (1, 2));
+        let mut fork = kv.share(&b);
+        kv.release(&mut b);
+        kv.release(&mut fork);
+        // Another sequence takes the whole window pool: the cached window blocks are evicted
+        // and a hit has nothing to continue from.
+        let mut c = SeqBlocks::default();
+        assert!(kv.grow(&mut c, 5 * BLOCK_SIZE, &mut copies));
+        assert!(!kv.grow(&mut SeqBlocks::default(), 1, &mut copies));
+        let mut d = SeqBlocks::default();
+        kv.reuse_prefix(&mut d, &tokens, TEXT);
+        assert_eq!(
+            (d.num_computed, d.block_table.len(), d.window_table.len()),
+            (0, 0, 0)
+        );
+        for s in [&mut a, &mut c, &mut d] {
+            kv.release(s);
+        }
+        assert_eq!(kv.window_pool().unwrap().num_used(), 0);
+        kv.pool().check_invariants().unwrap();
+        kv.window_pool().unwrap().check_invariants().unwrap();
+        assert!(copies.window.is_empty());
     }
 
     fn key(p: &Prompt) -> CacheKey<'_> {

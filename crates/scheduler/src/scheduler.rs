@@ -19,7 +19,7 @@ use crate::block_pool::BlockPool;
 use crate::entry::SeqEntry;
 use crate::error::SubmitError;
 use crate::event::Event;
-use crate::kv_manager::{KvManager, SeqBlocks, blocks_for};
+use crate::kv_manager::{BlockCopies, KvManager, SeqBlocks, blocks_for};
 use crate::metrics::SchedulerMetrics;
 use crate::request::GenerateRequest;
 use crate::request_state::RequestState;
@@ -109,7 +109,7 @@ impl Scheduler {
             .min(engine.model_config().max_position_embeddings);
         cfg.max_batch_size = cfg.max_batch_size.max(1);
         cfg.max_batch_tokens = cfg.max_batch_tokens.max(1);
-        let kv = KvManager::new(engine.num_blocks());
+        let kv = KvManager::with_window(engine.num_blocks(), engine.kv_window());
         let metrics = Arc::new(SchedulerMetrics::default());
         metrics
             .kv_blocks_total
@@ -140,6 +140,11 @@ impl Scheduler {
     /// Adds a draft model for speculative decoding (option.speculative_draft_model); it must
     /// share the target's vocabulary (and tokenizer).
     pub fn with_draft_model(mut self, engine: Box<dyn StepEngine>) -> Result<Self, String> {
+        if engine.kv_window().is_some() {
+            return Err("the draft model's engine keeps window pools; load it with \
+                        EngineOptions::window_pools false"
+                .into());
+        }
         let dm = DraftModel::new(engine);
         let (d, t) = (dm.vocab_size(), self.engine.model_config().vocab_size);
         if d != t {
@@ -170,6 +175,11 @@ impl Scheduler {
 
     pub fn pool(&self) -> &BlockPool {
         self.kv.pool()
+    }
+
+    /// The sliding-window layers' pool, when the engine keeps one.
+    pub fn window_pool(&self) -> Option<&BlockPool> {
+        self.kv.window_pool()
     }
 
     pub fn has_work(&self) -> bool {
@@ -217,7 +227,7 @@ impl Scheduler {
             arrival: self.next_arrival,
             tokens: req.prompt.to_vec(),
             prompt_len: req.prompt.len(),
-            kv: SeqBlocks::default(),
+            kv: SeqBlocks::for_prompt(req.prompt.len()),
             detok: IncrementalDetokenizer::with_prompt_tail(
                 &req.prompt,
                 &self.tokenizer,
@@ -315,7 +325,7 @@ impl Scheduler {
         let busy = self.busy_adapters();
         self.adapters.unload_retired(self.engine.as_mut(), &busy);
         self.adapters.load_pinned(self.engine.as_mut(), &busy);
-        let mut copies: Vec<(u32, u32)> = Vec::new();
+        let mut copies = BlockCopies::default();
         let scheduled = self.schedule(&mut copies);
         if scheduled.is_empty() {
             self.update_gauges();
@@ -339,7 +349,8 @@ impl Scheduler {
         let tf = Instant::now();
         let result = self
             .engine
-            .copy_blocks(&copies)
+            .copy_blocks(&copies.full)
+            .and_then(|_| self.engine.copy_window_blocks(&copies.window))
             .and_then(|_| self.engine.step(&batch));
         let forward = tf.elapsed();
         drop((samples, prompt_logprobs));

@@ -86,6 +86,7 @@ pub(crate) fn chunks(
                 tokens: s.tokens[start..end].to_vec(),
                 start_pos: start,
                 block_table: s.kv.block_table.clone(),
+                window_table: s.kv.window_table.clone(),
                 logits,
                 adapter: r.and_then(|r| r.params.adapter_id()),
             }

@@ -205,6 +205,7 @@ mod tests {
             tokens: vec![1; n],
             start_pos: start,
             block_table: vec![0, 1],
+            window_table: Vec::new(),
             logits,
             adapter: None,
         };

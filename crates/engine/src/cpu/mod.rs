@@ -295,6 +295,10 @@ impl Backend for CpuBackend {
         Ok(std::iter::from_fn(|| Some((pools.next()?, pools.next()?))).collect())
     }
 
+    fn window_pools(&self) -> bool {
+        true
+    }
+
     fn upload_step(&self, layout: &BatchLayout) -> Result<BatchLayout> {
         Ok(layout.clone())
     }

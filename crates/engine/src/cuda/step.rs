@@ -341,6 +341,7 @@ mod tests {
                 tokens: vec![s as u32 + 1],
                 start_pos: 20 + s % 10,
                 block_table: vec![2 * s as u32, 2 * s as u32 + 1],
+                window_table: Vec::new(),
                 logits: LogitsWanted::Last,
                 adapter: None,
             })
@@ -385,6 +386,7 @@ mod tests {
                 tokens: vec![s as u32 + 1],
                 start_pos: 20,
                 block_table: vec![2 * s as u32, 2 * s as u32 + 1],
+                window_table: Vec::new(),
                 logits: LogitsWanted::Last,
                 adapter: None,
             })
@@ -445,6 +447,7 @@ mod tests {
             tokens: vec![1; 20],
             start_pos: 0,
             block_table: vec![0, 1],
+            window_table: Vec::new(),
             logits: LogitsWanted::Last,
             adapter: None,
         }];

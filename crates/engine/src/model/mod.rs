@@ -8,7 +8,7 @@ use crate::batch::BatchLayout;
 use crate::config::{Activation, ModelConfig};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::kv::KvCacheConfig;
+use crate::kv::{KvCacheConfig, KvWindow};
 use crate::lora::{LoraAdapter, Target};
 use crate::moe::MoeLayer;
 use std::collections::HashMap;
@@ -104,29 +104,83 @@ pub struct InputEmbeds {
 
 /// The paged K/V pools of every layer.
 pub struct KvCache<B: Backend> {
+    /// The pools of every layer, or of the global layers when the local ones have their own.
     pub cfg: KvCacheConfig,
+    /// The local (sliding-window) layers' own pools, and which layers those are.
+    pub window: Option<(KvWindow, Vec<bool>)>,
     layers: Vec<(B::Kv, B::Kv)>,
 }
 
 impl<B: Backend> KvCache<B> {
     pub fn new(backend: &B, cfg: KvCacheConfig) -> Result<Self> {
         let layers = backend.alloc_kv_layers(&cfg)?;
-        Ok(KvCache { cfg, layers })
+        Ok(KvCache {
+            cfg,
+            window: None,
+            layers,
+        })
+    }
+
+    /// Pools of `cfg.num_blocks` for the global layers and of `window.blocks` for the layers
+    /// `local` marks.
+    pub fn with_window(
+        backend: &B,
+        cfg: KvCacheConfig,
+        window: KvWindow,
+        local: Vec<bool>,
+    ) -> Result<Self> {
+        let count = local.iter().filter(|&&l| l).count();
+        let global = backend.alloc_kv_layers(&KvCacheConfig {
+            num_layers: cfg.num_layers - count,
+            ..cfg
+        })?;
+        let windowed = backend.alloc_kv_layers(&KvCacheConfig {
+            num_layers: count,
+            num_blocks: window.blocks,
+            ..cfg
+        })?;
+        let (mut global, mut windowed) = (global.into_iter(), windowed.into_iter());
+        let layers = local
+            .iter()
+            .map(|&l| if l { windowed.next() } else { global.next() })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| crate::error::EngineError::Backend("KV pools missing".into()))?;
+        Ok(KvCache {
+            cfg,
+            window: Some((window, local)),
+            layers,
+        })
     }
 
     /// A cache holding no pools (a placeholder while one is replaced).
     pub fn empty(cfg: KvCacheConfig) -> Self {
         KvCache {
             cfg,
+            window: None,
             layers: Vec::new(),
         }
     }
 
-    pub fn copy_blocks(&mut self, backend: &B, pairs: &[(u32, u32)]) -> Result<()> {
+    /// Whether layer `i` keeps its K/V in the window pools.
+    fn in_window_pool(&self, i: usize) -> bool {
+        self.window.as_ref().is_some_and(|(_, local)| local[i])
+    }
+
+    /// Copies blocks of the global pools (`window` false) or of the window pools.
+    pub fn copy_blocks(&mut self, backend: &B, pairs: &[(u32, u32)], window: bool) -> Result<()> {
         if pairs.is_empty() {
             return Ok(());
         }
-        for (k, v) in &mut self.layers {
+        if window && self.window.is_none() {
+            return Err(crate::error::EngineError::Batch(
+                "window block copies for a cache without window pools".into(),
+            ));
+        }
+        for i in 0..self.layers.len() {
+            if self.in_window_pool(i) != window {
+                continue;
+            }
+            let (k, v) = &mut self.layers[i];
             backend.copy_blocks(k, &self.cfg, pairs)?;
             backend.copy_blocks(v, &self.cfg, pairs)?;
         }
@@ -199,11 +253,15 @@ impl<B: Backend> Model<B> {
     /// Runs one step over `layout` (uploaded as `step`) and returns the logits of its
     /// `logits_rows`, row-major `[logits_rows.len(), vocab]`, on the device; None when no
     /// row is wanted. Issues device work only (no host copies), so a backend may capture it.
+    /// `window_step` is the step laid out on the window pools' tables, which the local
+    /// layers run on when the cache keeps such pools.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         backend: &B,
         layout: &BatchLayout,
         step: &B::Step,
+        window_step: Option<&B::Step>,
         kv: &mut KvCache<B>,
         adapters: &HashMap<u64, LoraAdapter<B>>,
         embeds: Option<&InputEmbeds>,
@@ -305,19 +363,25 @@ impl<B: Backend> Model<B> {
                 (Some(q), Some(k)) => Some(QkNorm { q, k, eps }),
                 _ => None,
             };
+            // A local layer with pools of its own runs on its own block tables.
+            let attn_step = match window_step {
+                Some(w) if kv.in_window_pool(i) => w,
+                _ => step,
+            };
             let (k_cache, v_cache) = &mut kv.layers[i];
             let rope = match (&self.rope_local, layer.local) {
                 (Some(r), true) => r,
                 _ => &self.rope,
             };
-            backend
-                .qk_norm_rope_write_kv(&mut qkv, n, step, ql, qk_norm, rope, k_cache, v_cache)?;
+            backend.qk_norm_rope_write_kv(
+                &mut qkv, n, attn_step, ql, qk_norm, rope, k_cache, v_cache,
+            )?;
             let scoring = AttnScoring {
                 scale,
                 window: window.filter(|_| layer.local),
                 sinks: layer.sinks.as_ref(),
             };
-            backend.attention(&qkv, step, ql, k_cache, v_cache, scoring, &mut attn)?;
+            backend.attention(&qkv, attn_step, ql, k_cache, v_cache, scoring, &mut attn)?;
             backend.linear(&attn, n, &layer.o_proj, layer.o_bias.as_ref(), &mut proj)?;
             lora(i, Target::O, &attn, qs, &mut proj, h, 0)?;
             if let Some(w) = &layer.attn_out_norm {

@@ -106,6 +106,7 @@ pub fn chunk(tokens: &[u32], start_pos: usize, table: &[u32], logits: LogitsWant
         tokens: tokens.to_vec(),
         start_pos,
         block_table: table.to_vec(),
+        window_table: Vec::new(),
         logits,
         adapter: None,
     }

@@ -261,6 +261,7 @@ pub fn chunk(tokens: Vec<u32>, start_pos: usize, logits: LogitsWanted) -> SeqChu
         tokens,
         start_pos,
         block_table: (0..blocks as u32).collect(),
+        window_table: Vec::new(),
         logits,
         adapter: None,
     }

@@ -8,13 +8,14 @@ use std::time::Instant;
 use super::Scheduler;
 use super::lora::AdapterWait;
 use crate::entry::SeqEntry;
+use crate::kv_manager::BlockCopies;
 use crate::step_plan::wants_prompt_logprobs;
 
 impl Scheduler {
     /// Picks this step's (running index, new tokens) pairs: running sequences first (oldest
     /// first), preempting the newest when blocks run out, then waiting ones while blocks, the
     /// token budget and the batch size allow. Records copy-on-write block copies in `copies`.
-    pub(super) fn schedule(&mut self, copies: &mut Vec<(u32, u32)>) -> Vec<(usize, usize)> {
+    pub(super) fn schedule(&mut self, copies: &mut BlockCopies) -> Vec<(usize, usize)> {
         let mut budget = self.cfg.max_batch_tokens;
         let mut out = Vec::new();
         let mut preempted = false;
@@ -96,7 +97,7 @@ impl Scheduler {
             let n = self.chunk_len(&e, budget);
             // Not now (no blocks, or a media item wider than the budget left): give back the
             // cached prefix (it stays cached) and keep FCFS order.
-            let mut no_copies = Vec::new();
+            let mut no_copies = BlockCopies::default();
             if n == 0 || !self.kv.grow(&mut e.seq.kv, n, &mut no_copies) {
                 self.release(&mut e);
                 self.waiting.push_front(e);

@@ -111,6 +111,7 @@ impl DraftModel {
                         tokens,
                         start_pos: kv.computed,
                         block_table: kv.blocks.clone(),
+                        window_table: Vec::new(),
                         logits: LogitsWanted::Last,
                         adapter: None,
                     }

@@ -197,6 +197,8 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
         gguf: gguf.clone(),
         kv_blocks: Some(per_seq * max_batch),
         batch_invariant: a.batch_invariant,
+        // The bench lays out its own block tables, one per sequence.
+        window_pools: false,
         ..Default::default()
     };
     let mut engine = lmi_engine::open(a.m.device, &dir, &opts)?;
@@ -258,6 +260,7 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
                     .collect(),
                 start_pos: 0,
                 block_table: ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect(),
+                window_table: Vec::new(),
                 logits: LogitsWanted::Last,
                 adapter: None,
             })

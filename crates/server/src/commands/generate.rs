@@ -68,6 +68,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         dtype: a.dtype,
         gguf: resolved.gguf.clone(),
         kv_blocks: Some(blocks),
+        // One block table, laid out here.
+        window_pools: false,
         ..Default::default()
     };
     let mut engine = lmi_engine::open(a.device, &dir, &opts)?;
@@ -90,6 +92,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         tokens: prompt.clone(),
         start_pos: 0,
         block_table: table,
+        window_table: Vec::new(),
         logits: LogitsWanted::Last,
         adapter: None,
     };

@@ -320,6 +320,8 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
                 kv_cache_bytes: config.kv_cache_bytes / 4,
                 gguf: draft.gguf,
                 batch_invariant: config.batch_invariant,
+                // The draft model's block manager keeps one table per sequence.
+                window_pools: false,
                 ..Default::default()
             };
             Some(

@@ -1,0 +1,129 @@
+//! A model with sliding-window layers through the scheduler, its local layers' K/V in pools
+//! of their own (`EngineOptions::window_pools`): the same tokens and logprobs as with one
+//! table, the window pool holding only the windows while the global one holds every
+//! context, and a repeated prompt served from the prefix cache of both pools.
+
+mod common;
+
+use std::path::Path;
+
+use common::{cfg, prompt, request};
+use lmi_engine::DType;
+use lmi_engine::engine::{Engine, EngineOptions};
+use lmi_engine::testing::{TinySpec, write_tiny_model};
+use lmi_engine::warmup::StepShape;
+use lmi_scheduler::{Event, Scheduler};
+use lmi_text::Tokenizer;
+
+/// Qwen2 with `use_sliding_window`: layer 0 global, layer 1 local over 8 keys.
+fn windowed_model() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), &TinySpec::qwen2()).unwrap();
+    let path = dir.path().join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    c["use_sliding_window"] = true.into();
+    c["sliding_window"] = 8.into();
+    c["max_window_layers"] = 1.into();
+    std::fs::write(&path, c.to_string()).unwrap();
+    dir
+}
+
+fn scheduler(dir: &Path, window_pools: bool) -> Scheduler {
+    let opts = EngineOptions {
+        dtype: Some(DType::F32),
+        kv_blocks: Some(64),
+        max_step: StepShape {
+            seqs: 4,
+            tokens: 64,
+            context: None,
+        },
+        window_pools,
+        ..Default::default()
+    };
+    let engine = Engine::load_cpu(dir, &opts).unwrap();
+    Scheduler::new(
+        Box::new(engine),
+        Tokenizer::from_dir(dir).unwrap(),
+        cfg(4, 64),
+    )
+}
+
+type Run = Vec<(Vec<u32>, Vec<f32>)>;
+
+/// Runs `prompts` (80 new tokens each) to the end; the most window blocks held at once, and
+/// the most global ones.
+fn run(s: &mut Scheduler, prompts: &[Vec<u32>], first_id: u64) -> (Run, (usize, usize)) {
+    let rxs: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (tx, rx) = tokio::sync::mpsc::channel(1024);
+            s.add(first_id + i as u64, request(p.clone(), 80, None), tx)
+                .unwrap();
+            rx
+        })
+        .collect();
+    let (mut most, mut most_global) = (0, 0);
+    for _ in 0..1000 {
+        if !s.has_work() {
+            break;
+        }
+        s.step();
+        most = most.max(s.window_pool().map_or(0, |p| p.num_used()));
+        most_global = most_global.max(s.pool().num_used());
+    }
+    assert!(!s.has_work(), "requests did not finish");
+    let out = rxs
+        .into_iter()
+        .map(|mut rx| {
+            let (mut ids, mut logprobs) = (Vec::new(), Vec::new());
+            while let Ok(e) = rx.try_recv() {
+                match e {
+                    Event::Token(t) => {
+                        ids.push(t.id);
+                        logprobs.push(t.logprob);
+                    }
+                    Event::Error(e) => panic!("{e}"),
+                    _ => {}
+                }
+            }
+            (ids, logprobs)
+        })
+        .collect();
+    (out, (most, most_global))
+}
+
+#[test]
+fn window_pools_give_the_same_tokens_and_hold_only_the_windows() {
+    let dir = windowed_model();
+    let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(40 + 7 * i, i as u32)).collect();
+    let mut plain = scheduler(dir.path(), false);
+    assert!(plain.window_pool().is_none());
+    let (want, _) = run(&mut plain, &prompts, 1);
+
+    let mut s = scheduler(dir.path(), true);
+    let pool = s.window_pool().expect("a window pool for the local layer");
+    // Four sequences' windows and their prompts' last windows, and a step's 64 tokens:
+    // 4 · 2 · (1 + 2) + 4 + 4 blocks.
+    assert_eq!(pool.num_blocks(), 32);
+    let (got, (most, most_global)) = run(&mut s, &prompts, 1);
+    eprintln!("blocks held at most: {most} window, {most_global} global");
+    assert_eq!(got, want, "window pools changed tokens or logprobs");
+    assert!(got.iter().all(|(ids, _)| ids.len() == 80));
+    // Each sequence (up to 134 tokens, 9 blocks) holds at most its window's two blocks, the
+    // one being written and its prompt's last window (two); the global pool holds them all.
+    assert!(most <= 15, "{most} window blocks held at once");
+    assert_eq!(s.window_pool().map(|p| p.num_used()), Some(0));
+    s.window_pool().unwrap().check_invariants().unwrap();
+
+    // The same prompts again: served from both pools' prefix caches, the same output.
+    let before = s.metrics().snapshot().prefix_cached_tokens;
+    let (again, _) = run(&mut s, &prompts, 10);
+    let cached = s.metrics().snapshot().prefix_cached_tokens - before;
+    assert!(
+        cached >= 3 * 32,
+        "only {cached} prompt tokens came from the cache"
+    );
+    assert_eq!(again, want);
+}
