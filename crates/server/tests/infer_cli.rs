@@ -782,17 +782,6 @@ fn convert_without_weights() {
 fn json_template_file_thinking_and_system_priority() {
     let src = model_dir();
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("model");
-    std::fs::create_dir(&dir).unwrap();
-    for f in [
-        "config.json",
-        "generation_config.json",
-        "model.safetensors",
-        "tokenizer.json",
-        "tokenizer_config.json",
-    ] {
-        std::os::unix::fs::symlink(src.join(f), dir.join(f)).unwrap();
-    }
     let qwen3 = r#"{
   "roles": {
     "system": {"prefix": "<|im_start|>system\n", "suffix": "<|im_end|>\n"},
@@ -803,7 +792,7 @@ fn json_template_file_thinking_and_system_priority() {
   "generation_prompt_thinking": "<|im_start|>assistant\n",
   "default_system_prompt": "You are a helpful assistant"
 }"#;
-    std::fs::write(dir.join("processed_chat_template.json"), qwen3).unwrap();
+    let dir = default_model_with_template(tmp.path(), qwen3);
     let tok = Tokenizer::from_dir(&src).unwrap();
     let count = |text: &str| tok.encode(text, false).unwrap().len();
     let user = json!({"role": "user", "content": "Hi"});
@@ -851,6 +840,73 @@ fn json_template_file_thinking_and_system_priority() {
                 count(w),
                 "thinking={thinking}, request {i}"
             );
+        }
+    }
+}
+
+/// The default model's files linked into `parent/model`, with `template` as its
+/// processed_chat_template.json.
+fn default_model_with_template(parent: &Path, template: &str) -> PathBuf {
+    let src = model_dir();
+    let dir = parent.join("model");
+    std::fs::create_dir(&dir).unwrap();
+    for f in [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::os::unix::fs::symlink(src.join(f), dir.join(f)).unwrap();
+    }
+    std::fs::write(dir.join("processed_chat_template.json"), template).unwrap();
+    dir
+}
+
+/// A template that reasons in `<think>` tags: with enable_thinking its generation prompt opens
+/// the block, so the reply (the default model never closes it) is all reasoning, reported
+/// apart from the empty answer as the server's `reasoning_content` is; without, the prompt
+/// closes an empty block and the reply is all answer, with no reasoning field.
+#[test]
+fn a_reasoning_reply_is_split_from_the_answer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let template = r#"{
+  "roles": {
+    "user": {"prefix": "<|im_start|>user\n", "suffix": "<|im_end|>\n"},
+    "assistant": {"prefix": "<|im_start|>assistant\n", "suffix": "<|im_end|>\n"}
+  },
+  "generation_prompt": "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+  "generation_prompt_thinking": "<|im_start|>assistant\n<think>\n"
+}"#;
+    let dir = default_model_with_template(tmp.path(), template);
+    for thinking in [true, false] {
+        let input = json!({
+            "max_generate_length": 8, "enable_thinking": thinking, "temperature": 0.0,
+            "requests": [{"messages": [{"role": "user", "content": "What is 2 + 2?"}]}]
+        });
+        let in_path = tmp.path().join("in.json");
+        std::fs::write(&in_path, input.to_string()).unwrap();
+        let args = [
+            "infer",
+            "--input",
+            in_path.to_str().unwrap(),
+            "--model",
+            dir.to_str().unwrap(),
+        ];
+        let out = lmi(&args, tmp.path());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let r = &v["responses"][0];
+        if thinking {
+            let reasoning = r["reasoning_text"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{r}"));
+            assert!(!reasoning.trim().is_empty(), "{r}");
+            assert_eq!(r["output_text"], "", "{r}");
+        } else {
+            assert!(r.get("reasoning_text").is_none(), "{r}");
+            assert!(!r["output_text"].as_str().unwrap().trim().is_empty(), "{r}");
         }
     }
 }

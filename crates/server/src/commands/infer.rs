@@ -25,7 +25,9 @@ use lmi_engine::engine::EngineOptions;
 use lmi_engine::lora::{LoraLimits, LoraWeights};
 use lmi_engine::sampling::SamplingParams;
 use lmi_engine::{BLOCK_SIZE, DType, Device, ModelConfig, model_store};
-use lmi_scheduler::{AdapterRef, AdapterWeights, Event, GenerateRequest, Handle, SchedulerConfig};
+use lmi_scheduler::{
+    AdapterRef, AdapterWeights, Event, FinishReason, GenerateRequest, Handle, SchedulerConfig,
+};
 use lmi_text::Tokenizer;
 
 use parts::input::InferInput;
@@ -33,6 +35,8 @@ use parts::output::{
     InferOutput, Response, ResponseTimings, Summary, check_writable, write_atomically,
 };
 use parts::prompt::{Prompt, PromptBuilder, TemplateSource, load_template};
+
+use crate::reasoning::ReplyReasoning;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -272,6 +276,7 @@ fn run_requests(
     let n = input.requests.len();
     let started = Instant::now();
     let mut streams = Vec::with_capacity(n);
+    let mut readers = Vec::with_capacity(n);
     for (i, ((p, spans), r)) in prompts.into_iter().zip(&input.requests).enumerate() {
         let mut req = GenerateRequest::new(p.ids);
         req.prompt = spans;
@@ -286,6 +291,11 @@ fn run_requests(
             .validate()
             .map_err(|e| anyhow::anyhow!("request {i}: {e}"))?;
         req.stopping.max_new_tokens = input.max_generate_length;
+        // Harmony's channels are special tokens: its reader needs them in the text.
+        if p.reasoning.is_some_and(|r| r.format.reads_special_tokens()) {
+            req.skip_special_tokens = false;
+        }
+        readers.push(p.reasoning);
         req.adapter = adapters[i].clone();
         if r.save_system_prompt_kv_cache {
             req.pin_prefix_tokens = p.system_tokens;
@@ -323,7 +333,7 @@ fn run_requests(
         })
     };
 
-    let result = collect(&mut streams, &bar);
+    let result = collect(&mut streams, &readers, &bar);
     done.store(true, Ordering::Relaxed);
     let _ = ticker.join();
     bar.finish_and_clear();
@@ -348,24 +358,40 @@ fn run_requests(
 /// Reads every stream to its end, in request order.
 fn collect(
     streams: &mut [lmi_scheduler::RequestStream],
+    readers: &[Option<ReplyReasoning>],
     bar: &ProgressBar,
 ) -> anyhow::Result<Vec<Response>> {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let mut responses = Vec::with_capacity(streams.len());
     for (i, stream) in streams.iter_mut().enumerate() {
-        let mut finished = None;
+        let (mut finished, mut last) = (None, None);
         while let Some(ev) = stream.blocking_recv() {
             match ev {
                 Event::Finished(f) => finished = Some(f),
                 Event::Error(e) => bail!("request {i}: generation failed: {e}"),
-                Event::Prefill(_) | Event::Token(_) => {}
+                Event::Token(t) => last = Some(t),
+                Event::Prefill(_) => {}
             }
         }
         let f = finished
             .with_context(|| format!("request {i}: the scheduler stopped before it finished"))?;
         let total = f.timings.total.as_secs_f64();
+        let (reasoning_text, output_text) = match readers.get(i).copied().flatten() {
+            Some(r) => {
+                // Kept special tokens leave the EOS token's text at the end: not the reply's.
+                let text = match &last {
+                    Some(t) if t.special && f.reason == FinishReason::EosToken => {
+                        f.text.strip_suffix(t.text.as_str()).unwrap_or(&f.text)
+                    }
+                    _ => &f.text,
+                };
+                lmi_text::split_reasoning(r.format, text, r.starts_inside)
+            }
+            None => (None, f.text),
+        };
         responses.push(Response {
-            output_text: f.text,
+            output_text,
+            reasoning_text,
             finish_reason: f.reason.as_str(),
             prompt_tokens: f.prompt_tokens,
             generated_tokens: f.generated_tokens,

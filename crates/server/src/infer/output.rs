@@ -15,7 +15,13 @@ pub struct InferOutput {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Response {
+    /// The reply; for a model whose chat template reasons, the answer after the reasoning.
     pub output_text: String,
+    /// The reasoning (a `<think>` block, gpt-oss's analysis channel), split from the answer
+    /// as the server's `reasoning_content` is; absent when the reply has none or the prompt
+    /// was not templated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_text: Option<String>,
     /// "length", "eos_token" or "stop_sequence".
     pub finish_reason: &'static str,
     pub prompt_tokens: usize,

@@ -7,6 +7,8 @@ use std::path::Path;
 use anyhow::Context;
 use lmi_text::{ChatTemplate, JsonChatTemplate, Message, Tokenizer, derive_json_template};
 
+use crate::reasoning::ReplyReasoning;
+
 /// Where the template came from, for the log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TemplateSource {
@@ -34,6 +36,9 @@ pub struct Prompt {
     pub ids: Vec<u32>,
     /// Leading prompt tokens that are the system prompt (0 when there is none).
     pub system_tokens: usize,
+    /// How the reply is read for reasoning: templated prompts of a model whose template
+    /// reasons (`<think>` tags, gpt-oss's harmony channels).
+    pub reasoning: Option<ReplyReasoning>,
 }
 
 /// The model's chat template as seed 003 wants it: `processed_chat_template.json` when the
@@ -131,7 +136,17 @@ impl PromptBuilder {
     /// tokenizer's own (e.g. a BOS).
     pub fn build(&self, tokenizer: &Tokenizer, messages: &[Message]) -> anyhow::Result<Prompt> {
         let templated = self.apply_chat_template && self.template.is_some();
-        let ids = tokenizer.encode(&self.render(messages)?, !templated)?;
+        let text = self.render(messages)?;
+        let ids = tokenizer.encode(&text, !templated)?;
+        let reasoning = self
+            .template
+            .as_ref()
+            .filter(|_| templated)
+            .and_then(ChatTemplate::reasoning_format)
+            .map(|format| ReplyReasoning {
+                format,
+                starts_inside: format.prompt_opens(&text),
+            });
         let system_tokens = match self.render_system(messages)? {
             Some(sys) => {
                 let sys_ids = tokenizer.encode(&sys, false)?;
@@ -141,7 +156,11 @@ impl PromptBuilder {
             }
             None => 0,
         };
-        Ok(Prompt { ids, system_tokens })
+        Ok(Prompt {
+            ids,
+            system_tokens,
+            reasoning,
+        })
     }
 }
 
