@@ -257,6 +257,20 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
                 source.display(),
                 config.device
             );
+            let blocks = engine.num_blocks();
+            match engine.kv_window() {
+                Some(w) => tracing::info!(
+                    "KV cache: {blocks} blocks ({} tokens) for the global layers; the \
+                     {}-token sliding-window layers keep {} blocks of their own",
+                    blocks * lmi_engine::BLOCK_SIZE,
+                    w.size,
+                    w.blocks
+                ),
+                None => tracing::info!(
+                    "KV cache: {blocks} blocks ({} tokens)",
+                    blocks * lmi_engine::BLOCK_SIZE
+                ),
+            }
             (engine, weights)
         }
         EngineMode::Null => {
