@@ -216,10 +216,16 @@ pub trait Backend: Send + Sync + 'static {
             .collect()
     }
     /// Whether sliding-window layers may keep their K/V in pools of their own
-    /// ([`crate::kv::KvWindow`]): a second block table per step. The CUDA backend's
-    /// uploads and graphs carry one table, so its local layers use the global pools.
+    /// ([`crate::kv::KvWindow`]): a second block table per step
+    /// ([`crate::batch::WindowTables`]).
     fn window_pools(&self) -> bool {
         false
+    }
+    /// The uploaded step as the sliding-window layers run it: its window tables in place of
+    /// the block tables (None when the layout had none).
+    fn window_step(&self, step: &Self::Step) -> Option<Self::Step> {
+        let _ = step;
+        None
     }
     /// Adjusts a step's layout before it is uploaded and run: the CUDA backend pads decode
     /// batches to the sizes it keeps CUDA graphs for. The logits rows the step's requests

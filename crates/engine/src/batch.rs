@@ -86,6 +86,8 @@ pub struct BatchLayout {
     /// `Backend::write_rows`): such a step uploads them as it runs, so a backend never
     /// captures or replays it as a graph.
     pub host_embeds: bool,
+    /// The sliding-window layers' addressing when they keep pools of their own.
+    pub window: Option<WindowTables>,
 }
 
 impl BatchLayout {
@@ -111,6 +113,7 @@ impl BatchLayout {
             adapter_rows: Vec::new(),
             rope_positions: Vec::new(),
             host_embeds: false,
+            window: None,
         };
         l.cu_tokens.push(0);
         for (s, c) in chunks.iter().enumerate() {
@@ -176,17 +179,17 @@ impl BatchLayout {
         &self.block_tables[seq * self.max_blocks..(seq + 1) * self.max_blocks]
     }
 
-    /// This step as the sliding-window layers run it when they keep their K/V in pools of
-    /// their own (`num_blocks` blocks): the chunks' window tables in place of their block
-    /// tables. A token at position p reads keys from `p + 1 - window` on, so a chunk needs
-    /// real blocks from the one holding `start_pos + 1 - window`; entries before it may be
-    /// [`NO_BLOCK`] and are laid out as block 0, which attention never reads for them.
-    pub fn for_window(
+    /// Lays out the chunks' window tables (`self` is their layout) for sliding-window layers
+    /// with pools of their own (`num_blocks` blocks). A token at position p reads keys from
+    /// `p + 1 - window` on, so a chunk needs real blocks from the one holding
+    /// `start_pos + 1 - window`; entries before it may be [`NO_BLOCK`] and are laid out as
+    /// block 0, which attention never reads for them.
+    pub fn window_tables(
         &self,
         chunks: &[SeqChunk],
         num_blocks: usize,
         window: usize,
-    ) -> Result<Self> {
+    ) -> Result<WindowTables> {
         fn table(c: &SeqChunk) -> &[u32] {
             if c.window_table.is_empty() {
                 &c.block_table
@@ -195,11 +198,10 @@ impl BatchLayout {
             }
         }
         let max_blocks = chunks.iter().map(|c| table(c).len()).max().unwrap_or(0);
-        let mut l = BatchLayout {
+        let mut l = WindowTables {
             slot_mapping: Vec::with_capacity(self.slot_mapping.len()),
             block_tables: vec![0; chunks.len() * max_blocks],
             max_blocks,
-            ..self.clone()
         };
         for (s, c) in chunks.iter().enumerate() {
             let t = table(c);
@@ -233,6 +235,29 @@ impl BatchLayout {
         }
         Ok(l)
     }
+
+    /// This step as the sliding-window layers see it: its window tables (when it has them)
+    /// in place of the block tables.
+    pub fn on_window(&self) -> Option<BatchLayout> {
+        let w = self.window.as_ref()?;
+        Some(BatchLayout {
+            slot_mapping: w.slot_mapping.clone(),
+            block_tables: w.block_tables.clone(),
+            max_blocks: w.max_blocks,
+            window: None,
+            ..self.clone()
+        })
+    }
+}
+
+/// A step's K/V addressing in the sliding-window layers' own pools
+/// ([`crate::kv::KvWindow`]), laid out as [`BatchLayout`]'s.
+#[derive(Debug, Clone, Default)]
+pub struct WindowTables {
+    pub slot_mapping: Vec<u32>,
+    /// `[num_seqs, max_blocks]`, padded with 0.
+    pub block_tables: Vec<u32>,
+    pub max_blocks: usize,
 }
 
 #[cfg(test)]

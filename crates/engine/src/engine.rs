@@ -233,19 +233,27 @@ impl<B: Backend> Engine<B> {
     }
 
     /// The sliding-window layers' pools, if kept apart.
-    fn window(&self) -> Option<KvWindow> {
+    pub(crate) fn window(&self) -> Option<KvWindow> {
         self.kv.window.as_ref().map(|(w, _)| *w)
     }
 
-    /// The step's layout for the layers with window pools of their own.
-    fn window_layout(
-        &self,
-        layout: &BatchLayout,
-        chunks: &[SeqChunk],
-    ) -> Result<Option<BatchLayout>> {
-        self.window()
-            .map(|w| layout.for_window(chunks, w.blocks, w.size))
-            .transpose()
+    /// Lays out `chunks`, with their window tables where the cache keeps window pools.
+    fn layout(&self, chunks: &[SeqChunk]) -> Result<BatchLayout> {
+        let mut layout = BatchLayout::new(chunks, self.kv.cfg.num_blocks)?;
+        if let Some(w) = self.window() {
+            layout.window = Some(layout.window_tables(chunks, w.blocks, w.size)?);
+        }
+        Ok(layout)
+    }
+
+    /// Bytes of every KV pool.
+    pub(crate) fn kv_bytes(&self) -> usize {
+        self.kv.bytes()
+    }
+
+    /// The global layers' blocks `budget` bytes hold beside the window pools.
+    pub(crate) fn global_blocks_for(&self, budget: usize) -> usize {
+        self.kv.global_blocks_for(budget)
     }
 
     pub(crate) fn kv_config(&self) -> KvCacheConfig {
@@ -270,20 +278,15 @@ impl<B: Backend> Engine<B> {
     /// One forward pass over `chunks` on the device (replayed from a graph when the backend
     /// has one for the shape), with nothing read back: the load-time graph capture.
     pub(crate) fn run_device_pass(&mut self, chunks: &[SeqChunk]) -> Result<()> {
-        let layout = BatchLayout::new(chunks, self.kv.cfg.num_blocks)?;
-        let window = self.window_layout(&layout, chunks)?;
+        let layout = self.layout(chunks)?;
         let layout = self.backend.prepare_layout(layout);
         let (model, backend, kv, adapters) =
             (&self.model, &self.backend, &mut self.kv, &self.adapters);
         backend.run_forward(|| {
             let step = backend.upload_step(&layout)?;
-            let wstep = window
-                .as_ref()
-                .map(|l| backend.upload_step(l))
-                .transpose()?;
             backend
                 .run_graph(&step, || {
-                    model.forward(backend, &layout, &step, wstep.as_ref(), kv, adapters, None)
+                    model.forward(backend, &layout, &step, kv, adapters, None)
                 })
                 .map(|_| ())
         })
@@ -296,7 +299,7 @@ impl<B: Backend> Engine<B> {
         media: &[crate::batch::ChunkMedia],
         rope_deltas: &[i64],
     ) -> Result<(BatchLayout, Option<InputEmbeds>)> {
-        let mut layout = BatchLayout::new(chunks, self.kv.cfg.num_blocks)?;
+        let mut layout = self.layout(chunks)?;
         if self.model.config.mrope_section.is_some() {
             prefill::rope_positions(chunks, media, rope_deltas, &mut layout)?;
         }
@@ -351,7 +354,6 @@ impl<B: Backend> Engine<B> {
         rope_deltas: &[i64],
     ) -> Result<Logits> {
         let (layout, embeds) = self.prepare(chunks, media, rope_deltas)?;
-        let window = self.window_layout(&layout, chunks)?;
         let rows_per_seq = layout.logits_per_seq.clone();
         let rows = layout.logits_rows.len();
         let tokens = layout.num_tokens();
@@ -361,21 +363,8 @@ impl<B: Backend> Engine<B> {
         let vocab = model.config.vocab_size;
         let data = backend.run_forward(|| {
             let step = backend.upload_step(&layout)?;
-            let wstep = window
-                .as_ref()
-                .map(|l| backend.upload_step(l))
-                .transpose()?;
             let logits = backend.run_graph(&step, || {
-                let wstep = wstep.as_ref();
-                model.forward(
-                    backend,
-                    &layout,
-                    &step,
-                    wstep,
-                    kv,
-                    adapters,
-                    embeds.as_ref(),
-                )
+                model.forward(backend, &layout, &step, kv, adapters, embeds.as_ref())
             })?;
             match logits {
                 Some(buf) => backend.to_host(buf, rows * vocab),
@@ -423,7 +412,6 @@ impl<B: Backend> StepEngine for Engine<B> {
 
     fn step(&mut self, batch: &StepBatch<'_>) -> Result<StepOutput> {
         let (layout, embeds) = self.prepare(batch.chunks, batch.media, batch.rope_deltas)?;
-        let window = self.window_layout(&layout, batch.chunks)?;
         let work = LogitsWork::new(batch, &layout)?;
         let tokens = layout.num_tokens();
         let layout = self.backend.prepare_layout(layout);
@@ -433,21 +421,8 @@ impl<B: Backend> StepEngine for Engine<B> {
         let rows = layout.logits_rows.len();
         let (out, sample_time) = backend.run_forward(|| {
             let step = backend.upload_step(&layout)?;
-            let wstep = window
-                .as_ref()
-                .map(|l| backend.upload_step(l))
-                .transpose()?;
             let logits = backend.run_graph(&step, || {
-                let wstep = wstep.as_ref();
-                model.forward(
-                    backend,
-                    &layout,
-                    &step,
-                    wstep,
-                    kv,
-                    adapters,
-                    embeds.as_ref(),
-                )
+                model.forward(backend, &layout, &step, kv, adapters, embeds.as_ref())
             })?;
             let t = Instant::now();
             let out = match logits {
@@ -529,7 +504,9 @@ fn window_pools<B: Backend>(
     }
     let shape = opts.max_step;
     let blocks = KvWindow::blocks_for_step(w.size, shape.seqs.max(1), shape.tokens.max(1));
-    if blocks >= cfg.num_blocks {
+    // A device share sizes the global pools after a warm-up (`measure_kv_blocks`), from the
+    // memory the window pools leave; otherwise they must save blocks now.
+    if blocks >= cfg.num_blocks && !device_share {
         return None;
     }
     let global_blocks = match (opts.kv_blocks, device_share) {

@@ -11,7 +11,7 @@ use crate::backend::{Backend, GraphKey};
 use crate::batch::{LogitsWanted, SeqChunk};
 use crate::engine::{Engine, StepEngine};
 use crate::error::{EngineError, Result};
-use crate::kv::{BLOCK_SIZE, KvCacheConfig};
+use crate::kv::BLOCK_SIZE;
 use crate::sampling::SamplingParams;
 use crate::step::{SampleRequest, StepBatch, TokenMask};
 
@@ -117,10 +117,7 @@ impl<B: Backend> Engine<B> {
         let (free, total) = self.backend().memory_info()?.ok_or_else(|| {
             EngineError::Backend("the warm-up measures a device's own memory".into())
         })?;
-        let c = self.model_config();
-        let kv = self.kv_config();
-        let block_bytes = KvCacheConfig::block_bytes(c, kv.dtype.size());
-        let provisional = kv.num_blocks * block_bytes;
+        let provisional = self.kv_bytes();
         let engine = (total - free.min(total)).saturating_sub(provisional);
         let keys = self.graph_keys(shape).len();
         let reserve = MARGIN_BYTES + keys * GRAPH_BYTES;
@@ -152,7 +149,7 @@ impl<B: Backend> Engine<B> {
             mib(reserve),
             started.elapsed()
         );
-        Ok((budget / block_bytes).max(1))
+        Ok(self.global_blocks_for(budget).max(1))
     }
 
     /// The decode graphs for `shape`'s batches and contexts.
@@ -175,13 +172,15 @@ impl<B: Backend> Engine<B> {
         keys.sort_by_key(|k| std::cmp::Reverse((k.seqs, k.block_stride)));
         let started = Instant::now();
         let blocks = self.kv_config().num_blocks as u32;
+        let window_blocks = self.window().map(|w| w.blocks as u32);
         for key in &keys {
             let chunks: Vec<SeqChunk> = (0..key.seqs)
                 .map(|s| SeqChunk {
                     tokens: vec![s as u32],
                     start_pos: 0,
                     block_table: vec![s as u32 % blocks; key.block_stride],
-                    window_table: Vec::new(),
+                    window_table: window_blocks
+                        .map_or(Vec::new(), |w| vec![s as u32 % w; key.block_stride]),
                     logits: LogitsWanted::Last,
                     adapter: None,
                 })

@@ -13,8 +13,9 @@ use std::sync::Arc;
 use hf_fixture::{BF16_TOL, blocks, chunk, reference, rel_diff};
 use lmi_cuda::Device;
 use lmi_engine::cuda::CudaBackend;
-use lmi_engine::engine::EngineOptions;
-use lmi_engine::{DType, Engine, LogitsWanted};
+use lmi_engine::engine::{EngineOptions, StepEngine};
+use lmi_engine::warmup::StepShape;
+use lmi_engine::{BLOCK_SIZE, DType, Engine, KvWindow, LogitsWanted, NO_BLOCK, SeqChunk};
 
 fn check_gemma3<D: Device>(dev: &Arc<D>) {
     for name in ["gemma3", "gemma3_linear"] {
@@ -56,4 +57,121 @@ fn check_gemma3<D: Device>(dev: &Arc<D>) {
 #[test]
 fn gemma3_in_bf16_matches_transformers() {
     on_every_raw_device!(check_gemma3);
+}
+
+/// The local layers' K/V in window pools of their own (`KvWindow`), blocks handed back as the
+/// window leaves them and straight to the sequence's next block, decode steps replayed from
+/// CUDA graphs: every position's logits the bits of the engine with one table.
+fn check_window_pools<D: Device>(dev: &Arc<D>) {
+    let dir = hf_fixture::fixture("gemma3", "gemma3");
+    let r = reference(&dir);
+    let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();
+    let load = |window_pools: bool| {
+        let opts = EngineOptions {
+            dtype: Some(DType::BF16),
+            kv_blocks: Some(64),
+            max_step: StepShape {
+                seqs: 1,
+                tokens: 16,
+                context: None,
+            },
+            window_pools,
+            ..Default::default()
+        };
+        let backend = CudaBackend::with_graphs(dev.clone(), true).unwrap();
+        Engine::load(backend, &dir, &opts).unwrap()
+    };
+    let (mut plain, mut windowed) = (load(false), load(true));
+    assert!(plain.kv_window().is_none());
+    let w = windowed
+        .kv_window()
+        .expect("window pools on the CUDA engine");
+    assert_eq!(w, KvWindow { blocks: 8, size: 8 });
+    // Global ids beyond the window pool's: a local layer on the wrong table reads outside it.
+    let table = blocks(40, seq.len());
+    let (mut window_table, mut free): (Vec<u32>, Vec<u32>) = (Vec::new(), (0..8).rev().collect());
+    let mut reused = false;
+    let mut start = 0;
+    while start < seq.len() {
+        let len = if start == 0 { r.prompt.len() } else { 1 };
+        for b in window_table
+            .iter_mut()
+            .take(KvWindow::first_needed(w.size, start))
+        {
+            if *b != NO_BLOCK {
+                free.push(std::mem::replace(b, NO_BLOCK));
+            }
+        }
+        while window_table.len() < (start + len).div_ceil(BLOCK_SIZE) {
+            reused |= window_table.contains(&NO_BLOCK);
+            window_table.push(free.pop().expect("the window pool holds a step's windows"));
+        }
+        let c = chunk(&seq[start..start + len], start, &table, LogitsWanted::All);
+        let want = plain.forward_logits(std::slice::from_ref(&c)).unwrap();
+        let got = windowed
+            .forward_logits(&[SeqChunk {
+                window_table: window_table.clone(),
+                ..c
+            }])
+            .unwrap();
+        assert_eq!(
+            got.data, want.data,
+            "position {start}: window pools changed logits"
+        );
+        start += len;
+    }
+    assert!(reused, "no block left the window ({} tokens)", seq.len());
+    assert!(
+        windowed.backend().graphs_captured() > 0,
+        "decode steps replay from graphs"
+    );
+}
+
+#[test]
+fn window_pools_give_the_same_bits() {
+    on_every_raw_device!(check_window_pools);
+}
+
+/// With a share of the device's memory, the window pools are sized for the step shape and the
+/// global layers' pools take what they leave; the decode graphs captured at load run on both
+/// tables.
+fn check_window_pools_in_a_device_share<D: Device>(dev: &Arc<D>) {
+    let dir = hf_fixture::fixture("gemma3", "gemma3");
+    let opts = EngineOptions {
+        dtype: Some(DType::BF16),
+        memory_fraction: Some(0.2),
+        max_step: StepShape {
+            seqs: 2,
+            tokens: 32,
+            context: Some(64),
+        },
+        ..Default::default()
+    };
+    let backend = CudaBackend::with_graphs(dev.clone(), true).unwrap();
+    let e = Engine::load(backend, &dir, &opts).unwrap();
+    let w = e.kv_window().expect("window pools in a device share");
+    assert_eq!(w.blocks, KvWindow::blocks_for_step(8, 2, 32));
+    let (free, total) = dev.memory_info().unwrap();
+    let (share, used) = ((0.2 * total as f64) as usize, total - free);
+    assert!(
+        used <= share,
+        "{used} of {total} in use, over the share {share}"
+    );
+    assert!(
+        used + (300 << 20) >= share,
+        "{used} of {total} in use: the share {share} not filled"
+    );
+    // One global layer of seven: its blocks take nearly all the share.
+    assert!(
+        e.num_blocks() > 100 * w.blocks,
+        "{} global blocks",
+        e.num_blocks()
+    );
+    let stats = e.graph_stats().expect("CUDA graphs");
+    assert!(stats.captured > 0 && stats.failed == 0, "{stats:?}");
+}
+
+#[test]
+fn window_pools_fill_a_device_share() {
+    on_every_raw_device!(check_window_pools_in_a_device_share);
 }

@@ -299,6 +299,10 @@ impl Backend for CpuBackend {
         true
     }
 
+    fn window_step(&self, step: &BatchLayout) -> Option<BatchLayout> {
+        step.on_window()
+    }
+
     fn upload_step(&self, layout: &BatchLayout) -> Result<BatchLayout> {
         Ok(layout.clone())
     }

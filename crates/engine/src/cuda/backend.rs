@@ -512,6 +512,14 @@ impl<D: Device> Backend for CudaBackend<D> {
         step::pad_decode(layout)
     }
 
+    fn window_pools(&self) -> bool {
+        true
+    }
+
+    fn window_step(&self, step: &CudaStep) -> Option<CudaStep> {
+        step.on_window()
+    }
+
     fn upload_step(&self, layout: &BatchLayout) -> Result<CudaStep> {
         self.steps_uploaded
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -69,13 +69,28 @@ pub fn pad_decode(mut l: BatchLayout) -> BatchLayout {
     if !decode_only {
         return l;
     }
-    let stride = l.max_blocks.max(16).next_power_of_two();
-    let mut tables = vec![0u32; size * stride];
-    for s in 0..seqs {
-        tables[s * stride..s * stride + l.max_blocks].copy_from_slice(l.block_table(s));
-    }
-    l.block_tables = tables;
+    // One width for both tables, so the window's do not change the graph key.
+    let widest = l
+        .window
+        .as_ref()
+        .map_or(0, |w| w.max_blocks)
+        .max(l.max_blocks);
+    let stride = widest.max(16).next_power_of_two();
+    let pad = |tables: &[u32], width: usize| {
+        let mut padded = vec![0u32; size * stride];
+        for s in 0..seqs {
+            padded[s * stride..s * stride + width]
+                .copy_from_slice(&tables[s * width..(s + 1) * width]);
+        }
+        padded
+    };
+    l.block_tables = pad(&l.block_tables, l.max_blocks);
     l.max_blocks = stride;
+    if let Some(w) = l.window.as_mut() {
+        w.block_tables = pad(&w.block_tables, w.max_blocks);
+        w.max_blocks = stride;
+        w.slot_mapping.resize(size, NO_SLOT);
+    }
     for s in seqs..size {
         l.token_ids.push(0);
         l.positions.push(0);
@@ -246,7 +261,32 @@ pub struct CudaStep {
     pub rope_positions: DevPtr,
     /// The step's adapter rows (None without adapters).
     pub lora: Option<LoraRows>,
+    /// The sliding-window layers' addressing in their own pools (`BatchLayout::window`).
+    pub window: Option<WindowRows>,
     pub graph_key: Option<GraphKey>,
+}
+
+/// A step's [`crate::batch::WindowTables`] on the device.
+#[derive(Debug, Clone, Copy)]
+pub struct WindowRows {
+    pub slots: DevPtr,
+    /// `[num_seqs, block_stride]`, the step's block stride.
+    pub block_tables: DevPtr,
+    pub block_stride: usize,
+}
+
+impl CudaStep {
+    /// The step as the sliding-window layers run it: their slots and block tables.
+    pub fn on_window(&self) -> Option<CudaStep> {
+        let w = self.window?;
+        Some(CudaStep {
+            slots: w.slots,
+            block_tables: w.block_tables,
+            block_stride: w.block_stride,
+            window: None,
+            ..self.clone()
+        })
+    }
 }
 
 /// A step's [`LoraEntries`] on the device.
@@ -286,6 +326,10 @@ pub fn pack(l: &BatchLayout, lora: Option<&LoraEntries>, p: &mut Packed) -> Vec<
         p.push(&e.rows);
         p.push(&e.slots);
     }
+    if let Some(w) = &l.window {
+        p.push(&w.slot_mapping);
+        p.push(&w.block_tables);
+    }
     tiles
 }
 
@@ -320,6 +364,15 @@ pub fn view(
         } else {
             at(10)
         },
+        window: l.window.as_ref().map(|w| {
+            // After the adapter rows' two arrays, when the step has them.
+            let i = if lora.is_some() { 13 } else { 11 };
+            WindowRows {
+                slots: at(i),
+                block_tables: at(i + 1),
+                block_stride: w.max_blocks,
+            }
+        }),
         lora: lora.map(|e| LoraRows {
             rows: at(11),
             slots: at(12),
@@ -391,6 +444,32 @@ mod tests {
                 adapter: None,
             })
             .collect()
+    }
+
+    #[test]
+    fn window_tables_pad_with_the_block_tables() {
+        let mut chunks = decode_chunks(3);
+        for (s, c) in chunks.iter_mut().enumerate() {
+            c.window_table = vec![crate::batch::NO_BLOCK, s as u32];
+        }
+        let mut l = BatchLayout::new(&chunks, 6).unwrap();
+        l.window = Some(l.window_tables(&chunks, 3, 4).unwrap());
+        let l = pad_decode(l);
+        let w = l.window.as_ref().unwrap();
+        assert_eq!((l.max_blocks, w.max_blocks), (16, 16));
+        assert_eq!(&w.block_tables[16..19], &[0, 1, 0]);
+        assert_eq!(w.slot_mapping, vec![4, 16 + 4, 2 * 16 + 4, NO_SLOT]);
+        assert_eq!(l.slot_mapping.len(), 4);
+        // Packed after the other arrays: the view's window rows are its own.
+        let mut p = Packed::default();
+        let tiles = pack(&l, None, &mut p);
+        let base = DevPtr::NULL.offset(4096);
+        let v = view(&l, &p, &tiles, None, base);
+        let on = v.on_window().unwrap();
+        assert_ne!(on.slots, v.slots);
+        assert_ne!(on.block_tables, v.block_tables);
+        assert_eq!(on.block_stride, 16);
+        assert!(on.window.is_none());
     }
 
     #[test]

@@ -161,6 +161,30 @@ impl<B: Backend> KvCache<B> {
         }
     }
 
+    /// Bytes of every pool.
+    pub fn bytes(&self) -> usize {
+        let per_block = self.cfg.layer_block_bytes();
+        let local = self.local_layers();
+        (self.cfg.num_blocks * (self.cfg.num_layers - local)
+            + self.window.as_ref().map_or(0, |(w, _)| w.blocks) * local)
+            * per_block
+    }
+
+    /// The global layers' blocks that `budget` bytes hold beside the window pools.
+    pub fn global_blocks_for(&self, budget: usize) -> usize {
+        let per_block = self.cfg.layer_block_bytes().max(1);
+        let local = self.local_layers();
+        let window = self.window.as_ref().map_or(0, |(w, _)| w.blocks) * local * per_block;
+        budget.saturating_sub(window) / (per_block * (self.cfg.num_layers - local).max(1))
+    }
+
+    /// How many layers keep their K/V in the window pools.
+    fn local_layers(&self) -> usize {
+        self.window
+            .as_ref()
+            .map_or(0, |(_, local)| local.iter().filter(|&&l| l).count())
+    }
+
     /// Whether layer `i` keeps its K/V in the window pools.
     fn in_window_pool(&self, i: usize) -> bool {
         self.window.as_ref().is_some_and(|(_, local)| local[i])
@@ -253,15 +277,11 @@ impl<B: Backend> Model<B> {
     /// Runs one step over `layout` (uploaded as `step`) and returns the logits of its
     /// `logits_rows`, row-major `[logits_rows.len(), vocab]`, on the device; None when no
     /// row is wanted. Issues device work only (no host copies), so a backend may capture it.
-    /// `window_step` is the step laid out on the window pools' tables, which the local
-    /// layers run on when the cache keeps such pools.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         backend: &B,
         layout: &BatchLayout,
         step: &B::Step,
-        window_step: Option<&B::Step>,
         kv: &mut KvCache<B>,
         adapters: &HashMap<u64, LoraAdapter<B>>,
         embeds: Option<&InputEmbeds>,
@@ -273,6 +293,8 @@ impl<B: Backend> Model<B> {
         let eps = c.rms_norm_eps as f32;
         let scale = c.attention_scale();
         let window = c.sliding_window.as_ref().map(|w| w.size);
+        // The local layers' addressing when they keep pools of their own.
+        let window_step = backend.window_step(step);
 
         let mut residual = backend.alloc(n * hidden)?;
         let mut normed = backend.alloc_matmul_input(n * hidden)?;
@@ -364,7 +386,7 @@ impl<B: Backend> Model<B> {
                 _ => None,
             };
             // A local layer with pools of its own runs on its own block tables.
-            let attn_step = match window_step {
+            let attn_step = match &window_step {
                 Some(w) if kv.in_window_pool(i) => w,
                 _ => step,
             };
