@@ -8,6 +8,9 @@ pub struct SchedulerMetrics {
     pub waiting: AtomicU64,
     pub kv_blocks_used: AtomicU64,
     pub kv_blocks_total: AtomicU64,
+    /// The sliding-window layers' own pool (0 of 0 without one).
+    pub kv_window_blocks_used: AtomicU64,
+    pub kv_window_blocks_total: AtomicU64,
     /// Prompt tokens admitted, and how many of them came from the prefix cache.
     pub prompt_tokens: AtomicU64,
     pub prefix_cached_tokens: AtomicU64,
@@ -62,6 +65,8 @@ pub struct MetricsSnapshot {
     pub waiting: u64,
     pub kv_blocks_used: u64,
     pub kv_blocks_total: u64,
+    pub kv_window_blocks_used: u64,
+    pub kv_window_blocks_total: u64,
     pub prompt_tokens: u64,
     pub prefix_cached_tokens: u64,
     pub preemptions: u64,
@@ -91,6 +96,22 @@ pub struct MetricsSnapshot {
 }
 
 impl MetricsSnapshot {
+    /// The fuller of the KV pools, as a share: where the window pool fills first, admission
+    /// stops there (what a load balancer reading `vllm:kv_cache_usage_perc` must see).
+    pub fn kv_usage(&self) -> f64 {
+        let share = |used: u64, total: u64| {
+            if total == 0 {
+                0.0
+            } else {
+                used as f64 / total as f64
+            }
+        };
+        share(self.kv_blocks_used, self.kv_blocks_total).max(share(
+            self.kv_window_blocks_used,
+            self.kv_window_blocks_total,
+        ))
+    }
+
     /// Share of admitted prompt tokens served from the prefix cache.
     pub fn prefix_hit_rate(&self) -> f64 {
         if self.prompt_tokens == 0 {
@@ -132,6 +153,8 @@ impl SchedulerMetrics {
             waiting: self.waiting.load(Relaxed),
             kv_blocks_used: self.kv_blocks_used.load(Relaxed),
             kv_blocks_total: self.kv_blocks_total.load(Relaxed),
+            kv_window_blocks_used: self.kv_window_blocks_used.load(Relaxed),
+            kv_window_blocks_total: self.kv_window_blocks_total.load(Relaxed),
             prompt_tokens: self.prompt_tokens.load(Relaxed),
             prefix_cached_tokens: self.prefix_cached_tokens.load(Relaxed),
             preemptions: self.preemptions.load(Relaxed),

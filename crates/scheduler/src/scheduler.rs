@@ -114,6 +114,10 @@ impl Scheduler {
         metrics
             .kv_blocks_total
             .store(kv.pool().num_blocks() as u64, Relaxed);
+        metrics.kv_window_blocks_total.store(
+            kv.window_pool().map_or(0, |p| p.num_blocks()) as u64,
+            Relaxed,
+        );
         if let Some(g) = engine.graph_stats() {
             metrics
                 .cuda_graphs_captured
@@ -406,6 +410,9 @@ impl Scheduler {
         m.waiting.store(self.waiting.len() as u64, Relaxed);
         m.kv_blocks_used
             .store(self.kv.pool().num_used() as u64, Relaxed);
+        if let Some(p) = self.kv.window_pool() {
+            m.kv_window_blocks_used.store(p.num_used() as u64, Relaxed);
+        }
     }
 }
 

@@ -115,6 +115,8 @@ fn window_pools_give_the_same_tokens_and_hold_only_the_windows() {
     // one being written and its prompt's last window (two); the global pool holds them all.
     assert!(most <= 15, "{most} window blocks held at once");
     assert_eq!(s.window_pool().map(|p| p.num_used()), Some(0));
+    let m = s.metrics().snapshot();
+    assert_eq!((m.kv_window_blocks_used, m.kv_window_blocks_total), (0, 32));
     s.window_pool().unwrap().check_invariants().unwrap();
 
     // The same prompts again: served from both pools' prefix caches, the same output.

@@ -59,6 +59,8 @@ pub struct ServerMetrics {
     batch_current_tokens: IntGauge,
     kv_blocks_used: IntGauge,
     kv_blocks_total: IntGauge,
+    kv_window_blocks_used: IntGauge,
+    kv_window_blocks_total: IntGauge,
     prefix_hit_rate: prometheus::Gauge,
     model_ready: IntGauge,
     prompt_tokens_total: IntCounter,
@@ -217,6 +219,14 @@ impl ServerMetrics {
             kv_blocks_total: reg!(IntGauge::new(
                 "lmi_kv_cache_blocks_total",
                 "KV cache blocks in the pool"
+            )?),
+            kv_window_blocks_used: reg!(IntGauge::new(
+                "lmi_kv_cache_window_blocks_used",
+                "Blocks in use in the sliding-window layers' own pool"
+            )?),
+            kv_window_blocks_total: reg!(IntGauge::new(
+                "lmi_kv_cache_window_blocks_total",
+                "Blocks in the sliding-window layers' own pool (0 without one)"
             )?),
             prefix_hit_rate: reg!(prometheus::Gauge::new(
                 "lmi_prefix_cache_hit_rate",
@@ -389,6 +399,8 @@ impl ServerMetrics {
         g(&self.batch_current_tokens, s.last_batch_tokens);
         g(&self.kv_blocks_used, s.kv_blocks_used);
         g(&self.kv_blocks_total, s.kv_blocks_total);
+        g(&self.kv_window_blocks_used, s.kv_window_blocks_used);
+        g(&self.kv_window_blocks_total, s.kv_window_blocks_total);
         self.prefix_hit_rate.set(s.prefix_hit_rate());
         // Monotonic totals: advance the counters to the scheduler's values.
         let c = advance;
@@ -506,11 +518,7 @@ impl VllmGauges {
         let g = |gauge: &IntGauge, v: u64| gauge.set(i64::try_from(v).unwrap_or(i64::MAX));
         g(&self.waiting, s.waiting);
         g(&self.running, s.running);
-        let usage = if s.kv_blocks_total == 0 {
-            0.0
-        } else {
-            s.kv_blocks_used as f64 / s.kv_blocks_total as f64
-        };
+        let usage = s.kv_usage();
         self.gpu_cache_usage.set(usage);
         self.kv_cache_usage.set(usage);
     }
@@ -700,6 +708,16 @@ mod tests {
         assert_eq!(sample(&text, "vllm:num_requests_running "), Some(3.0));
         assert_eq!(sample(&text, "vllm:gpu_cache_usage_perc "), Some(0.25));
         assert_eq!(sample(&text, "vllm:kv_cache_usage_perc "), Some(0.25));
+        // A window pool fuller than the global one is the usage the picker sees.
+        m.update_from_scheduler(&MetricsSnapshot {
+            kv_blocks_used: 16,
+            kv_blocks_total: 64,
+            kv_window_blocks_used: 30,
+            kv_window_blocks_total: 40,
+            ..Default::default()
+        });
+        let text = m.render();
+        assert_eq!(sample(&text, "vllm:kv_cache_usage_perc "), Some(0.75));
         // Only the latest label set (labels sorted by name); the value is a timestamp.
         let info: Vec<&str> = text
             .lines()
