@@ -12,7 +12,7 @@ use lmi_engine::DType;
 use lmi_engine::engine::{Engine, EngineOptions};
 use lmi_engine::testing::{TinySpec, write_tiny_model};
 use lmi_engine::warmup::StepShape;
-use lmi_scheduler::{Event, Scheduler};
+use lmi_scheduler::{BeamParams, EarlyStopping, Event, GenerateRequest, Scheduler};
 use lmi_text::Tokenizer;
 
 /// Qwen2 with `use_sliding_window`: layer 0 global, layer 1 local over 8 keys.
@@ -49,23 +49,35 @@ fn scheduler(dir: &Path, window_pools: bool) -> Scheduler {
     )
 }
 
-type Run = Vec<(Vec<u32>, Vec<f32>)>;
+/// Each request's sequences (by index): their tokens and logprobs.
+type Run = Vec<Vec<(Vec<u32>, Vec<f32>)>>;
 
-/// Runs `prompts` (80 new tokens each) to the end; the most window blocks held at once, and
-/// the most global ones.
+/// Runs `prompts` (80 greedy tokens each) to the end; the most window blocks held at once,
+/// and the most global ones.
 fn run(s: &mut Scheduler, prompts: &[Vec<u32>], first_id: u64) -> (Run, (usize, usize)) {
-    let rxs: Vec<_> = prompts
+    let reqs = prompts
         .iter()
+        .map(|p| request(p.clone(), 80, None))
+        .collect();
+    run_requests(s, reqs, first_id)
+}
+
+fn run_requests(
+    s: &mut Scheduler,
+    reqs: Vec<GenerateRequest>,
+    first_id: u64,
+) -> (Run, (usize, usize)) {
+    let rxs: Vec<_> = reqs
+        .into_iter()
         .enumerate()
-        .map(|(i, p)| {
-            let (tx, rx) = tokio::sync::mpsc::channel(1024);
-            s.add(first_id + i as u64, request(p.clone(), 80, None), tx)
-                .unwrap();
+        .map(|(i, r)| {
+            let (tx, rx) = tokio::sync::mpsc::channel(4096);
+            s.add(first_id + i as u64, r, tx).unwrap();
             rx
         })
         .collect();
     let (mut most, mut most_global) = (0, 0);
-    for _ in 0..1000 {
+    for _ in 0..2000 {
         if !s.has_work() {
             break;
         }
@@ -77,18 +89,22 @@ fn run(s: &mut Scheduler, prompts: &[Vec<u32>], first_id: u64) -> (Run, (usize, 
     let out = rxs
         .into_iter()
         .map(|mut rx| {
-            let (mut ids, mut logprobs) = (Vec::new(), Vec::new());
+            let mut seqs: Vec<(Vec<u32>, Vec<f32>)> = Vec::new();
             while let Ok(e) = rx.try_recv() {
                 match e {
                     Event::Token(t) => {
-                        ids.push(t.id);
-                        logprobs.push(t.logprob);
+                        let i = t.index as usize;
+                        if seqs.len() <= i {
+                            seqs.resize(i + 1, Default::default());
+                        }
+                        seqs[i].0.push(t.id);
+                        seqs[i].1.push(t.logprob);
                     }
                     Event::Error(e) => panic!("{e}"),
                     _ => {}
                 }
             }
-            (ids, logprobs)
+            seqs
         })
         .collect();
     (out, (most, most_global))
@@ -110,7 +126,7 @@ fn window_pools_give_the_same_tokens_and_hold_only_the_windows() {
     let (got, (most, most_global)) = run(&mut s, &prompts, 1);
     eprintln!("blocks held at most: {most} window, {most_global} global");
     assert_eq!(got, want, "window pools changed tokens or logprobs");
-    assert!(got.iter().all(|(ids, _)| ids.len() == 80));
+    assert!(got.iter().all(|r| r.len() == 1 && r[0].0.len() == 80));
     // Each sequence (up to 134 tokens, 9 blocks) holds at most its window's two blocks, the
     // one being written and its prompt's last window (two); the global pool holds them all.
     assert!(most <= 15, "{most} window blocks held at once");
@@ -128,4 +144,32 @@ fn window_pools_give_the_same_tokens_and_hold_only_the_windows() {
         "only {cached} prompt tokens came from the cache"
     );
     assert_eq!(again, want);
+}
+
+/// Forks share their prompt's blocks in both pools, copying a shared partial block before
+/// writing it (`copy_window_blocks` for the window pool): beams and seeded parallel samples
+/// come out as with one table.
+#[test]
+fn beams_and_parallel_samples_share_window_blocks_as_one_table_does() {
+    let dir = windowed_model();
+    let requests = || {
+        let mut beams = request(prompt(37, 1), 40, None);
+        beams.beam = Some(BeamParams {
+            width: 3,
+            num_return: 2,
+            length_penalty: 1.0,
+            early_stopping: EarlyStopping::Never,
+        });
+        let mut samples = request(prompt(45, 2), 40, Some(7));
+        samples.n = 3;
+        samples.best_of = 3;
+        vec![beams, samples]
+    };
+    let (want, _) = run_requests(&mut scheduler(dir.path(), false), requests(), 1);
+    let mut s = scheduler(dir.path(), true);
+    let (got, _) = run_requests(&mut s, requests(), 1);
+    assert_eq!((got[0].len(), got[1].len()), (2, 3));
+    assert_eq!(got, want, "window pools changed beams or samples");
+    assert_eq!(s.window_pool().map(|p| p.num_used()), Some(0));
+    s.window_pool().unwrap().check_invariants().unwrap();
 }
