@@ -424,6 +424,29 @@ mod tests {
         assert!(copies.window.is_empty());
     }
 
+    #[test]
+    fn a_rejected_draft_trims_both_tables() {
+        let window = KvWindow { blocks: 8, size: 8 };
+        let mut kv = KvManager::with_window(16, Some(window));
+        let mut copies = BlockCopies::default();
+        let mut a = SeqBlocks::default();
+        assert!(kv.grow(&mut a, 30, &mut copies));
+        a.num_computed = 30;
+        // Position 30 and a 20-token draft: blocks 1..4 in both tables, block 0 out of the
+        // window (it reads from 23).
+        assert!(kv.grow(&mut a, 21, &mut copies));
+        assert_eq!((a.block_table.len(), a.window_table.len()), (4, 4));
+        assert_eq!(a.window_table[0], NO_BLOCK);
+        // Two tokens kept: 32 tokens need two blocks; the given-back entry stays given back.
+        kv.trim(&mut a, 32);
+        assert_eq!((a.block_table.len(), a.window_table.len()), (2, 2));
+        assert_eq!(a.window_table[0], NO_BLOCK);
+        assert_eq!(kv.window_pool().unwrap().num_used(), 1);
+        kv.release(&mut a);
+        assert_eq!(kv.window_pool().unwrap().num_used(), 0);
+        kv.window_pool().unwrap().check_invariants().unwrap();
+    }
+
     fn key(p: &Prompt) -> CacheKey<'_> {
         CacheKey {
             media: p.media(),

@@ -6,13 +6,17 @@
 mod common;
 
 use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
 
 use common::{cfg, prompt, request};
 use lmi_engine::DType;
 use lmi_engine::engine::{Engine, EngineOptions};
 use lmi_engine::testing::{TinySpec, write_tiny_model};
 use lmi_engine::warmup::StepShape;
-use lmi_scheduler::{BeamParams, EarlyStopping, Event, GenerateRequest, Scheduler};
+use lmi_scheduler::{
+    BeamParams, EarlyStopping, Event, GenerateRequest, NgramLookup, Scheduler, SchedulerConfig,
+    SpeculativeConfig,
+};
 use lmi_text::Tokenizer;
 
 /// Qwen2 with `use_sliding_window`: layer 0 global, layer 1 local over 8 keys.
@@ -30,6 +34,10 @@ fn windowed_model() -> tempfile::TempDir {
 }
 
 fn scheduler(dir: &Path, window_pools: bool) -> Scheduler {
+    scheduler_with(dir, window_pools, cfg(4, 64))
+}
+
+fn scheduler_with(dir: &Path, window_pools: bool, config: SchedulerConfig) -> Scheduler {
     let opts = EngineOptions {
         dtype: Some(DType::F32),
         kv_blocks: Some(64),
@@ -42,11 +50,7 @@ fn scheduler(dir: &Path, window_pools: bool) -> Scheduler {
         ..Default::default()
     };
     let engine = Engine::load_cpu(dir, &opts).unwrap();
-    Scheduler::new(
-        Box::new(engine),
-        Tokenizer::from_dir(dir).unwrap(),
-        cfg(4, 64),
-    )
+    Scheduler::new(Box::new(engine), Tokenizer::from_dir(dir).unwrap(), config)
 }
 
 /// Each request's sequences (by index): their tokens and logprobs.
@@ -170,6 +174,42 @@ fn beams_and_parallel_samples_share_window_blocks_as_one_table_does() {
     let (got, _) = run_requests(&mut s, requests(), 1);
     assert_eq!((got[0].len(), got[1].len()), (2, 3));
     assert_eq!(got, want, "window pools changed beams or samples");
+    assert_eq!(s.window_pool().map(|p| p.num_used()), Some(0));
+    s.window_pool().unwrap().check_invariants().unwrap();
+}
+
+/// Drafts grow both tables by their tokens (the tiny model keeps every token prompt lookup
+/// proposes for these prompts; `kv_manager`'s tests trim rejected ones back): the same tokens
+/// and logprobs as with one table.
+#[test]
+fn drafts_grow_both_tables() {
+    let dir = windowed_model();
+    let config = || SchedulerConfig {
+        speculative: SpeculativeConfig {
+            ngram: Some(NgramLookup::default()),
+            ..Default::default()
+        },
+        ..cfg(4, 64)
+    };
+    let reqs = || {
+        (0..3u32)
+            .map(|k| request(prompt(13 + k as usize, k).repeat(4), 60, None))
+            .collect()
+    };
+    let (want, _) = run_requests(&mut scheduler_with(dir.path(), false, config()), reqs(), 1);
+    let mut s = scheduler_with(dir.path(), true, config());
+    let (got, _) = run_requests(&mut s, reqs(), 1);
+    assert_eq!(
+        got, want,
+        "window pools changed speculative decoding's output"
+    );
+    let proposed: u64 = s
+        .metrics()
+        .spec_proposed
+        .iter()
+        .map(|a| a.load(Relaxed))
+        .sum();
+    assert!(proposed > 50, "only {proposed} draft tokens proposed");
     assert_eq!(s.window_pool().map(|p| p.num_used()), Some(0));
     s.window_pool().unwrap().check_invariants().unwrap();
 }
