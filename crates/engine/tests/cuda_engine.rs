@@ -324,18 +324,7 @@ fn check_load_time_warm_up<D: Device>(dev: &Arc<D>) {
     // (300 tokens need 19).
     let stats = e.graph_stats().expect("CUDA graphs");
     assert_eq!((stats.captured, stats.failed), (8, 0));
-    let (free, total) = dev.memory_info().unwrap();
-    let share = (0.2 * total as f64) as usize;
-    let used = total - free;
-    // The KV cache filled the share but for the margin kept for graphs and rounding.
-    assert!(
-        used <= share,
-        "{used} of {total} in use, over the share {share}"
-    );
-    assert!(
-        used + (300 << 20) >= share,
-        "{used} of {total} in use: the share {share} not filled"
-    );
+    cuda_common::assert_share_filled(dev.as_ref(), 0.2);
     let blocks = e.num_blocks();
     // A decode step of 3 sequences replays the graph captured at load for 4.
     let chunks: Vec<SeqChunk> = (0..3)

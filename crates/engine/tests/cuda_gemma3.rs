@@ -10,12 +10,12 @@ mod hf_fixture;
 
 use std::sync::Arc;
 
-use hf_fixture::{BF16_TOL, blocks, chunk, reference, rel_diff};
+use hf_fixture::{BF16_TOL, WindowRing, blocks, chunk, reference, rel_diff};
 use lmi_cuda::Device;
 use lmi_engine::cuda::CudaBackend;
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::warmup::StepShape;
-use lmi_engine::{BLOCK_SIZE, DType, Engine, KvWindow, LogitsWanted, NO_BLOCK, SeqChunk};
+use lmi_engine::{DType, Engine, KvWindow, LogitsWanted, SeqChunk};
 
 fn check_gemma3<D: Device>(dev: &Arc<D>) {
     for name in ["gemma3", "gemma3_linear"] {
@@ -91,28 +91,15 @@ fn check_window_pools<D: Device>(dev: &Arc<D>) {
     assert_eq!(w, KvWindow { blocks: 8, size: 8 });
     // Global ids beyond the window pool's: a local layer on the wrong table reads outside it.
     let table = blocks(40, seq.len());
-    let (mut window_table, mut free): (Vec<u32>, Vec<u32>) = (Vec::new(), (0..8).rev().collect());
-    let mut reused = false;
+    let mut ring = WindowRing::new(w);
     let mut start = 0;
     while start < seq.len() {
         let len = if start == 0 { r.prompt.len() } else { 1 };
-        for b in window_table
-            .iter_mut()
-            .take(KvWindow::first_needed(w.size, start))
-        {
-            if *b != NO_BLOCK {
-                free.push(std::mem::replace(b, NO_BLOCK));
-            }
-        }
-        while window_table.len() < (start + len).div_ceil(BLOCK_SIZE) {
-            reused |= window_table.contains(&NO_BLOCK);
-            window_table.push(free.pop().expect("the window pool holds a step's windows"));
-        }
         let c = chunk(&seq[start..start + len], start, &table, LogitsWanted::All);
         let want = plain.forward_logits(std::slice::from_ref(&c)).unwrap();
         let got = windowed
             .forward_logits(&[SeqChunk {
-                window_table: window_table.clone(),
+                window_table: ring.table_for(start, len),
                 ..c
             }])
             .unwrap();
@@ -122,7 +109,11 @@ fn check_window_pools<D: Device>(dev: &Arc<D>) {
         );
         start += len;
     }
-    assert!(reused, "no block left the window ({} tokens)", seq.len());
+    assert!(
+        ring.reused,
+        "no block left the window ({} tokens)",
+        seq.len()
+    );
     assert!(
         windowed.backend().graphs_captured() > 0,
         "decode steps replay from graphs"
@@ -153,16 +144,7 @@ fn check_window_pools_in_a_device_share<D: Device>(dev: &Arc<D>) {
     let e = Engine::load(backend, &dir, &opts).unwrap();
     let w = e.kv_window().expect("window pools in a device share");
     assert_eq!(w.blocks, KvWindow::blocks_for_step(8, 2, 32));
-    let (free, total) = dev.memory_info().unwrap();
-    let (share, used) = ((0.2 * total as f64) as usize, total - free);
-    assert!(
-        used <= share,
-        "{used} of {total} in use, over the share {share}"
-    );
-    assert!(
-        used + (300 << 20) >= share,
-        "{used} of {total} in use: the share {share} not filled"
-    );
+    cuda_common::assert_share_filled(dev.as_ref(), 0.2);
     // One global layer of seven: its blocks take nearly all the share.
     assert!(
         e.num_blocks() > 100 * w.blocks,

@@ -14,12 +14,12 @@ mod hf_fixture;
 use std::path::PathBuf;
 
 use hf_fixture::{
-    BF16_TOL, F32_TOL, argmax, blocks, check_greedy, chunk, load, load_gguf, prompt_diffs,
-    reference, rel_diff, sequence_logits, with_config,
+    BF16_TOL, F32_TOL, WindowRing, argmax, blocks, check_greedy, chunk, load, load_gguf,
+    prompt_diffs, reference, rel_diff, rows_equal, sequence_logits, with_config,
 };
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::warmup::StepShape;
-use lmi_engine::{BLOCK_SIZE, DType, Engine, KvWindow, LogitsWanted, NO_BLOCK};
+use lmi_engine::{DType, Engine, KvWindow, LogitsWanted, NO_BLOCK};
 
 /// `gemma3_linear` scales the global layers' RoPE linearly (gemma-3-4b and larger).
 const VARIANTS: [&str; 2] = ["gemma3", "gemma3_linear"];
@@ -115,14 +115,12 @@ fn a_sequence_is_bit_identical_alone_chunked_and_in_a_busy_batch() {
                     LogitsWanted::All,
                 )])
                 .unwrap();
-            for t in 0..len {
-                assert_eq!(
-                    out.row(t),
-                    alone.row(start + t),
-                    "{dtype}: token {} changed when prefilled in chunks",
-                    start + t
-                );
-            }
+            rows_equal(
+                &out,
+                &alone,
+                start,
+                &format!("{dtype}, prefilled in chunks"),
+            );
             start += len;
         }
     }
@@ -156,8 +154,7 @@ fn local_layers_in_window_pools_give_the_same_bits() {
     assert_eq!(w, KvWindow { blocks: 8, size: 8 });
     // Global ids beyond the window pool's: a local layer on the wrong table reads outside it.
     let table = blocks(8, seq.len());
-    let (mut window_table, mut free): (Vec<u32>, Vec<u32>) = (Vec::new(), (0..8).rev().collect());
-    let mut reused = false;
+    let mut ring = WindowRing::new(w);
     let mut start = 0;
     while start < seq.len() {
         let len = match start {
@@ -165,31 +162,17 @@ fn local_layers_in_window_pools_give_the_same_bits() {
             5 => 11,
             _ => 1,
         };
-        let first = KvWindow::first_needed(w.size, start);
-        for b in window_table.iter_mut().take(first) {
-            if *b != NO_BLOCK {
-                free.push(std::mem::replace(b, NO_BLOCK));
-            }
-        }
-        while window_table.len() < (start + len).div_ceil(BLOCK_SIZE) {
-            let b = free.pop().expect("the window pool holds a step's windows");
-            reused |= window_table.contains(&NO_BLOCK);
-            window_table.push(b);
-        }
         let mut c = chunk(&seq[start..start + len], start, &table, LogitsWanted::All);
-        c.window_table = window_table.clone();
+        c.window_table = ring.table_for(start, len);
         let out = e.forward_logits(&[c]).unwrap();
-        for t in 0..len {
-            assert_eq!(
-                out.row(t),
-                alone.row(start + t),
-                "token {} changed with window pools",
-                start + t
-            );
-        }
+        rows_equal(&out, &alone, start, "window pools");
         start += len;
     }
-    assert!(reused, "no block left the window ({} tokens)", seq.len());
+    assert!(
+        ring.reused,
+        "no block left the window ({} tokens)",
+        seq.len()
+    );
     // A window table without a block where the window reaches is refused, naming it.
     let mut c = chunk(&seq[20..21], 20, &table, LogitsWanted::Last);
     c.window_table = vec![NO_BLOCK, 1];

@@ -194,3 +194,19 @@ pub fn bf16_round(v: &[f32]) -> Vec<f32> {
 pub fn cpu_buf(data: &[f32]) -> Vec<f32> {
     data.to_vec()
 }
+
+/// The KV cache filled `fraction` of the device's memory but for the margin kept for graphs
+/// and rounding.
+pub fn assert_share_filled<D: Device>(dev: &D, fraction: f64) {
+    let (free, total) = dev.memory_info().unwrap();
+    let share = (fraction * total as f64) as usize;
+    let used = total - free;
+    assert!(
+        used <= share,
+        "{used} of {total} in use, over the share {share}"
+    );
+    assert!(
+        used + (300 << 20) >= share,
+        "{used} of {total} in use: the share {share} not filled"
+    );
+}

@@ -197,3 +197,63 @@ pub fn check_greedy(name: &str, dir: &Path, tol: f32) {
         "{name}: greedy tokens differ from transformers'"
     );
 }
+
+/// A sequence's window table as the scheduler's KV manager keeps it, over a window pool of
+/// `blocks`: a block goes back once no later token's window reaches it, and is handed straight
+/// to the sequence's next block (so a local layer reading a block it should not sees other
+/// positions' K/V).
+pub struct WindowRing {
+    size: usize,
+    table: Vec<u32>,
+    free: Vec<u32>,
+    /// Whether a given-back block was handed out again.
+    pub reused: bool,
+}
+
+impl WindowRing {
+    pub fn new(w: lmi_engine::KvWindow) -> Self {
+        WindowRing {
+            size: w.size,
+            table: Vec::new(),
+            free: (0..w.blocks as u32).rev().collect(),
+            reused: false,
+        }
+    }
+
+    /// The window table for a chunk of `len` tokens from `start`.
+    pub fn table_for(&mut self, start: usize, len: usize) -> Vec<u32> {
+        use lmi_engine::NO_BLOCK;
+        let first = lmi_engine::KvWindow::first_needed(self.size, start);
+        for b in self.table.iter_mut().take(first) {
+            if *b != NO_BLOCK {
+                self.free.push(std::mem::replace(b, NO_BLOCK));
+            }
+        }
+        while self.table.len() < (start + len).div_ceil(BLOCK_SIZE) {
+            self.reused |= self.table.contains(&NO_BLOCK);
+            let b = self
+                .free
+                .pop()
+                .expect("the window pool holds a step's windows");
+            self.table.push(b);
+        }
+        self.table.clone()
+    }
+}
+
+/// Every row of `got` is the bits of `want`'s row `start + t`.
+pub fn rows_equal(
+    got: &lmi_engine::engine::Logits,
+    want: &lmi_engine::engine::Logits,
+    start: usize,
+    what: &str,
+) {
+    for t in 0..got.num_rows() {
+        assert_eq!(
+            got.row(t),
+            want.row(start + t),
+            "{what}: token {} changed",
+            start + t
+        );
+    }
+}
