@@ -447,6 +447,37 @@ mod tests {
         kv.window_pool().unwrap().check_invariants().unwrap();
     }
 
+    #[test]
+    fn a_pinned_prefix_keeps_the_window_a_hit_at_its_end_needs() {
+        let window = KvWindow {
+            blocks: 8,
+            size: 20,
+        };
+        let mut kv = KvManager::with_window(16, Some(window));
+        let tokens: Vec<u32> = (100..170).collect();
+        let mut a = SeqBlocks::default();
+        assert!(kv.grow(&mut a, 64, &mut BlockCopies::default()));
+        a.num_computed = 64;
+        // 48 pinned tokens: the global pool pins blocks 0..3; a hit at 48 reads from 29, so
+        // the window pool pins blocks 1 and 2 only.
+        kv.register_full_blocks(&mut a, &tokens, TEXT, 48);
+        assert_eq!(kv.pool().num_pinned(), 3);
+        assert_eq!(kv.window_pool().unwrap().num_pinned(), 2);
+        kv.release(&mut a);
+        // Another sequence fills the window pool but for the pinned blocks: the pinned prefix
+        // still hits in full.
+        let mut c = SeqBlocks::default();
+        assert!(kv.grow(&mut c, 6 * BLOCK_SIZE, &mut BlockCopies::default()));
+        let mut b = SeqBlocks::default();
+        kv.reuse_prefix(&mut b, &tokens[..49], TEXT);
+        assert_eq!(b.num_computed, 48);
+        assert_eq!(&b.window_table[..1], &[NO_BLOCK]);
+        for s in [&mut b, &mut c] {
+            kv.release(s);
+        }
+        kv.window_pool().unwrap().check_invariants().unwrap();
+    }
+
     fn key(p: &Prompt) -> CacheKey<'_> {
         CacheKey {
             media: p.media(),
