@@ -247,6 +247,7 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
                     context: config.max_model_len,
                 },
                 batch_invariant: config.batch_invariant,
+                window_pools: config.window_pools,
                 ..Default::default()
             };
             let engine = lmi_engine::open(config.device, &dir, &opts)

@@ -87,6 +87,10 @@ pub struct ServeArgs {
     /// (option.batch_invariant; default true).
     #[arg(long, value_name = "true|false")]
     pub batch_invariant: Option<bool>,
+    /// One KV pool for every layer: sliding-window layers keep their whole context, as before
+    /// window pools (option.disable_hybrid_kv_cache_manager, vLLM's name).
+    #[arg(long)]
+    pub disable_hybrid_kv_cache_manager: bool,
     /// LoRA adapters to load at start: name=path,name2=path2 (option.adapters).
     #[arg(long)]
     pub adapters: Option<String>,
@@ -154,6 +158,10 @@ impl ServeArgs {
         set(
             "option.batch_invariant",
             self.batch_invariant.map(|b| b.to_string()),
+        );
+        set(
+            "option.disable_hybrid_kv_cache_manager",
+            self.disable_hybrid_kv_cache_manager.then(|| "true".into()),
         );
         set("option.adapters", self.adapters.clone());
         set("option.served_model_name", self.served_model_name.clone());
@@ -243,6 +251,8 @@ pub struct ServingConfig {
     pub tgi_compat: bool,
     /// option.batch_invariant: see `EngineOptions::batch_invariant`.
     pub batch_invariant: bool,
+    /// option.disable_hybrid_kv_cache_manager: see `EngineOptions::window_pools`.
+    pub window_pools: bool,
     pub enable_lora: bool,
     pub max_loras: usize,
     pub max_cpu_loras: usize,
@@ -603,6 +613,7 @@ impl ServingConfig {
             output_formatter: str_of("option.output_formatter"),
             tgi_compat: boolean(&raw, "option.tgi_compat")?,
             batch_invariant: boolean_or(&raw, "option.batch_invariant", true)?,
+            window_pools: !boolean(&raw, "option.disable_hybrid_kv_cache_manager")?,
             enable_lora,
             max_loras,
             max_cpu_loras,
@@ -717,6 +728,7 @@ impl ServingConfig {
             ),
             ("tgi_compat", self.tgi_compat.to_string()),
             ("batch_invariant", self.batch_invariant.to_string()),
+            ("window_pools", self.window_pools.to_string()),
             ("enable_lora", self.enable_lora.to_string()),
             (
                 "max_loras / max_cpu_loras",

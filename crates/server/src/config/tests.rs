@@ -432,3 +432,24 @@ fn reasoning_options() {
     let e = load(&[("OPTION_REASONING_BUDGET", "-5")]).unwrap_err();
     assert!(e.to_string().contains("option.reasoning_budget"), "{e}");
 }
+
+#[test]
+fn window_pools_are_on_unless_the_hybrid_manager_is_disabled() {
+    let c = ServingConfig::load(&ServeArgs::default(), &env(&[]), None).unwrap();
+    assert!(c.window_pools);
+    let e = env(&[("OPTION_DISABLE_HYBRID_KV_CACHE_MANAGER", "true")]);
+    assert!(
+        !ServingConfig::load(&ServeArgs::default(), &e, None)
+            .unwrap()
+            .window_pools
+    );
+    let cli = ServeArgs {
+        disable_hybrid_kv_cache_manager: true,
+        ..Default::default()
+    };
+    assert!(
+        !ServingConfig::load(&cli, &env(&[]), None)
+            .unwrap()
+            .window_pools
+    );
+}
