@@ -213,7 +213,7 @@ impl BatchLayout {
                     t.len()
                 )));
             }
-            let first = (c.start_pos + 1).saturating_sub(window) / BLOCK_SIZE;
+            let first = crate::kv::KvWindow::first_needed(window, c.start_pos);
             if let Some(&b) = t[first..].iter().find(|&&b| b as usize >= num_blocks) {
                 let what = if b == NO_BLOCK {
                     "no block".to_string()

@@ -510,13 +510,9 @@ fn window_pools<B: Backend>(
         return None;
     }
     let global_blocks = match (opts.kv_blocks, device_share) {
-        (None, false) => {
-            let layer_block = cfg.layer_block_bytes().max(1);
-            let left = opts
-                .kv_cache_bytes
-                .saturating_sub(blocks * local * layer_block);
-            (left / (layer_block * (w.local.len() - local))).max(cfg.num_blocks)
-        }
+        (None, false) => cfg
+            .global_blocks(opts.kv_cache_bytes, blocks, local)
+            .max(cfg.num_blocks),
         _ => cfg.num_blocks,
     };
     let window = KvWindow {

@@ -53,6 +53,14 @@ impl KvCacheConfig {
         2 * self.num_kv_heads * self.head_dim * BLOCK_SIZE * self.dtype.size()
     }
 
+    /// The global layers' blocks `budget` bytes hold beside window pools of `window_blocks`
+    /// for `local` of the `num_layers` layers.
+    pub fn global_blocks(&self, budget: usize, window_blocks: usize, local: usize) -> usize {
+        let per_block = self.layer_block_bytes().max(1);
+        let window = window_blocks * local * per_block;
+        budget.saturating_sub(window) / (per_block * (self.num_layers - local).max(1))
+    }
+
     /// Elements of one layer's K (or V) pool: `[num_blocks, kv_heads, BLOCK_SIZE, head_dim]`.
     pub fn layer_elems(&self) -> usize {
         self.num_blocks * self.num_kv_heads * BLOCK_SIZE * self.head_dim

@@ -172,10 +172,9 @@ impl<B: Backend> KvCache<B> {
 
     /// The global layers' blocks that `budget` bytes hold beside the window pools.
     pub fn global_blocks_for(&self, budget: usize) -> usize {
-        let per_block = self.cfg.layer_block_bytes().max(1);
-        let local = self.local_layers();
-        let window = self.window.as_ref().map_or(0, |(w, _)| w.blocks) * local * per_block;
-        budget.saturating_sub(window) / (per_block * (self.cfg.num_layers - local).max(1))
+        let window_blocks = self.window.as_ref().map_or(0, |(w, _)| w.blocks);
+        self.cfg
+            .global_blocks(budget, window_blocks, self.local_layers())
     }
 
     /// How many layers keep their K/V in the window pools.
