@@ -5,7 +5,7 @@ the same way through /v1/completions by ../shared/peers/openai_bench.py.
 
   python3 tests/peers/quant_bench.py --lmi target/release/lmi \
       --llama ~/.cache/lmi-peers/llama.cpp/bin/llama-server --gguf A.gguf [--gguf B.gguf] \
-      [--lmi-variant 'lmi bf16=--dtype bf16'] [--lmi-variant 'lmi tiles=--batch-invariant false']
+      [--lmi-variant 'lmi bf16=--dtype bf16'] [--lmi-variant 'lmi int8=LMI_CPU_NO_LANES=1']
 
 Per server and file: batch-1 decode tok/s (64-token prompt, 128 greedy tokens, median of 3),
 prefill tok/s (one 512-token prompt, 1 token: prompt / time to first token, median of 3),
@@ -15,6 +15,7 @@ memory (VmRSS after the runs, VmHWM peak). Prints a markdown table and RESULT js
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -71,9 +72,12 @@ def start(kind, a, gguf, port):
                "--port", str(port), "--no-webui"]
         env = os.environ.copy()
     else:
+        # A variant's words: KEY=VALUE (upper case) sets the environment, the rest are arguments.
         extra = a.variants.get(kind, [])
+        setenv = dict(w.split("=", 1) for w in extra if re.match(r"^[A-Z_][A-Z0-9_]*=", w))
+        extra = [w for w in extra if not re.match(r"^[A-Z_][A-Z0-9_]*=", w)]
         cmd = [a.lmi, "serve", "--model", gguf, "--port", str(port), "--host", "127.0.0.1"] + extra
-        env = dict(os.environ, OPTION_MAX_ROLLING_BATCH_SIZE="64", RUST_LOG="warn")
+        env = dict(os.environ, OPTION_MAX_ROLLING_BATCH_SIZE="64", RUST_LOG="warn", **setenv)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     wait_ready(f"http://127.0.0.1:{port}", "/health" if kind == "llama" else "/ping", proc)
     return proc
@@ -88,7 +92,8 @@ def main():
     ap.add_argument("--port", type=int, default=8391)
     ap.add_argument("--lmi-variant", action="append", default=[], metavar="NAME=ARGS",
                     help="also serve with these lmi serve arguments, e.g. "
-                    "'lmi bf16=--dtype bf16' or 'lmi tiles=--batch-invariant false'")
+                    "'lmi bf16=--dtype bf16'; words KEY=VALUE set the environment instead, "
+                    "e.g. 'lmi int8=LMI_CPU_NO_LANES=1'")
     a = ap.parse_args()
     a.variants = {}
     for v in a.lmi_variant:

@@ -1,6 +1,6 @@
 //! `cargo bench -p lmi-engine --bench qlinear`: one matrix product per weight format at
-//! decode-sized and prefill-sized batches, in GMAC/s and weight GB/s, beside bf16: each
-//! quantized format on the int8 kernels, then on the bf16 tiles (where the CPU has them).
+//! decode-sized and prefill-sized batches, in GMAC/s and weight GB/s, beside bf16, on the
+//! process's quantized path (`LMI_CPU_NO_LANES=1`: the int8 kernels instead of the lanes).
 //!
 //! A matrix that fits in the last-level cache is read from there on every repetition, which
 //! flatters batch 1. The Llama-1B-shaped rows are therefore also run "from memory": copies of
@@ -10,10 +10,9 @@ use std::time::Instant;
 
 use lmi_engine::Backend;
 use lmi_engine::cpu::CpuBackend;
-use lmi_engine::cpu::qlinear::{QWeight, qlinear_tiles};
 use lmi_engine::quant::{QMatrix, QType};
 use lmi_engine::testing::lcg;
-use lmi_engine::weights::{HostData, HostTensor};
+use lmi_engine::weights::HostTensor;
 
 /// Seconds per repetition of `run(0..reps)`, the best of five rounds: this machine is shared
 /// and noisy.
@@ -31,13 +30,15 @@ fn best_of_five(reps: usize, mut run: impl FnMut(usize)) -> f64 {
 const COLD_BYTES: usize = 256 << 20;
 
 fn main() {
-    // The int8 kernels at every batch size; the bf16 tiles are run explicitly beside them.
     let be = CpuBackend::new();
+    eprintln!("quantized products on {}", be.quant_kernel());
     // (rows n, cols k, from memory): SmolLM2's MLP up/gate, down, its tied LM head; Llama-3.2-1B's
     // gate/up, from cache and from memory.
     let shapes = [
         (3072usize, 576usize, false),
+        (3072, 576, true),
         (576, 1536, false),
+        (576, 1536, true),
         (49152, 576, false),
         (16384, 2048, false),
         (16384, 2048, true),
@@ -74,19 +75,6 @@ fn main() {
                 continue;
             }
             let first = be.upload_weight(t.clone()).unwrap();
-            // The bf16 tiles read the same packed blocks: one QWeight per copy.
-            let tiles: Option<Vec<QWeight>> = match &t.data {
-                HostData::Quant(parts) => Some(
-                    (0..if cold {
-                        COLD_BYTES.div_ceil(be.weight_bytes(&first)).max(2)
-                    } else {
-                        1
-                    })
-                        .map(|_| QWeight::new(parts.clone()))
-                        .collect(),
-                ),
-                _ => None,
-            };
             let bytes = be.weight_bytes(&first);
             let copies = if cold {
                 COLD_BYTES.div_ceil(bytes).max(2)
@@ -114,19 +102,6 @@ fn main() {
                     (m * n * k) as f64 / s / 1e9,
                     bytes as f64 / s / 1e9
                 );
-                // The same product on the bf16 tiles (`qtile.rs`), which an engine that is
-                // not batch invariant takes from 16 rows on; the rows above are int8.
-                if let (Some(qw), true) = (&tiles, lmi_engine::cpu::qlinear::tiles_available()) {
-                    let s = best_of_five(reps, |r| {
-                        qlinear_tiles(&x, m, &qw[r % copies], None, &mut out);
-                    });
-                    println!(
-                        "| {label} | {name} bf16 tiles | {m} | {:.3} | {:.1} | {:.1} |",
-                        s * 1e3,
-                        (m * n * k) as f64 / s / 1e9,
-                        bytes as f64 / s / 1e9
-                    );
-                }
             }
         }
     }

@@ -43,14 +43,6 @@ pub struct EngineOptions {
     /// run it (a GPU): saves its device memory; tests compare the backends' language models
     /// with it on identical embeddings.
     pub vision_on_host: bool,
-    /// Keep every step's quantized products on one kernel path (the default), so that a
-    /// sequence's logits are the same bits whatever else shares its steps: a seeded request
-    /// yields the same tokens under any load, and a prompt scores the same alone or in an
-    /// evaluation harness's batch. False: the CPU runs steps of 16 rows or more on bf16
-    /// tiles (`cpu/qtile.rs`), faster under load but rounded differently from smaller steps
-    /// (prompt logprobs move by up to 0.1 nat on the default model). bf16 and f32 weights are
-    /// batch invariant either way.
-    pub batch_invariant: bool,
     /// Let sliding-window layers keep their K/V in pools of their own, sized to their windows
     /// ([`KvWindow`]), where the backend supports it and the model has local and global
     /// layers: the scheduler then gives their blocks back as they leave the window. False
@@ -68,7 +60,6 @@ impl Default for EngineOptions {
             gguf: None,
             max_step: StepShape::default(),
             vision_on_host: false,
-            batch_invariant: true,
             window_pools: true,
         }
     }
@@ -170,12 +161,7 @@ pub struct Engine<B: Backend> {
 impl Engine<CpuBackend> {
     /// Loads an HF model directory on the CPU backend.
     pub fn load_cpu(dir: &Path, opts: &EngineOptions) -> Result<Self> {
-        let backend = if opts.batch_invariant {
-            CpuBackend::new()
-        } else {
-            CpuBackend::with_tiles()
-        };
-        Self::load(backend, dir, opts)
+        Self::load(CpuBackend::new(), dir, opts)
     }
 }
 

@@ -15,8 +15,8 @@ mod hf_fixture;
 use std::path::PathBuf;
 
 use hf_fixture::{
-    BF16_TOL, F32_TOL, argmax, blocks, check_greedy, chunk, load, load_gguf, load_gguf_with,
-    prompt_diffs, reference, rel_diff, sequence_logits,
+    BF16_TOL, F32_TOL, argmax, blocks, check_greedy, chunk, load, load_gguf, prompt_diffs,
+    reference, rel_diff, sequence_logits,
 };
 use lmi_engine::{DType, LogitsWanted};
 
@@ -172,13 +172,8 @@ fn llama_cpp_gguf_files_match_transformers() {
         let kind = |n: &str| file.tensor(n).unwrap().ggml_type.name();
         assert_eq!(kind("blk.0.ffn_gate_exps.weight"), "Q8_0");
         assert_eq!(kind("blk.0.ffn_gate_inp.weight"), "F32");
-        // Q8_0 twice: not batch invariant (a step of many rows on bf16 tiles), and invariant.
-        for (file, dtype, tol, invariant) in [
-            (&gguf, Some(DType::F32), F32_TOL, false),
-            (&q8, None, Q8_TOL, false),
-            (&q8, None, Q8_TOL, true),
-        ] {
-            let (_dir, mut e) = load_gguf_with(file, dtype, invariant);
+        for (file, dtype, tol) in [(&gguf, Some(DType::F32), F32_TOL), (&q8, None, Q8_TOL)] {
+            let (_dir, mut e) = load_gguf(file, dtype);
             let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();
             let out = e
                 .forward_logits(&[chunk(&seq, 0, &blocks(0, seq.len()), LogitsWanted::All)])
@@ -209,10 +204,9 @@ fn llama_cpp_gguf_files_match_transformers() {
                 diffs[at],
                 share * 100.0
             );
-            if invariant {
+            if dtype.is_none() {
                 // Experts as stored: a row's logits must be the same bits beside another
-                // sequence, which wakes other experts and changes their row counts (and
-                // takes the step past the bf16 tiles' threshold).
+                // sequence, which wakes other experts and changes their row counts.
                 let other: Vec<u32> = (0..29u32).map(|i| (i * 37 + 5) % 320).collect();
                 let busy = e
                     .forward_logits(&[

@@ -9,9 +9,9 @@ mod lora;
 mod moe;
 mod ops;
 mod qact;
+pub mod qlanes;
 pub mod qlinear;
 mod qpack;
-mod qtile;
 pub mod simd;
 
 use crate::backend::{AttnScoring, Backend, Feature, LoraGroup, LoraSite, QkvLayout};
@@ -100,10 +100,6 @@ pub enum CpuKv {
 #[derive(Debug, Default)]
 pub struct CpuBackend {
     pool: std::sync::Mutex<Vec<Vec<f32>>>,
-    /// Steps of [`qtile::MIN_ROWS`] rows or more take the bf16 tiles for quantized weights
-    /// where the CPU has them. Off (the default), every step runs on the int8 kernels, so a
-    /// row's result never depends on its step (`EngineOptions::batch_invariant`).
-    tiles: bool,
 }
 
 /// Buffers kept for reuse at most.
@@ -114,22 +110,9 @@ impl CpuBackend {
         CpuBackend::default()
     }
 
-    /// A backend whose quantized products of many rows take the bf16 tiles (`qtile.rs`):
-    /// faster under load, not batch invariant (`EngineOptions::batch_invariant` false).
-    pub fn with_tiles() -> Self {
-        CpuBackend {
-            tiles: true,
-            ..CpuBackend::default()
-        }
-    }
-
-    /// The product path a step of `rows` rows takes for quantized weights, for reports.
-    pub fn quant_kernel(&self, rows: usize) -> String {
-        if self.tiles && qtile::takes(rows) {
-            "bf16 tiles (vdpbf16ps)".into()
-        } else {
-            qlinear::qpath().name().into()
-        }
+    /// The product path quantized weights take (every step, whatever its rows), for reports.
+    pub fn quant_kernel(&self) -> String {
+        qlinear::qpath().name().into()
     }
 
     /// `count` zeroed pools of `cfg`'s shape and dtype, in one allocation.
@@ -183,9 +166,9 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
-    fn product_kernel(&self, rows: usize, quantized: bool) -> String {
+    fn product_kernel(&self, _rows: usize, quantized: bool) -> String {
         if quantized {
-            self.quant_kernel(rows)
+            self.quant_kernel()
         } else if amx::available() {
             "bf16 (AMX-BF16 tiles), f32 (FMA)".into()
         } else if simd::has_bf16_dot() {
@@ -370,9 +353,7 @@ impl Backend for CpuBackend {
             CpuWeight::F32 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
             CpuWeight::BF16 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
             CpuWeight::Amx { packed, .. } => amx::linear(x, rows, packed, bias, out),
-            CpuWeight::Quant { w, .. } => {
-                qlinear::qlinear_by_shape(x, rows, w, bias, out, !self.tiles)
-            }
+            CpuWeight::Quant { w, .. } => qlinear::qlinear(x, rows, w, bias, out),
         }
         Ok(())
     }

@@ -15,12 +15,15 @@
 use rayon::prelude::*;
 
 use super::qact::{LANES, QAct, QK};
+use super::qlanes::LMatrix;
 use super::qpack::Packed;
 use crate::quant::{QMatrix, QType, dequantize_block};
 
 /// Which instructions run the products: decided once per process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QPath {
+    /// The lane kernels of `qlanes.rs` (AVX512-VNNI, 12-bit activations, exact block sums).
+    Lanes,
     Avx512Vnni,
     Avx512,
     AvxVnni,
@@ -50,6 +53,9 @@ impl QPath {
                         && std::arch::is_x86_feature_detected!("f16c")
                 }
             };
+            if super::qlanes::available() {
+                v.push(QPath::Lanes);
+            }
             if has("avx512") && has("avx512vnni") {
                 v.push(QPath::Avx512Vnni);
             }
@@ -70,6 +76,7 @@ impl QPath {
     /// How reports name it.
     pub fn name(self) -> &'static str {
         match self {
+            QPath::Lanes => "int12 lanes (AVX512-VNNI)",
             QPath::Avx512Vnni => "int8 (AVX512-VNNI)",
             QPath::Avx512 => "int8 (AVX-512BW)",
             QPath::AvxVnni => "int8 (AVX-VNNI)",
@@ -79,30 +86,26 @@ impl QPath {
     }
 
     fn is_512(self) -> bool {
-        matches!(self, QPath::Avx512Vnni | QPath::Avx512)
+        matches!(self, QPath::Lanes | QPath::Avx512Vnni | QPath::Avx512)
     }
 }
 
-/// The path this process uses: the widest available, less what `LMI_CPU_NO_AVX512` and
-/// `LMI_CPU_NO_VNNI` turn off.
+/// The path this process uses: the widest available, less what `LMI_CPU_NO_LANES`,
+/// `LMI_CPU_NO_AVX512` and `LMI_CPU_NO_VNNI` turn off.
 pub fn qpath() -> QPath {
     static PATH: std::sync::OnceLock<QPath> = std::sync::OnceLock::new();
     *PATH.get_or_init(|| {
         let no512 = std::env::var_os("LMI_CPU_NO_AVX512").is_some();
         let novnni = std::env::var_os("LMI_CPU_NO_VNNI").is_some();
+        let nolanes = std::env::var_os("LMI_CPU_NO_LANES").is_some();
         QPath::available()
             .into_iter()
             .find(|p| {
-                let vnni = matches!(p, QPath::Avx512Vnni | QPath::AvxVnni);
-                !(no512 && p.is_512() || novnni && vnni)
+                let vnni = matches!(p, QPath::Lanes | QPath::Avx512Vnni | QPath::AvxVnni);
+                !(no512 && p.is_512() || novnni && vnni || nolanes && *p == QPath::Lanes)
             })
             .unwrap_or(QPath::Scalar)
     })
-}
-
-/// Whether this process reads packed weights (the AVX-512 paths).
-pub(crate) fn qpath_is_512() -> bool {
-    qpath().is_512()
 }
 
 /// Input rows per tile at most.
@@ -117,6 +120,8 @@ const SMALL_M: usize = 64;
 pub enum QWeight {
     Native(Vec<QMatrix>),
     Packed(Vec<Packed>),
+    /// The lane layout of `qlanes.rs` (AVX512-VNNI): exact block sums, batch invariant.
+    Lanes(Vec<LMatrix>),
 }
 
 impl QWeight {
@@ -125,7 +130,9 @@ impl QWeight {
     }
 
     pub fn for_path(parts: Vec<QMatrix>, path: QPath) -> QWeight {
-        if path.is_512() {
+        if path == QPath::Lanes {
+            QWeight::Lanes(parts.iter().map(LMatrix::new).collect())
+        } else if path.is_512() {
             QWeight::Packed(parts.iter().map(Packed::new).collect())
         } else {
             QWeight::Native(parts)
@@ -143,6 +150,7 @@ impl QWeight {
         match self {
             QWeight::Native(p) => p.iter().map(QMatrix::bytes).sum(),
             QWeight::Packed(p) => p.iter().map(Packed::bytes).sum(),
+            QWeight::Lanes(p) => p.iter().map(LMatrix::size_bytes).sum(),
         }
     }
 
@@ -150,6 +158,7 @@ impl QWeight {
         match self {
             QWeight::Native(p) => p.iter().map(|m| m.rows).collect(),
             QWeight::Packed(p) => p.iter().map(|m| m.rows).collect(),
+            QWeight::Lanes(p) => p.iter().map(|m| m.rows).collect(),
         }
     }
 
@@ -157,6 +166,7 @@ impl QWeight {
         match self {
             QWeight::Native(p) => p.first().map_or(0, |m| m.cols),
             QWeight::Packed(p) => p.first().map_or(0, |m| m.cols),
+            QWeight::Lanes(p) => p.first().map_or(0, |m| m.cols),
         }
     }
 
@@ -167,6 +177,7 @@ impl QWeight {
                 return match self {
                     QWeight::Native(p) => p[i].dequantize_row(r, out),
                     QWeight::Packed(p) => p[i].dequantize_row(r, out),
+                    QWeight::Lanes(p) => p[i].dequantize_row(r, out),
                 };
             }
             r -= n;
@@ -178,50 +189,6 @@ impl QWeight {
 /// `out[m, n] = x[m, k] · wᵀ (+ bias)`.
 pub fn qlinear(x: &[f32], m: usize, w: &QWeight, bias: Option<&[f32]>, out: &mut [f32]) {
     qlinear_with(qpath(), x, m, w, bias, out)
-}
-
-/// Whether this CPU has the bf16 tiles of [`qlinear_by_shape`] (AVX-512 and AVX512-BF16).
-pub fn tiles_available() -> bool {
-    super::qtile::available()
-}
-
-/// [`qlinear`], or the bf16 tiles of `qtile.rs` where the step's shape suits them
-/// (`qtile::takes`) and the engine is not `batch_invariant` (then every step is int8).
-pub fn qlinear_by_shape(
-    x: &[f32],
-    m: usize,
-    w: &QWeight,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-    batch_invariant: bool,
-) {
-    if !batch_invariant && super::qtile::takes(m) && qlinear_tiles(x, m, w, bias, out) {
-        return;
-    }
-    qlinear(x, m, w, bias, out)
-}
-
-/// The product on the bf16 tiles whatever its shape (benches and tests); false, with nothing
-/// written, where the CPU lacks them or `w` is not in the packed form.
-pub fn qlinear_tiles(
-    x: &[f32],
-    m: usize,
-    w: &QWeight,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-) -> bool {
-    let QWeight::Packed(parts) = w else {
-        return false;
-    };
-    if !super::qtile::available() || parts.is_empty() {
-        return false;
-    }
-    if m == 0 {
-        return true;
-    }
-    super::qtile::qlinear_bf16(x, m, parts, out);
-    add_bias(out, m, w.part_rows().iter().sum(), bias);
-    true
 }
 
 /// `out[i, j] += bias[j]` over `m` rows of `n`.
@@ -275,12 +242,16 @@ pub fn qlinear_with(
     let n: usize = part_rows.iter().sum();
     assert!(k.is_multiple_of(QK) && x.len() >= m * k && out.len() >= m * n);
     assert_eq!(
-        matches!(w, QWeight::Packed(_)),
+        matches!(w, QWeight::Packed(_) | QWeight::Lanes(_)),
         path.is_512(),
         "weights packed for another path"
     );
     if m == 0 || n == 0 {
         return;
+    }
+    if let QWeight::Lanes(parts) = w {
+        super::qlanes::qlinear_lanes(x, m, parts, out);
+        return add_bias(out, m, n, bias);
     }
     let a = if path.is_512() {
         QAct::paired(x, m, k)
@@ -345,6 +316,7 @@ pub fn qlinear_with(
                         let prefetch = m > SMALL_M || i == 0;
                         packed_tile(path, &a, &p[t.part], t.row, t.nr, i, mr, out, n, prefetch)
                     }
+                    QWeight::Lanes(_) => unreachable!("lane weights returned above"),
                 }
             }
         };
@@ -456,7 +428,9 @@ unsafe fn packed_tile(
             prefetch,
         };
         match path {
-            QPath::Avx512Vnni => dispatch!(kp_vnni, PArgs, args, w.qtype, mr, nr),
+            QPath::Lanes | QPath::Avx512Vnni => {
+                dispatch!(kp_vnni, PArgs, args, w.qtype, mr, nr)
+            }
             QPath::Avx512 => dispatch!(kp_bw, PArgs, args, w.qtype, mr, nr),
             _ => unreachable!("packed weights are read on AVX-512 paths"),
         }
@@ -504,7 +478,7 @@ unsafe fn tile(
     unsafe {
         use x86::*;
         match path {
-            QPath::Avx512Vnni | QPath::Avx512 => {
+            QPath::Lanes | QPath::Avx512Vnni | QPath::Avx512 => {
                 unreachable!("AVX-512 paths read packed weights")
             }
             QPath::AvxVnni => return dispatch!(k256_vnni, TileArgs, args, w.qtype, mr, nr),

@@ -132,15 +132,6 @@ pub fn load_gguf(
     gguf: &Path,
     dtype: Option<DType>,
 ) -> (tempfile::TempDir, Engine<lmi_engine::cpu::CpuBackend>) {
-    load_gguf_with(gguf, dtype, true)
-}
-
-/// [`load_gguf`] with `EngineOptions::batch_invariant` as given.
-pub fn load_gguf_with(
-    gguf: &Path,
-    dtype: Option<DType>,
-    batch_invariant: bool,
-) -> (tempfile::TempDir, Engine<lmi_engine::cpu::CpuBackend>) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("model");
     lmi_engine::gguf::convert::convert_gguf_with(gguf, &dir, DType::F32, false, false).unwrap();
@@ -148,7 +139,6 @@ pub fn load_gguf_with(
         dtype,
         gguf: Some(gguf.to_path_buf()),
         kv_blocks: Some(64),
-        batch_invariant,
         ..Default::default()
     };
     let e = Engine::load_cpu(&dir, &opts).unwrap();

@@ -136,9 +136,6 @@ pub struct EngineArgs {
     /// products for the matrix rate (small ones for a rehearsal on the fake driver).
     #[arg(long, value_delimiter = ',', default_values_t = [1024, 8192])]
     ceiling_sizes: Vec<usize>,
-    /// `false`: quantized products of 16 rows or more on bf16 tiles (option.batch_invariant).
-    #[arg(long, value_name = "true|false", default_value_t = true, action = clap::ArgAction::Set)]
-    batch_invariant: bool,
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -196,7 +193,6 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
         dtype,
         gguf: gguf.clone(),
         kv_blocks: Some(per_seq * max_batch),
-        batch_invariant: a.batch_invariant,
         // The bench lays out its own block tables, one per sequence.
         window_pools: false,
         ..Default::default()

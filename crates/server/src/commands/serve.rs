@@ -246,7 +246,6 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
                     tokens: config.max_rolling_batch_prefill_tokens,
                     context: config.max_model_len,
                 },
-                batch_invariant: config.batch_invariant,
                 window_pools: config.window_pools,
                 ..Default::default()
             };
@@ -334,7 +333,6 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
                 dtype: config.engine_dtype_for(&draft),
                 kv_cache_bytes: config.kv_cache_bytes / 4,
                 gguf: draft.gguf,
-                batch_invariant: config.batch_invariant,
                 // The draft model's block manager keeps one table per sequence.
                 window_pools: false,
                 ..Default::default()

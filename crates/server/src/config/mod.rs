@@ -82,11 +82,6 @@ pub struct ServeArgs {
     /// Enable LoRA adapters (option.enable_lora=true).
     #[arg(long)]
     pub enable_lora: bool,
-    /// `false`: the CPU runs quantized products of 16 rows or more on bf16 tiles, faster under
-    /// load, but a sequence's logits then depend on what shares its steps
-    /// (option.batch_invariant; default true).
-    #[arg(long, value_name = "true|false")]
-    pub batch_invariant: Option<bool>,
     /// One KV pool for every layer: sliding-window layers keep their whole context, as before
     /// window pools (option.disable_hybrid_kv_cache_manager, vLLM's name).
     #[arg(long)]
@@ -154,10 +149,6 @@ impl ServeArgs {
         set(
             "option.enable_lora",
             self.enable_lora.then(|| "true".into()),
-        );
-        set(
-            "option.batch_invariant",
-            self.batch_invariant.map(|b| b.to_string()),
         );
         set(
             "option.disable_hybrid_kv_cache_manager",
@@ -249,8 +240,6 @@ pub struct ServingConfig {
     pub max_model_len: Option<usize>,
     pub output_formatter: Option<String>,
     pub tgi_compat: bool,
-    /// option.batch_invariant: see `EngineOptions::batch_invariant`.
-    pub batch_invariant: bool,
     /// option.disable_hybrid_kv_cache_manager: see `EngineOptions::window_pools`.
     pub window_pools: bool,
     pub enable_lora: bool,
@@ -612,7 +601,6 @@ impl ServingConfig {
             max_model_len,
             output_formatter: str_of("option.output_formatter"),
             tgi_compat: boolean(&raw, "option.tgi_compat")?,
-            batch_invariant: boolean_or(&raw, "option.batch_invariant", true)?,
             window_pools: !boolean(&raw, "option.disable_hybrid_kv_cache_manager")?,
             enable_lora,
             max_loras,
@@ -727,7 +715,6 @@ impl ServingConfig {
                     .unwrap_or_else(|| "(per request)".into()),
             ),
             ("tgi_compat", self.tgi_compat.to_string()),
-            ("batch_invariant", self.batch_invariant.to_string()),
             ("window_pools", self.window_pools.to_string()),
             ("enable_lora", self.enable_lora.to_string()),
             (

@@ -1,0 +1,210 @@
+//! Quantized products on AVX512-VNNI with exact block sums, the same bits at every batch size
+//! and fast at many rows.
+//!
+//! Activations are 12-bit integers with one scale per block of 32 (`act.rs`). Weight rows are
+//! laid out sixteen to a group, one per f32 lane (`pack.rs`), so a block's integer dot
+//! products for 16 rows accumulate in one register and reach f32 with one conversion, one
+//! multiply and one FMA per block and activation row (two FMAs with a minimum) — against the
+//! int8 kernels' (`qlinear.rs`) conversion and two scalings per four products, which made
+//! them compute-bound under load. An activation row costs two `vpdpbusd` per 64 products
+//! whatever the tile, the codes are unpacked once per tile of four rows, and the integer
+//! sums are exact, so a row's result is the same bits alone or in any batch
+//! ([`reference`] is the definition, tests hold the kernel to it bit for bit).
+//!
+//! Precision: per-32 scales at 12 bits are 16 times finer than llama.cpp's per-32 int8, and
+//! finer than the int8 kernels' per-4 scales except for a group of four whose largest value
+//! is under 1/16 of its block's.
+
+mod act;
+mod pack;
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub(crate) use act::LAct;
+pub use pack::LMatrix;
+
+use rayon::prelude::*;
+
+use pack::ROWS;
+#[cfg(test)]
+use pack::offset;
+
+/// Values per block.
+const QK: usize = 32;
+
+/// Activation rows per tile.
+const MR: usize = 4;
+/// Activation rows that share a pass over a weight group while it is in L1.
+const ROW_CHUNK: usize = 64;
+
+/// Whether this CPU runs the lane kernels.
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *OK.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512dq")
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::arch::is_x86_feature_detected!("f16c")
+                && std::arch::is_x86_feature_detected!("fma")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: tasks write disjoint column ranges of the output.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// # Safety
+    /// `offset` lies inside the output.
+    unsafe fn at(&self, offset: usize) -> *mut f32 {
+        unsafe { self.0.add(offset) }
+    }
+}
+
+/// `out[i, c] = x[i, :] · w[c, :]` over the concatenated `parts` (`n` columns in all), for
+/// `m` rows of `x`. The caller checked [`available`].
+pub(crate) fn qlinear_lanes(x: &[f32], m: usize, parts: &[LMatrix], out: &mut [f32]) {
+    let Some(first) = parts.first() else {
+        return;
+    };
+    let k = first.cols;
+    let n: usize = parts.iter().map(|p| p.rows).sum();
+    assert!(x.len() >= m * k && out.len() >= m * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    let a = LAct::new(x, m, k);
+    // (part, group, first output column)
+    let mut tasks = Vec::with_capacity(n / ROWS + parts.len());
+    let mut col = 0;
+    for (pi, p) in parts.iter().enumerate() {
+        for g in 0..p.groups {
+            tasks.push((pi, g, col + g * ROWS));
+        }
+        col += p.rows;
+    }
+    let threads = rayon::current_num_threads().max(1);
+    let per = if m * n * k < 1 << 16 || threads == 1 {
+        tasks.len()
+    } else {
+        tasks.len().div_ceil(threads * 4).max(1)
+    };
+    let o = Out(out.as_mut_ptr());
+    let run = |chunk: &[(usize, usize, usize)]| {
+        for r0 in (0..m).step_by(ROW_CHUNK) {
+            let rows = (m - r0).min(ROW_CHUNK);
+            for &(pi, g, col) in chunk {
+                let p = &parts[pi];
+                let lanes = (p.rows - g * ROWS).min(ROWS);
+                let mut i = r0;
+                while i < r0 + rows {
+                    let mr = (r0 + rows - i).min(MR);
+                    // SAFETY: the group and rows exist; columns col..col+lanes of rows
+                    // i..i+mr are this task's alone.
+                    unsafe {
+                        run_tile(&a, p, g, i, mr, o.at(i * n + col), n, lanes, i == r0);
+                    }
+                    i += mr;
+                }
+            }
+        }
+    };
+    if per >= tasks.len() {
+        run(&tasks);
+    } else {
+        tasks.par_chunks(per).for_each(run);
+    }
+}
+
+/// One group of `w` against activation rows `i..i+mr`.
+///
+/// # Safety
+/// As [`x86::kernel`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_tile(
+    a: &LAct,
+    w: &LMatrix,
+    g: usize,
+    i: usize,
+    mr: usize,
+    out: *mut f32,
+    ldo: usize,
+    lanes: usize,
+    prefetch: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        let args = x86::Args {
+            a,
+            i0: i,
+            w: w.group(g),
+            nb: w.nb,
+            out,
+            ldo,
+            mask: if lanes == ROWS {
+                u16::MAX
+            } else {
+                (1u16 << lanes) - 1
+            },
+            prefetch,
+        };
+        x86::dispatch(w.qtype, mr, &args);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (a, w, g, i, mr, out, ldo, lanes, prefetch);
+        unreachable!("the lane kernels run on x86-64 only");
+    }
+}
+
+/// Whether the format has a per-block minimum term.
+#[cfg(test)]
+fn has_min(qt: crate::quant::QType) -> bool {
+    matches!(qt, crate::quant::QType::Q4_1 | crate::quant::QType::Q4_K)
+}
+
+/// The definition of the kernel's result for activation row `i` and weight row `r`, in
+/// scalar arithmetic: per block, the exact integer `Σ code·a − offset·Σa`, then
+/// `acc = fma(f32(I), scale·d, acc)` and, with a minimum, `acc = fma(min, ms, acc)`.
+#[cfg(test)]
+pub(crate) fn reference(a: &LAct, i: usize, w: &LMatrix, r: usize) -> f32 {
+    let off = offset(w.qtype);
+    let mut acc = 0f32;
+    for b in 0..w.nb {
+        let dec = w.decode(r, b);
+        let at = i * a.nb + b;
+        let q = &a.q[at * 2 * QK..(at + 1) * 2 * QK];
+        // The exact integer over values `vs`, less the offset times their activation sum.
+        let dot = |vs: std::ops::Range<usize>, sum: i32| {
+            vs.fold(-off * sum, |s, v| {
+                s + i32::from(dec.codes[v]) * (16 * i32::from(q[v]) + i32::from(q[QK + v]))
+            })
+        };
+        if w.qtype == crate::quant::QType::Q6_K {
+            // Two halves of 16 values, each with its scale.
+            let (s0, s1) = (
+                dot(0..16, a.sum16[at]),
+                dot(16..QK, a.sum[at] - a.sum16[at]),
+            );
+            acc = (s0 as f32).mul_add(dec.scale * a.d[at], acc);
+            acc = (s1 as f32).mul_add(dec.scale2 * a.d[at], acc);
+            continue;
+        }
+        acc = (dot(0..QK, a.sum[at]) as f32).mul_add(dec.scale * a.d[at], acc);
+        if has_min(w.qtype) {
+            acc = dec.min.mul_add(a.ms[at], acc);
+        }
+    }
+    acc
+}
