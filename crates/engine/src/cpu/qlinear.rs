@@ -213,7 +213,7 @@ struct Tile {
 }
 
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
+pub(crate) struct SendPtr(pub(crate) *mut f32);
 // SAFETY: tasks write disjoint column ranges of the output.
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
@@ -223,7 +223,7 @@ impl SendPtr {
     ///
     /// # Safety
     /// `offset` must lie inside the output.
-    unsafe fn at(&self, offset: usize) -> *mut f32 {
+    pub(crate) unsafe fn at(&self, offset: usize) -> *mut f32 {
         unsafe { self.0.add(offset) }
     }
 }

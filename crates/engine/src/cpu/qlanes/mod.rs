@@ -27,6 +27,7 @@ pub use pack::LMatrix;
 
 use rayon::prelude::*;
 
+use super::qlinear::SendPtr;
 use pack::ROWS;
 #[cfg(test)]
 use pack::offset;
@@ -58,20 +59,6 @@ pub fn available() -> bool {
     false
 }
 
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: tasks write disjoint column ranges of the output.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// # Safety
-    /// `offset` lies inside the output.
-    unsafe fn at(&self, offset: usize) -> *mut f32 {
-        unsafe { self.0.add(offset) }
-    }
-}
-
 /// `out[i, c] = x[i, :] · w[c, :]` over the concatenated `parts` (`n` columns in all), for
 /// `m` rows of `x`. The caller checked [`available`].
 pub(crate) fn qlinear_lanes(x: &[f32], m: usize, parts: &[LMatrix], out: &mut [f32]) {
@@ -100,7 +87,7 @@ pub(crate) fn qlinear_lanes(x: &[f32], m: usize, parts: &[LMatrix], out: &mut [f
     } else {
         tasks.len().div_ceil(threads * 4).max(1)
     };
-    let o = Out(out.as_mut_ptr());
+    let o = SendPtr(out.as_mut_ptr());
     let run = |chunk: &[(usize, usize, usize)]| {
         for r0 in (0..m).step_by(ROW_CHUNK) {
             let rows = (m - r0).min(ROW_CHUNK);
