@@ -44,6 +44,7 @@ impl QPath {
                         && std::arch::is_x86_feature_detected!("avx512vl")
                         && std::arch::is_x86_feature_detected!("avx512dq")
                         && std::arch::is_x86_feature_detected!("f16c")
+                        && std::arch::is_x86_feature_detected!("fma")
                 }
                 "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
                 "avxvnni" => std::arch::is_x86_feature_detected!("avxvnni"),
@@ -53,10 +54,8 @@ impl QPath {
                         && std::arch::is_x86_feature_detected!("f16c")
                 }
             };
-            if super::qlanes::available() {
-                v.push(QPath::Lanes);
-            }
             if has("avx512") && has("avx512vnni") {
+                v.push(QPath::Lanes);
                 v.push(QPath::Avx512Vnni);
             }
             if has("avx512") {
@@ -428,11 +427,9 @@ unsafe fn packed_tile(
             prefetch,
         };
         match path {
-            QPath::Lanes | QPath::Avx512Vnni => {
-                dispatch!(kp_vnni, PArgs, args, w.qtype, mr, nr)
-            }
+            QPath::Avx512Vnni => dispatch!(kp_vnni, PArgs, args, w.qtype, mr, nr),
             QPath::Avx512 => dispatch!(kp_bw, PArgs, args, w.qtype, mr, nr),
-            _ => unreachable!("packed weights are read on AVX-512 paths"),
+            _ => unreachable!("packed weights are read on the AVX-512 int8 paths"),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -40,27 +40,8 @@ const MR: usize = 4;
 /// Activation rows that share a pass over a weight group while it is in L1.
 const ROW_CHUNK: usize = 64;
 
-/// Whether this CPU runs the lane kernels.
-pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *OK.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512vl")
-                && std::arch::is_x86_feature_detected!("avx512dq")
-                && std::arch::is_x86_feature_detected!("avx512vnni")
-                && std::arch::is_x86_feature_detected!("f16c")
-                && std::arch::is_x86_feature_detected!("fma")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
 /// `out[i, c] = x[i, :] · w[c, :]` over the concatenated `parts` (`n` columns in all), for
-/// `m` rows of `x`. The caller checked [`available`].
+/// `m` rows of `x`, on a CPU that has [`super::qlinear::QPath::Lanes`].
 pub(crate) fn qlinear_lanes(x: &[f32], m: usize, parts: &[LMatrix], out: &mut [f32]) {
     let Some(first) = parts.first() else {
         return;

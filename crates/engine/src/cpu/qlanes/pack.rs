@@ -156,15 +156,19 @@ impl LMatrix {
                     }
                     QType::Q4_K => {
                         let sb = &src[b / 8 * 144..];
-                        put16(bytes, head, &sb[..2]);
-                        put16(bytes, head + 2 * ROWS, &sb[2..4]);
+                        if b % 8 == 0 {
+                            put16(bytes, head, &sb[..2]);
+                            put16(bytes, head + 2 * ROWS, &sb[2..4]);
+                        }
                         let (s, mn) = scale_min_k4(b % 8, &sb[4..16]);
                         bytes[sc + lane] = s;
                         bytes[sc + ROWS + lane] = mn;
                     }
                     QType::Q6_K => {
                         let sb = &src[b / 8 * 210..];
-                        put16(bytes, head, &sb[208..210]);
+                        if b % 8 == 0 {
+                            put16(bytes, head, &sb[208..210]);
+                        }
                         bytes[sc + lane] = sb[192 + 2 * (b % 8)];
                         bytes[sc + ROWS + lane] = sb[192 + 2 * (b % 8) + 1];
                     }

@@ -1,4 +1,10 @@
 use super::*;
+use crate::cpu::qlinear::QPath;
+
+/// Whether this CPU runs the lane kernels.
+fn available() -> bool {
+    QPath::available().contains(&QPath::Lanes)
+}
 use crate::quant::{QMatrix, QType};
 use crate::testing::lcg;
 

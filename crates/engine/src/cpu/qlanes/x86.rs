@@ -138,16 +138,19 @@ pub(super) struct Args<'a> {
     pub prefetch: bool,
 }
 
-/// Bytes ahead of the block being read that each block prefetches.
-fn prefetch_dist() -> usize {
-    static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *D.get_or_init(|| {
-        std::env::var("LMI_PF")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2048)
-    })
-}
+/// Bytes ahead of the block being read that each block prefetches (1–8 KiB measured alike).
+const PREFETCH: usize = 2048;
+
+/// MXFP4's codes as the kernel multiplies them: twice the FP4 value, plus 12 (unsigned).
+const MXFP4_CODES: [i8; 16] = {
+    let mut t = [0i8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = crate::quant::FP4_X2[i] + 12;
+        i += 1;
+    }
+    t
+};
 
 /// One group of 16 weight rows against activation rows `i0..i0 + MR`.
 ///
@@ -160,15 +163,10 @@ pub(super) unsafe fn kernel<F: LFmt, const MR: usize>(t: &Args) {
         let cb = code_bytes(F::QTYPE);
         let nibbles = cb < ROWS * super::QK;
         let off = super::pack::offset(F::QTYPE);
-        let pf = prefetch_dist();
         let m4 = _mm512_set1_epi8(0x0f);
         let m30 = _mm512_set1_epi8(0x30);
         let table = if F::TABLE {
-            let mut tb = [0i8; 16];
-            for (t, v) in tb.iter_mut().zip(crate::quant::FP4_X2) {
-                *t = v + 12;
-            }
-            _mm512_broadcast_i32x4(_mm_loadu_si128(tb.as_ptr() as *const __m128i))
+            _mm512_broadcast_i32x4(_mm_loadu_si128(MXFP4_CODES.as_ptr() as *const __m128i))
         } else {
             _mm512_setzero_si512()
         };
@@ -185,7 +183,7 @@ pub(super) unsafe fn kernel<F: LFmt, const MR: usize>(t: &Args) {
                 // The codes and the next lines of scales, `pf` bytes ahead in the stream.
                 let mut l = 0;
                 while l <= cb {
-                    _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(pf + l) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(PREFETCH + l) as *const i8);
                     l += 64;
                 }
             }
