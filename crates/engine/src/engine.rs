@@ -126,6 +126,10 @@ pub trait StepEngine: Send {
         let _ = tokens;
         self.weight_bytes()
     }
+    /// Bytes of every weight the engine holds (memory accounting; 0 when unknown).
+    fn resident_weight_bytes(&self) -> usize {
+        0
+    }
     /// Tokens run through the model since load (prefix-cache tests count skipped work).
     fn tokens_computed(&self) -> u64;
     /// Uploads a LoRA adapter's host weights under `id` (the engine tier of the adapter
@@ -439,6 +443,10 @@ impl<B: Backend> StepEngine for Engine<B> {
 
     fn step_weight_bytes(&self, tokens: usize) -> usize {
         self.model.step_weight_bytes(&self.backend, tokens)
+    }
+
+    fn resident_weight_bytes(&self) -> usize {
+        self.model.resident_bytes(&self.backend)
     }
 
     fn tokens_computed(&self) -> u64 {

@@ -13,6 +13,7 @@ pub mod qlanes;
 pub mod qlinear;
 mod qpack;
 pub mod simd;
+mod weight_arena;
 
 use crate::backend::{AttnScoring, Backend, Feature, LoraGroup, LoraSite, QkvLayout};
 use crate::batch::BatchLayout;

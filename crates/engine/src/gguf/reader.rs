@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
+use memmap2::{Mmap, UncheckedAdvice};
 
 use crate::error::{EngineError, Result};
 use crate::gguf::ggml_type::GgmlType;
@@ -253,6 +253,30 @@ impl GgufFile {
 
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// Drops this process's pages of `bytes` (a slice of this file) once they are copied out,
+    /// so that loading holds each part of the file only while reading it: otherwise the whole
+    /// mapping is resident beside the weights built from it until loading ends (a peak of
+    /// twice the file). The page cache keeps the pages; a later read faults them back in.
+    pub fn release(&self, bytes: &[u8]) {
+        let base = self.mmap.as_ptr() as usize;
+        let start = bytes.as_ptr() as usize;
+        if bytes.is_empty() || start < base || start + bytes.len() > base + self.mmap.len() {
+            return;
+        }
+        const PAGE: usize = 4096;
+        let lo = (start - base) / PAGE * PAGE;
+        let hi = (start - base + bytes.len())
+            .next_multiple_of(PAGE)
+            .min(self.mmap.len());
+        // SAFETY: a read-only private file mapping, which nothing writes: pages dropped are read
+        // again from the file, the same bytes, should anything touch them later. (Neighbouring
+        // tensors' bytes on the boundary pages likewise.) Advice is best effort.
+        let _ = unsafe {
+            self.mmap
+                .unchecked_advise_range(UncheckedAdvice::DontNeed, lo, hi - lo)
+        };
     }
 
     /// The raw bytes of a tensor, bounds-checked against the file.

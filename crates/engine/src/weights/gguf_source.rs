@@ -106,6 +106,7 @@ impl GgufWeights {
         if let (Some(qt), [rows, cols]) = (qtype, expected) {
             let m = QMatrix::new(qt, *rows, *cols, bytes.to_vec(), Vec::new())
                 .map_err(|e| EngineError::Gguf(format!("tensor {:?}: {e}", info.name)))?;
+            self.file.release(bytes);
             let m = match heads {
                 Some(h) => m.permute_rows(&unpermute_order(*rows, h)),
                 None => m,
@@ -113,6 +114,7 @@ impl GgufWeights {
             return Ok(HostTensor::quant(m));
         }
         let x = dequantize(&info.name, info.ggml_type, bytes, expected.iter().product())?;
+        self.file.release(bytes);
         let x = match heads {
             Some(h) => unpermute_rows(&x, h, expected.get(1..).map_or(1, |s| s.iter().product())),
             None => x,

@@ -226,10 +226,11 @@ fn engine(a: EngineArgs) -> anyhow::Result<()> {
     // A mixture of experts reads more experts for more tokens.
     let roofline = |b: usize, weights: usize| (weights + b * context * kv_per_token) as f64 / bw;
     println!(
-        "model {} on {} ({} weights, {:.1} MB of weights and {:.1} KB of K/V per token of context read per decode step), {} host threads, {what} {:.2} GB/s",
+        "model {} on {} ({} weights, {:.1} MB held; {:.1} MB of weights and {:.1} KB of K/V per token of context read per decode step), {} host threads, {what} {:.2} GB/s",
         dir.display(),
         a.m.device,
         ModelArgs::dtype_name(dtype),
+        engine.resident_weight_bytes() as f64 / 1e6,
         weight_bytes as f64 / 1e6,
         kv_per_token as f64 / 1e3,
         rayon::current_num_threads(),

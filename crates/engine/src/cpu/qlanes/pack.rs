@@ -23,6 +23,7 @@
 //! values `8z..8z+4` of the 16 rows and the high nibbles values `8z+4..8z+8` (line z of 4).
 
 use super::QK;
+use crate::cpu::weight_arena::ArenaBuf;
 use crate::quant::{FP4_X2, QMatrix, QType, half_e8m0, scale_min_k4};
 
 /// Weight rows per group (f32 lanes of a 512-bit register).
@@ -72,11 +73,6 @@ fn group_bytes(qt: QType, nb: usize) -> usize {
     last + code_bytes(qt)
 }
 
-/// 64-byte aligned storage.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-pub(crate) struct Line([u8; 64]);
-
 pub struct LMatrix {
     pub qtype: QType,
     pub rows: usize,
@@ -86,7 +82,8 @@ pub struct LMatrix {
     pub groups: usize,
     /// Bytes per group (a multiple of 64).
     pub group_bytes: usize,
-    data: Vec<Line>,
+    /// Carved from the weights' arena (see `weight_arena.rs` for why not a `Vec`).
+    data: ArenaBuf,
 }
 
 /// One weight row's block `b` decoded: its codes, scale and min as the kernels use them.
@@ -112,7 +109,7 @@ impl LMatrix {
             nb,
             groups,
             group_bytes,
-            data: vec![Line([0; 64]); groups * group_bytes / 64],
+            data: ArenaBuf::zeroed(groups * group_bytes),
         };
         for r in 0..m.rows {
             let (g, lane) = (r / ROWS, r % ROWS);
@@ -179,26 +176,22 @@ impl LMatrix {
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: `Line` is plain bytes.
-        unsafe {
-            std::slice::from_raw_parts_mut(self.data.as_mut_ptr() as *mut u8, self.data.len() * 64)
-        }
+        self.data.bytes_mut()
     }
 
     fn bytes(&self) -> &[u8] {
-        // SAFETY: `Line` is plain bytes.
-        unsafe { std::slice::from_raw_parts(self.data.as_ptr() as *const u8, self.data.len() * 64) }
+        self.data.bytes()
     }
 
     /// Group `g`'s first byte (64-byte aligned).
     pub(crate) fn group(&self, g: usize) -> *const u8 {
         debug_assert!(g < self.groups);
         // SAFETY: the group lies inside `data`.
-        unsafe { (self.data.as_ptr() as *const u8).add(g * self.group_bytes) }
+        unsafe { self.data.as_ptr().add(g * self.group_bytes) }
     }
 
     pub fn size_bytes(&self) -> usize {
-        self.data.len() * 64
+        self.data.len()
     }
 
     /// Row `r`'s block `b` as the kernels read it.
