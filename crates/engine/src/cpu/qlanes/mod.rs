@@ -7,7 +7,7 @@
 //! multiply and one FMA per block and activation row (two FMAs with a minimum) — against the
 //! int8 kernels' (`qlinear.rs`) conversion and two scalings per four products, which made
 //! them compute-bound under load. An activation row costs two `vpdpbusd` per 64 products
-//! whatever the tile, the codes are unpacked once per tile of four rows, and the integer
+//! whatever the tile, the codes are unpacked once per tile of eight rows, and the integer
 //! sums are exact, so a row's result is the same bits alone or in any batch
 //! ([`reference`] is the definition, tests hold the kernel to it bit for bit).
 //!
@@ -35,8 +35,8 @@ use pack::offset;
 /// Values per block.
 const QK: usize = 32;
 
-/// Activation rows per tile.
-const MR: usize = 4;
+/// Activation rows per tile: eight, then up to four for the rest (`x86::dispatch`).
+const MR: usize = 8;
 /// Activation rows that share a pass over a weight group while it is in L1.
 const ROW_CHUNK: usize = 64;
 
@@ -77,7 +77,8 @@ pub(crate) fn qlinear_lanes(x: &[f32], m: usize, parts: &[LMatrix], out: &mut [f
                 let lanes = (p.rows - g * ROWS).min(ROWS);
                 let mut i = r0;
                 while i < r0 + rows {
-                    let mr = (r0 + rows - i).min(MR);
+                    let left = r0 + rows - i;
+                    let mr = if left >= MR { MR } else { left.min(4) };
                     // SAFETY: the group and rows exist; columns col..col+lanes of rows
                     // i..i+mr are this task's alone.
                     unsafe {

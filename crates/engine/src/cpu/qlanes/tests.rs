@@ -29,7 +29,7 @@ fn matrix(qt: QType, n: usize, k: usize, seed: &mut u64) -> QMatrix {
     QMatrix::quantize(qt, n, k, &wf).unwrap()
 }
 
-/// The kernel gives the reference's bits for every format, row count (tiles of 1 to 4 rows)
+/// The kernel gives the reference's bits for every format, row count (tiles of 1 to 4 and 8 rows)
 /// and a group of 16 weight rows cut short, in parts.
 #[test]
 fn kernel_equals_reference_bit_for_bit() {
@@ -45,7 +45,7 @@ fn kernel_equals_reference_bit_for_bit() {
             LMatrix::new(&matrix(qt, 16, k, &mut seed)),
         ];
         let n = 53;
-        for m in [1usize, 2, 3, 4, 5, 9] {
+        for m in [1usize, 2, 3, 4, 5, 8, 9, 15] {
             let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed) * 3.0).collect();
             let mut out = vec![f32::NAN; m * n];
             qlinear_lanes(&x, m, &parts, &mut out);

@@ -1,4 +1,4 @@
-//! The AVX512-VNNI lane kernel: 16 weight rows (one per lane) against up to four activation
+//! The AVX512-VNNI lane kernel: 16 weight rows (one per lane) against up to eight activation
 //! rows. Per block of 32 values and activation row, the integer `Σ code·a − OFFSET·Σa` is
 //! accumulated exactly in int32 lanes, then one conversion and two f32 operations take it
 //! into the row's accumulator: `acc = fma(f32(I), scale·d, acc)` and, for formats with a
@@ -194,8 +194,10 @@ pub(super) unsafe fn kernel<F: LFmt, const MR: usize>(t: &Args) {
             let halves = if F::QTYPE == QType::Q6_K { 2 } else { 1 };
             let lines = if nibbles { 4 } else { 8 } / halves;
             for half in 0..halves {
-                // Two chains per half-activation (even and odd 4-value groups): the dot
-                // products' latency, not their throughput, would bound one activation row.
+                // Up to two rows, two chains per half-activation (even and odd 4-value
+                // groups): the dot products' latency, not their throughput, would bound the
+                // tile. From three rows on the rows' chains are enough, and one chain saves
+                // the joining additions (`[1]` stays zero).
                 let mut hi = [[_mm512_setzero_si512(); 2]; MR];
                 let mut lo = [[_mm512_setzero_si512(); 2]; MR];
                 for (i, lo) in lo.iter_mut().enumerate() {
@@ -232,18 +234,20 @@ pub(super) unsafe fn kernel<F: LFmt, const MR: usize>(t: &Args) {
                             c0 = _mm512_ternarylogic_epi32::<0xEA>(h0, m30, c0);
                             c1 = _mm512_ternarylogic_epi32::<0xEA>(h1, m30, c1);
                         }
+                        let k = if MR >= 3 { 0 } else { 1 };
                         for i in 0..MR {
                             let p = ap[i].add(blk + 8 * z);
                             hi[i][0] = _mm512_dpbusd_epi32(hi[i][0], c0, bcast(p));
                             lo[i][0] = _mm512_dpbusd_epi32(lo[i][0], c0, bcast(p.add(32)));
-                            hi[i][1] = _mm512_dpbusd_epi32(hi[i][1], c1, bcast(p.add(4)));
-                            lo[i][1] = _mm512_dpbusd_epi32(lo[i][1], c1, bcast(p.add(36)));
+                            hi[i][k] = _mm512_dpbusd_epi32(hi[i][k], c1, bcast(p.add(4)));
+                            lo[i][k] = _mm512_dpbusd_epi32(lo[i][k], c1, bcast(p.add(36)));
                         }
                     } else {
                         let c = _mm512_load_si512(cp.add(64 * z) as *const _);
                         for i in 0..MR {
                             let p = ap[i].add(blk + 4 * z);
-                            let (h, l) = (&mut hi[i][z % 2], &mut lo[i][z % 2]);
+                            let k = if MR >= 3 { 0 } else { z % 2 };
+                            let (h, l) = (&mut hi[i][k], &mut lo[i][k]);
                             *h = _mm512_dpbusd_epi32(*h, c, bcast(p));
                             *l = _mm512_dpbusd_epi32(*l, c, bcast(p.add(32)));
                         }
@@ -274,7 +278,7 @@ pub(super) unsafe fn kernel<F: LFmt, const MR: usize>(t: &Args) {
     }
 }
 
-/// Runs [`kernel`] for `qt` with `mr` rows (1..=4).
+/// Runs [`kernel`] for `qt` with `mr` rows (1 to 4, or 8).
 ///
 /// # Safety
 /// As [`kernel`].
@@ -285,7 +289,8 @@ pub(super) unsafe fn dispatch(qt: QType, mr: usize, t: &Args) {
                 1 => kernel::<$f, 1>(t),
                 2 => kernel::<$f, 2>(t),
                 3 => kernel::<$f, 3>(t),
-                _ => kernel::<$f, 4>(t),
+                4 => kernel::<$f, 4>(t),
+                _ => kernel::<$f, 8>(t),
             }
         };
     }
