@@ -480,10 +480,13 @@ impl<B: Backend> StepEngine for Engine<B> {
 }
 
 /// The sliding-window layers' own pools, when they are worth having: the backend supports
-/// them, the caller keeps window tables, the model has local and global layers, and a full
-/// step's windows need fewer blocks than the uniform pools hold. Returns the window pools,
-/// the global layers' blocks (the freed budget goes to them; `kv_blocks` and a device share
-/// keep theirs) and which layers are local.
+/// them, the caller keeps window tables, the model has local layers, and a full step's
+/// windows need fewer blocks than the uniform pools hold. Returns the window pools, the
+/// global layers' blocks (the freed budget goes to them; `kv_blocks` and a device share keep
+/// theirs) and which layers are local. With every layer local (Mistral's window) the global
+/// pools hold no layer: their blocks cost nothing and only number the sequences' positions
+/// for the scheduler and the prefix cache, as many as the budget would have held for one
+/// layer, so contexts are bounded by `max_model_len`, not by the KV memory.
 fn window_pools<B: Backend>(
     c: &ModelConfig,
     opts: &EngineOptions,
@@ -493,7 +496,7 @@ fn window_pools<B: Backend>(
 ) -> Option<(KvWindow, usize, Vec<bool>)> {
     let w = c.sliding_window.as_ref()?;
     let local = w.local.iter().filter(|&&l| l).count();
-    if !opts.window_pools || !backend.window_pools() || local == 0 || local == w.local.len() {
+    if !opts.window_pools || !backend.window_pools() || local == 0 {
         return None;
     }
     let shape = opts.max_step;

@@ -61,12 +61,19 @@ fn gemma3_in_bf16_matches_transformers() {
 
 /// The local layers' K/V in window pools of their own (`KvWindow`), blocks handed back as the
 /// window leaves them and straight to the sequence's next block, decode steps replayed from
-/// CUDA graphs: every position's logits the bits of the engine with one table. (A local
+/// CUDA graphs: every position's logits the bits of the engine with one table, for Gemma 3
+/// and for a model whose every layer is local. (A local
 /// layer left on the global table would read and write past its pool, which the emulator
 /// does not check; the CPU's `gemma3.rs` test catches that.)
 fn check_window_pools<D: Device>(dev: &Arc<D>) {
-    let dir = hf_fixture::fixture("gemma3", "gemma3");
-    let r = reference(&dir);
+    // Gemma 3's local and global layers, and Mistral's window on every layer (no global pool).
+    for (group, name) in [("gemma3", "gemma3"), ("mistral", "mistral_window")] {
+        check_window_pools_of(dev, &hf_fixture::fixture(group, name));
+    }
+}
+
+fn check_window_pools_of<D: Device>(dev: &Arc<D>, dir: &std::path::Path) {
+    let r = reference(dir);
     let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();
     let load = |window_pools: bool| {
         let opts = EngineOptions {
@@ -81,7 +88,7 @@ fn check_window_pools<D: Device>(dev: &Arc<D>) {
             ..Default::default()
         };
         let backend = CudaBackend::with_graphs(dev.clone(), true).unwrap();
-        Engine::load(backend, &dir, &opts).unwrap()
+        Engine::load(backend, dir, &opts).unwrap()
     };
     let (mut plain, mut windowed) = (load(false), load(true));
     assert!(plain.kv_window().is_none());
@@ -104,8 +111,10 @@ fn check_window_pools<D: Device>(dev: &Arc<D>) {
             }])
             .unwrap();
         assert_eq!(
-            got.data, want.data,
-            "position {start}: window pools changed logits"
+            got.data,
+            want.data,
+            "{}, position {start}: window pools changed logits",
+            dir.display()
         );
         start += len;
     }

@@ -7,8 +7,13 @@
 
 mod hf_fixture;
 
-use hf_fixture::{F32_TOL, check_greedy, load, reference, rel_diff, sequence_logits, with_config};
-use lmi_engine::DType;
+use hf_fixture::{
+    F32_TOL, WindowRing, blocks, check_greedy, chunk, load, reference, rel_diff, rows_equal,
+    sequence_logits, with_config,
+};
+use lmi_engine::engine::{EngineOptions, StepEngine};
+use lmi_engine::warmup::StepShape;
+use lmi_engine::{DType, Engine, KvWindow, LogitsWanted};
 
 fn fixture(name: &str) -> std::path::PathBuf {
     hf_fixture::fixture("mistral", name)
@@ -88,4 +93,47 @@ fn the_config_switches_the_window() {
             assert!(d > 1e-2, "{name}: the window changed nothing ({d})");
         }
     }
+}
+
+/// A model whose every layer is local (Mistral's window) keeps all its K/V in window pools:
+/// blocks go back once out of every later token's window, and every position's logits are
+/// the bits of the engine with one table, in chunks of a prompt and one token at a time.
+#[test]
+fn every_layer_local_runs_on_window_pools_alone() {
+    let dir = fixture("mistral_window");
+    let r = reference(&dir);
+    let seq = r.sequence();
+    let alone = load(&dir, DType::F32)
+        .forward_logits(&[chunk(&seq, 0, &blocks(0, seq.len()), LogitsWanted::All)])
+        .unwrap();
+    let opts = EngineOptions {
+        dtype: Some(DType::F32),
+        max_step: StepShape {
+            seqs: 1,
+            tokens: 16,
+            context: None,
+        },
+        ..Default::default()
+    };
+    let mut e = Engine::load_cpu(&dir, &opts).unwrap();
+    let w = e.kv_window().expect("window pools for Mistral's window");
+    assert_eq!(w, KvWindow { blocks: 8, size: 8 });
+    // Global ids past the window pool's: a layer on the global table reads outside it (and
+    // no global pool exists to read).
+    let table = blocks(8, seq.len());
+    let mut ring = WindowRing::new(w);
+    let mut start = 0;
+    while start < seq.len() {
+        let len = if start == 0 { 14 } else { 1 };
+        let mut c = chunk(&seq[start..start + len], start, &table, LogitsWanted::All);
+        c.window_table = ring.table_for(start, len);
+        let out = e.forward_logits(&[c]).unwrap();
+        rows_equal(&out, &alone, start, "window pools alone");
+        start += len;
+    }
+    assert!(
+        ring.reused,
+        "no block left the window ({} tokens)",
+        seq.len()
+    );
 }

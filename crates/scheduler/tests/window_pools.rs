@@ -33,6 +33,20 @@ fn windowed_model() -> tempfile::TempDir {
     dir
 }
 
+/// Mistral's window on every layer (8 keys): no global layer at all.
+fn all_local_model() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), &TinySpec::llama()).unwrap();
+    let path = dir.path().join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    c["architectures"] = serde_json::json!(["MistralForCausalLM"]);
+    c["model_type"] = "mistral".into();
+    c["sliding_window"] = 8.into();
+    std::fs::write(&path, c.to_string()).unwrap();
+    dir
+}
+
 fn scheduler(dir: &Path, window_pools: bool) -> Scheduler {
     scheduler_with(dir, window_pools, cfg(4, 64))
 }
@@ -140,6 +154,38 @@ fn window_pools_give_the_same_tokens_and_hold_only_the_windows() {
     s.window_pool().unwrap().check_invariants().unwrap();
 
     // The same prompts again: served from both pools' prefix caches, the same output.
+    let before = s.metrics().snapshot().prefix_cached_tokens;
+    let (again, _) = run(&mut s, &prompts, 10);
+    let cached = s.metrics().snapshot().prefix_cached_tokens - before;
+    assert!(
+        cached >= 3 * 32,
+        "only {cached} prompt tokens came from the cache"
+    );
+    assert_eq!(again, want);
+}
+
+/// With every layer local the window pools hold all the K/V there is (the global tables only
+/// number positions): the same tokens and logprobs as one table, only the windows held, and
+/// a repeated prompt from the prefix cache.
+#[test]
+fn every_layer_local_keeps_only_the_windows() {
+    let dir = all_local_model();
+    let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(40 + 7 * i, i as u32)).collect();
+    let mut plain = scheduler(dir.path(), false);
+    assert!(plain.window_pool().is_none());
+    let (want, _) = run(&mut plain, &prompts, 1);
+
+    let mut s = scheduler(dir.path(), true);
+    assert_eq!(
+        s.window_pool().map(|p| p.num_blocks()),
+        Some(32),
+        "window pools for Mistral's window"
+    );
+    let (got, (most, _)) = run(&mut s, &prompts, 1);
+    assert_eq!(got, want, "window pools changed tokens or logprobs");
+    assert!(got.iter().all(|r| r.len() == 1 && r[0].0.len() == 80));
+    assert!(most <= 15, "{most} window blocks held at once");
+    assert_eq!(s.window_pool().map(|p| p.num_used()), Some(0));
     let before = s.metrics().snapshot().prefix_cached_tokens;
     let (again, _) = run(&mut s, &prompts, 10);
     let cached = s.metrics().snapshot().prefix_cached_tokens - before;

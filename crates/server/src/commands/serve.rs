@@ -258,7 +258,19 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
                 config.device
             );
             let blocks = engine.num_blocks();
+            let all_local = engine
+                .model_config()
+                .sliding_window
+                .as_ref()
+                .is_some_and(|s| s.local.iter().all(|&l| l));
             match engine.kv_window() {
+                Some(w) if all_local => tracing::info!(
+                    "KV cache: every layer is a {}-token sliding window, in {} blocks of their \
+                     own; the sequences' tables number up to {blocks} blocks ({} tokens) in all",
+                    w.size,
+                    w.blocks,
+                    blocks * lmi_engine::BLOCK_SIZE
+                ),
                 Some(w) => tracing::info!(
                     "KV cache: {blocks} blocks ({} tokens) for the global layers; the \
                      {}-token sliding-window layers keep {} blocks of their own",
