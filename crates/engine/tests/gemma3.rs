@@ -14,8 +14,8 @@ mod hf_fixture;
 use std::path::PathBuf;
 
 use hf_fixture::{
-    BF16_TOL, F32_TOL, WindowRing, argmax, blocks, check_greedy, chunk, load, load_gguf,
-    prompt_diffs, reference, rel_diff, rows_equal, sequence_logits, with_config,
+    BF16_TOL, F32_TOL, argmax, blocks, check_greedy, chunk, load, load_gguf, prompt_diffs,
+    reference, rel_diff, rows_equal, run_on_window_pools, sequence_logits, with_config,
 };
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::warmup::StepShape;
@@ -152,29 +152,9 @@ fn local_layers_in_window_pools_give_the_same_bits() {
         .kv_window()
         .expect("window pools for Gemma 3's local layers");
     assert_eq!(w, KvWindow { blocks: 8, size: 8 });
-    // Global ids beyond the window pool's: a local layer on the wrong table reads outside it.
-    let table = blocks(8, seq.len());
-    let mut ring = WindowRing::new(w);
-    let mut start = 0;
-    while start < seq.len() {
-        let len = match start {
-            0 => 5,
-            5 => 11,
-            _ => 1,
-        };
-        let mut c = chunk(&seq[start..start + len], start, &table, LogitsWanted::All);
-        c.window_table = ring.table_for(start, len);
-        let out = e.forward_logits(&[c]).unwrap();
-        rows_equal(&out, &alone, start, "window pools");
-        start += len;
-    }
-    assert!(
-        ring.reused,
-        "no block left the window ({} tokens)",
-        seq.len()
-    );
+    run_on_window_pools(&mut e, w, &seq, &alone, &[5, 11]);
     // A window table without a block where the window reaches is refused, naming it.
-    let mut c = chunk(&seq[20..21], 20, &table, LogitsWanted::Last);
+    let mut c = chunk(&seq[20..21], 20, &blocks(8, seq.len()), LogitsWanted::Last);
     c.window_table = vec![NO_BLOCK, 1];
     let err = e.forward_logits(&[c]).unwrap_err().to_string();
     assert!(err.contains("window table holds no block"), "{err}");

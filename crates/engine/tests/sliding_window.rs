@@ -8,7 +8,7 @@
 mod hf_fixture;
 
 use hf_fixture::{
-    F32_TOL, WindowRing, blocks, check_greedy, chunk, load, reference, rel_diff, rows_equal,
+    F32_TOL, blocks, check_greedy, chunk, load, reference, rel_diff, run_on_window_pools,
     sequence_logits, with_config,
 };
 use lmi_engine::engine::{EngineOptions, StepEngine};
@@ -118,22 +118,5 @@ fn every_layer_local_runs_on_window_pools_alone() {
     let mut e = Engine::load_cpu(&dir, &opts).unwrap();
     let w = e.kv_window().expect("window pools for Mistral's window");
     assert_eq!(w, KvWindow { blocks: 8, size: 8 });
-    // Global ids past the window pool's: a layer on the global table reads outside it (and
-    // no global pool exists to read).
-    let table = blocks(8, seq.len());
-    let mut ring = WindowRing::new(w);
-    let mut start = 0;
-    while start < seq.len() {
-        let len = if start == 0 { 14 } else { 1 };
-        let mut c = chunk(&seq[start..start + len], start, &table, LogitsWanted::All);
-        c.window_table = ring.table_for(start, len);
-        let out = e.forward_logits(&[c]).unwrap();
-        rows_equal(&out, &alone, start, "window pools alone");
-        start += len;
-    }
-    assert!(
-        ring.reused,
-        "no block left the window ({} tokens)",
-        seq.len()
-    );
+    run_on_window_pools(&mut e, w, &seq, &alone, &[r.prompt.len()]);
 }

@@ -128,16 +128,17 @@ fn run_requests(
     (out, (most, most_global))
 }
 
-#[test]
-fn window_pools_give_the_same_tokens_and_hold_only_the_windows() {
-    let dir = windowed_model();
+/// Three prompts of 80 greedy tokens through a scheduler with one table, then with window
+/// pools: the same tokens and logprobs, only the windows held, and the same prompts again
+/// from both pools' prefix caches.
+fn same_tokens_holding_only_the_windows(dir: &Path) {
     let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(40 + 7 * i, i as u32)).collect();
-    let mut plain = scheduler(dir.path(), false);
+    let mut plain = scheduler(dir, false);
     assert!(plain.window_pool().is_none());
     let (want, _) = run(&mut plain, &prompts, 1);
 
-    let mut s = scheduler(dir.path(), true);
-    let pool = s.window_pool().expect("a window pool for the local layer");
+    let mut s = scheduler(dir, true);
+    let pool = s.window_pool().expect("a window pool for the local layers");
     // Four sequences' windows and their prompts' last windows, and a step's 64 tokens:
     // 4 · 2 · (1 + 2) + 4 + 4 blocks.
     assert_eq!(pool.num_blocks(), 32);
@@ -146,7 +147,7 @@ fn window_pools_give_the_same_tokens_and_hold_only_the_windows() {
     assert_eq!(got, want, "window pools changed tokens or logprobs");
     assert!(got.iter().all(|r| r.len() == 1 && r[0].0.len() == 80));
     // Each sequence (up to 134 tokens, 9 blocks) holds at most its window's two blocks, the
-    // one being written and its prompt's last window (two); the global pool holds them all.
+    // one being written and its prompt's last window (two); the global tables hold them all.
     assert!(most <= 15, "{most} window blocks held at once");
     assert_eq!(s.window_pool().map(|p| p.num_used()), Some(0));
     let m = s.metrics().snapshot();
@@ -164,36 +165,16 @@ fn window_pools_give_the_same_tokens_and_hold_only_the_windows() {
     assert_eq!(again, want);
 }
 
+#[test]
+fn window_pools_give_the_same_tokens_and_hold_only_the_windows() {
+    same_tokens_holding_only_the_windows(windowed_model().path());
+}
+
 /// With every layer local the window pools hold all the K/V there is (the global tables only
-/// number positions): the same tokens and logprobs as one table, only the windows held, and
-/// a repeated prompt from the prefix cache.
+/// number positions).
 #[test]
 fn every_layer_local_keeps_only_the_windows() {
-    let dir = all_local_model();
-    let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(40 + 7 * i, i as u32)).collect();
-    let mut plain = scheduler(dir.path(), false);
-    assert!(plain.window_pool().is_none());
-    let (want, _) = run(&mut plain, &prompts, 1);
-
-    let mut s = scheduler(dir.path(), true);
-    assert_eq!(
-        s.window_pool().map(|p| p.num_blocks()),
-        Some(32),
-        "window pools for Mistral's window"
-    );
-    let (got, (most, _)) = run(&mut s, &prompts, 1);
-    assert_eq!(got, want, "window pools changed tokens or logprobs");
-    assert!(got.iter().all(|r| r.len() == 1 && r[0].0.len() == 80));
-    assert!(most <= 15, "{most} window blocks held at once");
-    assert_eq!(s.window_pool().map(|p| p.num_used()), Some(0));
-    let before = s.metrics().snapshot().prefix_cached_tokens;
-    let (again, _) = run(&mut s, &prompts, 10);
-    let cached = s.metrics().snapshot().prefix_cached_tokens - before;
-    assert!(
-        cached >= 3 * 32,
-        "only {cached} prompt tokens came from the cache"
-    );
-    assert_eq!(again, want);
+    same_tokens_holding_only_the_windows(all_local_model().path());
 }
 
 /// Forks share their prompt's blocks in both pools, copying a shared partial block before

@@ -231,6 +231,36 @@ impl WindowRing {
     }
 }
 
+/// Runs `seq` through `e`, whose window pools are `w`, in chunks of `lens` and then one token
+/// at a time, every position's logits the bits of `alone` (the one-table engine's), and
+/// checks that blocks left the window and were handed out again. The global table's ids
+/// start past the window pool's, so a local layer on the wrong table reads outside its pool.
+pub fn run_on_window_pools(
+    e: &mut Engine<lmi_engine::cpu::CpuBackend>,
+    w: lmi_engine::KvWindow,
+    seq: &[u32],
+    alone: &lmi_engine::engine::Logits,
+    lens: &[usize],
+) {
+    let table = blocks(w.blocks as u32, seq.len());
+    let mut ring = WindowRing::new(w);
+    let mut start = 0;
+    let mut lens = lens.iter();
+    while start < seq.len() {
+        let len = lens.next().copied().unwrap_or(1);
+        let mut c = chunk(&seq[start..start + len], start, &table, LogitsWanted::All);
+        c.window_table = ring.table_for(start, len);
+        let out = e.forward_logits(&[c]).unwrap();
+        rows_equal(&out, alone, start, "window pools");
+        start += len;
+    }
+    assert!(
+        ring.reused,
+        "no block left the window ({} tokens)",
+        seq.len()
+    );
+}
+
 /// Every row of `got` is the bits of `want`'s row `start + t`.
 pub fn rows_equal(
     got: &lmi_engine::engine::Logits,
