@@ -270,9 +270,9 @@ impl GgufFile {
         let hi = (start - base + bytes.len())
             .next_multiple_of(PAGE)
             .min(self.mmap.len());
-        // SAFETY: a read-only private file mapping, which nothing writes: pages dropped are read
-        // again from the file, the same bytes, should anything touch them later. (Neighbouring
-        // tensors' bytes on the boundary pages likewise.) Advice is best effort.
+        // SAFETY: a read-only file mapping that nothing writes: pages dropped are read again
+        // from the page cache or the file, the same bytes, should anything touch them later
+        // (neighbouring tensors' bytes on the boundary pages likewise). Advice is best effort.
         let _ = unsafe {
             self.mmap
                 .unchecked_advise_range(UncheckedAdvice::DontNeed, lo, hi - lo)
