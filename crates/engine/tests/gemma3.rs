@@ -14,12 +14,12 @@ mod hf_fixture;
 use std::path::PathBuf;
 
 use hf_fixture::{
-    BF16_TOL, F32_TOL, argmax, blocks, check_greedy, chunk, load, load_gguf, prompt_diffs,
-    reference, rel_diff, rows_equal, run_on_window_pools, sequence_logits, with_config,
+    BF16_TOL, F32_TOL, argmax, blocks, check_greedy, chunk, load, load_gguf, load_windowed,
+    prompt_diffs, reference, rel_diff, rows_equal, run_on_window_pools, sequence_logits,
+    with_config,
 };
-use lmi_engine::engine::{EngineOptions, StepEngine};
-use lmi_engine::warmup::StepShape;
-use lmi_engine::{DType, Engine, KvWindow, LogitsWanted, NO_BLOCK};
+use lmi_engine::engine::StepEngine;
+use lmi_engine::{DType, KvWindow, LogitsWanted, NO_BLOCK};
 
 /// `gemma3_linear` scales the global layers' RoPE linearly (gemma-3-4b and larger).
 const VARIANTS: [&str; 2] = ["gemma3", "gemma3_linear"];
@@ -137,17 +137,7 @@ fn local_layers_in_window_pools_give_the_same_bits() {
     let alone = load(&dir, DType::F32)
         .forward_logits(&[chunk(&seq, 0, &blocks(0, seq.len()), LogitsWanted::All)])
         .unwrap();
-    let opts = EngineOptions {
-        dtype: Some(DType::F32),
-        kv_blocks: Some(64),
-        max_step: StepShape {
-            seqs: 1,
-            tokens: 16,
-            context: None,
-        },
-        ..Default::default()
-    };
-    let mut e = Engine::load_cpu(&dir, &opts).unwrap();
+    let mut e = load_windowed(&dir);
     let w = e
         .kv_window()
         .expect("window pools for Gemma 3's local layers");

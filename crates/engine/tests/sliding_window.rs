@@ -8,12 +8,11 @@
 mod hf_fixture;
 
 use hf_fixture::{
-    F32_TOL, blocks, check_greedy, chunk, load, reference, rel_diff, run_on_window_pools,
-    sequence_logits, with_config,
+    F32_TOL, blocks, check_greedy, chunk, load, load_windowed, reference, rel_diff,
+    run_on_window_pools, sequence_logits, with_config,
 };
-use lmi_engine::engine::{EngineOptions, StepEngine};
-use lmi_engine::warmup::StepShape;
-use lmi_engine::{DType, Engine, KvWindow, LogitsWanted};
+use lmi_engine::engine::StepEngine;
+use lmi_engine::{DType, KvWindow, LogitsWanted};
 
 fn fixture(name: &str) -> std::path::PathBuf {
     hf_fixture::fixture("mistral", name)
@@ -106,16 +105,7 @@ fn every_layer_local_runs_on_window_pools_alone() {
     let alone = load(&dir, DType::F32)
         .forward_logits(&[chunk(&seq, 0, &blocks(0, seq.len()), LogitsWanted::All)])
         .unwrap();
-    let opts = EngineOptions {
-        dtype: Some(DType::F32),
-        max_step: StepShape {
-            seqs: 1,
-            tokens: 16,
-            context: None,
-        },
-        ..Default::default()
-    };
-    let mut e = Engine::load_cpu(&dir, &opts).unwrap();
+    let mut e = load_windowed(&dir);
     let w = e.kv_window().expect("window pools for Mistral's window");
     assert_eq!(w, KvWindow { blocks: 8, size: 8 });
     run_on_window_pools(&mut e, w, &seq, &alone, &[r.prompt.len()]);

@@ -19,32 +19,34 @@ use lmi_scheduler::{
 };
 use lmi_text::Tokenizer;
 
-/// Qwen2 with `use_sliding_window`: layer 0 global, layer 1 local over 8 keys.
-fn windowed_model() -> tempfile::TempDir {
+/// A tiny model of `spec` with its config edited.
+fn tiny_model(spec: &TinySpec, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    write_tiny_model(dir.path(), &TinySpec::qwen2()).unwrap();
+    write_tiny_model(dir.path(), spec).unwrap();
     let path = dir.path().join("config.json");
     let mut c: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    c["use_sliding_window"] = true.into();
-    c["sliding_window"] = 8.into();
-    c["max_window_layers"] = 1.into();
+    edit(&mut c);
     std::fs::write(&path, c.to_string()).unwrap();
     dir
 }
 
+/// Qwen2 with `use_sliding_window`: layer 0 global, layer 1 local over 8 keys.
+fn windowed_model() -> tempfile::TempDir {
+    tiny_model(&TinySpec::qwen2(), |c| {
+        c["use_sliding_window"] = true.into();
+        c["sliding_window"] = 8.into();
+        c["max_window_layers"] = 1.into();
+    })
+}
+
 /// Mistral's window on every layer (8 keys): no global layer at all.
 fn all_local_model() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    write_tiny_model(dir.path(), &TinySpec::llama()).unwrap();
-    let path = dir.path().join("config.json");
-    let mut c: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    c["architectures"] = serde_json::json!(["MistralForCausalLM"]);
-    c["model_type"] = "mistral".into();
-    c["sliding_window"] = 8.into();
-    std::fs::write(&path, c.to_string()).unwrap();
-    dir
+    tiny_model(&TinySpec::llama(), |c| {
+        c["architectures"] = serde_json::json!(["MistralForCausalLM"]);
+        c["model_type"] = "mistral".into();
+        c["sliding_window"] = 8.into();
+    })
 }
 
 fn scheduler(dir: &Path, window_pools: bool) -> Scheduler {

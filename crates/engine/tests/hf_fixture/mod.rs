@@ -97,6 +97,22 @@ pub fn load(dir: &Path, dtype: DType) -> Engine<lmi_engine::cpu::CpuBackend> {
     Engine::load_cpu(dir, &opts).unwrap()
 }
 
+/// The fixture in f32 with window pools for its local layers, sized for steps of one
+/// sequence and 16 tokens, and 64 global blocks.
+pub fn load_windowed(dir: &Path) -> Engine<lmi_engine::cpu::CpuBackend> {
+    let opts = EngineOptions {
+        dtype: Some(DType::F32),
+        kv_blocks: Some(64),
+        max_step: lmi_engine::warmup::StepShape {
+            seqs: 1,
+            tokens: 16,
+            context: None,
+        },
+        ..Default::default()
+    };
+    Engine::load_cpu(dir, &opts).unwrap()
+}
+
 pub fn blocks(first: u32, tokens: usize) -> Vec<u32> {
     (first..first + tokens.div_ceil(BLOCK_SIZE) as u32).collect()
 }
