@@ -24,6 +24,9 @@ use crate::quant::{QMatrix, QType, dequantize_block};
 pub enum QPath {
     /// The lane kernels of `qlanes.rs` (AVX512-VNNI, 12-bit activations, exact block sums).
     Lanes,
+    /// The lane kernels on AVX2 for codes of up to six bits (the same bits as `Lanes`); the
+    /// int8 AVX2 kernels for Q8_0 and I8.
+    LanesAvx2,
     Avx512Vnni,
     Avx512,
     AvxVnni,
@@ -61,6 +64,9 @@ impl QPath {
             if has("avx512") {
                 v.push(QPath::Avx512);
             }
+            if has("avx2") {
+                v.push(QPath::LanesAvx2);
+            }
             if has("avx2") && has("avxvnni") {
                 v.push(QPath::AvxVnni);
             }
@@ -76,6 +82,7 @@ impl QPath {
     pub fn name(self) -> &'static str {
         match self {
             QPath::Lanes => "int12 lanes (AVX512-VNNI)",
+            QPath::LanesAvx2 => "int12 lanes (AVX2; Q8_0 and int8 on int8 AVX2)",
             QPath::Avx512Vnni => "int8 (AVX512-VNNI)",
             QPath::Avx512 => "int8 (AVX-512BW)",
             QPath::AvxVnni => "int8 (AVX-VNNI)",
@@ -101,7 +108,8 @@ pub fn qpath() -> QPath {
             .into_iter()
             .find(|p| {
                 let vnni = matches!(p, QPath::Lanes | QPath::Avx512Vnni | QPath::AvxVnni);
-                !(no512 && p.is_512() || novnni && vnni || nolanes && *p == QPath::Lanes)
+                let lanes = matches!(p, QPath::Lanes | QPath::LanesAvx2);
+                !(no512 && p.is_512() || novnni && vnni || nolanes && lanes)
             })
             .unwrap_or(QPath::Scalar)
     })
@@ -119,7 +127,8 @@ const SMALL_M: usize = 64;
 pub enum QWeight {
     Native(Vec<QMatrix>),
     Packed(Vec<Packed>),
-    /// The lane layout of `qlanes.rs` (AVX512-VNNI): exact block sums, batch invariant.
+    /// The lane layout of `qlanes.rs` (AVX512-VNNI, or AVX2 for the formats it takes): exact
+    /// block sums, batch invariant.
     Lanes(Vec<LMatrix>),
 }
 
@@ -129,7 +138,8 @@ impl QWeight {
     }
 
     pub fn for_path(parts: Vec<QMatrix>, path: QPath) -> QWeight {
-        if path == QPath::Lanes {
+        let avx2_lanes = || parts.iter().all(|p| super::qlanes::avx2_takes(p.qtype));
+        if path == QPath::Lanes || path == QPath::LanesAvx2 && avx2_lanes() {
             QWeight::Lanes(parts.iter().map(LMatrix::new).collect())
         } else if path.is_512() {
             QWeight::Packed(parts.iter().map(Packed::new).collect())
@@ -240,16 +250,23 @@ pub fn qlinear_with(
     let part_rows = w.part_rows();
     let n: usize = part_rows.iter().sum();
     assert!(k.is_multiple_of(QK) && x.len() >= m * k && out.len() >= m * n);
-    assert_eq!(
-        matches!(w, QWeight::Packed(_) | QWeight::Lanes(_)),
-        path.is_512(),
-        "weights packed for another path"
-    );
+    let laid_out = match w {
+        QWeight::Native(_) => !path.is_512(),
+        QWeight::Packed(_) => path.is_512() && path != QPath::Lanes,
+        QWeight::Lanes(_) => matches!(path, QPath::Lanes | QPath::LanesAvx2),
+    };
+    assert!(laid_out, "weights laid out for another path than {path:?}");
     if m == 0 || n == 0 {
         return;
     }
     if let QWeight::Lanes(parts) = w {
-        super::qlanes::qlinear_lanes(x, m, parts, out);
+        use super::qlanes::Isa;
+        let isa = if path == QPath::Lanes {
+            Isa::Avx512Vnni
+        } else {
+            Isa::Avx2
+        };
+        super::qlanes::qlinear_lanes(isa, x, m, parts, out);
         return add_bias(out, m, n, bias);
     }
     let a = if path.is_512() {
@@ -479,7 +496,9 @@ unsafe fn tile(
                 unreachable!("AVX-512 paths read packed weights")
             }
             QPath::AvxVnni => return dispatch!(k256_vnni, TileArgs, args, w.qtype, mr, nr),
-            QPath::Avx2 => return dispatch!(k256_avx2, TileArgs, args, w.qtype, mr, nr),
+            QPath::Avx2 | QPath::LanesAvx2 => {
+                return dispatch!(k256_avx2, TileArgs, args, w.qtype, mr, nr);
+            }
             QPath::Scalar => {}
         }
     }

@@ -41,6 +41,8 @@ impl LAct {
         #[cfg(target_arch = "x86_64")]
         let simd = std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw");
+        #[cfg(target_arch = "x86_64")]
+        let avx2 = std::arch::is_x86_feature_detected!("avx2");
         #[cfg(not(target_arch = "x86_64"))]
         let simd = false;
         let blocks = x[..rows * k]
@@ -53,6 +55,13 @@ impl LAct {
             if simd {
                 // SAFETY: AVX-512F/BW were detected; `x` holds 32 values and `q` 64 bytes.
                 (*d, *sum, *sum16) = unsafe { x86::block(x, q) };
+                *ms = *d * *sum as f32;
+                continue;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: AVX2 was detected; `x` holds 32 values and `q` 64 bytes.
+                (*d, *sum, *sum16) = unsafe { x86::block_avx2(x, q) };
                 *ms = *d * *sum as f32;
                 continue;
             }
@@ -93,7 +102,7 @@ pub(crate) fn scalar_block(x: &[f32], q: &mut [i8]) -> (f32, i32, i32) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use std::arch::x86_64::*;
 
     /// [`super::scalar_block`] in AVX-512 (the same bits).
@@ -122,6 +131,51 @@ mod x86 {
             _mm_storeu_si128(p.add(3), _mm512_cvtepi32_epi8(_mm512_and_si512(a1, m15)));
             let sum16 = _mm512_reduce_add_epi32(a0);
             let sum = sum16 + _mm512_reduce_add_epi32(a1);
+            (amax / super::AMAX_Q, sum, sum16)
+        }
+    }
+
+    /// [`super::scalar_block`] in AVX2 (the same bits).
+    #[target_feature(enable = "avx2")]
+    pub(in crate::cpu::qlanes) unsafe fn block_avx2(x: &[f32], q: &mut [i8]) -> (f32, i32, i32) {
+        unsafe {
+            let xs: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x.as_ptr().add(8 * i)));
+            let sign = _mm256_set1_ps(-0.0);
+            let m = xs.iter().fold(_mm256_setzero_ps(), |m, &v| {
+                _mm256_max_ps(m, _mm256_andnot_ps(sign, v))
+            });
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
+            if amax == 0.0 {
+                q[..64].fill(0);
+                return (0.0, 0, 0);
+            }
+            let id = _mm256_set1_ps(super::AMAX_Q / amax);
+            let (lo_q, hi_q) = (_mm256_set1_epi32(-2047), _mm256_set1_epi32(2047));
+            // Round to nearest even: the default rounding mode of the conversion.
+            let a: [__m256i; 4] = std::array::from_fn(|i| {
+                let a = _mm256_cvtps_epi32(_mm256_mul_ps(xs[i], id));
+                _mm256_min_epi32(_mm256_max_epi32(a, lo_q), hi_q)
+            });
+            // Bytes in order: the packs interleave 128-bit lanes, one permute restores it.
+            let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            let bytes = |f: &dyn Fn(__m256i) -> __m256i| {
+                let p01 = _mm256_packs_epi32(f(a[0]), f(a[1]));
+                let p23 = _mm256_packs_epi32(f(a[2]), f(a[3]));
+                _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), order)
+            };
+            let m15 = _mm256_set1_epi32(15);
+            let p = q.as_mut_ptr() as *mut __m256i;
+            _mm256_storeu_si256(p, bytes(&|v| _mm256_srai_epi32::<4>(v)));
+            _mm256_storeu_si256(p.add(1), bytes(&|v| _mm256_and_si256(v, m15)));
+            let hsum = |v: __m256i| {
+                let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+                let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+                _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
+            };
+            let sum16 = hsum(_mm256_add_epi32(a[0], a[1]));
+            let sum = sum16 + hsum(_mm256_add_epi32(a[2], a[3]));
             (amax / super::AMAX_Q, sum, sum16)
         }
     }

@@ -16,6 +16,8 @@
 //! is under 1/16 of its block's.
 
 mod act;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod pack;
 #[cfg(test)]
 mod tests;
@@ -35,20 +37,38 @@ use pack::offset;
 /// Values per block.
 const QK: usize = 32;
 
-/// Activation rows per tile: eight, then up to four for the rest (`x86::dispatch`).
+/// Activation rows per tile: eight, then up to four for the rest (`x86::dispatch`); four on
+/// AVX2 (its 16 registers).
 const MR: usize = 8;
+
+/// Which instructions run the lane kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// `vpdpbusd` on 512-bit registers: every format.
+    Avx512Vnni,
+    /// `vpmaddubsw` on 256-bit registers: the formats [`avx2_takes`].
+    Avx2,
+}
+
+/// Whether the AVX2 lane kernel takes the format (codes of at most six bits).
+pub(crate) const fn avx2_takes(qt: crate::quant::QType) -> bool {
+    !matches!(qt, crate::quant::QType::Q8_0 | crate::quant::QType::I8)
+}
 /// Activation rows that share a pass over a weight group while it is in L1.
 const ROW_CHUNK: usize = 64;
 
 /// `out[i, c] = x[i, :] · w[c, :]` over the concatenated `parts` (`n` columns in all), for
-/// `m` rows of `x`, on a CPU that has [`super::qlinear::QPath::Lanes`].
-pub(crate) fn qlinear_lanes(x: &[f32], m: usize, parts: &[LMatrix], out: &mut [f32]) {
+/// `m` rows of `x`, on a CPU that has `isa` (and, for AVX2, parts it takes). Both give the
+/// same bits.
+pub(crate) fn qlinear_lanes(isa: Isa, x: &[f32], m: usize, parts: &[LMatrix], out: &mut [f32]) {
     let Some(first) = parts.first() else {
         return;
     };
     let k = first.cols;
     let n: usize = parts.iter().map(|p| p.rows).sum();
     assert!(x.len() >= m * k && out.len() >= m * n);
+    assert!(isa == Isa::Avx512Vnni || parts.iter().all(|p| avx2_takes(p.qtype)));
+    let mr_max = if isa == Isa::Avx512Vnni { MR } else { 4 };
     if m == 0 || n == 0 {
         return;
     }
@@ -78,11 +98,11 @@ pub(crate) fn qlinear_lanes(x: &[f32], m: usize, parts: &[LMatrix], out: &mut [f
                 let mut i = r0;
                 while i < r0 + rows {
                     let left = r0 + rows - i;
-                    let mr = if left >= MR { MR } else { left.min(4) };
+                    let mr = if left >= mr_max { mr_max } else { left.min(4) };
                     // SAFETY: the group and rows exist; columns col..col+lanes of rows
                     // i..i+mr are this task's alone.
                     unsafe {
-                        run_tile(&a, p, g, i, mr, o.at(i * n + col), n, lanes, i == r0);
+                        run_tile(isa, &a, p, g, i, mr, o.at(i * n + col), n, lanes, i == r0);
                     }
                     i += mr;
                 }
@@ -99,9 +119,10 @@ pub(crate) fn qlinear_lanes(x: &[f32], m: usize, parts: &[LMatrix], out: &mut [f
 /// One group of `w` against activation rows `i..i+mr`.
 ///
 /// # Safety
-/// As [`x86::kernel`].
+/// As [`x86::kernel`] (and [`avx2::kernel`] for each half of the group).
 #[allow(clippy::too_many_arguments)]
 unsafe fn run_tile(
+    isa: Isa,
     a: &LAct,
     w: &LMatrix,
     g: usize,
@@ -128,11 +149,14 @@ unsafe fn run_tile(
             },
             prefetch,
         };
-        x86::dispatch(w.qtype, mr, &args);
+        match isa {
+            Isa::Avx512Vnni => x86::dispatch(w.qtype, mr, &args),
+            Isa::Avx2 => avx2::dispatch(w.qtype, mr, &args),
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (a, w, g, i, mr, out, ldo, lanes, prefetch);
+        let _ = (isa, a, w, g, i, mr, out, ldo, lanes, prefetch);
         unreachable!("the lane kernels run on x86-64 only");
     }
 }

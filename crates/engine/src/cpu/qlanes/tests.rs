@@ -1,15 +1,30 @@
 use super::*;
 use crate::cpu::qlinear::QPath;
 
-/// Whether this CPU runs the lane kernels.
-fn available() -> bool {
-    QPath::available().contains(&QPath::Lanes)
-}
 use crate::quant::{QMatrix, QType};
 use crate::testing::lcg;
 
-fn formats() -> impl Iterator<Item = QType> {
-    QType::ALL.into_iter()
+/// The lane kernels this CPU runs.
+fn isas() -> Vec<Isa> {
+    let paths = QPath::available();
+    let mut v = Vec::new();
+    if paths.contains(&QPath::Lanes) {
+        v.push(Isa::Avx512Vnni);
+    }
+    if paths.contains(&QPath::LanesAvx2) {
+        v.push(Isa::Avx2);
+    }
+    if v.is_empty() {
+        eprintln!("no AVX2: the lane kernels are not run here");
+    }
+    v
+}
+
+/// The formats a kernel takes.
+fn formats(isa: Isa) -> impl Iterator<Item = QType> {
+    QType::ALL
+        .into_iter()
+        .filter(move |&qt| isa == Isa::Avx512Vnni || avx2_takes(qt))
 }
 
 fn matrix(qt: QType, n: usize, k: usize, seed: &mut u64) -> QMatrix {
@@ -29,39 +44,43 @@ fn matrix(qt: QType, n: usize, k: usize, seed: &mut u64) -> QMatrix {
     QMatrix::quantize(qt, n, k, &wf).unwrap()
 }
 
-/// The kernel gives the reference's bits for every format, row count (tiles of 1 to 4 and 8 rows)
-/// and a group of 16 weight rows cut short, in parts.
+/// Each kernel gives the reference's bits for every format it takes, row count (tiles of 1
+/// to 4 and 8 rows) and a group of 16 weight rows cut short (to more and to fewer than 8
+/// rows: AVX2's halves), in parts.
 #[test]
 fn kernel_equals_reference_bit_for_bit() {
-    if !available() {
-        eprintln!("no AVX512-VNNI: the lane kernels are not run here");
-        return;
+    for isa in isas() {
+        kernel_equals_reference(isa);
     }
+}
+
+fn kernel_equals_reference(isa: Isa) {
     let mut seed = 7;
-    for qt in formats() {
+    for qt in formats(isa) {
         let k = if qt.block() == 256 { 512 } else { 288 };
         let parts = [
             LMatrix::new(&matrix(qt, 37, k, &mut seed)),
             LMatrix::new(&matrix(qt, 16, k, &mut seed)),
+            LMatrix::new(&matrix(qt, 11, k, &mut seed)),
         ];
-        let n = 53;
+        let n = 64;
         for m in [1usize, 2, 3, 4, 5, 8, 9, 15] {
             let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed) * 3.0).collect();
             let mut out = vec![f32::NAN; m * n];
-            qlinear_lanes(&x, m, &parts, &mut out);
+            qlinear_lanes(isa, &x, m, &parts, &mut out);
             let a = LAct::new(&x, m, k);
             for i in 0..m {
                 for c in 0..n {
-                    let (p, r) = if c < 37 {
-                        (&parts[0], c)
-                    } else {
-                        (&parts[1], c - 37)
+                    let (p, r) = match c {
+                        0..37 => (&parts[0], c),
+                        37..53 => (&parts[1], c - 37),
+                        _ => (&parts[2], c - 53),
                     };
                     let want = reference(&a, i, p, r);
                     assert_eq!(
                         out[i * n + c].to_bits(),
                         want.to_bits(),
-                        "{qt:?} m={m} row {i} col {c}: {} vs {want}",
+                        "{isa:?} {qt:?} m={m} row {i} col {c}: {} vs {want}",
                         out[i * n + c]
                     );
                 }
@@ -75,7 +94,7 @@ fn kernel_equals_reference_bit_for_bit() {
 #[test]
 fn reference_matches_dequantized_product() {
     let mut seed = 3;
-    for qt in formats() {
+    for qt in formats(Isa::Avx512Vnni) {
         let (m, k, n) = (3, if qt.block() == 256 { 512 } else { 288 }, 21);
         let qm = matrix(qt, n, k, &mut seed);
         let w = LMatrix::new(&qm);
@@ -119,26 +138,69 @@ fn reference_matches_dequantized_product() {
 /// A row's result is the same bits alone and in a batch of other rows.
 #[test]
 fn rows_are_batch_invariant() {
-    if !available() {
-        return;
-    }
-    let mut seed = 11;
-    let (k, n) = (512, 40);
-    for qt in formats() {
-        let w = [LMatrix::new(&matrix(qt, n, k, &mut seed))];
-        let m = 7;
-        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
-        let mut all = vec![0f32; m * n];
-        qlinear_lanes(&x, m, &w, &mut all);
-        for i in 0..m {
-            let mut one = vec![0f32; n];
-            qlinear_lanes(&x[i * k..(i + 1) * k], 1, &w, &mut one);
-            assert_eq!(one, all[i * n..(i + 1) * n], "{qt:?} row {i}");
+    for isa in isas() {
+        let mut seed = 11;
+        let (k, n) = (512, 40);
+        for qt in formats(isa) {
+            let w = [LMatrix::new(&matrix(qt, n, k, &mut seed))];
+            let m = 7;
+            let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+            let mut all = vec![0f32; m * n];
+            qlinear_lanes(isa, &x, m, &w, &mut all);
+            for i in 0..m {
+                let mut one = vec![0f32; n];
+                qlinear_lanes(isa, &x[i * k..(i + 1) * k], 1, &w, &mut one);
+                assert_eq!(one, all[i * n..(i + 1) * n], "{isa:?} {qt:?} row {i}");
+            }
         }
     }
 }
 
-/// The AVX-512 activation quantizer gives the scalar one's bits.
+/// The codes that bound AVX2's int16 sums: every code at its largest against activations
+/// whose `hi` is at its most negative (−128) and most positive (127). An int16 overflow would
+/// show as a result other than the reference's.
+#[test]
+fn extreme_codes_do_not_overflow() {
+    if !isas().contains(&Isa::Avx2) {
+        return;
+    }
+    let (k, n) = (512, 24);
+    let mut seed = 13;
+    for qt in formats(Isa::Avx2) {
+        let mut qm = matrix(qt, n, k, &mut seed);
+        // The code bytes of each block at their largest (MXFP4: +6, nibble 7).
+        let (bb, codes, byte) = match qt {
+            QType::Q4_0 => (18, 2..18, 0xff),
+            QType::Q4_1 => (20, 4..20, 0xff),
+            QType::MXFP4 => (17, 1..17, 0x77),
+            QType::Q4_K => (144, 16..144, 0xff),
+            QType::Q6_K => (210, 0..192, 0xff),
+            _ => unreachable!("AVX2 takes codes of up to six bits"),
+        };
+        for blk in qm.data.chunks_exact_mut(bb) {
+            blk[codes.clone()].fill(byte);
+        }
+        let w = [LMatrix::new(&qm)];
+        for sign in [1.0f32, -1.0] {
+            let x = vec![sign; k];
+            let a = LAct::new(&x, 1, k);
+            assert_eq!(a.q[0], if sign < 0.0 { -128 } else { 127 });
+            let mut out = vec![f32::NAN; n];
+            qlinear_lanes(Isa::Avx2, &x, 1, &w, &mut out);
+            for (r, &o) in out.iter().enumerate() {
+                let want = reference(&a, 0, &w[0], r);
+                assert_eq!(
+                    o.to_bits(),
+                    want.to_bits(),
+                    "{qt:?} x = {sign} row {r}: {o} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+/// The SIMD activation quantizer (AVX-512 or AVX2, whichever runs) gives the scalar one's
+/// bits.
 #[test]
 fn activation_quantizers_agree() {
     let mut seed = 5;
@@ -155,5 +217,17 @@ fn activation_quantizers_agree() {
             (d.to_bits(), sum, sum16),
             "block {b}"
         );
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            let mut q2 = [0i8; 64];
+            // SAFETY: AVX2 was detected; 32 values in, 64 bytes out.
+            let got = unsafe { act::x86::block_avx2(xb, &mut q2) };
+            assert_eq!(q2, q, "AVX2 block {b}");
+            assert_eq!(
+                (got.0.to_bits(), got.1, got.2),
+                (d.to_bits(), sum, sum16),
+                "AVX2 block {b}"
+            );
+        }
     }
 }

@@ -139,10 +139,10 @@ pub(super) struct Args<'a> {
 }
 
 /// Bytes ahead of the block being read that each block prefetches (1–8 KiB measured alike).
-const PREFETCH: usize = 2048;
+pub(super) const PREFETCH: usize = 2048;
 
 /// MXFP4's codes as the kernel multiplies them: twice the FP4 value, plus 12 (unsigned).
-const MXFP4_CODES: [i8; 16] = {
+pub(super) const MXFP4_CODES: [i8; 16] = {
     let mut t = [0i8; 16];
     let mut i = 0;
     while i < 16 {

@@ -106,33 +106,49 @@ fn rows_are_bit_identical_whatever_the_batch() {
             same(QPath::Avx512Vnni, QPath::Avx512);
         }
         same(QPath::AvxVnni, QPath::Avx2);
+        // The AVX2 lane kernel gives the AVX-512 one's bits for the formats it takes.
+        if crate::cpu::qlanes::avx2_takes(qt) {
+            same(QPath::Lanes, QPath::LanesAvx2);
+        }
     }
 }
 
-/// A fused matrix of mixed formats (Q4_K_M's QKV) equals its parts side by side.
+/// A fused matrix of mixed formats (Q4_K_M's QKV) equals its parts side by side, on every
+/// path. On `LanesAvx2` a fused matrix with an 8-bit part runs every part on the int8 AVX2
+/// kernels (one layout a matrix), so its parts alone are compared on those.
 #[test]
 fn mixed_parts_concatenate_columns() {
     let mut seed = 3;
     let (m, k) = (3, 256);
     let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
-    let parts: Vec<QMatrix> = [(QType::Q4_K, 8), (QType::Q6_K, 5), (QType::Q8_0, 3)]
-        .iter()
-        .map(|&(qt, rows)| {
-            let w: Vec<f32> = (0..rows * k).map(|_| lcg(&mut seed)).collect();
-            QMatrix::quantize(qt, rows, k, &w).unwrap()
-        })
-        .collect();
-    let fused = run(qpath(), &x, m, &parts, 16);
-    let mut col = 0;
-    for p in &parts {
-        let alone = run(qpath(), &x, m, std::slice::from_ref(p), p.rows);
-        for i in 0..m {
-            assert_eq!(
-                &fused[i * 16 + col..i * 16 + col + p.rows],
-                &alone[i * p.rows..(i + 1) * p.rows]
-            );
+    for last in [QType::Q8_0, QType::Q4_1] {
+        let parts: Vec<QMatrix> = [(QType::Q4_K, 8), (QType::Q6_K, 5), (last, 3)]
+            .iter()
+            .map(|&(qt, rows)| {
+                let w: Vec<f32> = (0..rows * k).map(|_| lcg(&mut seed)).collect();
+                QMatrix::quantize(qt, rows, k, &w).unwrap()
+            })
+            .collect();
+        for path in QPath::available() {
+            let fused = run(path, &x, m, &parts, 16);
+            let alone_path = match QWeight::for_path(parts.clone(), path) {
+                QWeight::Native(_) if path == QPath::LanesAvx2 => QPath::Avx2,
+                _ => path,
+            };
+            let mut col = 0;
+            for p in &parts {
+                let alone = run(alone_path, &x, m, std::slice::from_ref(p), p.rows);
+                for i in 0..m {
+                    assert_eq!(
+                        &fused[i * 16 + col..i * 16 + col + p.rows],
+                        &alone[i * p.rows..(i + 1) * p.rows],
+                        "{path:?} {:?} row {i}",
+                        p.qtype
+                    );
+                }
+                col += p.rows;
+            }
         }
-        col += p.rows;
     }
 }
 

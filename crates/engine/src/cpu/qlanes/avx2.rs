@@ -1,0 +1,291 @@
+//! The lane kernel on AVX2 (no AVX-512, no VNNI): the same layout, activations and result
+//! bits as the AVX512-VNNI kernel (`x86.rs`), for the formats whose codes have at most six
+//! bits. A 64-byte line of a group holds 16 weight rows; each half (8 rows, one per f32 lane
+//! of a 256-bit register) is run on its own, the second from cache.
+//!
+//! `vpdpbusd` becomes `vpmaddubsw` (unsigned code × signed activation byte, pairs summed into
+//! int16) whose sums stay in int16 across a few lines and are widened by `vpmaddwd` (times 16
+//! for the `hi` half of `a = 16·hi + lo`, times 1 for `lo`). Nothing saturates or wraps: a pair
+//! is at most 2·63·128 = 16128, and a lane holds at most 16 products of 4-bit codes (≤ 15)
+//! with |hi| ≤ 128 (30720), 8 of MXFP4's (≤ 24: 24576) or 4 of Q6_K's (≤ 63: 32256) before
+//! widening. So the block's integer is exact, and the f32 steps are the reference's: the
+//! same bits as [`super::reference`] and as the AVX-512 kernel, at every batch size.
+//!
+//! 8-bit codes (Q8_0, I8) would overflow a pair (2·255·128); those matrices stay on the int8
+//! kernels (`qlinear.rs`) on this path.
+
+use std::arch::x86_64::*;
+
+use super::pack::{ROWS, code_bytes, offset, offsets};
+use super::x86::{Args, MXFP4_CODES, PREFETCH};
+use crate::quant::QType;
+
+pub(super) trait Fmt8 {
+    const QTYPE: QType;
+    /// The codes go through MXFP4's table (twice the FP4 value, plus 12).
+    const TABLE: bool = false;
+    const MIN: bool = false;
+    /// Lines whose int16 sums a lane can hold (see the module's bounds).
+    const LINES: usize = 4;
+    /// Per-lane scale and min (Q6_K: the two halves' scales) of rows `8·half..8·half + 8`
+    /// of a block whose scales are at `s` and head at `h`.
+    unsafe fn scales(s: *const u8, h: *const u8, half: usize) -> (__m256, __m256);
+}
+
+#[inline(always)]
+unsafe fn ph8(p: *const u8) -> __m256 {
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+}
+
+#[inline(always)]
+unsafe fn u8x8(p: *const u8) -> __m256 {
+    unsafe { _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))) }
+}
+
+#[inline(always)]
+unsafe fn i8x8(p: *const u8) -> __m256 {
+    unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i))) }
+}
+
+pub(super) struct Q4_0;
+pub(super) struct Q4_1;
+pub(super) struct Q4K;
+pub(super) struct Mxfp4;
+pub(super) struct Q6K;
+
+impl Fmt8 for Q4_0 {
+    const QTYPE: QType = QType::Q4_0;
+    #[inline(always)]
+    unsafe fn scales(s: *const u8, _: *const u8, half: usize) -> (__m256, __m256) {
+        unsafe { (ph8(s.add(16 * half)), _mm256_setzero_ps()) }
+    }
+}
+
+impl Fmt8 for Q4_1 {
+    const QTYPE: QType = QType::Q4_1;
+    const MIN: bool = true;
+    #[inline(always)]
+    unsafe fn scales(s: *const u8, _: *const u8, half: usize) -> (__m256, __m256) {
+        unsafe { (ph8(s.add(16 * half)), ph8(s.add(2 * ROWS + 16 * half))) }
+    }
+}
+
+impl Fmt8 for Q4K {
+    const QTYPE: QType = QType::Q4_K;
+    const MIN: bool = true;
+    #[inline(always)]
+    unsafe fn scales(s: *const u8, h: *const u8, half: usize) -> (__m256, __m256) {
+        unsafe {
+            let (d, dmin) = (ph8(h.add(16 * half)), ph8(h.add(2 * ROWS + 16 * half)));
+            let min = _mm256_mul_ps(dmin, u8x8(s.add(ROWS + 8 * half)));
+            (
+                _mm256_mul_ps(d, u8x8(s.add(8 * half))),
+                _mm256_xor_ps(min, _mm256_set1_ps(-0.0)),
+            )
+        }
+    }
+}
+
+impl Fmt8 for Mxfp4 {
+    const QTYPE: QType = QType::MXFP4;
+    const TABLE: bool = true;
+    const LINES: usize = 2;
+    #[inline(always)]
+    unsafe fn scales(s: *const u8, _: *const u8, half: usize) -> (__m256, __m256) {
+        unsafe {
+            // 2^(e − 128) from the exponent byte e (0 for e = 0), as `quant::half_e8m0`.
+            let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(s.add(8 * half) as *const __m128i));
+            let one = _mm256_set1_epi32(1);
+            let biased = _mm256_sub_epi32(_mm256_max_epu32(e, one), one);
+            (
+                _mm256_castsi256_ps(_mm256_slli_epi32::<23>(biased)),
+                _mm256_setzero_ps(),
+            )
+        }
+    }
+}
+
+impl Fmt8 for Q6K {
+    const QTYPE: QType = QType::Q6_K;
+    const LINES: usize = 1;
+    #[inline(always)]
+    unsafe fn scales(s: *const u8, h: *const u8, half: usize) -> (__m256, __m256) {
+        unsafe {
+            let d = ph8(h.add(16 * half));
+            (
+                _mm256_mul_ps(d, i8x8(s.add(8 * half))),
+                _mm256_mul_ps(d, i8x8(s.add(ROWS + 8 * half))),
+            )
+        }
+    }
+}
+
+/// Four activation bytes (one 4-value group) in every lane.
+#[inline(always)]
+unsafe fn bcast(p: *const i8) -> __m256i {
+    unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32)) }
+}
+
+/// Rows `8·half..8·half + 8` of one group against activation rows `i0..i0 + MR`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; the group and the rows exist; the output has `MR` rows of
+/// `ldo` with 8 (masked) columns at `out`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn kernel<F: Fmt8, const MR: usize>(t: &Args, half: usize) {
+    unsafe {
+        let cb = code_bytes(F::QTYPE);
+        let off = offset(F::QTYPE);
+        let m4 = _mm256_set1_epi8(0x0f);
+        let m30 = _mm256_set1_epi8(0x30);
+        let (ones, sixteen) = (_mm256_set1_epi16(1), _mm256_set1_epi16(16));
+        let table = if F::TABLE {
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(MXFP4_CODES.as_ptr() as *const __m128i))
+        } else {
+            _mm256_setzero_si256()
+        };
+        let mut acc = [_mm256_setzero_ps(); MR];
+        let mut ap = [std::ptr::null::<i8>(); MR];
+        for (i, p) in ap.iter_mut().enumerate() {
+            *p = t.a.block(t.i0 + i, 0);
+        }
+        let ab = (t.i0 * t.a.nb) as isize;
+        let halves = if F::QTYPE == QType::Q6_K { 2 } else { 1 };
+        let lines = 4 / halves;
+        for b in 0..t.nb {
+            let (co, so, ho) = offsets(F::QTYPE, b);
+            if t.prefetch && half == 0 {
+                let cp = t.w.add(co);
+                let mut l = 0;
+                while l <= cb {
+                    _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(PREFETCH + l) as *const i8);
+                    l += 64;
+                }
+            }
+            let cp = t.w.add(co + 32 * half);
+            let (sw, mw) = F::scales(t.w.add(so), t.w.add(ho), half);
+            let blk = b * 2 * super::QK;
+            for hf in 0..halves {
+                let mut n = [_mm256_setzero_si256(); MR];
+                for (i, n) in n.iter_mut().enumerate() {
+                    let at = ab + (i * t.a.nb + b) as isize;
+                    let sum = *t.a.sum.as_ptr().offset(at);
+                    let sum = match (halves, hf) {
+                        (1, _) => sum,
+                        (_, 0) => *t.a.sum16.as_ptr().offset(at),
+                        _ => sum - *t.a.sum16.as_ptr().offset(at),
+                    };
+                    *n = _mm256_set1_epi32(-off * sum);
+                }
+                let mut hi = [_mm256_setzero_si256(); MR];
+                let mut lo = [_mm256_setzero_si256(); MR];
+                for z in hf * lines..(hf + 1) * lines {
+                    let v = _mm256_load_si256(cp.add(64 * z) as *const __m256i);
+                    let (mut c0, mut c1) = (
+                        _mm256_and_si256(v, m4),
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4),
+                    );
+                    if F::TABLE {
+                        c0 = _mm256_shuffle_epi8(table, c0);
+                        c1 = _mm256_shuffle_epi8(table, c1);
+                    }
+                    if F::QTYPE == QType::Q6_K {
+                        // As in `x86.rs`: the high two bits of each 4-value group to bits 4..6.
+                        let h = _mm256_load_si256(cp.add(256 + 64 * (z / 2)) as *const __m256i);
+                        let (h0, h1) = if z % 2 == 0 {
+                            (_mm256_slli_epi16::<4>(h), _mm256_slli_epi16::<2>(h))
+                        } else {
+                            (h, _mm256_srli_epi16::<2>(h))
+                        };
+                        c0 = _mm256_or_si256(_mm256_and_si256(h0, m30), c0);
+                        c1 = _mm256_or_si256(_mm256_and_si256(h1, m30), c1);
+                    }
+                    for i in 0..MR {
+                        let p = ap[i].add(blk + 8 * z);
+                        let h0 = _mm256_maddubs_epi16(c0, bcast(p));
+                        let l0 = _mm256_maddubs_epi16(c0, bcast(p.add(32)));
+                        let h1 = _mm256_maddubs_epi16(c1, bcast(p.add(4)));
+                        let l1 = _mm256_maddubs_epi16(c1, bcast(p.add(36)));
+                        hi[i] = _mm256_add_epi16(hi[i], _mm256_add_epi16(h0, h1));
+                        lo[i] = _mm256_add_epi16(lo[i], _mm256_add_epi16(l0, l1));
+                    }
+                    if (z + 1 - hf * lines) % F::LINES == 0 {
+                        for i in 0..MR {
+                            let wide = _mm256_add_epi32(
+                                _mm256_madd_epi16(hi[i], sixteen),
+                                _mm256_madd_epi16(lo[i], ones),
+                            );
+                            n[i] = _mm256_add_epi32(n[i], wide);
+                            hi[i] = _mm256_setzero_si256();
+                            lo[i] = _mm256_setzero_si256();
+                        }
+                    }
+                }
+                let scale = if hf == 0 { sw } else { mw };
+                for i in 0..MR {
+                    let at = ab + (i * t.a.nb + b) as isize;
+                    let d = _mm256_set1_ps(*t.a.d.as_ptr().offset(at));
+                    let n = _mm256_cvtepi32_ps(n[i]);
+                    acc[i] = _mm256_fmadd_ps(n, _mm256_mul_ps(scale, d), acc[i]);
+                }
+            }
+            if F::MIN {
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let at = ab + (i * t.a.nb + b) as isize;
+                    let ms = _mm256_set1_ps(*t.a.ms.as_ptr().offset(at));
+                    *acc = _mm256_fmadd_ps(mw, ms, *acc);
+                }
+            }
+        }
+        let lanes = (t.mask >> (8 * half)) as u8;
+        let keep = _mm256_set_epi32(
+            -i32::from(lanes >> 7 & 1),
+            -i32::from(lanes >> 6 & 1),
+            -i32::from(lanes >> 5 & 1),
+            -i32::from(lanes >> 4 & 1),
+            -i32::from(lanes >> 3 & 1),
+            -i32::from(lanes >> 2 & 1),
+            -i32::from(lanes >> 1 & 1),
+            -i32::from(lanes & 1),
+        );
+        for (i, a) in acc.iter().enumerate() {
+            let o = t.out.add(i * t.ldo + 8 * half);
+            if lanes == u8::MAX {
+                _mm256_storeu_ps(o, *a);
+            } else {
+                _mm256_maskstore_ps(o, keep, *a);
+            }
+        }
+    }
+}
+
+/// Runs [`kernel`] for `qt` with `mr` rows (1 to 4) on both halves of the group that hold
+/// rows.
+///
+/// # Safety
+/// As [`kernel`], with 16 (masked) output columns.
+pub(super) unsafe fn dispatch(qt: QType, mr: usize, t: &Args) {
+    macro_rules! by_rows {
+        ($f:ty, $half:expr) => {
+            match mr {
+                1 => kernel::<$f, 1>(t, $half),
+                2 => kernel::<$f, 2>(t, $half),
+                3 => kernel::<$f, 3>(t, $half),
+                _ => kernel::<$f, 4>(t, $half),
+            }
+        };
+    }
+    let halves = if t.mask > 0xff { 2 } else { 1 };
+    for half in 0..halves {
+        unsafe {
+            match qt {
+                QType::Q4_0 => by_rows!(Q4_0, half),
+                QType::Q4_1 => by_rows!(Q4_1, half),
+                QType::Q4_K => by_rows!(Q4K, half),
+                QType::MXFP4 => by_rows!(Mxfp4, half),
+                QType::Q6_K => by_rows!(Q6K, half),
+                QType::Q8_0 | QType::I8 => unreachable!("8-bit codes stay on the int8 kernels"),
+            }
+        }
+    }
+}
