@@ -24,8 +24,7 @@ use crate::quant::{QMatrix, QType, dequantize_block};
 pub enum QPath {
     /// The lane kernels of `qlanes.rs` (AVX512-VNNI, 12-bit activations, exact block sums).
     Lanes,
-    /// The lane kernels on AVX2 for codes of up to six bits (the same bits as `Lanes`); the
-    /// int8 AVX2 kernels for Q8_0 and I8.
+    /// The lane kernels on AVX2 (the same bits as `Lanes`).
     LanesAvx2,
     Avx512Vnni,
     Avx512,
@@ -82,7 +81,7 @@ impl QPath {
     pub fn name(self) -> &'static str {
         match self {
             QPath::Lanes => "int12 lanes (AVX512-VNNI)",
-            QPath::LanesAvx2 => "int12 lanes (AVX2; Q8_0 and int8 on int8 AVX2)",
+            QPath::LanesAvx2 => "int12 lanes (AVX2)",
             QPath::Avx512Vnni => "int8 (AVX512-VNNI)",
             QPath::Avx512 => "int8 (AVX-512BW)",
             QPath::AvxVnni => "int8 (AVX-VNNI)",
@@ -127,8 +126,8 @@ const SMALL_M: usize = 64;
 pub enum QWeight {
     Native(Vec<QMatrix>),
     Packed(Vec<Packed>),
-    /// The lane layout of `qlanes.rs` (AVX512-VNNI, or AVX2 for the formats it takes): exact
-    /// block sums, batch invariant.
+    /// The lane layout of `qlanes.rs` (AVX512-VNNI or AVX2): exact block sums, batch
+    /// invariant.
     Lanes(Vec<LMatrix>),
 }
 
@@ -138,8 +137,7 @@ impl QWeight {
     }
 
     pub fn for_path(parts: Vec<QMatrix>, path: QPath) -> QWeight {
-        let avx2_lanes = || parts.iter().all(|p| super::qlanes::avx2_takes(p.qtype));
-        if path == QPath::Lanes || path == QPath::LanesAvx2 && avx2_lanes() {
+        if matches!(path, QPath::Lanes | QPath::LanesAvx2) {
             QWeight::Lanes(parts.iter().map(LMatrix::new).collect())
         } else if path.is_512() {
             QWeight::Packed(parts.iter().map(Packed::new).collect())
@@ -251,7 +249,7 @@ pub fn qlinear_with(
     let n: usize = part_rows.iter().sum();
     assert!(k.is_multiple_of(QK) && x.len() >= m * k && out.len() >= m * n);
     let laid_out = match w {
-        QWeight::Native(_) => !path.is_512(),
+        QWeight::Native(_) => !path.is_512() && path != QPath::LanesAvx2,
         QWeight::Packed(_) => path.is_512() && path != QPath::Lanes,
         QWeight::Lanes(_) => matches!(path, QPath::Lanes | QPath::LanesAvx2),
     };
@@ -496,9 +494,8 @@ unsafe fn tile(
                 unreachable!("AVX-512 paths read packed weights")
             }
             QPath::AvxVnni => return dispatch!(k256_vnni, TileArgs, args, w.qtype, mr, nr),
-            QPath::Avx2 | QPath::LanesAvx2 => {
-                return dispatch!(k256_avx2, TileArgs, args, w.qtype, mr, nr);
-            }
+            QPath::LanesAvx2 => unreachable!("lane weights are read by qlanes"),
+            QPath::Avx2 => return dispatch!(k256_avx2, TileArgs, args, w.qtype, mr, nr),
             QPath::Scalar => {}
         }
     }

@@ -23,6 +23,9 @@ pub(crate) struct LAct {
     /// The sum of each block's first 16 integers (Q6_K's scales cover 16 values).
     pub sum16: Vec<i32>,
     pub ms: Vec<f32>,
+    /// The integers `a` whole, 32 a block in order ([`LAct::widen`]; empty until then): the
+    /// AVX2 kernel's 8-bit codes multiply them in int16.
+    pub a16: Vec<i16>,
 }
 
 impl LAct {
@@ -37,6 +40,7 @@ impl LAct {
             sum: vec![0; rows * nb],
             sum16: vec![0; rows * nb],
             ms: vec![0.0; rows * nb],
+            a16: Vec::new(),
         };
         #[cfg(target_arch = "x86_64")]
         let simd = std::arch::is_x86_feature_detected!("avx512f")
@@ -70,6 +74,15 @@ impl LAct {
             *ms = *d * *sum as f32;
         }
         a
+    }
+
+    /// Fills [`LAct::a16`]: `16·hi + lo` for every value.
+    pub fn widen(&mut self) {
+        self.a16 = self
+            .q
+            .chunks_exact(2 * QK)
+            .flat_map(|b| (0..QK).map(move |j| 16 * i16::from(b[j]) + i16::from(b[QK + j])))
+            .collect();
     }
 
     /// Row `r`'s block `b`: the `hi` bytes (the `lo` bytes follow at +32).

@@ -1,6 +1,5 @@
 //! The lane kernel on AVX2 (no AVX-512, no VNNI): the same layout, activations and result
-//! bits as the AVX512-VNNI kernel (`x86.rs`), for the formats whose codes have at most six
-//! bits. A 64-byte line of a group holds 16 weight rows; each half (8 rows, one per f32 lane
+//! bits as the AVX512-VNNI kernel (`x86.rs`), for every format. A 64-byte line of a group holds 16 weight rows; each half (8 rows, one per f32 lane
 //! of a 256-bit register) is run on its own, the second from cache.
 //!
 //! `vpdpbusd` becomes `vpmaddubsw` (unsigned code × signed activation byte, pairs summed into
@@ -11,8 +10,9 @@
 //! widening. So the block's integer is exact, and the f32 steps are the reference's: the
 //! same bits as [`super::reference`] and as the AVX-512 kernel, at every batch size.
 //!
-//! 8-bit codes (Q8_0, I8) would overflow a pair (2·255·128); those matrices stay on the int8
-//! kernels (`qlinear.rs`) on this path.
+//! 8-bit codes (Q8_0, I8) would overflow a `vpmaddubsw` pair (2·255·128): they are widened
+//! to int16 and multiplied by the whole activation integers (`LAct::a16`) with `vpmaddwd`
+//! ([`kernel8`]), exact in int32 as well.
 
 use std::arch::x86_64::*;
 
@@ -99,6 +99,32 @@ impl Fmt8 for Mxfp4 {
             let biased = _mm256_sub_epi32(_mm256_max_epu32(e, one), one);
             (
                 _mm256_castsi256_ps(_mm256_slli_epi32::<23>(biased)),
+                _mm256_setzero_ps(),
+            )
+        }
+    }
+}
+
+/// Q8_0: a block's f16 scale.
+pub(super) struct Q8_0;
+/// I8: the row's f32 scale (in the group's head line).
+pub(super) struct I8;
+
+impl Fmt8 for Q8_0 {
+    const QTYPE: QType = QType::Q8_0;
+    #[inline(always)]
+    unsafe fn scales(s: *const u8, _: *const u8, half: usize) -> (__m256, __m256) {
+        unsafe { (ph8(s.add(16 * half)), _mm256_setzero_ps()) }
+    }
+}
+
+impl Fmt8 for I8 {
+    const QTYPE: QType = QType::I8;
+    #[inline(always)]
+    unsafe fn scales(_: *const u8, h: *const u8, half: usize) -> (__m256, __m256) {
+        unsafe {
+            (
+                _mm256_loadu_ps(h.add(32 * half) as *const f32),
                 _mm256_setzero_ps(),
             )
         }
@@ -237,6 +263,77 @@ pub(super) unsafe fn kernel<F: Fmt8, const MR: usize>(t: &Args, half: usize) {
                 }
             }
         }
+        store(t, half, &acc);
+    }
+}
+
+/// Rows `8·half..8·half + 8` of one group of 8-bit codes against activation rows
+/// `i0..i0 + MR`, through the whole integers `a` ([`super::act::LAct::widen`]).
+///
+/// Per line (four values of each row) the codes are widened to int16, four rows a register,
+/// and `vpmaddwd` against the four activations gives each row two int32 partial sums; the
+/// block's are joined by one horizontal add and a permute into one lane per row.
+///
+/// # Safety
+/// As [`kernel`], and `t.a.a16` is filled.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn kernel8<F: Fmt8, const MR: usize>(t: &Args, half: usize) {
+    unsafe {
+        let cb = code_bytes(F::QTYPE);
+        let off = offset(F::QTYPE);
+        // Rows [0, 1, 4, 5 | 2, 3, 6, 7] after the horizontal add, back in order.
+        let order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+        let mut acc = [_mm256_setzero_ps(); MR];
+        let mut ap = [std::ptr::null::<i16>(); MR];
+        for (i, p) in ap.iter_mut().enumerate() {
+            *p = t.a.a16.as_ptr().add((t.i0 + i) * t.a.nb * super::QK);
+        }
+        let ab = (t.i0 * t.a.nb) as isize;
+        for b in 0..t.nb {
+            let (co, so, ho) = offsets(F::QTYPE, b);
+            if t.prefetch && half == 0 {
+                let cp = t.w.add(co);
+                let mut l = 0;
+                while l <= cb {
+                    _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(PREFETCH + l) as *const i8);
+                    l += 64;
+                }
+            }
+            let cp = t.w.add(co + 32 * half);
+            let (sw, _) = F::scales(t.w.add(so), t.w.add(ho), half);
+            let blk = b * super::QK;
+            // Rows 0..4 and 4..8 of the half, two partial sums a row.
+            let mut lo = [_mm256_setzero_si256(); MR];
+            let mut hi = [_mm256_setzero_si256(); MR];
+            for z in 0..8 {
+                let c0 = _mm256_cvtepu8_epi16(_mm_load_si128(cp.add(64 * z) as *const __m128i));
+                let c1 =
+                    _mm256_cvtepu8_epi16(_mm_load_si128(cp.add(64 * z + 16) as *const __m128i));
+                for i in 0..MR {
+                    let a = _mm256_set1_epi64x(std::ptr::read_unaligned(
+                        ap[i].add(blk + 4 * z) as *const i64
+                    ));
+                    lo[i] = _mm256_add_epi32(lo[i], _mm256_madd_epi16(c0, a));
+                    hi[i] = _mm256_add_epi32(hi[i], _mm256_madd_epi16(c1, a));
+                }
+            }
+            for i in 0..MR {
+                let at = ab + (i * t.a.nb + b) as isize;
+                let rows = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[i], hi[i]), order);
+                let sum = *t.a.sum.as_ptr().offset(at);
+                let n = _mm256_add_epi32(rows, _mm256_set1_epi32(-off * sum));
+                let d = _mm256_set1_ps(*t.a.d.as_ptr().offset(at));
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_mul_ps(sw, d), acc[i]);
+            }
+        }
+        store(t, half, &acc);
+    }
+}
+
+/// The half's 8 (masked) columns of each activation row.
+#[inline(always)]
+unsafe fn store<const MR: usize>(t: &Args, half: usize, acc: &[__m256; MR]) {
+    unsafe {
         let lanes = (t.mask >> (8 * half)) as u8;
         let keep = _mm256_set_epi32(
             -i32::from(lanes >> 7 & 1),
@@ -259,19 +356,19 @@ pub(super) unsafe fn kernel<F: Fmt8, const MR: usize>(t: &Args, half: usize) {
     }
 }
 
-/// Runs [`kernel`] for `qt` with `mr` rows (1 to 4) on both halves of the group that hold
-/// rows.
+/// Runs [`kernel`] (or [`kernel8`]) for `qt` with `mr` rows (1 to 4) on both halves of the
+/// group that hold rows.
 ///
 /// # Safety
 /// As [`kernel`], with 16 (masked) output columns.
 pub(super) unsafe fn dispatch(qt: QType, mr: usize, t: &Args) {
     macro_rules! by_rows {
-        ($f:ty, $half:expr) => {
+        ($k:ident, $f:ty, $half:expr) => {
             match mr {
-                1 => kernel::<$f, 1>(t, $half),
-                2 => kernel::<$f, 2>(t, $half),
-                3 => kernel::<$f, 3>(t, $half),
-                _ => kernel::<$f, 4>(t, $half),
+                1 => $k::<$f, 1>(t, $half),
+                2 => $k::<$f, 2>(t, $half),
+                3 => $k::<$f, 3>(t, $half),
+                _ => $k::<$f, 4>(t, $half),
             }
         };
     }
@@ -279,12 +376,13 @@ pub(super) unsafe fn dispatch(qt: QType, mr: usize, t: &Args) {
     for half in 0..halves {
         unsafe {
             match qt {
-                QType::Q4_0 => by_rows!(Q4_0, half),
-                QType::Q4_1 => by_rows!(Q4_1, half),
-                QType::Q4_K => by_rows!(Q4K, half),
-                QType::MXFP4 => by_rows!(Mxfp4, half),
-                QType::Q6_K => by_rows!(Q6K, half),
-                QType::Q8_0 | QType::I8 => unreachable!("8-bit codes stay on the int8 kernels"),
+                QType::Q4_0 => by_rows!(kernel, Q4_0, half),
+                QType::Q4_1 => by_rows!(kernel, Q4_1, half),
+                QType::Q4_K => by_rows!(kernel, Q4K, half),
+                QType::MXFP4 => by_rows!(kernel, Mxfp4, half),
+                QType::Q6_K => by_rows!(kernel, Q6K, half),
+                QType::Q8_0 => by_rows!(kernel8, Q8_0, half),
+                QType::I8 => by_rows!(kernel8, I8, half),
             }
         }
     }

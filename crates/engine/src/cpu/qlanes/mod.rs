@@ -46,20 +46,15 @@ const MR: usize = 8;
 pub(crate) enum Isa {
     /// `vpdpbusd` on 512-bit registers: every format.
     Avx512Vnni,
-    /// `vpmaddubsw` on 256-bit registers: the formats [`avx2_takes`].
+    /// `vpmaddubsw` (codes of up to six bits) and `vpmaddwd` (8-bit codes) on 256-bit
+    /// registers: every format.
     Avx2,
-}
-
-/// Whether the AVX2 lane kernel takes the format (codes of at most six bits).
-pub(crate) const fn avx2_takes(qt: crate::quant::QType) -> bool {
-    !matches!(qt, crate::quant::QType::Q8_0 | crate::quant::QType::I8)
 }
 /// Activation rows that share a pass over a weight group while it is in L1.
 const ROW_CHUNK: usize = 64;
 
 /// `out[i, c] = x[i, :] · w[c, :]` over the concatenated `parts` (`n` columns in all), for
-/// `m` rows of `x`, on a CPU that has `isa` (and, for AVX2, parts it takes). Both give the
-/// same bits.
+/// `m` rows of `x`, on a CPU that has `isa`. Both give the same bits.
 pub(crate) fn qlinear_lanes(isa: Isa, x: &[f32], m: usize, parts: &[LMatrix], out: &mut [f32]) {
     let Some(first) = parts.first() else {
         return;
@@ -67,12 +62,14 @@ pub(crate) fn qlinear_lanes(isa: Isa, x: &[f32], m: usize, parts: &[LMatrix], ou
     let k = first.cols;
     let n: usize = parts.iter().map(|p| p.rows).sum();
     assert!(x.len() >= m * k && out.len() >= m * n);
-    assert!(isa == Isa::Avx512Vnni || parts.iter().all(|p| avx2_takes(p.qtype)));
     let mr_max = if isa == Isa::Avx512Vnni { MR } else { 4 };
     if m == 0 || n == 0 {
         return;
     }
-    let a = LAct::new(x, m, k);
+    let mut a = LAct::new(x, m, k);
+    if isa == Isa::Avx2 && parts.iter().any(|p| pack::code_bytes(p.qtype) == ROWS * QK) {
+        a.widen();
+    }
     // (part, group, first output column)
     let mut tasks = Vec::with_capacity(n / ROWS + parts.len());
     let mut col = 0;

@@ -106,16 +106,13 @@ fn rows_are_bit_identical_whatever_the_batch() {
             same(QPath::Avx512Vnni, QPath::Avx512);
         }
         same(QPath::AvxVnni, QPath::Avx2);
-        // The AVX2 lane kernel gives the AVX-512 one's bits for the formats it takes.
-        if crate::cpu::qlanes::avx2_takes(qt) {
-            same(QPath::Lanes, QPath::LanesAvx2);
-        }
+        // The AVX2 lane kernel gives the AVX-512 one's bits.
+        same(QPath::Lanes, QPath::LanesAvx2);
     }
 }
 
 /// A fused matrix of mixed formats (Q4_K_M's QKV) equals its parts side by side, on every
-/// path. On `LanesAvx2` a fused matrix with an 8-bit part runs every part on the int8 AVX2
-/// kernels (one layout a matrix), so its parts alone are compared on those.
+/// path.
 #[test]
 fn mixed_parts_concatenate_columns() {
     let mut seed = 3;
@@ -131,13 +128,9 @@ fn mixed_parts_concatenate_columns() {
             .collect();
         for path in QPath::available() {
             let fused = run(path, &x, m, &parts, 16);
-            let alone_path = match QWeight::for_path(parts.clone(), path) {
-                QWeight::Native(_) if path == QPath::LanesAvx2 => QPath::Avx2,
-                _ => path,
-            };
             let mut col = 0;
             for p in &parts {
-                let alone = run(alone_path, &x, m, std::slice::from_ref(p), p.rows);
+                let alone = run(path, &x, m, std::slice::from_ref(p), p.rows);
                 for i in 0..m {
                     assert_eq!(
                         &fused[i * 16 + col..i * 16 + col + p.rows],
