@@ -52,14 +52,24 @@ pub(super) struct Q4_1;
 pub(super) struct Q4K;
 pub(super) struct Mxfp4;
 pub(super) struct Q6K;
+pub(super) struct Q8_0;
+/// I8: the row's f32 scale (in the group's head line).
+pub(super) struct I8;
 
-impl Fmt8 for Q4_0 {
-    const QTYPE: QType = QType::Q4_0;
-    #[inline(always)]
-    unsafe fn scales(s: *const u8, _: *const u8, half: usize) -> (__m256, __m256) {
-        unsafe { (ph8(s.add(16 * half)), _mm256_setzero_ps()) }
-    }
+/// Formats with one f16 scale per block and no minimum.
+macro_rules! f16_scaled {
+    ($t:ty, $q:expr) => {
+        impl Fmt8 for $t {
+            const QTYPE: QType = $q;
+            #[inline(always)]
+            unsafe fn scales(s: *const u8, _: *const u8, half: usize) -> (__m256, __m256) {
+                unsafe { (ph8(s.add(16 * half)), _mm256_setzero_ps()) }
+            }
+        }
+    };
 }
+f16_scaled!(Q4_0, QType::Q4_0);
+f16_scaled!(Q8_0, QType::Q8_0);
 
 impl Fmt8 for Q4_1 {
     const QTYPE: QType = QType::Q4_1;
@@ -105,19 +115,6 @@ impl Fmt8 for Mxfp4 {
     }
 }
 
-/// Q8_0: a block's f16 scale.
-pub(super) struct Q8_0;
-/// I8: the row's f32 scale (in the group's head line).
-pub(super) struct I8;
-
-impl Fmt8 for Q8_0 {
-    const QTYPE: QType = QType::Q8_0;
-    #[inline(always)]
-    unsafe fn scales(s: *const u8, _: *const u8, half: usize) -> (__m256, __m256) {
-        unsafe { (ph8(s.add(16 * half)), _mm256_setzero_ps()) }
-    }
-}
-
 impl Fmt8 for I8 {
     const QTYPE: QType = QType::I8;
     #[inline(always)]
@@ -143,6 +140,17 @@ impl Fmt8 for Q6K {
                 _mm256_mul_ps(d, i8x8(s.add(ROWS + 8 * half))),
             )
         }
+    }
+}
+
+/// The lines `PREFETCH` bytes past a block's `cb` bytes of codes at `codes` (the first
+/// half's pass brings both halves in).
+#[inline(always)]
+unsafe fn prefetch(codes: *const u8, cb: usize) {
+    let mut l = 0;
+    while l <= cb {
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(codes.wrapping_add(PREFETCH + l) as *const i8) };
+        l += 64;
     }
 }
 
@@ -181,12 +189,7 @@ pub(super) unsafe fn kernel<F: Fmt8, const MR: usize>(t: &Args, half: usize) {
         for b in 0..t.nb {
             let (co, so, ho) = offsets(F::QTYPE, b);
             if t.prefetch && half == 0 {
-                let cp = t.w.add(co);
-                let mut l = 0;
-                while l <= cb {
-                    _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(PREFETCH + l) as *const i8);
-                    l += 64;
-                }
+                prefetch(t.w.add(co), cb);
             }
             let cp = t.w.add(co + 32 * half);
             let (sw, mw) = F::scales(t.w.add(so), t.w.add(ho), half);
@@ -292,12 +295,7 @@ pub(super) unsafe fn kernel8<F: Fmt8, const MR: usize>(t: &Args, half: usize) {
         for b in 0..t.nb {
             let (co, so, ho) = offsets(F::QTYPE, b);
             if t.prefetch && half == 0 {
-                let cp = t.w.add(co);
-                let mut l = 0;
-                while l <= cb {
-                    _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(PREFETCH + l) as *const i8);
-                    l += 64;
-                }
+                prefetch(t.w.add(co), cb);
             }
             let cp = t.w.add(co + 32 * half);
             let (sw, _) = F::scales(t.w.add(so), t.w.add(ho), half);
