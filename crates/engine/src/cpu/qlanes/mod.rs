@@ -1,5 +1,5 @@
-//! Quantized products on AVX512-VNNI with exact block sums, the same bits at every batch size
-//! and fast at many rows.
+//! Quantized products on AVX512-VNNI (`x86.rs`) or AVX2 (`avx2.rs`) with exact block sums, the
+//! same bits at every batch size and on either, and fast at many rows.
 //!
 //! Activations are 12-bit integers with one scale per block of 32 (`act.rs`). Weight rows are
 //! laid out sixteen to a group, one per f32 lane (`pack.rs`), so a block's integer dot
@@ -9,7 +9,7 @@
 //! them compute-bound under load. An activation row costs two `vpdpbusd` per 64 products
 //! whatever the tile, the codes are unpacked once per tile of eight rows, and the integer
 //! sums are exact, so a row's result is the same bits alone or in any batch
-//! ([`reference`] is the definition, tests hold the kernel to it bit for bit).
+//! ([`reference`] is the definition, tests hold both kernels to it bit for bit).
 //!
 //! Precision: per-32 scales at 12 bits are 16 times finer than llama.cpp's per-32 int8, and
 //! finer than the int8 kernels' per-4 scales except for a group of four whose largest value
@@ -40,6 +40,8 @@ const QK: usize = 32;
 /// Activation rows per tile: eight, then up to four for the rest (`x86::dispatch`); four on
 /// AVX2 (its 16 registers).
 const MR: usize = 8;
+/// Activation rows that share a pass over a weight group while it is in L1.
+const ROW_CHUNK: usize = 64;
 
 /// Which instructions run the lane kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,8 +52,6 @@ pub(crate) enum Isa {
     /// registers: every format.
     Avx2,
 }
-/// Activation rows that share a pass over a weight group while it is in L1.
-const ROW_CHUNK: usize = 64;
 
 /// `out[i, c] = x[i, :] · w[c, :]` over the concatenated `parts` (`n` columns in all), for
 /// `m` rows of `x`, on a CPU that has `isa`. Both give the same bits.
