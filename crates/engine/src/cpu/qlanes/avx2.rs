@@ -1,6 +1,7 @@
 //! The lane kernel on AVX2 (no AVX-512, no VNNI): the same layout, activations and result
-//! bits as the AVX512-VNNI kernel (`x86.rs`), for every format. A 64-byte line of a group holds 16 weight rows; each half (8 rows, one per f32 lane
-//! of a 256-bit register) is run on its own, the second from cache.
+//! bits as the AVX512-VNNI kernel (`x86.rs`), for every format. A 64-byte line of a group
+//! holds 16 weight rows; each half (8 rows, one per f32 lane of a 256-bit register) is run on
+//! its own, the second from cache.
 //!
 //! `vpdpbusd` becomes `vpmaddubsw` (unsigned code × signed activation byte, pairs summed into
 //! int16) whose sums stay in int16 across a few lines and are widened by `vpmaddwd` (times 16
@@ -20,6 +21,7 @@ use super::pack::{ROWS, code_bytes, offset, offsets};
 use super::x86::{Args, MXFP4_CODES, PREFETCH};
 use crate::quant::QType;
 
+/// A weight format as the 8-lane kernels read it.
 pub(super) trait Fmt8 {
     const QTYPE: QType;
     /// The codes go through MXFP4's table (twice the FP4 value, plus 12).
