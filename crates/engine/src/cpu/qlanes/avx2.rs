@@ -157,6 +157,28 @@ unsafe fn prefetch(codes: *const u8, cb: usize) {
     }
 }
 
+/// Block `b` of the group for halves `half..half + sides`: its codes at the first half's
+/// bytes, and each half's scale and min ([`Fmt8::scales`]). Prefetches ahead on the first half.
+#[inline(always)]
+unsafe fn block<F: Fmt8>(
+    t: &Args,
+    b: usize,
+    half: usize,
+    sides: usize,
+) -> (*const u8, [__m256; 2], [__m256; 2]) {
+    unsafe {
+        let (co, so, ho) = offsets(F::QTYPE, b);
+        if t.prefetch && half == 0 {
+            prefetch(t.w.add(co), code_bytes(F::QTYPE));
+        }
+        let (mut sw, mut mw) = ([_mm256_setzero_ps(); 2], [_mm256_setzero_ps(); 2]);
+        for s in 0..sides {
+            (sw[s], mw[s]) = F::scales(t.w.add(so), t.w.add(ho), half + s);
+        }
+        (t.w.add(co + 32 * half), sw, mw)
+    }
+}
+
 /// Four activation bytes (one 4-value group) in every lane.
 #[inline(always)]
 unsafe fn bcast(p: *const i8) -> __m256i {
@@ -172,7 +194,6 @@ unsafe fn bcast(p: *const i8) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn kernel<F: Fmt8, const MR: usize, const BOTH: bool>(t: &Args, half: usize) {
     unsafe {
-        let cb = code_bytes(F::QTYPE);
         let off = offset(F::QTYPE);
         let m4 = _mm256_set1_epi8(0x0f);
         let m30 = _mm256_set1_epi8(0x30);
@@ -194,16 +215,7 @@ pub(super) unsafe fn kernel<F: Fmt8, const MR: usize, const BOTH: bool>(t: &Args
         let subs = if F::QTYPE == QType::Q6_K { 2 } else { 1 };
         let lines = 4 / subs;
         for b in 0..t.nb {
-            let (co, so, ho) = offsets(F::QTYPE, b);
-            if t.prefetch && half == 0 {
-                prefetch(t.w.add(co), cb);
-            }
-            let cp = t.w.add(co + 32 * half);
-            let mut sw = [_mm256_setzero_ps(); 2];
-            let mut mw = [_mm256_setzero_ps(); 2];
-            for s in 0..sides {
-                (sw[s], mw[s]) = F::scales(t.w.add(so), t.w.add(ho), half + s);
-            }
+            let (cp, sw, mw) = block::<F>(t, b, half, sides);
             let blk = b * 2 * super::QK;
             for sub in 0..subs {
                 let mut n = [[_mm256_setzero_si256(); 2]; MR];
@@ -312,7 +324,6 @@ pub(super) unsafe fn kernel<F: Fmt8, const MR: usize, const BOTH: bool>(t: &Args
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn kernel8<F: Fmt8, const MR: usize, const BOTH: bool>(t: &Args, half: usize) {
     unsafe {
-        let cb = code_bytes(F::QTYPE);
         let off = offset(F::QTYPE);
         // Rows [0, 1, 4, 5 | 2, 3, 6, 7] after the horizontal add, back in order.
         let order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
@@ -324,15 +335,7 @@ pub(super) unsafe fn kernel8<F: Fmt8, const MR: usize, const BOTH: bool>(t: &Arg
         }
         let ab = (t.i0 * t.a.nb) as isize;
         for b in 0..t.nb {
-            let (co, so, ho) = offsets(F::QTYPE, b);
-            if t.prefetch && half == 0 {
-                prefetch(t.w.add(co), cb);
-            }
-            let cp = t.w.add(co + 32 * half);
-            let mut sw = [_mm256_setzero_ps(); 2];
-            for (s, sw) in sw.iter_mut().enumerate().take(sides) {
-                *sw = F::scales(t.w.add(so), t.w.add(ho), half + s).0;
-            }
+            let (cp, sw, _) = block::<F>(t, b, half, sides);
             let blk = b * super::QK;
             // Per half, rows 0..4 and 4..8, two partial sums a row.
             let mut lo = [[_mm256_setzero_si256(); 2]; MR];
