@@ -2,7 +2,8 @@
 //! bits as the AVX512-VNNI kernel (`x86.rs`), for every format. A 64-byte line of a group
 //! holds 16 weight rows, two halves of 8 (one per f32 lane of a 256-bit register): tiles of
 //! one or two activation rows run both halves in one pass, wider tiles each half on its own,
-//! the second from cache.
+//! the second from cache. Whole octets of rows of the nibble formats run turned around
+//! instead (`avx2_rows.rs`: activation rows in the lanes, weight codes broadcast).
 //!
 //! `vpdpbusd` becomes `vpmaddubsw` (unsigned code × signed activation byte, pairs summed into
 //! int16) whose sums stay in int16 across a few lines and are widened by `vpmaddwd` (times 16
@@ -160,7 +161,7 @@ unsafe fn prefetch(codes: *const u8, cb: usize) {
 /// Block `b` of the group for halves `half..half + sides`: its codes at the first half's
 /// bytes, and each half's scale and min ([`Fmt8::scales`]). Prefetches ahead on the first half.
 #[inline(always)]
-unsafe fn block<F: Fmt8>(
+pub(super) unsafe fn block<F: Fmt8>(
     t: &Args,
     b: usize,
     half: usize,

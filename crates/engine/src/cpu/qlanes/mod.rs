@@ -1,5 +1,6 @@
-//! Quantized products on AVX512-VNNI (`x86.rs`) or AVX2 (`avx2.rs`) with exact block sums, the
-//! same bits at every batch size and on either, and fast at many rows.
+//! Quantized products on AVX512-VNNI (`x86.rs`) or AVX2 (`avx2.rs`, and `avx2_rows.rs` for
+//! octets of rows) with exact block sums, the same bits at every batch size and on either,
+//! and fast at many rows.
 //!
 //! Activations are 12-bit integers with one scale per block of 32 (`act.rs`). Weight rows are
 //! laid out sixteen to a group, one per f32 lane (`pack.rs`), so a block's integer dot
@@ -18,6 +19,8 @@
 mod act;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_rows;
 mod pack;
 #[cfg(test)]
 mod tests;
@@ -70,6 +73,12 @@ pub(crate) fn qlinear_lanes(isa: Isa, x: &[f32], m: usize, parts: &[LMatrix], ou
     if isa == Isa::Avx2 && parts.iter().any(|p| pack::code_bytes(p.qtype) == ROWS * QK) {
         a.widen();
     }
+    // AVX2 tiles of whole octets of rows run turned around (`avx2_rows.rs`).
+    #[cfg(target_arch = "x86_64")]
+    let octets = (isa == Isa::Avx2
+        && m >= avx2_rows::OCTET
+        && parts.iter().any(|p| avx2_rows::takes(p.qtype)))
+    .then(|| avx2_rows::Octets::new(&a, m / avx2_rows::OCTET));
     // (part, group, first output column)
     let mut tasks = Vec::with_capacity(n / ROWS + parts.len());
     let mut col = 0;
@@ -95,6 +104,20 @@ pub(crate) fn qlinear_lanes(isa: Isa, x: &[f32], m: usize, parts: &[LMatrix], ou
                 let mut i = r0;
                 while i < r0 + rows {
                     let left = r0 + rows - i;
+                    #[cfg(target_arch = "x86_64")]
+                    if let Some(x) = &octets
+                        && left >= avx2_rows::OCTET
+                        && avx2_rows::takes(p.qtype)
+                    {
+                        let no = if left >= 2 * avx2_rows::OCTET { 2 } else { 1 };
+                        // SAFETY: as below; rows i..i+8·no are whole octets (i is r0 plus
+                        // a multiple of 8 here, r0 a multiple of ROW_CHUNK).
+                        unsafe {
+                            run_octets(&a, x, p, g, i, no, o.at(i * n + col), n, lanes, i == r0);
+                        }
+                        i += no * avx2_rows::OCTET;
+                        continue;
+                    }
                     let mr = if left >= mr_max { mr_max } else { left.min(4) };
                     // SAFETY: the group and rows exist; columns col..col+lanes of rows
                     // i..i+mr are this task's alone.
@@ -156,6 +179,38 @@ unsafe fn run_tile(
         let _ = (isa, a, w, g, i, mr, out, ldo, lanes, prefetch);
         unreachable!("the lane kernels run on x86-64 only");
     }
+}
+
+/// One group of `w` against the `8·no` activation rows from `i` (whole octets of `x`) on
+/// AVX2, turned around ([`avx2_rows`]).
+///
+/// # Safety
+/// As [`run_tile`].
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_octets(
+    a: &LAct,
+    x: &avx2_rows::Octets,
+    w: &LMatrix,
+    g: usize,
+    i: usize,
+    no: usize,
+    out: *mut f32,
+    ldo: usize,
+    lanes: usize,
+    prefetch: bool,
+) {
+    let args = x86::Args {
+        a,
+        i0: i,
+        w: w.group(g),
+        nb: w.nb,
+        out,
+        ldo,
+        mask: 0,
+        prefetch,
+    };
+    unsafe { avx2_rows::dispatch(w.qtype, no, &args, x, i / avx2_rows::OCTET, lanes) }
 }
 
 /// Whether the format has a per-block minimum term.

@@ -43,8 +43,9 @@ fn matrix(qt: QType, n: usize, k: usize, seed: &mut u64) -> QMatrix {
 }
 
 /// Each kernel gives the reference's bits for every format it takes, row count (tiles of 1
-/// to 4 and 8 rows) and a group of 16 weight rows cut short (to more and to fewer than 8
-/// rows: AVX2's halves), in parts.
+/// to 4 and 8 rows; AVX2's octets of 8 and 16 rows turned around, with the rest in small
+/// tiles) and a group of 16 weight rows cut short (to more and to fewer than 8 rows: AVX2's
+/// halves), in parts.
 #[test]
 fn kernel_equals_reference_bit_for_bit() {
     for isa in isas() {
@@ -62,7 +63,7 @@ fn kernel_equals_reference(isa: Isa) {
             LMatrix::new(&matrix(qt, 11, k, &mut seed)),
         ];
         let n = 64;
-        for m in [1usize, 2, 3, 4, 5, 8, 9, 15] {
+        for m in [1usize, 2, 3, 4, 5, 8, 9, 15, 16, 23, 24, 40] {
             let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed) * 3.0).collect();
             let mut out = vec![f32::NAN; m * n];
             qlinear_lanes(isa, &x, m, &parts, &mut out);
@@ -141,7 +142,9 @@ fn rows_are_batch_invariant() {
         let (k, n) = (512, 40);
         for qt in formats(isa) {
             let w = [LMatrix::new(&matrix(qt, n, k, &mut seed))];
-            let m = 7;
+            // Tiles of 8, 8, 4 and 3 rows on AVX-512; on AVX2 two octets turned around,
+            // then tiles of 4 and 3.
+            let m = 23;
             let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
             let mut all = vec![0f32; m * n];
             qlinear_lanes(isa, &x, m, &w, &mut all);
@@ -180,18 +183,21 @@ fn extreme_codes_do_not_overflow() {
             blk[codes.clone()].fill(byte);
         }
         let w = [LMatrix::new(&qm)];
-        for sign in [1.0f32, -1.0] {
-            let x = vec![sign; k];
-            let a = LAct::new(&x, 1, k);
+        // One row (row-broadcast tiles) and 16 (turned-around octets, `avx2_rows.rs`).
+        for (sign, m) in [(1.0f32, 1), (-1.0, 1), (1.0, 16), (-1.0, 16)] {
+            let x = vec![sign; m * k];
+            let a = LAct::new(&x, m, k);
             assert_eq!(a.q[0], if sign < 0.0 { -128 } else { 127 });
-            let mut out = vec![f32::NAN; n];
-            qlinear_lanes(Isa::Avx2, &x, 1, &w, &mut out);
-            for (r, &o) in out.iter().enumerate() {
-                let want = reference(&a, 0, &w[0], r);
+            let mut out = vec![f32::NAN; m * n];
+            qlinear_lanes(Isa::Avx2, &x, m, &w, &mut out);
+            for (c, &o) in out.iter().enumerate() {
+                let want = reference(&a, c / n, &w[0], c % n);
                 assert_eq!(
                     o.to_bits(),
                     want.to_bits(),
-                    "{qt:?} x = {sign} row {r}: {o} vs {want}"
+                    "{qt:?} x = {sign} row {} column {}: {o} vs {want}",
+                    c / n,
+                    c % n
                 );
             }
         }
