@@ -180,6 +180,29 @@ pub(super) unsafe fn block<F: Fmt8>(
     }
 }
 
+/// The low and the high nibbles of `v` as codes (MXFP4's through `table`).
+#[inline(always)]
+pub(super) unsafe fn nibbles<F: Fmt8>(
+    v: __m256i,
+    m4: __m256i,
+    table: __m256i,
+) -> (__m256i, __m256i) {
+    unsafe {
+        let (c0, c1) = (
+            _mm256_and_si256(v, m4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4),
+        );
+        if F::TABLE {
+            (
+                _mm256_shuffle_epi8(table, c0),
+                _mm256_shuffle_epi8(table, c1),
+            )
+        } else {
+            (c0, c1)
+        }
+    }
+}
+
 /// Four activation bytes (one 4-value group) in every lane.
 #[inline(always)]
 unsafe fn bcast(p: *const i8) -> __m256i {
@@ -237,14 +260,7 @@ pub(super) unsafe fn kernel<F: Fmt8, const MR: usize, const BOTH: bool>(t: &Args
                     for (s, c) in c.iter_mut().enumerate().take(sides) {
                         let line = cp.add(64 * z + 32 * s);
                         let v = _mm256_load_si256(line as *const __m256i);
-                        let (mut c0, mut c1) = (
-                            _mm256_and_si256(v, m4),
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4),
-                        );
-                        if F::TABLE {
-                            c0 = _mm256_shuffle_epi8(table, c0);
-                            c1 = _mm256_shuffle_epi8(table, c1);
-                        }
+                        let (mut c0, mut c1) = nibbles::<F>(v, m4, table);
                         if F::QTYPE == QType::Q6_K {
                             // As in `x86.rs`: the high two bits of each 4-value group to bits
                             // 4..6.

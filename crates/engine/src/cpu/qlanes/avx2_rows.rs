@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 
 use super::QK;
 use super::act::LAct;
-use super::avx2::{Fmt8, Mxfp4, Q4_0, Q4_1, Q4K, block};
+use super::avx2::{Fmt8, Mxfp4, Q4_0, Q4_1, Q4K, block, nibbles};
 use super::pack::{ROWS, offset};
 use super::x86::{Args, MXFP4_CODES};
 use crate::quant::QType;
@@ -128,14 +128,7 @@ unsafe fn kernel<F: Fmt8, const NO: usize>(t: &Args, x: &Octets, o0: usize, lane
                     let v = _mm256_set1_epi32(std::ptr::read_unaligned(
                         cp.add(64 * z + 4 * r) as *const i32
                     ));
-                    let (mut c0, mut c1) = (
-                        _mm256_and_si256(v, m4),
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4),
-                    );
-                    if F::TABLE {
-                        c0 = _mm256_shuffle_epi8(table, c0);
-                        c1 = _mm256_shuffle_epi8(table, c1);
-                    }
+                    let (c0, c1) = nibbles::<F>(v, m4, table);
                     for o in 0..NO {
                         // Groups 2z and 2z + 1 of hi (registers 0..8) and lo (8..16).
                         let p = aq[o].add(2 * z);

@@ -155,20 +155,7 @@ unsafe fn run_tile(
 ) {
     #[cfg(target_arch = "x86_64")]
     unsafe {
-        let args = x86::Args {
-            a,
-            i0: i,
-            w: w.group(g),
-            nb: w.nb,
-            out,
-            ldo,
-            mask: if lanes == ROWS {
-                u16::MAX
-            } else {
-                (1u16 << lanes) - 1
-            },
-            prefetch,
-        };
+        let args = args(a, w, g, i, out, ldo, lanes, prefetch);
         match isa {
             Isa::Avx512Vnni => x86::dispatch(w.qtype, mr, &args),
             Isa::Avx2 => avx2::dispatch(w.qtype, mr, &args),
@@ -200,17 +187,37 @@ unsafe fn run_octets(
     lanes: usize,
     prefetch: bool,
 ) {
-    let args = x86::Args {
+    let args = args(a, w, g, i, out, ldo, lanes, prefetch);
+    unsafe { avx2_rows::dispatch(w.qtype, no, &args, x, i / avx2_rows::OCTET, lanes) }
+}
+
+/// A kernel's arguments for group `g` of `w` (`lanes` of its rows) from activation row `i`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn args<'a>(
+    a: &'a LAct,
+    w: &LMatrix,
+    g: usize,
+    i: usize,
+    out: *mut f32,
+    ldo: usize,
+    lanes: usize,
+    prefetch: bool,
+) -> x86::Args<'a> {
+    x86::Args {
         a,
         i0: i,
         w: w.group(g),
         nb: w.nb,
         out,
         ldo,
-        mask: 0,
+        mask: if lanes == ROWS {
+            u16::MAX
+        } else {
+            (1u16 << lanes) - 1
+        },
         prefetch,
-    };
-    unsafe { avx2_rows::dispatch(w.qtype, no, &args, x, i / avx2_rows::OCTET, lanes) }
+    }
 }
 
 /// Whether the format has a per-block minimum term.
