@@ -106,7 +106,9 @@ fn greedy_ids_and_prompt_logprobs_match_the_reference() {
 /// and prompt logprobs stay within 0.25 nats. Rounding the same weights to bf16 moves them by
 /// 0.20 on these prompts (5/6 agree). On AVX512-VNNI (`qpath::Lanes`: 12-bit activations,
 /// one scale per 32) the stored blocks measure 0.073 (6/6); the int8 kernels of other CPUs
-/// (one scale per 4 values) 0.13 (5/6).
+/// (one scale per 4 values) 0.13 (5/6). With 8-bit activations on the lane kernels
+/// (`LMI_CPU_ACTIVATIONS=int8`, llama.cpp's precision, [`int8_activations_stay_close`] runs
+/// this test so) 0.86 (3/6); llama.cpp's server on the same file agrees on 2/6.
 #[test]
 fn quantized_as_stored_agrees_with_the_dequantized_reference() {
     let dir = model_store::default_model_dir(false).expect("provision the default model");
@@ -137,9 +139,18 @@ fn quantized_as_stored_agrees_with_the_dequantized_reference() {
         }
         agree += usize::from(got == expected);
     }
+    let kernel = engine.backend().quant_kernel();
     eprintln!(
-        "as stored: {agree}/6 prompts agree for 32 tokens; prompt logprobs within {worst_lp:.3}"
+        "as stored on {kernel}: {agree}/6 prompts agree for 32 tokens; prompt logprobs within \
+         {worst_lp:.3}"
     );
+    if kernel.starts_with("int8 lanes") {
+        assert!(
+            agree >= 3 && worst_lp < 1.0,
+            "8-bit activations: {agree}/6 agree, logprobs within {worst_lp}"
+        );
+        return;
+    }
     assert!(
         agree >= 4,
         "only {agree}/6 prompts agree with the f32 reference"
@@ -149,6 +160,34 @@ fn quantized_as_stored_agrees_with_the_dequantized_reference() {
         assert!(
             agree >= 5 && worst_lp < 0.1,
             "the lane kernels: {agree}/6 agree, logprobs within {worst_lp}"
+        );
+    }
+}
+
+/// The test above in a process of its own with `LMI_CPU_ACTIVATIONS=int8` (read once per
+/// process): on a CPU with the lane kernels they take 8-bit activations and stay within that
+/// test's bounds for them.
+#[test]
+fn int8_activations_stay_close() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "quantized_as_stored_agrees_with_the_dequantized_reference",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("LMI_CPU_ACTIVATIONS", "int8")
+        .output()
+        .expect("run this test binary again");
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "with int8 activations:\n{text}");
+    assert!(text.contains("1 passed"), "the test did not run:\n{text}");
+    use lmi_engine::cpu::qlinear::{QPath, qpath};
+    if matches!(qpath(), QPath::Lanes | QPath::LanesAvx2) {
+        assert!(
+            text.contains("on int8 lanes"),
+            "not on the 8-bit lanes:\n{text}"
         );
     }
 }

@@ -79,7 +79,10 @@ impl QPath {
 
     /// How reports name it.
     pub fn name(self) -> &'static str {
+        let int8 = super::qlanes::bits() == Ok(super::qlanes::Bits::Eight);
         match self {
+            QPath::Lanes if int8 => "int8 lanes (AVX512-VNNI)",
+            QPath::LanesAvx2 if int8 => "int8 lanes (AVX2)",
             QPath::Lanes => "int12 lanes (AVX512-VNNI)",
             QPath::LanesAvx2 => "int12 lanes (AVX2)",
             QPath::Avx512Vnni => "int8 (AVX512-VNNI)",
@@ -264,7 +267,9 @@ pub fn qlinear_with(
         } else {
             Isa::Avx2
         };
-        super::qlanes::qlinear_lanes(isa, x, m, parts, out);
+        // An unknown setting fails the model's load (`CpuBackend::upload_weight`).
+        let bits = super::qlanes::bits().unwrap_or(super::qlanes::Bits::Twelve);
+        super::qlanes::qlinear_lanes(isa, bits, x, m, parts, out);
         return add_bias(out, m, n, bias);
     }
     let a = if path.is_512() {

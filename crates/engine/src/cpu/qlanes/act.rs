@@ -10,6 +10,45 @@ use super::QK;
 
 /// Largest magnitude of an activation integer.
 const AMAX_Q: f32 = 2047.0;
+/// Largest magnitude of an 8-bit activation integer ([`Bits::Eight`]), before it is scaled
+/// by 16 into the 12-bit range.
+const AMAX_8: f32 = 127.0;
+
+/// How finely activations are quantized: 12 bits (the default) or 8 bits, as llama.cpp's
+/// `q8_0` activations (`LMI_CPU_ACTIVATIONS=int8`). An 8-bit integer `a8` is kept as
+/// `a = 16·a8` (`hi = a8`, `lo = 0`), so every kernel and the reference read the same layout
+/// and give the same bits; the AVX2 kernels skip the `lo` products, half their multiplies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bits {
+    Twelve,
+    Eight,
+}
+
+impl Bits {
+    /// The scale's divisor: the largest integer `a`.
+    fn amax_q(self) -> f32 {
+        match self {
+            Bits::Twelve => AMAX_Q,
+            Bits::Eight => 16.0 * AMAX_8,
+        }
+    }
+
+    /// The largest magnitude before scaling (`a8`'s for 8 bits).
+    fn limit(self) -> f32 {
+        match self {
+            Bits::Twelve => AMAX_Q,
+            Bits::Eight => AMAX_8,
+        }
+    }
+
+    /// Left shift from the rounded integer to `a`.
+    fn shift(self) -> u32 {
+        match self {
+            Bits::Twelve => 0,
+            Bits::Eight => 4,
+        }
+    }
+}
 
 /// `rows × k` activations. Per row and block: 32 `hi` bytes then 32 `lo` bytes in `q`; the
 /// scale `d`, the integer sum `sum` (for the weight formats' integer offsets), and
@@ -23,6 +62,8 @@ pub(crate) struct LAct {
     /// The sum of each block's first 16 integers (Q6_K's scales cover 16 values).
     pub sum16: Vec<i32>,
     pub ms: Vec<f32>,
+    /// Whether the `lo` bytes may be nonzero (12 bits); all zero for [`Bits::Eight`].
+    pub lo: bool,
     /// The integers `a` whole, 32 a block in order ([`LAct::widen`]; empty until then): the
     /// AVX2 kernel's 8-bit codes multiply them in int16.
     pub a16: Vec<i16>,
@@ -30,7 +71,7 @@ pub(crate) struct LAct {
 
 impl LAct {
     /// Quantizes `rows` rows of `k` values (`k` a multiple of 32), each row on its own.
-    pub fn new(x: &[f32], rows: usize, k: usize) -> LAct {
+    pub fn new(x: &[f32], rows: usize, k: usize, bits: Bits) -> LAct {
         debug_assert!(k.is_multiple_of(QK) && x.len() >= rows * k);
         let nb = k / QK;
         let mut a = LAct {
@@ -40,6 +81,7 @@ impl LAct {
             sum: vec![0; rows * nb],
             sum16: vec![0; rows * nb],
             ms: vec![0.0; rows * nb],
+            lo: bits == Bits::Twelve,
             a16: Vec::new(),
         };
         #[cfg(target_arch = "x86_64")]
@@ -58,19 +100,19 @@ impl LAct {
             #[cfg(target_arch = "x86_64")]
             if simd {
                 // SAFETY: AVX-512F/BW were detected; `x` holds 32 values and `q` 64 bytes.
-                (*d, *sum, *sum16) = unsafe { x86::block(x, q) };
+                (*d, *sum, *sum16) = unsafe { x86::block(x, q, bits) };
                 *ms = *d * *sum as f32;
                 continue;
             }
             #[cfg(target_arch = "x86_64")]
             if avx2 {
                 // SAFETY: AVX2 was detected; `x` holds 32 values and `q` 64 bytes.
-                (*d, *sum, *sum16) = unsafe { x86::block_avx2(x, q) };
+                (*d, *sum, *sum16) = unsafe { x86::block_avx2(x, q, bits) };
                 *ms = *d * *sum as f32;
                 continue;
             }
             let _ = simd;
-            (*d, *sum, *sum16) = scalar_block(x, q);
+            (*d, *sum, *sum16) = scalar_block(x, q, bits);
             *ms = *d * *sum as f32;
         }
         a
@@ -94,16 +136,17 @@ impl LAct {
 }
 
 /// One block: returns its scale, the sum of its integers and of its first 16.
-pub(crate) fn scalar_block(x: &[f32], q: &mut [i8]) -> (f32, i32, i32) {
+pub(crate) fn scalar_block(x: &[f32], q: &mut [i8], bits: Bits) -> (f32, i32, i32) {
     let amax = x[..QK].iter().fold(0f32, |m, v| m.max(v.abs()));
     if amax == 0.0 {
         q[..2 * QK].fill(0);
         return (0.0, 0, 0);
     }
-    let id = AMAX_Q / amax;
+    let (lim, shift) = (bits.limit(), bits.shift());
+    let id = lim / amax;
     let (mut sum, mut sum16) = (0, 0);
     for (j, &v) in x[..QK].iter().enumerate() {
-        let a = ((v * id).round_ties_even() as i32).clamp(-2047, 2047);
+        let a = ((v * id).round_ties_even() as i32).clamp(-(lim as i32), lim as i32) << shift;
         q[j] = (a >> 4) as i8;
         q[QK + j] = (a & 15) as i8;
         sum += a;
@@ -111,16 +154,18 @@ pub(crate) fn scalar_block(x: &[f32], q: &mut [i8]) -> (f32, i32, i32) {
             sum16 += a;
         }
     }
-    (amax / AMAX_Q, sum, sum16)
+    (amax / bits.amax_q(), sum, sum16)
 }
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod x86 {
     use std::arch::x86_64::*;
 
+    use super::Bits;
+
     /// [`super::scalar_block`] in AVX-512 (the same bits).
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn block(x: &[f32], q: &mut [i8]) -> (f32, i32, i32) {
+    pub(super) unsafe fn block(x: &[f32], q: &mut [i8], bits: Bits) -> (f32, i32, i32) {
         unsafe {
             let x0 = _mm512_loadu_ps(x.as_ptr());
             let x1 = _mm512_loadu_ps(x.as_ptr().add(16));
@@ -129,13 +174,18 @@ pub(super) mod x86 {
                 q[..64].fill(0);
                 return (0.0, 0, 0);
             }
-            let id = _mm512_set1_ps(super::AMAX_Q / amax);
-            let (lo_q, hi_q) = (_mm512_set1_epi32(-2047), _mm512_set1_epi32(2047));
+            let lim = bits.limit();
+            let id = _mm512_set1_ps(lim / amax);
+            let (lo_q, hi_q) = (
+                _mm512_set1_epi32(-(lim as i32)),
+                _mm512_set1_epi32(lim as i32),
+            );
+            let shift = _mm_cvtsi32_si128(bits.shift() as i32);
             // Round to nearest even: the default rounding mode of the conversion.
             let a0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, id));
             let a1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, id));
-            let a0 = _mm512_min_epi32(_mm512_max_epi32(a0, lo_q), hi_q);
-            let a1 = _mm512_min_epi32(_mm512_max_epi32(a1, lo_q), hi_q);
+            let a0 = _mm512_sll_epi32(_mm512_min_epi32(_mm512_max_epi32(a0, lo_q), hi_q), shift);
+            let a1 = _mm512_sll_epi32(_mm512_min_epi32(_mm512_max_epi32(a1, lo_q), hi_q), shift);
             let m15 = _mm512_set1_epi32(15);
             let p = q.as_mut_ptr() as *mut __m128i;
             _mm_storeu_si128(p, _mm512_cvtepi32_epi8(_mm512_srai_epi32::<4>(a0)));
@@ -144,13 +194,17 @@ pub(super) mod x86 {
             _mm_storeu_si128(p.add(3), _mm512_cvtepi32_epi8(_mm512_and_si512(a1, m15)));
             let sum16 = _mm512_reduce_add_epi32(a0);
             let sum = sum16 + _mm512_reduce_add_epi32(a1);
-            (amax / super::AMAX_Q, sum, sum16)
+            (amax / bits.amax_q(), sum, sum16)
         }
     }
 
     /// [`super::scalar_block`] in AVX2 (the same bits).
     #[target_feature(enable = "avx2")]
-    pub(in crate::cpu::qlanes) unsafe fn block_avx2(x: &[f32], q: &mut [i8]) -> (f32, i32, i32) {
+    pub(in crate::cpu::qlanes) unsafe fn block_avx2(
+        x: &[f32],
+        q: &mut [i8],
+        bits: Bits,
+    ) -> (f32, i32, i32) {
         unsafe {
             let xs: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x.as_ptr().add(8 * i)));
             let sign = _mm256_set1_ps(-0.0);
@@ -164,12 +218,17 @@ pub(super) mod x86 {
                 q[..64].fill(0);
                 return (0.0, 0, 0);
             }
-            let id = _mm256_set1_ps(super::AMAX_Q / amax);
-            let (lo_q, hi_q) = (_mm256_set1_epi32(-2047), _mm256_set1_epi32(2047));
+            let lim = bits.limit();
+            let id = _mm256_set1_ps(lim / amax);
+            let (lo_q, hi_q) = (
+                _mm256_set1_epi32(-(lim as i32)),
+                _mm256_set1_epi32(lim as i32),
+            );
+            let shift = _mm_cvtsi32_si128(bits.shift() as i32);
             // Round to nearest even: the default rounding mode of the conversion.
             let a: [__m256i; 4] = std::array::from_fn(|i| {
                 let a = _mm256_cvtps_epi32(_mm256_mul_ps(xs[i], id));
-                _mm256_min_epi32(_mm256_max_epi32(a, lo_q), hi_q)
+                _mm256_sll_epi32(_mm256_min_epi32(_mm256_max_epi32(a, lo_q), hi_q), shift)
             });
             // Bytes in order: the packs interleave 128-bit lanes, one permute restores it.
             let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -189,7 +248,7 @@ pub(super) mod x86 {
             };
             let sum16 = hsum(_mm256_add_epi32(a[0], a[1]));
             let sum = sum16 + hsum(_mm256_add_epi32(a[2], a[3]));
-            (amax / super::AMAX_Q, sum, sum16)
+            (amax / bits.amax_q(), sum, sum16)
         }
     }
 }

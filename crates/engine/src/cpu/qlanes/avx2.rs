@@ -3,7 +3,9 @@
 //! holds 16 weight rows, two halves of 8 (one per f32 lane of a 256-bit register): tiles of
 //! one or two activation rows run both halves in one pass, wider tiles each half on its own,
 //! the second from cache. Whole octets of rows of the nibble formats run turned around
-//! instead (`avx2_rows.rs`: activation rows in the lanes, weight codes broadcast).
+//! instead (`avx2_rows.rs`: activation rows in the lanes, weight codes broadcast). With 8-bit
+//! activations (`lo` all zero) the `lo` products are skipped, and tiles of three and four
+//! rows also run both halves at once (the `lo` sums' registers are free).
 //!
 //! `vpdpbusd` becomes `vpmaddubsw` (unsigned code × signed activation byte, pairs summed into
 //! int16) whose sums stay in int16 across a few lines and are widened by `vpmaddwd` (times 16
@@ -211,12 +213,16 @@ unsafe fn bcast(p: *const i8) -> __m256i {
 
 /// Rows `8·half..8·half + 8` of one group against activation rows `i0..i0 + MR`; with
 /// `BOTH`, all 16 rows in one pass (`half` 0), each activation broadcast serving both halves.
+/// Without `LO` the activations' `lo` bytes are all zero (8-bit activations) and skipped.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; the group and the rows exist; the output has `MR` rows of
 /// `ldo` with 8 (masked) columns at `out` (16 with `BOTH`).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn kernel<F: Fmt8, const MR: usize, const BOTH: bool>(t: &Args, half: usize) {
+pub(super) unsafe fn kernel<F: Fmt8, const MR: usize, const BOTH: bool, const LO: bool>(
+    t: &Args,
+    half: usize,
+) {
     unsafe {
         let off = offset(F::QTYPE);
         let m4 = _mm256_set1_epi8(0x0f);
@@ -279,25 +285,31 @@ pub(super) unsafe fn kernel<F: Fmt8, const MR: usize, const BOTH: bool>(t: &Args
                     }
                     for i in 0..MR {
                         let p = ap[i].add(blk + 8 * z);
-                        let (ah0, al0) = (bcast(p), bcast(p.add(32)));
-                        let (ah1, al1) = (bcast(p.add(4)), bcast(p.add(36)));
+                        let (ah0, ah1) = (bcast(p), bcast(p.add(4)));
                         for s in 0..sides {
                             let [c0, c1] = c[s];
                             let h0 = _mm256_maddubs_epi16(c0, ah0);
-                            let l0 = _mm256_maddubs_epi16(c0, al0);
                             let h1 = _mm256_maddubs_epi16(c1, ah1);
-                            let l1 = _mm256_maddubs_epi16(c1, al1);
                             hi[i][s] = _mm256_add_epi16(hi[i][s], _mm256_add_epi16(h0, h1));
-                            lo[i][s] = _mm256_add_epi16(lo[i][s], _mm256_add_epi16(l0, l1));
+                        }
+                        if LO {
+                            let (al0, al1) = (bcast(p.add(32)), bcast(p.add(36)));
+                            for s in 0..sides {
+                                let [c0, c1] = c[s];
+                                let l0 = _mm256_maddubs_epi16(c0, al0);
+                                let l1 = _mm256_maddubs_epi16(c1, al1);
+                                lo[i][s] = _mm256_add_epi16(lo[i][s], _mm256_add_epi16(l0, l1));
+                            }
                         }
                     }
                     if (z + 1 - sub * lines) % F::LINES == 0 {
                         for i in 0..MR {
                             for s in 0..sides {
-                                let wide = _mm256_add_epi32(
-                                    _mm256_madd_epi16(hi[i][s], sixteen),
-                                    _mm256_madd_epi16(lo[i][s], ones),
-                                );
+                                let mut wide = _mm256_madd_epi16(hi[i][s], sixteen);
+                                if LO {
+                                    wide =
+                                        _mm256_add_epi32(wide, _mm256_madd_epi16(lo[i][s], ones));
+                                }
                                 n[i][s] = _mm256_add_epi32(n[i][s], wide);
                                 hi[i][s] = _mm256_setzero_si256();
                                 lo[i][s] = _mm256_setzero_si256();
@@ -427,16 +439,25 @@ unsafe fn store<const MR: usize>(t: &Args, half: usize, sides: usize, acc: &[[__
 /// # Safety
 /// As [`kernel`], with 16 (masked) output columns.
 pub(super) unsafe fn dispatch(qt: QType, mr: usize, t: &Args) {
+    macro_rules! nibbles {
+        ($mr:literal, $both:literal, $half:expr, $lo:literal) => {
+            match qt {
+                QType::Q4_0 => kernel::<Q4_0, $mr, $both, $lo>(t, $half),
+                QType::Q4_1 => kernel::<Q4_1, $mr, $both, $lo>(t, $half),
+                QType::Q4_K => kernel::<Q4K, $mr, $both, $lo>(t, $half),
+                QType::MXFP4 => kernel::<Mxfp4, $mr, $both, $lo>(t, $half),
+                QType::Q6_K => kernel::<Q6K, $mr, $both, $lo>(t, $half),
+                QType::Q8_0 | QType::I8 => unreachable!("8-bit codes take kernel8"),
+            }
+        };
+    }
     macro_rules! run {
         ($mr:literal, $both:literal, $half:expr) => {
             match qt {
-                QType::Q4_0 => kernel::<Q4_0, $mr, $both>(t, $half),
-                QType::Q4_1 => kernel::<Q4_1, $mr, $both>(t, $half),
-                QType::Q4_K => kernel::<Q4K, $mr, $both>(t, $half),
-                QType::MXFP4 => kernel::<Mxfp4, $mr, $both>(t, $half),
-                QType::Q6_K => kernel::<Q6K, $mr, $both>(t, $half),
                 QType::Q8_0 => kernel8::<Q8_0, $mr, $both>(t, $half),
                 QType::I8 => kernel8::<I8, $mr, $both>(t, $half),
+                _ if t.a.lo => nibbles!($mr, $both, $half, true),
+                _ => nibbles!($mr, $both, $half, false),
             }
         };
     }
@@ -445,10 +466,14 @@ pub(super) unsafe fn dispatch(qt: QType, mr: usize, t: &Args) {
         // One pass over both halves for tiles of one or two rows (decode): each activation
         // broadcast and block scalar serves 16 weight rows (batch 1 read 10–13 GB/s a half
         // at a time, 15–17 both at once). Wider tiles hold too many accumulators for 16
-        // registers, and run a half at a time.
+        // registers, and run a half at a time; without `lo` sums (8-bit activations), tiles of
+        // three and four rows of the nibble formats fit (1.1–1.3x at four rows).
+        let nibble = code_bytes(qt) < ROWS * super::QK;
         match (halves, mr) {
             (2, 1) => run!(1, true, 0),
             (2, 2) => run!(2, true, 0),
+            (2, 3) if nibble && !t.a.lo => nibbles!(3, true, 0, false),
+            (2, 4) if nibble && !t.a.lo => nibbles!(4, true, 0, false),
             _ => {
                 for half in 0..halves {
                     match mr {

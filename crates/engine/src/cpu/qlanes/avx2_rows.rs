@@ -56,7 +56,9 @@ impl Octets {
                     let at = (OCTET * o + l) * nb + b;
                     let src = &a.q[at * 2 * QK..(at + 1) * 2 * QK];
                     // src: 32 hi then 32 lo; dst: [hi/lo][group of 4][row][4].
-                    for (hl, half) in src.chunks_exact(QK).enumerate() {
+                    // 8-bit activations' `lo` bytes are all zero, as `q` starts.
+                    let halves = if a.lo { 2 } else { 1 };
+                    for (hl, half) in src.chunks_exact(QK).take(halves).enumerate() {
                         for (g, v) in half.chunks_exact(4).enumerate() {
                             let p = hl * QK * OCTET + g * 4 * OCTET + 4 * l;
                             dst[p..p + 4].copy_from_slice(v);
@@ -84,7 +86,12 @@ pub(super) fn takes(qt: QType) -> bool {
 /// The CPU has AVX2, FMA and F16C; the group and the octets exist; the output has `8·NO`
 /// rows of `ldo` with `lanes` columns at `t.out`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kernel<F: Fmt8, const NO: usize>(t: &Args, x: &Octets, o0: usize, lanes: usize) {
+unsafe fn kernel<F: Fmt8, const NO: usize, const LO: bool>(
+    t: &Args,
+    x: &Octets,
+    o0: usize,
+    lanes: usize,
+) {
     unsafe {
         let off = _mm256_set1_epi32(-offset(F::QTYPE));
         let m4 = _mm256_set1_epi8(0x0f);
@@ -136,19 +143,21 @@ unsafe fn kernel<F: Fmt8, const NO: usize>(t: &Args, x: &Octets, o0: usize, lane
                             _mm256_maddubs_epi16(c0, _mm256_loadu_si256(p)),
                             _mm256_maddubs_epi16(c1, _mm256_loadu_si256(p.add(1))),
                         );
-                        let l = _mm256_add_epi16(
-                            _mm256_maddubs_epi16(c0, _mm256_loadu_si256(p.add(8))),
-                            _mm256_maddubs_epi16(c1, _mm256_loadu_si256(p.add(9))),
-                        );
                         hi[o] = _mm256_add_epi16(hi[o], h);
-                        lo[o] = _mm256_add_epi16(lo[o], l);
+                        if LO {
+                            let l = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(c0, _mm256_loadu_si256(p.add(8))),
+                                _mm256_maddubs_epi16(c1, _mm256_loadu_si256(p.add(9))),
+                            );
+                            lo[o] = _mm256_add_epi16(lo[o], l);
+                        }
                     }
                     if (z + 1) % F::LINES == 0 {
                         for o in 0..NO {
-                            let wide = _mm256_add_epi32(
-                                _mm256_madd_epi16(hi[o], sixteen),
-                                _mm256_madd_epi16(lo[o], ones),
-                            );
+                            let mut wide = _mm256_madd_epi16(hi[o], sixteen);
+                            if LO {
+                                wide = _mm256_add_epi32(wide, _mm256_madd_epi16(lo[o], ones));
+                            }
                             n[o] = _mm256_add_epi32(n[o], wide);
                             hi[o] = _mm256_setzero_si256();
                             lo[o] = _mm256_setzero_si256();
@@ -184,15 +193,22 @@ unsafe fn kernel<F: Fmt8, const NO: usize>(t: &Args, x: &Octets, o0: usize, lane
 /// As [`kernel`].
 pub(super) unsafe fn dispatch(qt: QType, no: usize, t: &Args, x: &Octets, o0: usize, lanes: usize) {
     macro_rules! run {
-        ($no:literal) => {
+        ($no:literal, $lo:literal) => {
             match qt {
-                QType::Q4_0 => kernel::<Q4_0, $no>(t, x, o0, lanes),
-                QType::Q4_1 => kernel::<Q4_1, $no>(t, x, o0, lanes),
-                QType::Q4_K => kernel::<Q4K, $no>(t, x, o0, lanes),
-                QType::MXFP4 => kernel::<Mxfp4, $no>(t, x, o0, lanes),
+                QType::Q4_0 => kernel::<Q4_0, $no, $lo>(t, x, o0, lanes),
+                QType::Q4_1 => kernel::<Q4_1, $no, $lo>(t, x, o0, lanes),
+                QType::Q4_K => kernel::<Q4K, $no, $lo>(t, x, o0, lanes),
+                QType::MXFP4 => kernel::<Mxfp4, $no, $lo>(t, x, o0, lanes),
                 _ => unreachable!("{qt:?} is not a nibble format"),
             }
         };
     }
-    unsafe { if no == 2 { run!(2) } else { run!(1) } }
+    unsafe {
+        match (no, t.a.lo) {
+            (2, true) => run!(2, true),
+            (2, false) => run!(2, false),
+            (_, true) => run!(1, true),
+            (_, false) => run!(1, false),
+        }
+    }
 }

@@ -2,7 +2,8 @@
 //! octets of rows) with exact block sums, the same bits at every batch size and on either,
 //! and fast at many rows.
 //!
-//! Activations are 12-bit integers with one scale per block of 32 (`act.rs`). Weight rows are
+//! Activations are 12-bit integers with one scale per block of 32 (`act.rs`; 8-bit ones on
+//! request, [`bits`], in the same layout with their `lo` bytes zero). Weight rows are
 //! laid out sixteen to a group, one per f32 lane (`pack.rs`), so a block's integer dot
 //! products for 16 rows accumulate in one register and reach f32 with one conversion, one
 //! multiply and one FMA per block and activation row (two FMAs with a minimum) — against the
@@ -27,6 +28,7 @@ mod tests;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use act::Bits;
 pub(crate) use act::LAct;
 pub use pack::LMatrix;
 
@@ -56,9 +58,33 @@ pub(crate) enum Isa {
     Avx2,
 }
 
+/// The activations' precision this process uses: 12 bits unless `LMI_CPU_ACTIVATIONS=int8`
+/// asks for llama.cpp's 8 (half the multiplies on AVX2); an error names the values taken.
+pub fn bits() -> Result<Bits, String> {
+    static BITS: std::sync::OnceLock<Result<Bits, String>> = std::sync::OnceLock::new();
+    BITS.get_or_init(|| {
+        let v = std::env::var("LMI_CPU_ACTIVATIONS").unwrap_or_default();
+        match v.trim().to_ascii_lowercase().as_str() {
+            "" | "int12" => Ok(Bits::Twelve),
+            "int8" => Ok(Bits::Eight),
+            _ => Err(format!(
+                "LMI_CPU_ACTIVATIONS={v:?}: expected int12 (the default) or int8"
+            )),
+        }
+    })
+    .clone()
+}
+
 /// `out[i, c] = x[i, :] · w[c, :]` over the concatenated `parts` (`n` columns in all), for
-/// `m` rows of `x`, on a CPU that has `isa`. Both give the same bits.
-pub(crate) fn qlinear_lanes(isa: Isa, x: &[f32], m: usize, parts: &[LMatrix], out: &mut [f32]) {
+/// `m` rows of `x` quantized to `bits`, on a CPU that has `isa`. Both give the same bits.
+pub(crate) fn qlinear_lanes(
+    isa: Isa,
+    bits: Bits,
+    x: &[f32],
+    m: usize,
+    parts: &[LMatrix],
+    out: &mut [f32],
+) {
     let Some(first) = parts.first() else {
         return;
     };
@@ -69,7 +95,7 @@ pub(crate) fn qlinear_lanes(isa: Isa, x: &[f32], m: usize, parts: &[LMatrix], ou
     if m == 0 || n == 0 {
         return;
     }
-    let mut a = LAct::new(x, m, k);
+    let mut a = LAct::new(x, m, k, bits);
     if isa == Isa::Avx2 && parts.iter().any(|p| pack::code_bytes(p.qtype) == ROWS * QK) {
         a.widen();
     }
