@@ -85,7 +85,8 @@ fn main() {
             for _ in 1..copies {
                 ws.push(be.upload_weight(t.clone()).unwrap());
             }
-            for m in [1usize, 8, 16, 64] {
+            // 2 and 4 rows: a mixture's experts at 16 decode streams (about two rows each).
+            for m in [1usize, 2, 4, 8, 16, 64] {
                 let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
                 let mut out = vec![0f32; m * n];
                 for w in &ws {
