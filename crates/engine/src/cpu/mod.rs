@@ -184,7 +184,7 @@ impl Backend for CpuBackend {
         Ok(match t.data {
             HostData::F32(data) => CpuWeight::F32 { data, shape },
             HostData::Quant(parts) if shape.len() == 2 && qlinear::QWeight::supports(&parts) => {
-                qlanes::bits().map_err(EngineError::Backend)?;
+                qlanes::bits().map_err(|e| EngineError::Backend(e.into()))?;
                 CpuWeight::Quant {
                     w: qlinear::QWeight::new(parts),
                     shape,

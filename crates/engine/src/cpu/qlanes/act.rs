@@ -27,10 +27,7 @@ pub enum Bits {
 impl Bits {
     /// The scale's divisor: the largest integer `a`.
     fn amax_q(self) -> f32 {
-        match self {
-            Bits::Twelve => AMAX_Q,
-            Bits::Eight => 16.0 * AMAX_8,
-        }
+        self.limit() * (1 << self.shift()) as f32
     }
 
     /// The largest magnitude before scaling (`a8`'s for 8 bits).

@@ -60,9 +60,9 @@ pub(crate) enum Isa {
 
 /// The activations' precision this process uses: 12 bits unless `LMI_CPU_ACTIVATIONS=int8`
 /// asks for llama.cpp's 8 (half the multiplies on AVX2); an error names the values taken.
-pub fn bits() -> Result<Bits, String> {
+pub fn bits() -> Result<Bits, &'static str> {
     static BITS: std::sync::OnceLock<Result<Bits, String>> = std::sync::OnceLock::new();
-    BITS.get_or_init(|| {
+    let bits = BITS.get_or_init(|| {
         let v = std::env::var("LMI_CPU_ACTIVATIONS").unwrap_or_default();
         match v.trim().to_ascii_lowercase().as_str() {
             "" | "int12" => Ok(Bits::Twelve),
@@ -71,8 +71,8 @@ pub fn bits() -> Result<Bits, String> {
                 "LMI_CPU_ACTIVATIONS={v:?}: expected int12 (the default) or int8"
             )),
         }
-    })
-    .clone()
+    });
+    bits.as_ref().copied().map_err(String::as_str)
 }
 
 /// `out[i, c] = x[i, :] · w[c, :]` over the concatenated `parts` (`n` columns in all), for
