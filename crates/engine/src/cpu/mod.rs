@@ -111,6 +111,26 @@ impl CpuBackend {
         CpuBackend::default()
     }
 
+    /// `out[..rows · n] = x · wᵀ (+ bias)`: [`Backend::linear`] on slices, so callers can hand
+    /// it parts of larger buffers.
+    fn linear_into(
+        &self,
+        x: &[f32],
+        rows: usize,
+        w: &CpuWeight,
+        bias: Option<&CpuWeight>,
+        out: &mut [f32],
+    ) {
+        let (n, k) = (w.shape()[0], w.shape()[1]);
+        let bias = bias.map(|b| b.as_f32());
+        match w {
+            CpuWeight::F32 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
+            CpuWeight::BF16 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
+            CpuWeight::Amx { packed, .. } => amx::linear(x, rows, packed, bias, out),
+            CpuWeight::Quant { w, .. } => qlinear::qlinear(x, rows, w, bias, out),
+        }
+    }
+
     /// The product path quantized weights take (every step, whatever its rows), for reports.
     pub fn quant_kernel(&self) -> String {
         qlinear::qpath().name().into()
@@ -349,14 +369,7 @@ impl Backend for CpuBackend {
         bias: Option<&CpuWeight>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let (n, k) = (w.shape()[0], w.shape()[1]);
-        let bias = bias.map(|b| b.as_f32());
-        match w {
-            CpuWeight::F32 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
-            CpuWeight::BF16 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
-            CpuWeight::Amx { packed, .. } => amx::linear(x, rows, packed, bias, out),
-            CpuWeight::Quant { w, .. } => qlinear::qlinear(x, rows, w, bias, out),
-        }
+        self.linear_into(x, rows, w, bias, out);
         Ok(())
     }
 
