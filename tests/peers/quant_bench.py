@@ -5,18 +5,22 @@ the same way through /v1/completions by ../shared/peers/openai_bench.py.
 
   python3 tests/peers/quant_bench.py --lmi target/release/lmi \
       --llama ~/.cache/lmi-peers/llama.cpp/bin/llama-server --gguf A.gguf [--gguf B.gguf] \
-      [--lmi-variant 'lmi bf16=--dtype bf16'] [--lmi-variant 'lmi int8=LMI_CPU_NO_LANES=1']
+      [--lmi-variant 'lmi bf16=--dtype bf16'] [--lmi-variant 'lmi int8=LMI_CPU_NO_LANES=1'] \
+      [--rounds 3]
 
 Per server and file: batch-1 decode tok/s (64-token prompt, 128 greedy tokens, median of 3),
 prefill tok/s (one 512-token prompt, 1 token: prompt / time to first token, median of 3),
 aggregate tok/s of 16 and 64 concurrent streams (end to end, prefill included), and resident
-memory (VmRSS after the runs, VmHWM peak). Prints a markdown table and RESULT json.
+memory (VmRSS after the runs, VmHWM peak). With --rounds N every server runs N times, in
+turn: the table gives each figure's median, and each ratio is the median of the rounds' own
+ratios (their range in brackets). Prints a markdown table and RESULT json.
 """
 import argparse
 import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -90,6 +94,10 @@ def main():
     ap.add_argument("--gguf", action="append", required=True)
     ap.add_argument("--concurrency", default="16,64")
     ap.add_argument("--port", type=int, default=8391)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure every server this many times, in turn (llama, lmi, ..., then "
+                    "again): figures are medians, ratios the median of each round's ratio, so "
+                    "a shared machine's drift falls on both sides")
     ap.add_argument("--lmi-variant", action="append", default=[], metavar="NAME=ARGS",
                     help="also serve with these lmi serve arguments, e.g. "
                     "'lmi bf16=--dtype bf16'; words KEY=VALUE set the environment instead, "
@@ -102,14 +110,15 @@ def main():
     conc = [int(c) for c in a.concurrency.split(",")]
     pool = bc.word_pool(bc.default_gguf())
     rows = []
-    for gguf in a.gguf:
+    for rnd, gguf in [(r, g) for r in range(a.rounds) for g in a.gguf]:
         size = os.path.getsize(gguf) / 2**20
         for kind in ["llama", "lmi"] + list(a.variants):
             proc = start(kind, a, gguf, a.port)
             try:
                 client = ob.Client(f"http://127.0.0.1:{a.port}")
                 quiet = lambda *x, **k: None  # noqa: E731
-                r = {"file": os.path.basename(gguf), "file_mib": round(size), "server": kind}
+                r = {"file": os.path.basename(gguf), "file_mib": round(size), "server": kind,
+                     "round": rnd}
                 single = ob.run(client, 64, 128, 1, 3, mode="single", log=quiet)
                 r["b1"] = single["batch1"]["decode_tok_s_median"]
                 r["prefill"] = prefill(client, pool, 512)
@@ -127,21 +136,37 @@ def main():
                     proc.kill()
             time.sleep(2)
     cols = ["b1", "prefill"] + [f"c{c}" for c in conc]
+    med = statistics.median
     print("\n| file | server | " + " | ".join(cols) + " | RSS MiB | peak MiB |")
     print("|---|---|" + "---:|" * (len(cols) + 2))
-    for r in rows:
-        print(f"| {r['file']} ({r['file_mib']} MiB) | {r['server']} | "
-              + " | ".join(f"{r[c]:.0f}" for c in cols)
-              + f" | {r['VmRSS']:.0f} | {r['VmHWM']:.0f} |")
+    keys = list(dict.fromkeys((r["file"], r["server"]) for r in rows))
+    for f, kind in keys:
+        runs = [r for r in rows if (r["file"], r["server"]) == (f, kind)]
+        print(f"| {f} ({runs[0]['file_mib']} MiB) | {kind} | "
+              + " | ".join(f"{med([r[c] for r in runs]):.0f}" for c in cols)
+              + f" | {max(r['VmRSS'] for r in runs):.0f} | {max(r['VmHWM'] for r in runs):.0f} |")
+
+    def ratio(f, num, den):
+        # Each round's ratio, then their median (and range when there are several rounds).
+        by_round = {}
+        for r in rows:
+            if r["file"] == f:
+                by_round.setdefault(r["round"], {})[r["server"]] = r
+        per = [[p[num][c] / p[den][c] for c in cols] for p in by_round.values()
+               if num in p and den in p]
+        cells = []
+        for i in range(len(cols)):
+            v = [q[i] for q in per]
+            cells.append(f"{med(v):.2f}x" + (f" ({min(v):.2f}–{max(v):.2f})" if len(v) > 1 else ""))
+        return f"| {f} | {num} / {den} | " + " | ".join(cells) + " | | |"
+
     for f in dict.fromkeys(r["file"] for r in rows):
-        pair = {r["server"]: r for r in rows if r["file"] == f}
-        for kind in [k for k in pair if k != "llama"]:
-            if "llama" in pair:
-                print(f"| {f} | {kind} / llama | " + " | ".join(
-                    f"{pair[kind][c] / pair['llama'][c]:.2f}x" for c in cols) + " | | |")
-            for other in [k for k in pair if k not in ("llama", kind) and kind == "lmi"]:
-                print(f"| {f} | lmi / {other} | " + " | ".join(
-                    f"{pair['lmi'][c] / pair[other][c]:.2f}x" for c in cols) + " | | |")
+        servers = list(dict.fromkeys(r["server"] for r in rows if r["file"] == f))
+        for kind in [k for k in servers if k != "llama"]:
+            if "llama" in servers:
+                print(ratio(f, kind, "llama"))
+            for other in [k for k in servers if k not in ("llama", kind) and kind == "lmi"]:
+                print(ratio(f, "lmi", other))
     print("RESULT " + json.dumps(rows))
 
 
