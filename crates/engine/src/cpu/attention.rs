@@ -10,6 +10,8 @@ use crate::backend::{AttnScoring, QkvLayout};
 use crate::batch::BatchLayout;
 use crate::kv::BLOCK_SIZE;
 use crate::sampling::fast_exp::exp_nonpositive;
+#[cfg(target_arch = "x86_64")]
+use crate::sampling::fast_exp::exp_nonpositive8;
 
 /// How scores become weights, the sinks as f32.
 pub type Scoring<'a> = AttnScoring<'a, [f32]>;
@@ -104,22 +106,56 @@ pub fn paged_attention<'a, E: WElem>(
 /// fixed order (it depends on the length only).
 fn softmax(s: &mut [f32], sink: Option<f32>) {
     #[cfg(target_arch = "x86_64")]
-    if super::simd::isa() == super::simd::Isa::Avx512 {
-        // SAFETY: the feature was detected.
-        return unsafe { softmax512(s, sink) };
+    match super::simd::isa() {
+        // SAFETY: the features were detected.
+        super::simd::Isa::Avx512 => return unsafe { softmax512(s, sink) },
+        super::simd::Isa::Avx2 => return unsafe { softmax256(s, sink) },
+        super::simd::Isa::Scalar => {}
     }
-    softmax_body(s, sink)
+    let max = max_of(s, sink);
+    let lanes = exp_lanes(s, max);
+    normalize(s, sink, max, &lanes);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn softmax512(s: &mut [f32], sink: Option<f32>) {
-    softmax_body(s, sink)
+    let max = max_of(s, sink);
+    let lanes = exp_lanes(s, max);
+    normalize(s, sink, max, &lanes);
 }
 
+/// The exponentials in explicit AVX2 (the compiler leaves [`exp_lanes`]' loop scalar: the
+/// saturating `as i32` and the branch), the same operations per element, so the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn softmax256(s: &mut [f32], sink: Option<f32>) {
+    use std::arch::x86_64::*;
+    let max = max_of(s, sink);
+    let vmax = _mm256_set1_ps(max);
+    let mut acc = _mm256_setzero_ps();
+    let mut it = s.chunks_exact_mut(8);
+    for c in &mut it {
+        // SAFETY: `c` holds 8 values.
+        unsafe {
+            let e = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), vmax));
+            _mm256_storeu_ps(c.as_mut_ptr(), e);
+            acc = _mm256_add_ps(acc, e);
+        }
+    }
+    for v in it.into_remainder() {
+        *v = exp_nonpositive(*v - max);
+    }
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: `lanes` holds 8 values.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+    normalize(s, sink, max, &lanes);
+}
+
+/// The largest score (and sink). Lane-wise maxima (exact in any order) so the comparison
+/// vectorizes.
 #[inline(always)]
-fn softmax_body(s: &mut [f32], sink: Option<f32>) {
-    // Lane-wise maxima (exact in any order) so the comparison vectorizes.
+fn max_of(s: &[f32], sink: Option<f32>) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; 16];
     let mut it = s.chunks_exact(16);
     for c in &mut it {
@@ -129,24 +165,35 @@ fn softmax_body(s: &mut [f32], sink: Option<f32>) {
             }
         }
     }
-    let max = lanes
+    lanes
         .iter()
         .chain(it.remainder())
         .chain(&sink)
         .copied()
-        .fold(f32::NEG_INFINITY, f32::max);
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// `s = exp(s - max)` in place, and the sums of its whole eights lane by lane.
+#[inline(always)]
+fn exp_lanes(s: &mut [f32], max: f32) -> [f32; 8] {
     for v in s.iter_mut() {
         *v = exp_nonpositive(*v - max);
     }
     let mut lanes = [0.0f32; 8];
-    let mut it = s.chunks_exact(8);
-    for c in &mut it {
+    for c in s.chunks_exact(8) {
         for (l, &v) in lanes.iter_mut().zip(c) {
             *l += v;
         }
     }
+    lanes
+}
+
+/// Divides the exponentials `s` by their sum: `lanes` (the whole eights'), the values past
+/// the last whole eight, and the sink's.
+#[inline(always)]
+fn normalize(s: &mut [f32], sink: Option<f32>, max: f32, lanes: &[f32; 8]) {
     let sum = lanes.iter().sum::<f32>()
-        + it.remainder().iter().sum::<f32>()
+        + s[s.len() / 8 * 8..].iter().sum::<f32>()
         + sink.map_or(0.0, |k| exp_nonpositive(k - max));
     let inv = 1.0 / sum;
     for v in s.iter_mut() {
@@ -214,5 +261,31 @@ impl KvElem for f32 {
 impl KvElem for u16 {
     fn store(src: &[f32], dst: &mut [u16]) {
         super::linear::round_bf16_into(src, dst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::lcg;
+
+    /// The detected ISA's softmax gives the portable loop's bits, for lengths around the
+    /// eight- and sixteen-wide chunks, with and without a sink.
+    #[test]
+    fn softmax_equals_the_portable_loop() {
+        let mut seed = 7;
+        for n in [1, 5, 8, 9, 16, 23, 64, 130] {
+            for sink in [None, Some(0.3f32)] {
+                let s: Vec<f32> = (0..n).map(|_| 20.0 * lcg(&mut seed)).collect();
+                let mut want = s.clone();
+                let max = max_of(&want, sink);
+                let lanes = exp_lanes(&mut want, max);
+                normalize(&mut want, sink, max, &lanes);
+                let mut got = s;
+                softmax(&mut got, sink);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "n = {n}, sink {sink:?}");
+            }
+        }
     }
 }

@@ -249,6 +249,8 @@ pub(crate) unsafe fn tile_dispatch<W: WElem>(
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => match (mr, nr) {
                 (4, 2) => x86::tile256::<W, 4, 2>(x, ldx, w, ldw, k, out, ldo),
+                (1, 8) => x86::tile256::<W, 1, 8>(x, ldx, w, ldw, k, out, ldo),
+                (1, 4) => x86::tile256::<W, 1, 4>(x, ldx, w, ldw, k, out, ldo),
                 (1, 2) => x86::tile256::<W, 1, 2>(x, ldx, w, ldw, k, out, ldo),
                 (4, 1) => x86::tile256::<W, 4, 1>(x, ldx, w, ldw, k, out, ldo),
                 _ => x86::tile256::<W, 1, 1>(x, ldx, w, ldw, k, out, ldo),

@@ -161,6 +161,8 @@ pub fn dots<W: WElem>(a: &[f32], rows: &[W], out: &mut [f32]) {
         let nr = match (isa, out.len() - j) {
             (Isa::Avx512, r) if r >= 8 => 8,
             (Isa::Avx512, r) if r >= 4 => 4,
+            (Isa::Avx2, r) if r >= 8 => 8,
+            (Isa::Avx2, r) if r >= 4 => 4,
             _ => 1,
         };
         // SAFETY: rows j..j+nr of k elements exist (asserted); out has nr slots at j.
@@ -231,9 +233,114 @@ pub fn accumulate_rows_shared<W: WElem>(
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx2 {
+        let mut h = 0;
+        while h < heads {
+            // Three heads of 32 columns fill 12 of the 16 registers; four go as two pairs.
+            let take = match heads - h {
+                4 => 2,
+                r => r.min(3),
+            };
+            let (o, w) = (&mut out[h * d..(h + take) * d], &weights[h * w_stride..]);
+            // SAFETY: the features were detected; extents asserted above.
+            unsafe {
+                match take {
+                    3 => shared256::<W, 3>(o, d, w, w_stride, n, rows),
+                    2 => shared256::<W, 2>(o, d, w, w_stride, n, rows),
+                    _ => shared256::<W, 1>(o, d, w, w_stride, n, rows),
+                }
+            }
+            h += take;
+        }
+        return;
+    }
     for h in 0..heads {
         let w = &weights[h * w_stride..][..n];
         accumulate_rows(&mut out[h * d..(h + 1) * d], w, &rows[..n * d]);
+    }
+}
+
+/// [`accumulate_rows_shared`] on AVX2 for `H` outputs: 32 columns (four registers an
+/// output) at a time across all rows, then 8, then scalars; each step a rounded product and
+/// a rounded sum, as [`axpy`].
+///
+/// # Safety
+/// AVX2 is available; `out` holds `H·d` values, `rows` `n·d`, `weights` `(H-1)·w_stride + n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn shared256<W: WElem, const H: usize>(
+    out: &mut [f32],
+    d: usize,
+    weights: &[f32],
+    w_stride: usize,
+    n: usize,
+    rows: &[W],
+) {
+    let mut c = 0;
+    while c + 32 <= d {
+        // SAFETY: columns c..c+32 of the outputs and rows exist (caller).
+        unsafe { columns256::<W, H, 4>(out, d, weights, w_stride, n, rows, c) };
+        c += 32;
+    }
+    while c + 8 <= d {
+        // SAFETY: as above for 8 columns.
+        unsafe { columns256::<W, H, 1>(out, d, weights, w_stride, n, rows, c) };
+        c += 8;
+    }
+    for h in 0..H {
+        for j in 0..n {
+            let w = weights[h * w_stride + j];
+            for (o, &x) in out[h * d + c..(h + 1) * d]
+                .iter_mut()
+                .zip(&rows[j * d + c..][..d - c])
+            {
+                *o += w * x.to_f32();
+            }
+        }
+    }
+}
+
+/// Columns `c..c + 8·Q` of `H` outputs, held in registers across the `n` rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn columns256<W: WElem, const H: usize, const Q: usize>(
+    out: &mut [f32],
+    d: usize,
+    weights: &[f32],
+    w_stride: usize,
+    n: usize,
+    rows: &[W],
+    c: usize,
+) {
+    // SAFETY: the caller guarantees the extents.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); Q]; H];
+        for (h, acc) in acc.iter_mut().enumerate() {
+            for (q, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(out.as_ptr().add(h * d + c + 8 * q));
+            }
+        }
+        for j in 0..n {
+            let r = rows.as_ptr().add(j * d + c);
+            let mut v = [_mm256_setzero_ps(); Q];
+            for (q, v) in v.iter_mut().enumerate() {
+                *v = W::load8(r.add(8 * q));
+            }
+            for (h, acc) in acc.iter_mut().enumerate() {
+                let a = _mm256_set1_ps(*weights.get_unchecked(h * w_stride + j));
+                for (q, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm256_add_ps(*acc, _mm256_mul_ps(a, v[q]));
+                }
+            }
+        }
+        for (h, acc) in acc.iter().enumerate() {
+            for (q, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.as_mut_ptr().add(h * d + c + 8 * q), *a);
+            }
+        }
     }
 }
 
@@ -291,6 +398,12 @@ pub fn accumulate_rows<W: WElem>(out: &mut [f32], weights: &[f32], rows: &[W]) {
     if isa() == Isa::Avx512 {
         // SAFETY: the feature was detected; lengths asserted above.
         unsafe { accumulate_rows512(out, weights, rows) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx2 {
+        // SAFETY: the features were detected; lengths asserted above.
+        unsafe { shared256::<W, 1>(out, d, weights, 0, weights.len(), rows) };
         return;
     }
     for (j, &w) in weights.iter().enumerate() {
@@ -394,8 +507,8 @@ mod tests {
     }
 
     #[test]
-    fn shared_rows_equal_one_accumulation_per_output() {
-        for (d, heads) in [(64, 3), (128, 5), (48, 2)] {
+    fn shared_rows_equal_the_scalar_accumulation() {
+        for (d, heads) in [(64, 3), (128, 5), (48, 2), (70, 4), (64, 1)] {
             let n = 11;
             let rows: Vec<u16> = (0..n * d)
                 .map(|i| half::bf16::from_f32(((i * 53 % 29) as f32 - 14.0) / 9.0).to_bits())
@@ -406,8 +519,14 @@ mod tests {
                 .collect();
             let init: Vec<f32> = (0..heads * d).map(|i| i as f32 / 7.0).collect();
             let mut want = init.clone();
+            // Row after row, a rounded product and a rounded sum per element (`axpy`).
             for h in 0..heads {
-                accumulate_rows(&mut want[h * d..(h + 1) * d], &w[h * stride..][..n], &rows);
+                for j in 0..n {
+                    let (o, r) = (&mut want[h * d..(h + 1) * d], &rows[j * d..(j + 1) * d]);
+                    for (o, &x) in o.iter_mut().zip(r) {
+                        *o += w[h * stride + j] * x.to_f32();
+                    }
+                }
             }
             let mut got = init;
             accumulate_rows_shared(&mut got, d, &w, stride, n, &rows);
