@@ -6,11 +6,13 @@ the same way through /v1/completions by ../shared/peers/openai_bench.py.
   python3 tests/peers/quant_bench.py --lmi target/release/lmi \
       --llama ~/.cache/lmi-peers/llama.cpp/bin/llama-server --gguf A.gguf [--gguf B.gguf] \
       [--lmi-variant 'lmi bf16=--dtype bf16'] [--lmi-variant 'lmi int8=LMI_CPU_NO_LANES=1'] \
-      [--rounds 3]
+      [--rounds 3] [--prompt-len 1024]
 
-Per server and file: batch-1 decode tok/s (64-token prompt, 128 greedy tokens, median of 3),
+Per server and file: batch-1 decode tok/s (64-token prompt, or --prompt-len, 128 greedy
+tokens, median of 3),
 prefill tok/s (one 512-token prompt, 1 token: prompt / time to first token, median of 3),
-aggregate tok/s of 16 and 64 concurrent streams (end to end, prefill included), and resident
+aggregate tok/s of 16 and 64 concurrent streams (prompts as for batch 1, 128 tokens each,
+end to end, prefill included), and resident
 memory (VmRSS after the runs, VmHWM peak). With --rounds N every server runs N times, in
 turn: the table gives each figure's median, and each ratio is the median of the rounds' own
 ratios (their range in brackets). Prints a markdown table and RESULT json.
@@ -71,7 +73,8 @@ def prefill(client, pool, n_tokens, reps=3):
 def start(kind, a, gguf, port):
     log = open(f"/tmp/quant-bench-{kind.replace(' ', '_')}-{port}.log", "w")
     if kind == "llama":
-        ctx = 64 * 768
+        # Its context is split evenly between the 64 slots: room for a prompt and 128 tokens.
+        ctx = 64 * max(768, a.prompt_len + 256)
         cmd = [a.llama, "-m", gguf, "-t", "2", "-tb", "2", "-np", "64", "-cb", "-c", str(ctx),
                "--port", str(port), "--no-webui"]
         env = os.environ.copy()
@@ -98,6 +101,9 @@ def main():
                     help="measure every server this many times, in turn (llama, lmi, ..., then "
                     "again): figures are medians, ratios the median of each round's ratio, so "
                     "a shared machine's drift falls on both sides")
+    ap.add_argument("--prompt-len", type=int, default=64,
+                    help="prompt tokens of the batch-1 and concurrent runs (a long one weighs "
+                    "attention)")
     ap.add_argument("--lmi-variant", action="append", default=[], metavar="NAME=ARGS",
                     help="also serve with these lmi serve arguments, e.g. "
                     "'lmi bf16=--dtype bf16'; words KEY=VALUE set the environment instead, "
@@ -119,11 +125,11 @@ def main():
                 quiet = lambda *x, **k: None  # noqa: E731
                 r = {"file": os.path.basename(gguf), "file_mib": round(size), "server": kind,
                      "round": rnd}
-                single = ob.run(client, 64, 128, 1, 3, mode="single", log=quiet)
+                single = ob.run(client, a.prompt_len, 128, 1, 3, mode="single", log=quiet)
                 r["b1"] = single["batch1"]["decode_tok_s_median"]
                 r["prefill"] = prefill(client, pool, 512)
                 for c in conc:
-                    res = ob.run(client, 64, 128, c, 1, mode="concurrent", warmup=False, log=quiet)
+                    res = ob.run(client, a.prompt_len, 128, c, 1, mode="concurrent", warmup=False, log=quiet)
                     r[f"c{c}"] = res["concurrent"]["e2e_agg_tok_s"]
                 r.update(mem(proc.pid))
                 rows.append(r)
