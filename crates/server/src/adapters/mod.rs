@@ -438,8 +438,11 @@ impl AdapterRegistry {
                 if let Err(e) = &r {
                     tracing::error!("loading LoRA adapter {name:?}: {e}");
                 }
-                cell2.set(r);
+                // Ready and the tier back to size in one step under the lock: whoever sees
+                // these weights ready also sees the eviction they caused (a request that came
+                // in between found the evicted adapter still resident).
                 let mut st = this.state();
+                cell2.set(r);
                 this.evict_host(&mut st, Some(&name));
                 this.update_gauges(&st);
             });
