@@ -42,6 +42,7 @@ fn main() {
         (49152, 576, false),
         (16384, 2048, false),
         (16384, 2048, true),
+        (1024, 1024, true),
     ];
     // Filter with `cargo bench --bench qlinear -- <text>`: rows whose label contains it.
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
@@ -86,7 +87,7 @@ fn main() {
                 ws.push(be.upload_weight(t.clone()).unwrap());
             }
             // 2 and 4 rows: a mixture's experts at 16 decode streams (about two rows each).
-            for m in [1usize, 2, 4, 8, 16, 64] {
+            for m in [1usize, 2, 3, 4, 8, 16, 64] {
                 let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
                 let mut out = vec![0f32; m * n];
                 for w in &ws {
