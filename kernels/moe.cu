@@ -15,6 +15,10 @@
 //   moe_combine    out[r] = Σ weight · y over the row's picks, ascending expert (transformers'
 //                  index_add_ order, and the CPU backend's)
 //
+// A shared expert (Qwen2-MoE) runs the same launches as a layer of one expert that every row
+// picks with weight σ(its gate's logit) (moe_route's MOE_SIGMOID_GATE), combined into a buffer
+// of its own and added to the routed sum after it, as transformers adds it.
+//
 // The grouped products here: grid (column blocks, tiles), one block per (tile, MOE_BLOCK_COLS
 // columns). A tile's rows are staged in shared memory MOE_CHUNK of K at a time; each warp
 // streams its weight rows 16 bytes a lane (512 contiguous bytes per warp), so an expert's
@@ -116,7 +120,9 @@ extern "C" __global__ void moe_route(unsigned* __restrict__ ids, float* __restri
 
     // Weights, in pick order (descending), as crate::moe::route computes them.
     float w[MOE_MAX_TOP_K];
-    if (routing == MOE_TOPK_SOFTMAX) {
+    if (routing == MOE_SIGMOID_GATE) {
+        for (unsigned p = 0; p < top_k; p++) w[p] = 1.0f / (1.0f + expf(-val[p]));
+    } else if (routing == MOE_TOPK_SOFTMAX) {
         float sum = 0.0f;
         for (unsigned p = 0; p < top_k; p++) {
             w[p] = expf(val[p] - val[0]);
@@ -377,3 +383,4 @@ extern "C" __global__ void moe_combine(float* __restrict__ out, const float* __r
         }
     }
 }
+

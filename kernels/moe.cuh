@@ -13,6 +13,8 @@
 #define MOE_SOFTMAX_TOPK 0
 #define MOE_SOFTMAX_TOPK_RENORM 1
 #define MOE_TOPK_SOFTMAX 2
+// A shared expert's weight: the sigmoid of its gate's logit (one "expert", top 1).
+#define MOE_SIGMOID_GATE 3
 
 // Expert activations (crate::moe::ExpertActivation).
 #define MOE_SILU 0

@@ -20,6 +20,9 @@ pub enum Architecture {
     Qwen3,
     /// Qwen3's attention with mixture-of-experts MLPs (`mlp.experts.N`, router `mlp.gate`).
     Qwen3Moe,
+    /// Qwen2's attention (q/k/v biases) with Qwen3-MoE's experts and a shared expert beside
+    /// them (`mlp.shared_expert`, scaled by `σ(mlp.shared_expert_gate · x)`).
+    Qwen2Moe,
     /// Mistral's attention with mixture-of-experts MLPs (`block_sparse_moe`, w1/w2/w3).
     Mixtral,
     /// Gemma 3 (text): GeGLU, the embedding scaled by sqrt(hidden), RMSNorms of `x · (1 + w)`
@@ -31,25 +34,37 @@ pub enum Architecture {
     GptOss,
 }
 
+/// Every `architectures` name a checkpoint may give, and what it loads as. The multimodal
+/// Gemma 3 checkpoints (gemma-3-4b-it and up) serve their text model (their SigLIP tower is not
+/// read); Qwen2-VL's and Qwen2.5-VL's language model is Qwen2's (with M-RoPE).
+const HF_NAMES: &[(&str, Architecture)] = &[
+    ("LlamaForCausalLM", Architecture::Llama),
+    ("MistralForCausalLM", Architecture::Mistral),
+    ("Qwen2ForCausalLM", Architecture::Qwen2),
+    ("Qwen3ForCausalLM", Architecture::Qwen3),
+    ("Qwen3MoeForCausalLM", Architecture::Qwen3Moe),
+    ("Qwen2MoeForCausalLM", Architecture::Qwen2Moe),
+    ("MixtralForCausalLM", Architecture::Mixtral),
+    ("Gemma3ForCausalLM", Architecture::Gemma3),
+    ("Gemma3ForConditionalGeneration", Architecture::Gemma3),
+    ("GptOssForCausalLM", Architecture::GptOss),
+    ("Qwen2VLForConditionalGeneration", Architecture::Qwen2),
+    ("Qwen2_5_VLForConditionalGeneration", Architecture::Qwen2),
+];
+
+/// The architecture names that load, for the error that refuses another.
+pub fn supported_architectures() -> String {
+    let names: Vec<&str> = HF_NAMES.iter().map(|&(n, _)| n).collect();
+    names.join(", ")
+}
+
 impl Architecture {
     pub fn from_hf_name(name: &str) -> Result<Self> {
-        match name {
-            "LlamaForCausalLM" => Ok(Architecture::Llama),
-            "MistralForCausalLM" => Ok(Architecture::Mistral),
-            "Qwen2ForCausalLM" => Ok(Architecture::Qwen2),
-            "Qwen3ForCausalLM" => Ok(Architecture::Qwen3),
-            "Qwen3MoeForCausalLM" => Ok(Architecture::Qwen3Moe),
-            "MixtralForCausalLM" => Ok(Architecture::Mixtral),
-            // The multimodal checkpoints (gemma-3-4b-it and up) serve their text model; their
-            // SigLIP tower is not read.
-            "Gemma3ForCausalLM" | "Gemma3ForConditionalGeneration" => Ok(Architecture::Gemma3),
-            "GptOssForCausalLM" => Ok(Architecture::GptOss),
-            // The language model of Qwen2-VL and Qwen2.5-VL is Qwen2's (with M-RoPE).
-            "Qwen2VLForConditionalGeneration" | "Qwen2_5_VLForConditionalGeneration" => {
-                Ok(Architecture::Qwen2)
-            }
-            other => Err(EngineError::UnknownArchitecture(other.to_string())),
-        }
+        HF_NAMES
+            .iter()
+            .find(|&&(n, _)| n == name)
+            .map(|&(_, a)| a)
+            .ok_or_else(|| EngineError::UnknownArchitecture(name.to_string()))
     }
 
     pub fn hf_name(self) -> &'static str {
@@ -59,6 +74,7 @@ impl Architecture {
             Architecture::Qwen2 => "Qwen2ForCausalLM",
             Architecture::Qwen3 => "Qwen3ForCausalLM",
             Architecture::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Architecture::Qwen2Moe => "Qwen2MoeForCausalLM",
             Architecture::Mixtral => "MixtralForCausalLM",
             Architecture::Gemma3 => "Gemma3ForCausalLM",
             Architecture::GptOss => "GptOssForCausalLM",
@@ -75,7 +91,10 @@ impl Architecture {
     }
 
     pub fn has_qkv_bias(self) -> bool {
-        matches!(self, Architecture::Qwen2 | Architecture::GptOss)
+        matches!(
+            self,
+            Architecture::Qwen2 | Architecture::Qwen2Moe | Architecture::GptOss
+        )
     }
 
     /// The output projection has a bias and the attention a learned per-head sink logit in
@@ -260,6 +279,8 @@ struct RawConfig {
     norm_topk_prob: Option<bool>,
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
+    shared_expert_intermediate_size: Option<usize>,
+    qkv_bias: Option<bool>,
     // Gemma 3.
     hidden_act: Option<String>,
     hidden_activation: Option<String>,
@@ -439,10 +460,21 @@ impl ModelConfig {
         }
         let intermediate_size = req(raw.intermediate_size, "intermediate_size")?;
         let num_layers = req(raw.num_hidden_layers, "num_hidden_layers")?;
+        if raw.qkv_bias == Some(false) && architecture == Architecture::Qwen2Moe {
+            return Err("qkv_bias: false is not supported (Qwen2-MoE's q/k/v carry biases)".into());
+        }
         let moe = match architecture {
-            Architecture::Qwen3Moe => {
+            Architecture::Qwen3Moe | Architecture::Qwen2Moe => {
                 let step = raw.decoder_sparse_step.unwrap_or(1).max(1);
                 let only = raw.mlp_only_layers.clone().unwrap_or_default();
+                let shared_width = match architecture {
+                    Architecture::Qwen2Moe => Some(req(
+                        raw.shared_expert_intermediate_size,
+                        "shared_expert_intermediate_size",
+                    )?)
+                    .filter(|&w| w > 0),
+                    _ => None,
+                };
                 Some(MoeConfig {
                     num_experts: req(raw.num_experts, "num_experts")?,
                     top_k: req(raw.num_experts_per_tok, "num_experts_per_tok")?,
@@ -458,6 +490,7 @@ impl ModelConfig {
                     dense_layers: (0..num_layers)
                         .filter(|i| only.contains(i) || (i + 1) % step != 0)
                         .collect(),
+                    shared_width,
                 })
             }
             Architecture::Mixtral => Some(MoeConfig {
@@ -468,6 +501,7 @@ impl ModelConfig {
                 activation: ExpertActivation::Silu,
                 biases: false,
                 dense_layers: Vec::new(),
+                shared_width: None,
             }),
             // The constants of transformers' GptOssExperts.
             Architecture::GptOss => Some(MoeConfig {
@@ -481,6 +515,7 @@ impl ModelConfig {
                 },
                 biases: true,
                 dense_layers: Vec::new(),
+                shared_width: None,
             }),
             _ => None,
         };
@@ -510,7 +545,10 @@ impl ModelConfig {
         // on; Llama has none.
         let qwen = matches!(
             architecture,
-            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe
+            Architecture::Qwen2
+                | Architecture::Qwen3
+                | Architecture::Qwen3Moe
+                | Architecture::Qwen2Moe
         );
         let windowed = gemma
             || qwen && raw.use_sliding_window == Some(true)
@@ -751,6 +789,39 @@ mod tests {
     fn unknown_architecture_is_named() {
         let e = ModelConfig::from_json(r#"{"architectures":["GPT2LMHeadModel"]}"#).unwrap_err();
         assert!(e.contains("GPT2LMHeadModel"), "{e}");
+        // The refusal names every architecture that loads.
+        for &(name, _) in HF_NAMES {
+            assert!(e.contains(name), "{name} missing from: {e}");
+        }
+    }
+
+    /// Qwen1.5-MoE-A2.7B's shape: a shared expert beside 60 routed ones, weights not
+    /// renormalized, q/k/v biases.
+    #[test]
+    fn qwen2_moe_has_a_shared_expert() {
+        let json = |extra: &str| {
+            format!(
+                r#"{{"architectures":["Qwen2MoeForCausalLM"],"vocab_size":151936,"hidden_size":2048,
+                "intermediate_size":5632,"num_hidden_layers":24,"num_attention_heads":16,
+                "num_key_value_heads":16,"moe_intermediate_size":1408,"num_experts":60,
+                "num_experts_per_tok":4,"norm_topk_prob":false,"decoder_sparse_step":1,
+                "mlp_only_layers":[]{extra}}}"#
+            )
+        };
+        let c =
+            ModelConfig::from_json(&json(r#","shared_expert_intermediate_size":5632"#)).unwrap();
+        assert!(c.architecture.has_qkv_bias() && !c.architecture.has_qk_norm());
+        let m = c.moe.unwrap();
+        assert_eq!(m.shared_width, Some(5632));
+        assert_eq!(m.routing, Routing::SoftmaxTopK { renormalize: false });
+        assert!((0..24).all(|l| m.is_sparse(l)));
+        let e = ModelConfig::from_json(&json("")).unwrap_err();
+        assert!(e.contains("shared_expert_intermediate_size"), "{e}");
+        let e = ModelConfig::from_json(&json(
+            r#","shared_expert_intermediate_size":5632,"qkv_bias":false"#,
+        ))
+        .unwrap_err();
+        assert!(e.contains("qkv_bias"), "{e}");
     }
 
     #[test]

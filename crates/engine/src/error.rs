@@ -12,7 +12,8 @@ pub enum EngineError {
     #[error("invalid model config {path}: {msg}")]
     Config { path: PathBuf, msg: String },
     #[error(
-        "unsupported architecture {0:?}: supported are LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration"
+        "unsupported architecture {0:?}: supported are {list}",
+        list = crate::config::supported_architectures()
     )]
     UnknownArchitecture(String),
     #[error("missing tensor {name:?} in {dir}")]

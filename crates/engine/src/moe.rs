@@ -1,5 +1,5 @@
-//! Mixture-of-experts MLPs (Qwen3-MoE, Mixtral, gpt-oss): what a layer holds and how a token
-//! picks its experts. The experts' products are the backend's ([`Backend::moe`](crate::backend::Backend::moe)).
+//! Mixture-of-experts MLPs (Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss): what a layer holds and how
+//! a token picks its experts. The experts' products are the backend's ([`Backend::moe`](crate::backend::Backend::moe)).
 
 /// How router logits become each token's experts and their weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +36,9 @@ pub struct MoeConfig {
     /// Layers whose MLP is dense (`intermediate_size` wide) rather than experts: Qwen3-MoE's
     /// `mlp_only_layers` and the layers `decoder_sparse_step` skips.
     pub dense_layers: Vec<usize>,
+    /// The width of a shared expert every token runs beside its routed ones (Qwen2-MoE's
+    /// `shared_expert_intermediate_size`), if the model has one.
+    pub shared_width: Option<usize>,
 }
 
 impl MoeConfig {
@@ -54,6 +57,17 @@ pub struct Expert<W> {
     pub down_bias: Option<W>,
 }
 
+/// An expert every row runs, its output scaled by `σ(x · gate)` and added to the routed
+/// experts' sum (Qwen2-MoE's `shared_expert` and `shared_expert_gate`).
+pub struct SharedExpert<W> {
+    /// `[2 · width, hidden]` and `[hidden, width]`, as an [`Expert`]'s.
+    pub gate_up: W,
+    pub down: W,
+    /// `[1, hidden]`, f32 like the router.
+    pub gate: W,
+    pub width: usize,
+}
+
 /// A layer's experts and router.
 pub struct MoeLayer<W> {
     /// `[num_experts, hidden]`: a token's logit for each expert.
@@ -65,6 +79,12 @@ pub struct MoeLayer<W> {
     pub width: usize,
     pub routing: Routing,
     pub activation: ExpertActivation,
+    pub shared: Option<SharedExpert<W>>,
+}
+
+/// `σ(g)` in f32, as torch's `sigmoid` computes it.
+pub fn sigmoid(g: f32) -> f32 {
+    1.0 / (1.0 + (-g).exp())
 }
 
 /// Each row's experts and weights, `top_k` per row in descending weight, from router logits

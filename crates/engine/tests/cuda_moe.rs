@@ -2,8 +2,8 @@
 //! thread orders and on the driver's device (or the fake driver):
 //! - the op against the CPU backend's on random layers: Qwen3-MoE's routing (softmax, top-k,
 //!   renormalized) and gpt-oss's (top-k then softmax, router and expert biases, clamped
-//!   SwiGLU); steps of one row, of more rows than a tile, and with K over two chunks; f32
-//!   and bf16 inputs;
+//!   SwiGLU), Qwen2-MoE's shared expert; steps of one row, of more rows than a tile, and with
+//!   K over two chunks; f32 and bf16 inputs;
 //! - batch invariance: each row's output bit-identical alone and in the whole step;
 //! - every fixture of `tests/fixtures/moe/` (Qwen3-MoE, with a dense layer, Mixtral, gpt-oss
 //!   with its sinks, windows and YaRN, and its MXFP4 experts) in bf16 against transformers'
@@ -19,7 +19,7 @@ use hf_fixture::{BF16_TOL, blocks, chunk, reference, rel_diff, sequence_logits};
 use lmi_cuda::{Device, DeviceExt};
 use lmi_engine::cuda::CudaBackend;
 use lmi_engine::engine::EngineOptions;
-use lmi_engine::moe::{Expert, ExpertActivation, MoeLayer, Routing};
+use lmi_engine::moe::{Expert, ExpertActivation, MoeLayer, Routing, SharedExpert};
 use lmi_engine::weights::HostTensor;
 use lmi_engine::{Backend, DType, Engine, LogitsWanted};
 
@@ -31,6 +31,8 @@ struct Case {
     rows: usize,
     gpt_oss: bool,
     x_bf16: bool,
+    /// A shared expert's width (Qwen2-MoE), 0 for none.
+    shared: usize,
 }
 
 /// The first four run on CUDA cores (a size not a multiple of 16), the others on tensor cores.
@@ -44,6 +46,7 @@ const CASES: [Case; 8] = [
         rows: 1,
         gpt_oss: false,
         x_bf16: false,
+        shared: 0,
     },
     Case {
         experts: 6,
@@ -53,6 +56,7 @@ const CASES: [Case; 8] = [
         rows: 23,
         gpt_oss: false,
         x_bf16: true,
+        shared: 40,
     },
     Case {
         experts: 8,
@@ -62,6 +66,7 @@ const CASES: [Case; 8] = [
         rows: 19,
         gpt_oss: true,
         x_bf16: true,
+        shared: 0,
     },
     // K past one 2048-wide chunk in both products.
     Case {
@@ -72,6 +77,7 @@ const CASES: [Case; 8] = [
         rows: 5,
         gpt_oss: true,
         x_bf16: false,
+        shared: 0,
     },
     // Tensor cores: one row; more rows than a tile (16); gpt-oss's routing; K over three
     // 256-wide chunks in both products.
@@ -83,6 +89,7 @@ const CASES: [Case; 8] = [
         rows: 1,
         gpt_oss: false,
         x_bf16: true,
+        shared: 0,
     },
     Case {
         experts: 6,
@@ -92,6 +99,7 @@ const CASES: [Case; 8] = [
         rows: 41,
         gpt_oss: false,
         x_bf16: false,
+        shared: 48,
     },
     Case {
         experts: 8,
@@ -101,6 +109,7 @@ const CASES: [Case; 8] = [
         rows: 23,
         gpt_oss: true,
         x_bf16: true,
+        shared: 0,
     },
     Case {
         experts: 4,
@@ -110,6 +119,7 @@ const CASES: [Case; 8] = [
         rows: 5,
         gpt_oss: true,
         x_bf16: false,
+        shared: 0,
     },
 ];
 
@@ -156,6 +166,17 @@ fn layer<B: Backend>(b: &B, c: &Case, seed: u64) -> MoeLayer<B::Weight> {
         } else {
             ExpertActivation::Silu
         },
+        shared: (c.shared > 0).then(|| {
+            let sw = c.shared;
+            SharedExpert {
+                gate_up: matrix(2 * sw, h, seed + 3, 2.0 / (h as f32).sqrt()),
+                down: matrix(h, sw, seed + 4, 2.0 / (sw as f32).sqrt()),
+                gate: b
+                    .upload_router(HostTensor::f32(vec![1, h], random(h, seed + 5, 0.3)))
+                    .unwrap(),
+                width: sw,
+            }
+        }),
     }
 }
 
@@ -212,13 +233,15 @@ fn mixture_of_experts_op_matches_the_cpu_and_is_batch_invariant() {
     on_every_device!(check_moe_op);
 }
 
-/// `qwen3_moe_mixed` has a dense layer among its sparse ones; `gpt_oss` brings top-k-then-
+/// `qwen3_moe_mixed` has a dense layer among its sparse ones; `qwen2_moe` a shared expert;
+/// `gpt_oss` brings top-k-then-
 /// softmax routing, expert and router biases, clamped SwiGLU, attention sinks, a window on
 /// alternate layers and YaRN; `gpt_oss_mxfp4` its experts as published (MXFP4, dequantized
 /// at load).
-const FIXTURES: [&str; 5] = [
+const FIXTURES: [&str; 6] = [
     "qwen3_moe",
     "qwen3_moe_mixed",
+    "qwen2_moe",
     "mixtral",
     "gpt_oss",
     "gpt_oss_mxfp4",

@@ -1,4 +1,4 @@
-//! Mixture-of-experts models (Qwen3-MoE, Mixtral) on the CPU against HF transformers: tiny
+//! Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss) on the CPU against HF transformers: tiny
 //! random checkpoints and the logits and greedy tokens transformers computed for them
 //! (`tests/fixtures/moe/generate.py`).
 //! - Prompt logits within f32 tolerance, every position, in f32 and (looser) in bf16.
@@ -20,19 +20,21 @@ use hf_fixture::{
 };
 use lmi_engine::{DType, LogitsWanted};
 
-/// `qwen3_moe_mixed` has a dense layer among its sparse ones (`mlp_only_layers`); `gpt_oss`
+/// `qwen3_moe_mixed` has a dense layer among its sparse ones (`mlp_only_layers`); `qwen2_moe`
+/// a shared expert beside the routed ones, q/k/v biases and weights not renormalized; `gpt_oss`
 /// brings top-k-then-softmax routing, expert biases and clamped SwiGLU, attention sinks and
 /// biases, a sliding window on alternate layers and YaRN RoPE; `gpt_oss_mxfp4` its experts in
 /// MXFP4, as published.
-const ARCHITECTURES: [&str; 5] = [
+const ARCHITECTURES: [&str; 6] = [
     "qwen3_moe",
     "qwen3_moe_mixed",
+    "qwen2_moe",
     "mixtral",
     "gpt_oss",
     "gpt_oss_mxfp4",
 ];
 /// Written by llama.cpp's converter (`convert_gguf.py`).
-const GGUF_ARCHITECTURES: [&str; 2] = ["qwen3_moe", "mixtral"];
+const GGUF_ARCHITECTURES: [&str; 3] = ["qwen3_moe", "qwen2_moe", "mixtral"];
 /// Q8_0 weights (with 8-bit activations in their products and bf16 K/V, as quantized models
 /// run) against transformers in f32; measured 3.4e-2. A wrong expert's rows give errors of
 /// the logits' own size.
@@ -172,6 +174,14 @@ fn llama_cpp_gguf_files_match_transformers() {
         let kind = |n: &str| file.tensor(n).unwrap().ggml_type.name();
         assert_eq!(kind("blk.0.ffn_gate_exps.weight"), "Q8_0");
         assert_eq!(kind("blk.0.ffn_gate_inp.weight"), "F32");
+        if let Some(gate) = file.tensor("blk.0.ffn_gate_inp_shexp.weight") {
+            assert_eq!(
+                gate.ggml_type.name(),
+                "F32",
+                "{name}: the shared expert's gate"
+            );
+            assert_eq!(kind("blk.0.ffn_up_shexp.weight"), "Q8_0");
+        }
         for (file, dtype, tol) in [(&gguf, Some(DType::F32), F32_TOL), (&q8, None, Q8_TOL)] {
             let (_dir, mut e) = load_gguf(file, dtype);
             let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();

@@ -4,7 +4,8 @@
 //! Batch invariance: a row's result is the sum, in ascending expert order, of its experts'
 //! outputs times their weights, and each expert's products are batch invariant (`linear`),
 //! so which other rows share the step (and which experts they wake) does not change it. The
-//! order is also transformers' (`index_add_` over the experts hit, in index order).
+//! order is also transformers' (`index_add_` over the experts hit, in index order). A shared
+//! expert (Qwen2-MoE) is added to that sum afterwards, each row on its own, as transformers adds it.
 
 use std::cell::Cell;
 
@@ -13,7 +14,7 @@ use rayon::prelude::*;
 use super::{CpuBackend, CpuWeight, ops};
 use crate::backend::Backend;
 use crate::error::Result;
-use crate::moe::{Expert, ExpertActivation, MoeLayer, route};
+use crate::moe::{Expert, ExpertActivation, MoeLayer, SharedExpert, route, sigmoid};
 
 /// `out[r] = Σ_e w[r, e] · expert_e(x[r])` over each row's routed experts.
 pub(super) fn moe(
@@ -77,7 +78,48 @@ pub(super) fn moe(
         }
     }
     scratch::give(scratch::OUT, ys);
+    if let Some(shared) = &layer.shared {
+        shared_expert(backend, x, rows, hidden, shared, out);
+    }
     Ok(())
+}
+
+/// `out[r] += σ(x[r] · gate) · down(silu(gate) · up)(x[r])` for every row.
+fn shared_expert(
+    backend: &CpuBackend,
+    x: &[f32],
+    rows: usize,
+    hidden: usize,
+    s: &SharedExpert<CpuWeight>,
+    out: &mut [f32],
+) {
+    let w = s.width;
+    let mut gate_up = scratch::take(scratch::GATE_UP, rows * 2 * w);
+    let mut act = scratch::take(scratch::ACT, rows * w);
+    let mut y = scratch::take(scratch::ROWS, rows * hidden);
+    let mut g = vec![0f32; rows];
+    let (x, gate_up_m, act_m) = (
+        &x[..rows * hidden],
+        &mut gate_up[..rows * 2 * w],
+        &mut act[..rows * w],
+    );
+    backend.linear_into(x, rows, &s.gate, None, &mut g);
+    backend.linear_into(x, rows, &s.gate_up, None, gate_up_m);
+    ops::silu_mul(gate_up_m, w, act_m);
+    backend.linear_into(act_m, rows, &s.down, None, &mut y[..rows * hidden]);
+    for ((o, y), &g) in out
+        .chunks_exact_mut(hidden)
+        .zip(y.chunks_exact(hidden))
+        .zip(&g)
+    {
+        let scale = sigmoid(g);
+        for (o, &v) in o.iter_mut().zip(y) {
+            *o += scale * v;
+        }
+    }
+    scratch::give(scratch::GATE_UP, gate_up);
+    scratch::give(scratch::ACT, act);
+    scratch::give(scratch::ROWS, y);
 }
 
 /// `y = expert(x[r])` for the rows `r` of `rows_of`, one after another.

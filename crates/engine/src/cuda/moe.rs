@@ -1,6 +1,7 @@
 //! Mixture-of-experts layers on the device (kernels/moe.cu): router, routing, the step's
 //! assignments sorted by expert, two grouped products over tiles of one expert's rows, and
-//! the weighted sum: six launches per layer whatever the batch, none per expert. The products
+//! the weighted sum: six launches per layer whatever the batch, none per expert (six more and
+//! an add for a shared expert). The products
 //! run on tensor cores (kernels/moe_wmma.cu, tiles of 16 rows) where the layer's hidden size
 //! and expert width are multiples of 16, else on CUDA cores (tiles of 8): decided per layer at
 //! load, so a row's result never depends on the step it is in.
@@ -10,6 +11,10 @@
 //! Every launch's shape depends on the step's row count and the layer's shape only (the tile
 //! list has a fixed length, unused tiles return at once), so decode steps replay from CUDA
 //! graphs; which experts a step wakes is read from device memory.
+//!
+//! A shared expert (Qwen2-MoE) runs the same launches as a layer of one expert that every row
+//! picks, weighted by the sigmoid of its gate's logit, into a buffer added to the routed sum
+//! afterwards (transformers' order): batch invariant and graph-replayable like the rest.
 
 use lmi_cuda::{DevPtr, Device, DeviceExt, ElemType, LaunchConfig};
 
@@ -47,10 +52,11 @@ const TILE_WORDS: usize = 4;
 
 /// A layer's experts as kernels/moe.cu's `MoeExpert` table: four addresses per expert
 /// (gate_up, down, gate_up bias, down bias; 0 where there is none), and which kernels run its
-/// products.
+/// products; its shared expert's likewise, as a table of one.
 pub struct CudaExperts<D: Device> {
     table: DeviceBox<D>,
     tensor_cores: bool,
+    shared: Option<(DeviceBox<D>, bool)>,
 }
 
 impl<D: Device> CudaExperts<D> {
@@ -97,11 +103,15 @@ pub(super) fn index<D: Device>(
             "{k} experts per token of {e} (at most {MAX_TOP_K})"
         )));
     }
-    if !h.is_multiple_of(8) || !w.is_multiple_of(8) || h == 0 || w == 0 {
-        return Err(refuse(format!(
-            "hidden size {h} and expert width {w} must be multiples of 8"
-        )));
-    }
+    let sizes = |w: usize| {
+        if !h.is_multiple_of(8) || !w.is_multiple_of(8) || h == 0 || w == 0 {
+            return Err(refuse(format!(
+                "hidden size {h} and expert width {w} must be multiples of 8"
+            )));
+        }
+        Ok(h.is_multiple_of(16) && w.is_multiple_of(16))
+    };
+    let tensor_cores = sizes(w)?;
     check_matrix(&layer.router, [e, h], ElemType::F32, "the router")?;
     let vector = |v: &Option<CudaWeight<D>>, len: usize, what: &str| -> Result<u64> {
         match v {
@@ -132,12 +142,31 @@ pub(super) fn index<D: Device>(
             vector(&x.down_bias, h, "a down bias")?,
         ]);
     }
-    let table = DeviceBox::new(&b.dev, words.len() * 8)?;
-    b.dev.htod_slice(&words, table.ptr()).map_err(cuda_err)?;
-    let tensor_cores = h.is_multiple_of(16) && w.is_multiple_of(16);
+    let upload = |words: &[u64]| -> Result<DeviceBox<D>> {
+        let table = DeviceBox::new(&b.dev, words.len() * 8)?;
+        b.dev.htod_slice(words, table.ptr()).map_err(cuda_err)?;
+        Ok(table)
+    };
+    let shared = match &layer.shared {
+        Some(s) => {
+            let sw = s.width;
+            check_matrix(&s.gate, [1, h], ElemType::F32, "the shared expert's gate")?;
+            check_matrix(
+                &s.gate_up,
+                [2 * sw, h],
+                ElemType::BF16,
+                "the shared gate_up",
+            )?;
+            check_matrix(&s.down, [h, sw], ElemType::BF16, "the shared down")?;
+            let tc = sizes(sw)?;
+            Some((upload(&[s.gate_up.ptr().0, s.down.ptr().0, 0, 0])?, tc))
+        }
+        None => None,
+    };
     Ok(CudaExperts {
-        table,
+        table: upload(&words)?,
         tensor_cores,
+        shared,
     })
 }
 
@@ -151,7 +180,8 @@ fn u32_of(what: &str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| EngineError::Backend(format!("{what} {v} is too large")))
 }
 
-/// `out[r] = Σ weight · expert(x[r])` over each row's routed experts (see the module).
+/// `out[r] = Σ weight · expert(x[r])` over each row's routed experts, plus its shared
+/// expert's (see the module).
 pub(super) fn forward<D: Device>(
     b: &CudaBackend<D>,
     x: &CudaBuf,
@@ -169,10 +199,81 @@ pub(super) fn forward<D: Device>(
             "a mixture's output must be f32".into(),
         ));
     }
-    let e = layer.experts.len();
-    let (k, width) = (layer.top_k, layer.width);
+    let routing = match layer.routing {
+        Routing::SoftmaxTopK { renormalize: false } => 0,
+        Routing::SoftmaxTopK { renormalize: true } => 1,
+        Routing::TopKSoftmax => 2,
+    };
+    let routed = Group {
+        router: &layer.router,
+        router_bias: layer.router_bias.as_ref(),
+        routing,
+        table: &experts.table,
+        tensor_cores: experts.tensor_cores,
+        experts: layer.experts.len(),
+        top_k: layer.top_k,
+        width: layer.width,
+        activation: layer.activation,
+    };
+    grouped(b, x, rows, hidden, &routed, out)?;
+    let (Some(s), Some((table, tc))) = (&layer.shared, &experts.shared) else {
+        return Ok(());
+    };
+    let shared = Group {
+        router: &s.gate,
+        router_bias: None,
+        routing: SIGMOID_GATE,
+        table,
+        tensor_cores: *tc,
+        experts: 1,
+        top_k: 1,
+        width: s.width,
+        activation: ExpertActivation::Silu,
+    };
+    let y = b.arena_alloc(rows * hidden, ElemType::F32)?;
+    grouped(b, x, rows, hidden, &shared, &y)?;
+    b.launch(
+        "add_f32",
+        super::backend::elementwise(rows * hidden),
+        &[
+            out.ptr.into(),
+            y.ptr.into(),
+            ((rows * hidden) as u64).into(),
+        ],
+    )
+}
+
+/// kernels/moe.cuh's `MOE_SIGMOID_GATE`: a shared expert's weight, σ(its gate's logit).
+const SIGMOID_GATE: u32 = 3;
+
+/// Experts that the grouped launches run: a layer's routed ones, or its shared expert as a
+/// table of one that every row picks.
+struct Group<'a, D: Device> {
+    router: &'a CudaWeight<D>,
+    router_bias: Option<&'a CudaWeight<D>>,
+    /// kernels/moe.cuh's routing code.
+    routing: u32,
+    table: &'a DeviceBox<D>,
+    tensor_cores: bool,
+    experts: usize,
+    top_k: usize,
+    width: usize,
+    activation: ExpertActivation,
+}
+
+/// `out[r] = Σ weight · expert(x[r])` over the group's picks for each row: router, routing,
+/// sort, the two grouped products, the weighted sum.
+fn grouped<D: Device>(
+    b: &CudaBackend<D>,
+    x: &CudaBuf,
+    rows: usize,
+    hidden: usize,
+    g: &Group<'_, D>,
+    out: &CudaBuf,
+) -> Result<()> {
+    let (e, k, width) = (g.experts, g.top_k, g.width);
     let n = rows * k;
-    let tc = experts.tensor_cores;
+    let tc = g.tensor_cores;
     let tile = if tc { WMMA_TILE } else { TILE };
     let tiles = max_tiles(n, e, tile);
     if tiles > 65_535 {
@@ -183,7 +284,7 @@ pub(super) fn forward<D: Device>(
     let (rows32, e32, k32) = (u32_of("rows", rows)?, u32_of("experts", e)?, k as u32);
     let (h32, w32) = (u32_of("hidden", hidden)?, u32_of("width", width)?);
     let xbf16 = x.dtype == ElemType::BF16;
-    let bias = layer.router_bias.as_ref().map_or(DevPtr::NULL, |v| v.ptr());
+    let bias = g.router_bias.map_or(DevPtr::NULL, |v| v.ptr());
 
     let logits = b.arena_alloc(rows * e, ElemType::F32)?;
     b.launch(
@@ -200,7 +301,7 @@ pub(super) fn forward<D: Device>(
         &[
             logits.ptr.into(),
             x.ptr.into(),
-            layer.router.ptr().into(),
+            g.router.ptr().into(),
             bias.into(),
             rows32.into(),
             e32.into(),
@@ -211,11 +312,6 @@ pub(super) fn forward<D: Device>(
     // u32 arrays live in f32-sized arena slots.
     let ids = b.arena_alloc(n, ElemType::F32)?;
     let weights = b.arena_alloc(n, ElemType::F32)?;
-    let routing: u32 = match layer.routing {
-        Routing::SoftmaxTopK { renormalize: false } => 0,
-        Routing::SoftmaxTopK { renormalize: true } => 1,
-        Routing::TopKSoftmax => 2,
-    };
     b.launch(
         "moe_route",
         LaunchConfig::linear(rows.div_ceil(8) as u32, THREADS),
@@ -226,7 +322,7 @@ pub(super) fn forward<D: Device>(
             rows32.into(),
             e32.into(),
             k32.into(),
-            routing.into(),
+            g.routing.into(),
         ],
     )?;
 
@@ -248,7 +344,7 @@ pub(super) fn forward<D: Device>(
         ],
     )?;
 
-    let (activation, alpha, limit): (u32, f32, f32) = match layer.activation {
+    let (activation, alpha, limit): (u32, f32, f32) = match g.activation {
         ExpertActivation::Silu => (0, 0.0, 0.0),
         ExpertActivation::ClampedSwiGlu { alpha, limit } => (1, alpha, limit),
     };
@@ -273,7 +369,7 @@ pub(super) fn forward<D: Device>(
         &[
             act.ptr.into(),
             x.ptr.into(),
-            experts.table.ptr().into(),
+            g.table.ptr().into(),
             tile_list.ptr.into(),
             order.ptr.into(),
             k32.into(),
@@ -292,7 +388,7 @@ pub(super) fn forward<D: Device>(
         &[
             y.ptr.into(),
             act.ptr.into(),
-            experts.table.ptr().into(),
+            g.table.ptr().into(),
             tile_list.ptr.into(),
             h32.into(),
             w32.into(),

@@ -17,6 +17,9 @@ pub enum GgufArch {
     Qwen3,
     /// Qwen3's attention, mixture-of-experts MLPs (stacked `ffn_*_exps`).
     Qwen3Moe,
+    /// Qwen2's attention, experts, and a shared expert (`ffn_*_shexp`, its gate
+    /// `ffn_gate_inp_shexp`).
+    Qwen2Moe,
     /// Gemma 3 (text). Norm weights are stored as 1 + w (llama.cpp's converter adds the 1).
     Gemma3,
     /// gpt-oss: biased attention with sinks, a window on alternate layers (llama.cpp's fixed
@@ -31,11 +34,12 @@ impl GgufArch {
             "qwen2" => Ok(GgufArch::Qwen2),
             "qwen3" => Ok(GgufArch::Qwen3),
             "qwen3moe" => Ok(GgufArch::Qwen3Moe),
+            "qwen2moe" => Ok(GgufArch::Qwen2Moe),
             "gemma3" => Ok(GgufArch::Gemma3),
             "gpt-oss" => Ok(GgufArch::GptOss),
             other => Err(EngineError::Gguf(format!(
                 "general.architecture {other:?} is not supported (supported: llama (with or \
-                 without experts), qwen2, qwen3, qwen3moe, gemma3, gpt-oss)"
+                 without experts), qwen2, qwen2moe, qwen3, qwen3moe, gemma3, gpt-oss)"
             ))),
         }
     }
@@ -48,6 +52,7 @@ impl GgufArch {
             GgufArch::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
             GgufArch::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
             GgufArch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+            GgufArch::Qwen2Moe => ("Qwen2MoeForCausalLM", "qwen2_moe"),
             GgufArch::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
             GgufArch::GptOss => ("GptOssForCausalLM", "gpt_oss"),
         }
@@ -106,6 +111,8 @@ pub struct ExpertHparams {
     pub feed_forward_length: u64,
     /// Layers with a dense MLP (no `blk.N.ffn_gate_inp.weight`).
     pub dense_layers: Vec<u64>,
+    /// The shared expert's width (`expert_shared_feed_forward_length`, Qwen2-MoE).
+    pub shared_feed_forward_length: Option<u64>,
 }
 
 pub fn read(g: &GgufFile) -> Result<Hparams> {
@@ -146,7 +153,11 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
     let context_length = g.get_u64(&key("context_length"))?.unwrap_or(4096);
     let num_layers = g.require_u64(&key("block_count"))?;
     let experts = match g.get_u64(&key("expert_count"))?.filter(|&n| n > 0) {
-        None if matches!(arch, GgufArch::Qwen3Moe | GgufArch::GptOss) => {
+        None if matches!(
+            arch,
+            GgufArch::Qwen3Moe | GgufArch::Qwen2Moe | GgufArch::GptOss
+        ) =>
+        {
             return Err(EngineError::Gguf(format!(
                 "{} is missing: a {arch_name} file needs its expert count",
                 key("expert_count")
@@ -163,6 +174,12 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
             dense_layers: (0..num_layers)
                 .filter(|i| g.tensor(&format!("blk.{i}.ffn_gate_inp.weight")).is_none())
                 .collect(),
+            shared_feed_forward_length: match arch {
+                GgufArch::Qwen2Moe => {
+                    Some(g.require_u64(&key("expert_shared_feed_forward_length"))?)
+                }
+                _ => None,
+            },
         }),
     };
     // A file whose every layer holds experts may not give a dense width.
@@ -454,12 +471,16 @@ pub fn config_json(h: &Hparams, dtype: DType) -> Value {
     }
     if let Some(e) = &h.experts {
         c["num_experts_per_tok"] = json!(e.used);
-        if h.arch == GgufArch::Qwen3Moe {
-            // llama.cpp renormalizes Qwen3-MoE's top-k weights (the published models' setting).
+        if matches!(h.arch, GgufArch::Qwen3Moe | GgufArch::Qwen2Moe) {
+            // llama.cpp renormalizes Qwen3-MoE's top-k weights and not Qwen2-MoE's (each
+            // family's published setting).
             c["num_experts"] = json!(e.count);
             c["moe_intermediate_size"] = json!(e.feed_forward_length);
-            c["norm_topk_prob"] = json!(true);
+            c["norm_topk_prob"] = json!(h.arch == GgufArch::Qwen3Moe);
             c["mlp_only_layers"] = json!(e.dense_layers);
+            if let Some(w) = e.shared_feed_forward_length {
+                c["shared_expert_intermediate_size"] = json!(w);
+            }
         } else {
             c["num_local_experts"] = json!(e.count);
             c["intermediate_size"] = json!(e.feed_forward_length);

@@ -141,11 +141,13 @@ pub fn requantize(src: &Path, dst: &Path, qtype: QType) -> Result<()> {
         let data = g.tensor_data(info)?;
         let cols = info.dims.first().copied().unwrap_or(1) as usize;
         let rows = (info.n_elements() as usize).checked_div(cols).unwrap_or(0);
-        // Matrices and stacked experts (3-D, quantized row by row); a mixture's router stays
-        // as it is, as llama.cpp's quantizer keeps it (its choices flip on small errors).
+        // Matrices and stacked experts (3-D, quantized row by row); a mixture's router (and a
+        // shared expert's gate) stays as it is, as llama.cpp's quantizer keeps it (its
+        // choices flip on small errors).
         let matrix = info.dims.len() >= 2
             && info.name.ends_with(".weight")
-            && !info.name.ends_with("ffn_gate_inp.weight");
+            && !info.name.ends_with("ffn_gate_inp.weight")
+            && !info.name.ends_with("ffn_gate_inp_shexp.weight");
         let (ggml_type, data) = if matrix && cols.is_multiple_of(qtype.block()) {
             let x = dequantize(&info.name, info.ggml_type, data, rows * cols)?;
             let m = QMatrix::quantize(qtype, rows, cols, &x).map_err(EngineError::Gguf)?;

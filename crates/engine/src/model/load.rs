@@ -6,7 +6,7 @@ use crate::backend::{Backend, Feature};
 use crate::config::ModelConfig;
 use crate::dtype::DType;
 use crate::error::{EngineError, Result};
-use crate::moe::{Expert, MoeConfig, MoeLayer};
+use crate::moe::{Expert, MoeConfig, MoeLayer, SharedExpert};
 use crate::vision::VisionTower;
 use crate::weights::{GgufWeights, HostData, HostTensor, SafetensorsDir, WeightSource};
 
@@ -329,6 +329,27 @@ fn load_experts<B: Backend>(
             })
         })
         .collect::<Result<Vec<_>>>()?;
+    // Qwen2-MoE's shared expert: a SwiGLU MLP of its own width, and its gate `[1, hidden]`
+    // (f32, as the router: a GGUF file holds it as a vector).
+    let shared = match moe.shared_width {
+        Some(sw) => {
+            let x = format!("{m}.shared_expert");
+            Some(SharedExpert {
+                gate_up: backend.upload_weight(HostTensor::concat_rows(vec![
+                    mat(&format!("{x}.gate_proj.weight"), &[sw, h])?,
+                    mat(&format!("{x}.up_proj.weight"), &[sw, h])?,
+                ]))?,
+                down: backend.upload_weight(mat(&format!("{x}.down_proj.weight"), &[h, sw])?)?,
+                gate: backend.upload_router(st.load(
+                    &format!("{m}.shared_expert_gate.weight"),
+                    &[1, h],
+                    DType::F32,
+                )?)?,
+                width: sw,
+            })
+        }
+        None => None,
+    };
     Ok(MoeLayer {
         router: backend.upload_router(router)?,
         router_bias,
@@ -337,6 +358,7 @@ fn load_experts<B: Backend>(
         width,
         routing: moe.routing,
         activation: moe.activation,
+        shared,
     })
 }
 
@@ -411,6 +433,7 @@ fn load_stacked_experts<B: Backend>(
         width,
         routing: moe.routing,
         activation: moe.activation,
+        shared: None,
     })
 }
 

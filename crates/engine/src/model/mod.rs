@@ -73,8 +73,9 @@ pub struct Model<B: Backend> {
 
 impl<W, X> Mlp<W, X> {
     /// Bytes of the matrices a step of `tokens` tokens reads (`None`: all of them). A mixture
-    /// reads its router and the experts its tokens pick, counted as if each picked `top_k` of
-    /// `E` uniformly at random: `E · (1 - (1 - top_k / E)^tokens)`, `top_k` for one token.
+    /// reads its router, its shared expert and the experts its tokens pick, counted as if each
+    /// picked `top_k` of `E` uniformly at random: `E · (1 - (1 - top_k / E)^tokens)`, `top_k`
+    /// for one token.
     fn bytes(&self, w: &impl Fn(&W) -> usize, tokens: Option<usize>) -> usize {
         match self {
             Mlp::Dense { gate_up, down } => w(gate_up) + w(down),
@@ -88,7 +89,11 @@ impl<W, X> Mlp<W, X> {
                         (all as f64 / e * hit).round() as usize
                     }
                 };
-                w(&m.router) + read
+                let shared = m
+                    .shared
+                    .as_ref()
+                    .map_or(0, |s| w(&s.gate_up) + w(&s.down) + w(&s.gate));
+                w(&m.router) + shared + read
             }
         }
     }
