@@ -87,7 +87,7 @@ pub fn map(gguf: &str, arch: GgufArch) -> Option<Mapped> {
         "ffn_down" => ("mlp.down_proj", None),
         // A mixture of experts' router.
         "ffn_gate_inp" => ("mlp.gate", None),
-        // Qwen2-MoE's shared expert and its gate (a vector here, `[1, hidden]` in HF).
+        // Qwen2-MoE's shared expert and its gate (`[1, hidden]`).
         "ffn_gate_inp_shexp" => ("mlp.shared_expert_gate", None),
         "ffn_gate_shexp" => ("mlp.shared_expert.gate_proj", None),
         "ffn_up_shexp" => ("mlp.shared_expert.up_proj", None),

@@ -147,16 +147,15 @@ impl<B: Backend> Model<B> {
                     Mlp::Moe(layer, index)
                 }
                 None => {
-                    let m = format!("{p}.mlp");
-                    let inter = c.intermediate_size;
-                    Mlp::Dense {
-                        gate_up: backend.upload_weight(HostTensor::concat_rows(vec![
-                            mat(&format!("{m}.gate_proj.weight"), &[inter, h])?,
-                            mat(&format!("{m}.up_proj.weight"), &[inter, h])?,
-                        ]))?,
-                        down: backend
-                            .upload_weight(mat(&format!("{m}.down_proj.weight"), &[h, inter])?)?,
-                    }
+                    let (gate_up, down) = gated_mlp(
+                        backend,
+                        &mat,
+                        &format!("{p}.mlp"),
+                        QWEN,
+                        h,
+                        c.intermediate_size,
+                    )?;
+                    Mlp::Dense { gate_up, down }
                 }
             };
             let sandwich = |n: &str| -> Result<Option<B::Weight>> {
@@ -254,6 +253,29 @@ impl<B: Backend> Model<B> {
     }
 }
 
+/// HF's names of a gated MLP's gate, up and down projections (Llama's, Qwen's, Gemma's).
+const QWEN: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+
+/// A gated MLP's matrices `{x}.{gate, up, down}.weight`: gate and up fused into one
+/// `[2 · width, hidden]` (gate rows first), down `[hidden, width]`.
+fn gated_mlp<B: Backend>(
+    backend: &B,
+    mat: &dyn Fn(&str, &[usize]) -> Result<HostTensor>,
+    x: &str,
+    [gate, up, down]: [&str; 3],
+    h: usize,
+    width: usize,
+) -> Result<(B::Weight, B::Weight)> {
+    let gate_up = HostTensor::concat_rows(vec![
+        mat(&format!("{x}.{gate}.weight"), &[width, h])?,
+        mat(&format!("{x}.{up}.weight"), &[width, h])?,
+    ]);
+    Ok((
+        backend.upload_weight(gate_up)?,
+        backend.upload_weight(mat(&format!("{x}.{down}.weight"), &[h, width])?)?,
+    ))
+}
+
 /// A sparse layer's router and experts under `{prefix}` (`model.layers.N`), by the names the
 /// checkpoint uses: Mixtral's `block_sparse_moe.gate` and `block_sparse_moe.experts.E.{w1,w3,w2}`
 /// (gate, up, down), gpt-oss's stacked `mlp.experts.{gate_up_proj,down_proj}` (and biases), else
@@ -279,7 +301,7 @@ fn load_experts<B: Backend>(
         if st.contains(&format!("{prefix}.block_sparse_moe.gate.weight")) {
             ("block_sparse_moe", ["w1", "w3", "w2"])
         } else {
-            ("mlp", ["gate_proj", "up_proj", "down_proj"])
+            ("mlp", QWEN)
         };
     let m = format!("{prefix}.{block}");
     // A gpt-oss GGUF: the router under gpt-oss's HF name, and biases (`moe.biases`).
@@ -318,28 +340,24 @@ fn load_experts<B: Backend>(
                 }
                 false => (None, None),
             };
+            let (gate_up, down) = gated_mlp(backend, mat, &x, [gate, up, down], h, width)?;
             Ok(Expert {
-                gate_up: backend.upload_weight(HostTensor::concat_rows(vec![
-                    mat(&format!("{x}.{gate}.weight"), &[width, h])?,
-                    mat(&format!("{x}.{up}.weight"), &[width, h])?,
-                ]))?,
-                down: backend.upload_weight(mat(&format!("{x}.{down}.weight"), &[h, width])?)?,
+                gate_up,
+                down,
                 gate_up_bias,
                 down_bias,
             })
         })
         .collect::<Result<Vec<_>>>()?;
     // Qwen2-MoE's shared expert: a SwiGLU MLP of its own width, and its gate `[1, hidden]`
-    // (f32, as the router: a GGUF file holds it as a vector).
+    // (f32, as the router).
     let shared = match moe.shared_width {
         Some(sw) => {
-            let x = format!("{m}.shared_expert");
+            let (gate_up, down) =
+                gated_mlp(backend, mat, &format!("{m}.shared_expert"), QWEN, h, sw)?;
             Some(SharedExpert {
-                gate_up: backend.upload_weight(HostTensor::concat_rows(vec![
-                    mat(&format!("{x}.gate_proj.weight"), &[sw, h])?,
-                    mat(&format!("{x}.up_proj.weight"), &[sw, h])?,
-                ]))?,
-                down: backend.upload_weight(mat(&format!("{x}.down_proj.weight"), &[h, sw])?)?,
+                gate_up,
+                down,
                 gate: backend.upload_router(st.load(
                     &format!("{m}.shared_expert_gate.weight"),
                     &[1, h],

@@ -95,12 +95,6 @@ impl GgufWeights {
             let per = bytes.len() / count;
             bytes = &bytes[e * per..(e + 1) * per];
         }
-        // A vector stands for a one-row matrix (Qwen2-MoE's shared expert gate).
-        if let [1, n] = expected
-            && shape == [*n]
-        {
-            shape = expected.to_vec();
-        }
         if shape != expected {
             return Err(EngineError::ShapeMismatch {
                 name: name.to_string(),
