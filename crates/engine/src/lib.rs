@@ -1,43 +1,13 @@
-//! The inference engine: Llama-family model written once against the [`Backend`] trait,
-//! the CPU backend, weights loading, GGUF import, the default model, and sampling.
-//!
-//! Nothing here knows about HTTP or request scheduling: the scheduler crate drives
-//! [`StepEngine::step`](engine::StepEngine::step) over ragged batches ([`StepBatch`]) and gets
-//! back sampled tokens and requested logprobs, never logits.
+//! The one door to the engine: [`open`] loads a model on a [`Device`] and returns the engine
+//! the scheduler drives, whichever backend runs it (`lmi-engine-cpu`, or `lmi-engine-cuda`
+//! behind the `cuda` feature, on by default). The engine core's API (`lmi-engine-core`: the
+//! step boundary, sampling parameters, options) is re-exported here, so a command that runs
+//! models needs this crate and `lmi-checkpoint` for the files it reads.
 
-pub mod backend;
-pub mod batch;
-pub mod config;
-pub mod cpu;
+mod open;
+
+pub use lmi_engine_core::*;
+pub use lmi_engine_cpu as cpu;
 #[cfg(feature = "cuda")]
-pub mod cuda;
-pub mod dtype;
-pub mod engine;
-pub mod error;
-pub mod gguf;
-pub mod kv;
-pub mod lora;
-pub mod model;
-pub mod model_store;
-pub mod moe;
-pub mod open;
-pub mod quant;
-pub mod sampling;
-pub mod step;
-#[doc(hidden)]
-pub mod testing;
-pub mod vision;
-pub mod warmup;
-pub mod weights;
-
-pub use backend::Backend;
-pub use batch::{BatchLayout, ChunkMedia, LogitsWanted, NO_BLOCK, SeqChunk};
-pub use config::{Architecture, ModelConfig};
-pub use dtype::DType;
-pub use engine::Engine;
-pub use error::{EngineError, Result};
-pub use kv::{BLOCK_SIZE, KvCacheConfig, KvWindow};
-pub use open::{Device, check_device, open};
-pub use step::{
-    PromptLogprobRequest, SampleRequest, StepBatch, StepOutput, TokenLogprob, TokenMask,
-};
+pub use lmi_engine_cuda as cuda;
+pub use open::{Device, check_device, load_cpu, open};

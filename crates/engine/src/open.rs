@@ -4,10 +4,12 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
-use crate::engine::{Engine, EngineOptions, StepEngine};
+use lmi_engine_core::DType;
 #[cfg(not(feature = "cuda"))]
-use crate::error::EngineError;
-use crate::error::Result;
+use lmi_engine_core::EngineError;
+use lmi_engine_core::Result;
+use lmi_engine_core::engine::{Engine, EngineOptions, StepEngine};
+use lmi_engine_cpu::CpuBackend;
 
 /// Where an engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -35,6 +37,18 @@ impl FromStr for Device {
     }
 }
 
+impl Device {
+    /// The weight dtype `auto` means on this device for a model that is (`gguf`) or is not a
+    /// GGUF: its blocks as stored on the CPU (None); bf16 otherwise (the CUDA engine keeps
+    /// every matrix in bf16).
+    pub fn auto_dtype(self, gguf: bool) -> Option<DType> {
+        match (gguf, self) {
+            (true, Device::Cpu) => None,
+            _ => Some(DType::BF16),
+        }
+    }
+}
+
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -56,7 +70,7 @@ pub fn check_device(device: Device) -> Result<()> {
 
 #[cfg(feature = "cuda")]
 fn check_cuda(ordinal: usize) -> Result<()> {
-    crate::cuda::check(ordinal)
+    lmi_engine_cuda::check(ordinal)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -74,14 +88,20 @@ fn no_cuda_build() -> EngineError {
 /// Loads the HF model directory `dir` on `device`.
 pub fn open(device: Device, dir: &Path, opts: &EngineOptions) -> Result<Box<dyn StepEngine>> {
     match device {
-        Device::Cpu => Ok(Box::new(Engine::load_cpu(dir, opts)?)),
+        Device::Cpu => Ok(Box::new(load_cpu(dir, opts)?)),
         Device::Cuda(ordinal) => open_cuda(ordinal, dir, opts),
     }
 }
 
+/// Loads the HF model directory `dir` on the CPU backend, as the engine itself (tests and
+/// diagnostics that read logits: [`Engine::forward_logits`]).
+pub fn load_cpu(dir: &Path, opts: &EngineOptions) -> Result<Engine<CpuBackend>> {
+    Engine::load(CpuBackend::new(), dir, opts)
+}
+
 #[cfg(feature = "cuda")]
 fn open_cuda(ordinal: usize, dir: &Path, opts: &EngineOptions) -> Result<Box<dyn StepEngine>> {
-    crate::cuda::open(ordinal, dir, opts)
+    lmi_engine_cuda::open(ordinal, dir, opts)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -100,5 +120,12 @@ mod tests {
         assert_eq!("cuda:3".parse(), Ok(Device::Cuda(3)));
         assert!("tpu".parse::<Device>().unwrap_err().contains("cpu, cuda"));
         assert_eq!(Device::Cuda(1).to_string(), "cuda:1");
+    }
+
+    #[test]
+    fn auto_dtype_keeps_gguf_blocks_only_on_the_cpu() {
+        assert_eq!(Device::Cpu.auto_dtype(true), None);
+        assert_eq!(Device::Cpu.auto_dtype(false), Some(DType::BF16));
+        assert_eq!(Device::Cuda(0).auto_dtype(true), Some(DType::BF16));
     }
 }

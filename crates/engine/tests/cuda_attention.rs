@@ -18,12 +18,12 @@
 mod cuda_common;
 
 use cuda_common::{assert_close, bf16_round, cpu, random, to_host};
+use lmi_checkpoint::weights::HostTensor;
 use lmi_cuda::{Arg, Device, DeviceExt, ElemType, LaunchConfig};
 use lmi_engine::backend::{AttnScoring, QkvLayout};
 use lmi_engine::cpu::{CpuBackend, CpuKv};
 use lmi_engine::cuda::step::CudaStep;
 use lmi_engine::cuda::{CudaBackend, CudaBuf, CudaKv};
-use lmi_engine::weights::HostTensor;
 use lmi_engine::{BLOCK_SIZE, Backend, BatchLayout, DType, KvCacheConfig, LogitsWanted, SeqChunk};
 
 /// KV blocks in the pools: a prime, so block ids `i * 101 % POOL` are distinct and scattered.

@@ -12,15 +12,15 @@ mod cuda_common;
 use std::path::Path;
 use std::sync::Arc;
 
+use lmi_checkpoint::peft::{LoraLimits, LoraWeights};
+use lmi_checkpoint::testing::{PeftSpec, TinySpec, write_peft_adapter, write_tiny_model};
 use lmi_cuda::{CudaDevice, Device};
 use lmi_cuda_emu::ThreadOrder;
 use lmi_engine::backend::AttnScoring;
 use lmi_engine::cpu::CpuBackend;
 use lmi_engine::cuda::CudaBackend;
 use lmi_engine::engine::{EngineOptions, StepEngine};
-use lmi_engine::lora::{LoraLimits, LoraWeights};
 use lmi_engine::sampling::{SamplingParams, SequenceContext};
-use lmi_engine::testing::{PeftSpec, TinySpec, write_peft_adapter, write_tiny_model};
 use lmi_engine::warmup::StepShape;
 use lmi_engine::{
     Architecture, Backend, BatchLayout, DType, Engine, KvCacheConfig, LogitsWanted, ModelConfig,
@@ -152,7 +152,7 @@ fn engines<D: Device>(
     dir: &Path,
     graphs: bool,
 ) -> (Engine<CpuBackend>, Engine<CudaBackend<D>>) {
-    let cpu = Engine::load_cpu(dir, &opts()).unwrap();
+    let cpu = lmi_engine::load_cpu(dir, &opts()).unwrap();
     let gpu = Engine::load(
         CudaBackend::with_graphs(dev.clone(), graphs).unwrap(),
         dir,
@@ -542,7 +542,7 @@ fn real_checkpoint_agrees_with_the_cpu_engine_on_a_gpu() {
         kv_blocks: Some(64),
         ..Default::default()
     };
-    let mut cpu = Engine::load_cpu(dir, &opts).unwrap();
+    let mut cpu = lmi_engine::load_cpu(dir, &opts).unwrap();
     let mut gpu = Engine::load(CudaBackend::new(dev).unwrap(), dir, &opts).unwrap();
     let vocab = cpu.model_config().vocab_size as u32;
     let greedy_params = SamplingParams::default();

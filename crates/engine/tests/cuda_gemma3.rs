@@ -35,7 +35,7 @@ fn check_gemma3<D: Device>(dev: &Arc<D>) {
         let mut worst = (0..r.prompt.len())
             .map(|t| rel_diff(out.row(t), &r.prompt_logits[t]))
             .fold(0f32, f32::max);
-        let mut next = lmi_engine::testing::argmax(out.row(r.prompt.len() - 1));
+        let mut next = lmi_checkpoint::testing::argmax(out.row(r.prompt.len() - 1));
         for (step, &want) in r.greedy.iter().enumerate() {
             assert_eq!(next, want, "{name}: greedy token {step}");
             let pos = r.prompt.len() + step;
@@ -43,7 +43,7 @@ fn check_gemma3<D: Device>(dev: &Arc<D>) {
                 .forward_logits(&[chunk(&[want], pos, &table, LogitsWanted::Last)])
                 .unwrap();
             worst = worst.max(rel_diff(out.row(0), &r.full_logits[pos]));
-            next = lmi_engine::testing::argmax(out.row(0));
+            next = lmi_checkpoint::testing::argmax(out.row(0));
         }
         eprintln!("{name}: CUDA bf16 logits within {worst:.2e} of transformers'");
         assert!(worst < BF16_TOL, "{name}: logits differ by {worst}");

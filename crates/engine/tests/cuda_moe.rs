@@ -16,11 +16,11 @@ use std::sync::Arc;
 
 use cuda_common::{assert_close, bf16_round, cpu, random, to_host};
 use hf_fixture::{BF16_TOL, blocks, chunk, reference, rel_diff, sequence_logits};
+use lmi_checkpoint::weights::HostTensor;
 use lmi_cuda::{Device, DeviceExt};
 use lmi_engine::cuda::CudaBackend;
 use lmi_engine::engine::EngineOptions;
 use lmi_engine::moe::{Expert, ExpertActivation, MoeLayer, Routing, SharedExpert};
-use lmi_engine::weights::HostTensor;
 use lmi_engine::{Backend, DType, Engine, LogitsWanted};
 
 struct Case {
@@ -279,7 +279,7 @@ fn check_fixtures<D: Device>(dev: &Arc<D>) {
                 .forward_logits(&[chunk(&[tok], pos, &table, LogitsWanted::Last)])
                 .unwrap();
             if let Some(&next) = r.greedy.get(step + 1) {
-                wrong_tokens += usize::from(lmi_engine::testing::argmax(out.row(0)) != next);
+                wrong_tokens += usize::from(lmi_checkpoint::testing::argmax(out.row(0)) != next);
             }
             ours.push(out.row(0).to_vec());
         }

@@ -6,13 +6,13 @@
 mod cuda_common;
 
 use cuda_common::{assert_close, bf16_round, cpu, random, to_host};
+use lmi_checkpoint::weights::HostTensor;
 use lmi_cuda::{Device, DeviceExt};
 use lmi_cuda_emu::EmuDevice;
 use lmi_engine::backend::{LoraGroup, LoraLayer, LoraRegistration, LoraSite, QkNorm, QkvLayout};
 use lmi_engine::cpu::{CpuBackend, CpuKv};
 use lmi_engine::cuda::{CudaBackend, CudaWeight};
 use lmi_engine::lora::Target;
-use lmi_engine::weights::HostTensor;
 use lmi_engine::{Backend, BatchLayout, DType, KvCacheConfig, LogitsWanted, ModelConfig, SeqChunk};
 
 fn bf16_matrix(rows: usize, cols: usize, seed: u64, scale: f32) -> (Vec<f32>, HostTensor) {

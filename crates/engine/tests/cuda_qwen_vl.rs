@@ -56,7 +56,7 @@ fn cuda_engine<D: Device>(
 }
 
 fn cpu_engine(model: &str) -> Engine<CpuBackend> {
-    Engine::load_cpu(&fixtures().join(model), &options(DType::BF16)).unwrap()
+    lmi_engine::load_cpu(&fixtures().join(model), &options(DType::BF16)).unwrap()
 }
 
 /// The last row of a one-sequence step.
@@ -226,7 +226,7 @@ fn check_vision<D: Device>(dev: &Arc<D>, model: &str) {
     let encode = |inp: &lmi_engine::vision::VisionInput| {
         engine
             .backend()
-            .encode_vision(on_device, tower, inp)
+            .encode_vision(Some(on_device), tower, inp)
             .unwrap()
     };
     let mut checked = 0;

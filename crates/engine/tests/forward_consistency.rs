@@ -6,9 +6,9 @@
 
 use std::path::Path;
 
+use lmi_checkpoint::testing::{TinySpec, write_tiny_model};
+use lmi_checkpoint::weights::SafetensorsDir;
 use lmi_engine::engine::EngineOptions;
-use lmi_engine::testing::{TinySpec, write_tiny_model};
-use lmi_engine::weights::SafetensorsDir;
 use lmi_engine::{BLOCK_SIZE, DType, Engine, LogitsWanted, ModelConfig, SeqChunk};
 
 fn tokens(n: usize, seed: u32, vocab: usize) -> Vec<u32> {
@@ -23,7 +23,7 @@ fn load(dir: &Path, blocks: usize, dtype: DType) -> Engine<lmi_engine::cpu::CpuB
         kv_blocks: Some(blocks),
         ..Default::default()
     };
-    Engine::load_cpu(dir, &opts).unwrap()
+    lmi_engine::load_cpu(dir, &opts).unwrap()
 }
 
 /// Dense reference forward over one whole sequence, f64, straight from the checkpoint.
@@ -324,7 +324,7 @@ fn missing_tensor_and_bad_shape_are_named() {
         cfg.replace("LlamaForCausalLM", "Qwen2ForCausalLM"),
     )
     .unwrap();
-    let err = Engine::load_cpu(tmp.path(), &EngineOptions::default())
+    let err = lmi_engine::load_cpu(tmp.path(), &EngineOptions::default())
         .err()
         .unwrap()
         .to_string();
@@ -340,7 +340,7 @@ fn missing_tensor_and_bad_shape_are_named() {
         cfg.replace("\"intermediate_size\": 96", "\"intermediate_size\": 95"),
     )
     .unwrap();
-    let err = Engine::load_cpu(tmp.path(), &EngineOptions::default())
+    let err = lmi_engine::load_cpu(tmp.path(), &EngineOptions::default())
         .err()
         .unwrap()
         .to_string();
@@ -351,7 +351,7 @@ fn missing_tensor_and_bad_shape_are_named() {
         cfg.replace("LlamaForCausalLM", "FalconForCausalLM"),
     )
     .unwrap();
-    let err = Engine::load_cpu(tmp.path(), &EngineOptions::default())
+    let err = lmi_engine::load_cpu(tmp.path(), &EngineOptions::default())
         .err()
         .unwrap()
         .to_string();

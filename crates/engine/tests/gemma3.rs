@@ -40,7 +40,7 @@ fn the_config_reads_gemma3s_layers_and_bases() {
     assert_eq!(w.size, 8);
     assert_eq!(w.local, [true, true, true, true, true, false, true]);
     assert_eq!((w.rope_theta, c.rope_theta), (Some(10_000.0), 1_000_000.0));
-    assert_eq!(c.activation, lmi_engine::config::Activation::GeluTanh);
+    assert_eq!(c.activation, lmi_checkpoint::config::Activation::GeluTanh);
     assert_eq!(c.attn_scalar, 16.0);
     let c =
         lmi_engine::ModelConfig::from_file(&fixture("gemma3_linear").join("config.json")).unwrap();
@@ -158,7 +158,8 @@ fn llama_cpp_gguf_files_match_transformers() {
         let gguf = dir.join("model.f32.gguf");
         let tmp = tempfile::tempdir().unwrap();
         let q8 = tmp.path().join("q8_0.gguf");
-        lmi_engine::gguf::writer::requantize(&gguf, &q8, lmi_engine::quant::QType::Q8_0).unwrap();
+        lmi_checkpoint::gguf::writer::requantize(&gguf, &q8, lmi_checkpoint::quant::QType::Q8_0)
+            .unwrap();
         let seq: Vec<u32> = r.prompt.iter().chain(&r.greedy).copied().collect();
         for (file, dtype, tol) in [(&gguf, Some(DType::F32), F32_TOL), (&q8, None, Q8_TOL)] {
             let (_dir, mut e) = load_gguf(file, dtype);
@@ -199,7 +200,7 @@ fn a_gguf_converted_to_safetensors_gives_the_same_logits() {
     let r = reference(&dir);
     let tmp = tempfile::tempdir().unwrap();
     let out_dir = tmp.path().join("model");
-    lmi_engine::gguf::convert::convert_gguf_with(
+    lmi_checkpoint::gguf::convert::convert_gguf_with(
         &dir.join("model.f32.gguf"),
         &out_dir,
         DType::F32,

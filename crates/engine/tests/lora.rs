@@ -4,11 +4,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use lmi_checkpoint::peft::{LoraLimits, LoraWeights};
+use lmi_checkpoint::testing::{TinySpec, write_tiny_model};
+use lmi_checkpoint::weights::SafetensorsDir;
 use lmi_engine::engine::{EngineOptions, StepEngine};
-use lmi_engine::lora::{LoraLimits, LoraWeights};
-use lmi_engine::testing::{TinySpec, write_tiny_model};
-use lmi_engine::weights::SafetensorsDir;
-use lmi_engine::{DType, Engine, LogitsWanted, ModelConfig, SeqChunk};
+use lmi_engine::{DType, LogitsWanted, ModelConfig, SeqChunk};
 use safetensors::tensor::{Dtype, TensorView};
 
 fn write_f32(path: &Path, tensors: &HashMap<String, (Vec<usize>, Vec<f32>)>) {
@@ -114,7 +114,7 @@ fn adapter_equals_merged_weights_and_leaves_other_rows_alone() {
         logits: LogitsWanted::All,
         adapter,
     };
-    let mut e = Engine::load_cpu(base.path(), &opts).unwrap();
+    let mut e = lmi_engine::load_cpu(base.path(), &opts).unwrap();
     let limits = LoraLimits::default();
     assert!(LoraWeights::load(&base.path().join("missing"), &c, limits).is_err());
     let w = LoraWeights::load(adapter_dir.path(), &c, limits).unwrap();
@@ -122,9 +122,9 @@ fn adapter_equals_merged_weights_and_leaves_other_rows_alone() {
     let mixed = e
         .forward_logits(&[chunk(Some(7), 0), chunk(None, 2)])
         .unwrap();
-    let mut plain = Engine::load_cpu(base.path(), &opts).unwrap();
+    let mut plain = lmi_engine::load_cpu(base.path(), &opts).unwrap();
     let base_out = plain.forward_logits(&[chunk(None, 0)]).unwrap();
-    let mut m = Engine::load_cpu(merged_dir.path(), &opts).unwrap();
+    let mut m = lmi_engine::load_cpu(merged_dir.path(), &opts).unwrap();
     let merged_out = m.forward_logits(&[chunk(None, 0)]).unwrap();
     let n = tokens.len();
     let mut max_diff = 0.0f32;

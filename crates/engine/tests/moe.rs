@@ -136,8 +136,8 @@ fn a_sequence_is_bit_identical_alone_and_in_a_busy_batch() {
 
 #[test]
 fn lora_on_experts_is_refused_and_on_attention_accepted() {
-    use lmi_engine::lora::{LoraLimits, inspect};
-    use lmi_engine::testing::{PeftSpec, write_peft_adapter};
+    use lmi_checkpoint::peft::{LoraLimits, inspect};
+    use lmi_checkpoint::testing::{PeftSpec, write_peft_adapter};
     let c = lmi_engine::ModelConfig::from_file(&fixture("qwen3_moe_mixed").join("config.json"))
         .unwrap();
     let tmp = tempfile::tempdir().unwrap();
@@ -168,9 +168,10 @@ fn llama_cpp_gguf_files_match_transformers() {
         let gguf = dir.join("model.f32.gguf");
         let tmp = tempfile::tempdir().unwrap();
         let q8 = tmp.path().join("q8_0.gguf");
-        lmi_engine::gguf::writer::requantize(&gguf, &q8, lmi_engine::quant::QType::Q8_0).unwrap();
+        lmi_checkpoint::gguf::writer::requantize(&gguf, &q8, lmi_checkpoint::quant::QType::Q8_0)
+            .unwrap();
         // The stacked experts are quantized; the router is kept as it is.
-        let file = lmi_engine::gguf::GgufFile::open(&q8).unwrap();
+        let file = lmi_checkpoint::gguf::GgufFile::open(&q8).unwrap();
         let kind = |n: &str| file.tensor(n).unwrap().ggml_type.name();
         assert_eq!(kind("blk.0.ffn_gate_exps.weight"), "Q8_0");
         assert_eq!(kind("blk.0.ffn_gate_inp.weight"), "F32");
@@ -252,7 +253,7 @@ fn llama_cpp_gpt_oss_gguf_files_match_transformers() {
         let dir = fixture(name);
         let r = reference(&dir);
         let gguf = dir.join("model.f32.gguf");
-        let file = lmi_engine::gguf::GgufFile::open(&gguf).unwrap();
+        let file = lmi_checkpoint::gguf::GgufFile::open(&gguf).unwrap();
         let experts = file.tensor("blk.0.ffn_gate_exps.weight").unwrap();
         let want = if name == "gpt_oss" { "F32" } else { "MXFP4" };
         assert_eq!(experts.ggml_type.name(), want);

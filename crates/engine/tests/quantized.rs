@@ -3,9 +3,9 @@
 //! engines run the same prompts. The only difference left is the int8 rounding of the
 //! activations that feed the quantized products.
 
+use lmi_checkpoint::quant::QType;
+use lmi_checkpoint::testing::{TinySpec, argmax, write_tiny_gguf, write_tiny_model};
 use lmi_engine::engine::{Engine, EngineOptions};
-use lmi_engine::quant::QType;
-use lmi_engine::testing::{TinySpec, argmax, write_tiny_gguf, write_tiny_model};
 use lmi_engine::{DType, LogitsWanted, SeqChunk};
 
 fn spec() -> TinySpec {
@@ -33,7 +33,7 @@ fn engine(
     gguf: &std::path::Path,
     dtype: Option<DType>,
 ) -> Engine<lmi_engine::cpu::CpuBackend> {
-    Engine::load_cpu(
+    lmi_engine::load_cpu(
         dir,
         &EngineOptions {
             dtype,
@@ -208,9 +208,9 @@ fn int8_from_a_float_checkpoint() {
         kv_blocks: Some(64),
         ..Default::default()
     };
-    let mut q = Engine::load_cpu(&dir, &opts(DType::I8)).unwrap();
+    let mut q = lmi_engine::load_cpu(&dir, &opts(DType::I8)).unwrap();
     assert_eq!(q.model().weights, "int8");
-    let mut f = Engine::load_cpu(&dir, &opts(DType::F32)).unwrap();
+    let mut f = lmi_engine::load_cpu(&dir, &opts(DType::F32)).unwrap();
     let mut worst = 0f32;
     for p in prompts() {
         let (a, b) = (greedy(&mut q, &p, 1).1, greedy(&mut f, &p, 1).1);

@@ -28,7 +28,7 @@ fn check_vision(model: &str) {
         let Some(inp) = input(&pre, &prep, "image", &name, 1.0) else {
             continue;
         };
-        let got = tower.forward(&inp).unwrap();
+        let got = lmi_engine::cpu::vision::forward(tower, &inp).unwrap();
         let d = max_rel_diff(&got, &refs.f32(&format!("image.{name}.embeds")));
         assert!(
             d < 1e-4,
@@ -37,7 +37,10 @@ fn check_vision(model: &str) {
         checked += 1;
     }
     let video = input(&pre, &prep, "video", "", 1.0).unwrap();
-    let d = max_rel_diff(&tower.forward(&video).unwrap(), &refs.f32("video.embeds"));
+    let d = max_rel_diff(
+        &lmi_engine::cpu::vision::forward(tower, &video).unwrap(),
+        &refs.f32("video.embeds"),
+    );
     assert!(d < 1e-4, "{model} video: embeddings differ by {d}");
     assert!(checked >= 4, "images checked: {checked}");
 }

@@ -2,9 +2,9 @@
 //! float32 reference in shared/fixtures/smollm2_greedy.json: 32 greedy ids with EOS ignored,
 //! and prompt logprobs within 2e-3.
 
+use lmi_checkpoint::testing::argmax;
 use lmi_engine::engine::EngineOptions;
-use lmi_engine::testing::argmax;
-use lmi_engine::{BLOCK_SIZE, DType, Engine, LogitsWanted, SeqChunk, model_store};
+use lmi_engine::{BLOCK_SIZE, DType, Engine, LogitsWanted, SeqChunk};
 
 fn fixture() -> serde_json::Value {
     let path = concat!(
@@ -61,13 +61,13 @@ fn prompt_and_greedy(
 
 #[test]
 fn greedy_ids_and_prompt_logprobs_match_the_reference() {
-    let dir = model_store::default_model_dir(false).expect("provision the default model");
+    let dir = lmi_store::default_model_dir(false).expect("provision the default model");
     let opts = EngineOptions {
         dtype: Some(DType::F32),
         kv_blocks: Some(64),
         ..Default::default()
     };
-    let mut engine = Engine::load_cpu(&dir, &opts).unwrap();
+    let mut engine = lmi_engine::load_cpu(&dir, &opts).unwrap();
     let fx = fixture();
     let cases = fx["cases"].as_array().unwrap();
     assert_eq!(cases.len(), 6);
@@ -111,15 +111,15 @@ fn greedy_ids_and_prompt_logprobs_match_the_reference() {
 /// this test so) 0.86 (3/6); llama.cpp's server on the same file agrees on 2/6.
 #[test]
 fn quantized_as_stored_agrees_with_the_dequantized_reference() {
-    let dir = model_store::default_model_dir(false).expect("provision the default model");
-    let gguf = model_store::default_gguf_path(false).expect("the default GGUF");
+    let dir = lmi_store::default_model_dir(false).expect("provision the default model");
+    let gguf = lmi_store::default_gguf_path(false).expect("the default GGUF");
     let opts = EngineOptions {
         dtype: None,
         kv_blocks: Some(64),
         gguf: Some(gguf.clone()),
         ..Default::default()
     };
-    let mut engine = Engine::load_cpu(&dir, &opts).unwrap();
+    let mut engine = lmi_engine::load_cpu(&dir, &opts).unwrap();
     assert_eq!(engine.model().weights, "q4_1+q8_0");
     let fx = fixture();
     let (mut agree, mut worst_lp) = (0, 0f64);

@@ -7,8 +7,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use lmi_engine::engine::StepEngine;
-use lmi_engine::lora::LoraWeights;
+use lmi_engine_core::engine::StepEngine;
+use lmi_engine_core::lora::LoraWeights;
 
 use crate::request::AdapterId;
 

@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use lmi_engine::engine::StepEngine;
+use lmi_engine_core::engine::StepEngine;
 use lmi_text::Tokenizer;
 use tokio::sync::mpsc as tmpsc;
 

@@ -9,7 +9,7 @@
 //! cached by its hash) once no later token's window reaches it. A prefix hit then also needs
 //! the window blocks before its end, so it is cut back to the longest prefix that has them.
 
-use lmi_engine::{BLOCK_SIZE, KvWindow, NO_BLOCK};
+use lmi_engine_core::{BLOCK_SIZE, KvWindow, NO_BLOCK};
 
 use crate::block_pool::{BlockHash, BlockPool};
 use crate::prefix_hash::block_hash;

@@ -8,7 +8,7 @@
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
-use lmi_engine::vision::VisionInput;
+use lmi_engine_core::vision::VisionInput;
 
 /// A media item's content hash: at least 128 bits of a cryptographic hash of its bytes,
 /// computed by whoever decodes the item (a collision would serve another image's KV).
@@ -31,7 +31,7 @@ impl MediaSpan {
     pub fn rope_delta(&self) -> i64 {
         self.input
             .as_deref()
-            .map_or(0, lmi_engine::vision::mrope::item_delta)
+            .map_or(0, lmi_engine_core::vision::mrope::item_delta)
     }
 }
 

@@ -3,8 +3,8 @@
 
 use std::sync::{Arc, OnceLock};
 
-use lmi_engine::lora::LoraWeights;
-use lmi_engine::sampling::SamplingParams;
+use lmi_engine_core::lora::LoraWeights;
+use lmi_engine_core::sampling::SamplingParams;
 
 use crate::prompt::Prompt;
 

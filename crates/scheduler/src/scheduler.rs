@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use lmi_engine::StepBatch;
-use lmi_engine::engine::StepEngine;
+use lmi_engine_core::StepBatch;
+use lmi_engine_core::engine::StepEngine;
 use lmi_text::{IncrementalDetokenizer, Tokenizer};
 use tokio::sync::mpsc::Sender;
 

@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
-use lmi_engine::sampling::derive_seed;
-use lmi_engine::{
+use lmi_engine_core::sampling::derive_seed;
+use lmi_engine_core::{
     ChunkMedia, LogitsWanted, PromptLogprobRequest, SampleRequest, SeqChunk, TokenMask,
 };
 
@@ -145,7 +145,7 @@ pub(crate) fn requests<'a>(
                         position: n - 1 - d + j,
                         params: &r.params.sampling,
                         seed,
-                        ctx: lmi_engine::sampling::SequenceContext {
+                        ctx: lmi_engine_core::sampling::SequenceContext {
                             prompt: &s.tokens[..s.prompt_len],
                             output: &s.tokens[s.prompt_len..end + j],
                             stop_ids: &r.stop_ids,
@@ -171,7 +171,7 @@ pub(crate) fn requests<'a>(
                         } else {
                             derive_seed(r.params.sampling.seed, d as u64)
                         },
-                        ctx: lmi_engine::sampling::SequenceContext {
+                        ctx: lmi_engine_core::sampling::SequenceContext {
                             prompt: &s.tokens[..s.prompt_len],
                             output: s.output(),
                             stop_ids: &r.stop_ids,

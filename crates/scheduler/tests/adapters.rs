@@ -9,9 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::*;
-use lmi_engine::engine::{Engine, EngineOptions};
-use lmi_engine::lora::{LoraLimits, LoraWeights, Target};
-use lmi_engine::testing::{PeftSpec, write_merged_model, write_peft_adapter};
+use lmi_checkpoint::peft::{LoraLimits, LoraWeights, Target};
+use lmi_checkpoint::testing::{PeftSpec, write_merged_model, write_peft_adapter};
+use lmi_engine::engine::EngineOptions;
 use lmi_engine::{DType, ModelConfig};
 use lmi_scheduler::{
     AdapterRef, AdapterWeights, Event, GenerateRequest, Scheduler, SchedulerConfig,
@@ -132,7 +132,7 @@ fn scheduler(model: &Path, max_loras: usize) -> Scheduler {
         kv_blocks: Some(64),
         ..Default::default()
     };
-    let engine = Engine::load_cpu(model, &opts).unwrap();
+    let engine = lmi_engine::load_cpu(model, &opts).unwrap();
     Scheduler::new(
         Box::new(engine),
         Tokenizer::from_dir(model).unwrap(),

@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashMap;
 
 use common::*;
-use lmi_engine::testing::{TinySpec, write_tiny_model};
+use lmi_checkpoint::testing::{TinySpec, write_tiny_model};
 use lmi_scheduler::{BeamParams, EarlyStopping, FinishReason, GenerateRequest};
 
 const V: usize = 12;

@@ -9,7 +9,7 @@ use lmi_text::Tokenizer;
 fn guide(dir: &std::path::Path) -> Guide {
     let tok = Tokenizer::from_dir(dir).unwrap();
     let eos = tok.eos_token_ids();
-    Guide::new(dir, tok, lmi_engine::testing::TINY_VOCAB, &eos).unwrap()
+    Guide::new(dir, tok, lmi_checkpoint::testing::TINY_VOCAB, &eos).unwrap()
 }
 
 fn allowed(mask: &[u32]) -> Vec<u32> {

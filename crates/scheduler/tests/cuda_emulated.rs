@@ -11,11 +11,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::{Output, collect, prompt, request, wait_pool_whole};
+use lmi_checkpoint::testing::{TinySpec, write_tiny_model};
 use lmi_cuda_emu::EmuDevice;
 use lmi_engine::DType;
 use lmi_engine::cuda::CudaBackend;
 use lmi_engine::engine::{Engine, EngineOptions};
-use lmi_engine::testing::{TinySpec, write_tiny_model};
 use lmi_scheduler::{GenerateRequest, Handle, SchedulerConfig};
 use lmi_text::Tokenizer;
 

@@ -5,8 +5,8 @@
 mod common;
 
 use common::{Output, collect, wait_pool_whole};
-use lmi_engine::engine::{Engine, EngineOptions};
-use lmi_engine::{DType, model_store};
+use lmi_engine::DType;
+use lmi_engine::engine::EngineOptions;
 use lmi_scheduler::{GenerateRequest, Handle, SchedulerConfig};
 use lmi_text::Tokenizer;
 
@@ -42,7 +42,7 @@ fn spawn(dir: &std::path::Path, blocks: usize, max_batch: usize) -> Handle {
         kv_blocks: Some(blocks),
         ..Default::default()
     };
-    let engine = Engine::load_cpu(dir, &opts).unwrap();
+    let engine = lmi_engine::load_cpu(dir, &opts).unwrap();
     let cfg = SchedulerConfig {
         max_batch_size: max_batch,
         max_batch_tokens: 64,
@@ -56,7 +56,7 @@ fn spawn(dir: &std::path::Path, blocks: usize, max_batch: usize) -> Handle {
 
 #[test]
 fn concurrent_equals_alone_on_the_default_model() {
-    let dir = model_store::default_model_dir(false).expect("provision the default model");
+    let dir = lmi_store::default_model_dir(false).expect("provision the default model");
     let tok = Tokenizer::from_dir(&dir).unwrap();
     let solo: Vec<Output> = {
         let h = spawn(&dir, 32, 1);
@@ -89,7 +89,7 @@ fn concurrent_equals_alone_on_the_default_model() {
 #[test]
 fn one_beam_and_drafts_equal_greedy_on_the_default_model() {
     use lmi_scheduler::{BeamParams, EarlyStopping};
-    let dir = model_store::default_model_dir(false).expect("provision the default model");
+    let dir = lmi_store::default_model_dir(false).expect("provision the default model");
     let tok = Tokenizer::from_dir(&dir).unwrap();
     let h = spawn(&dir, 64, 4);
     for r in requests(&tok).into_iter().step_by(2) {

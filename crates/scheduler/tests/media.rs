@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use lmi_engine::backend::GraphStats;
-use lmi_engine::engine::{Engine, EngineOptions, StepEngine};
+use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::lora::LoraWeights;
 use lmi_engine::vision::{MediaKind, VisionInput};
 use lmi_engine::{ChunkMedia, DType, ModelConfig, StepBatch, StepOutput};
@@ -93,7 +93,7 @@ fn spawn_recorded(dir: &std::path::Path, blocks: usize, cfg: SchedulerConfig) ->
         kv_blocks: Some(blocks),
         ..Default::default()
     };
-    let engine = Engine::load_cpu(dir, &opts).unwrap();
+    let engine = lmi_engine::load_cpu(dir, &opts).unwrap();
     let steps: Steps = Arc::default();
     let rec = Recording {
         inner: Box::new(engine),

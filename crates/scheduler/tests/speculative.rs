@@ -180,9 +180,9 @@ fn a_right_draft_takes_few_steps_and_a_full_batch_does_not_speculate() {
 
 #[test]
 fn a_draft_model_never_changes_the_output() {
+    use lmi_checkpoint::testing::{TinySpec, write_tiny_model};
     use lmi_engine::DType;
-    use lmi_engine::engine::{Engine, EngineOptions};
-    use lmi_engine::testing::{TinySpec, write_tiny_model};
+    use lmi_engine::engine::EngineOptions;
     let dir = tiny_model();
     let plain = run_solo(dir.path(), cfg(1, 4096), requests());
     // The model itself (every greedy draft is right) and another random model (mostly wrong).
@@ -201,7 +201,7 @@ fn a_draft_model_never_changes_the_output() {
             kv_blocks: Some(blocks),
             ..Default::default()
         };
-        Box::new(Engine::load_cpu(d, &opts).unwrap())
+        Box::new(lmi_engine::load_cpu(d, &opts).unwrap())
     };
     for (name, draft_dir) in [("itself", dir.path()), ("another model", other.path())] {
         for (blocks, draft_blocks) in [(64, 64), (12, 6)] {

@@ -9,9 +9,9 @@ use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 
 use common::{cfg, prompt, request};
+use lmi_checkpoint::testing::{TinySpec, write_tiny_model};
 use lmi_engine::DType;
-use lmi_engine::engine::{Engine, EngineOptions};
-use lmi_engine::testing::{TinySpec, write_tiny_model};
+use lmi_engine::engine::EngineOptions;
 use lmi_engine::warmup::StepShape;
 use lmi_scheduler::{
     BeamParams, EarlyStopping, Event, GenerateRequest, NgramLookup, Scheduler, SchedulerConfig,
@@ -65,7 +65,7 @@ fn scheduler_with(dir: &Path, window_pools: bool, config: SchedulerConfig) -> Sc
         window_pools,
         ..Default::default()
     };
-    let engine = Engine::load_cpu(dir, &opts).unwrap();
+    let engine = lmi_engine::load_cpu(dir, &opts).unwrap();
     Scheduler::new(Box::new(engine), Tokenizer::from_dir(dir).unwrap(), config)
 }
 

@@ -152,7 +152,7 @@ mod tests {
     #[test]
     fn the_guide_is_built_at_the_first_constraint_and_kept() {
         let dir = tempfile::tempdir().unwrap();
-        lmi_engine::testing::write_tiny_tokenizer(dir.path()).unwrap();
+        lmi_checkpoint::testing::write_tiny_tokenizer(dir.path()).unwrap();
         let g = grammars(dir.path());
         assert!(g.available());
         assert!(
@@ -169,7 +169,7 @@ mod tests {
     #[test]
     fn an_unreadable_vocabulary_is_a_clear_error_and_unavailable_after() {
         let dir = tempfile::tempdir().unwrap();
-        lmi_engine::testing::write_tiny_tokenizer(dir.path()).unwrap();
+        lmi_checkpoint::testing::write_tiny_tokenizer(dir.path()).unwrap();
         let g = grammars(dir.path());
         std::fs::write(dir.path().join("tokenizer.json"), "{not json").unwrap();
         assert!(g.available(), "not known before the first constraint");

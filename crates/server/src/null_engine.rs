@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use lmi_engine::config::ModelConfig;
+use lmi_checkpoint::config::ModelConfig;
 use lmi_engine::engine::StepEngine;
 use lmi_engine::error::{EngineError, Result};
 use lmi_engine::kv::KvCacheConfig;
@@ -150,7 +150,7 @@ impl StepEngine for NullEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lmi_engine::testing::{TinySpec, write_tiny_model};
+    use lmi_checkpoint::testing::{TinySpec, write_tiny_model};
     use lmi_scheduler::{Event, GenerateRequest, Handle, SchedulerConfig};
 
     fn tiny() -> (tempfile::TempDir, Tokenizer) {

@@ -207,7 +207,7 @@ mod tests {
     use lmi_scheduler::constraint::{GrammarSpec, Guide, SeqConstraint};
 
     fn guide(dir: &std::path::Path) -> Guide {
-        lmi_engine::testing::write_tiny_tokenizer(dir).unwrap();
+        lmi_checkpoint::testing::write_tiny_tokenizer(dir).unwrap();
         let tok = lmi_text::Tokenizer::from_dir(dir).unwrap();
         Guide::new(dir, tok, 260, &[258]).unwrap()
     }

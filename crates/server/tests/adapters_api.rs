@@ -7,8 +7,8 @@ mod common;
 use std::path::Path;
 
 use common::*;
+use lmi_checkpoint::testing::{PeftSpec, TinySpec, write_peft_adapter, write_tiny_model};
 use lmi_engine::ModelConfig;
-use lmi_engine::testing::{PeftSpec, TinySpec, write_peft_adapter, write_tiny_model};
 
 fn adapter(model: &Path, name: &str, seed: u64) -> String {
     let c = ModelConfig::from_file(&model.join("config.json")).unwrap();

@@ -60,7 +60,7 @@ fn fake_driver() -> Option<std::path::PathBuf> {
 fn the_default_model_served_on_the_fake_driver_matches_the_cpu_engine() {
     let Some(fake) = fake_driver() else { return };
     // The imported directory (f32 weights), rounded to bf16 at load by both engines.
-    let model = lmi_engine::model_store::resolve_model(None, false).expect("the default model");
+    let model = lmi_store::resolve_model(None, false).expect("the default model");
     let name = model
         .file_name()
         .and_then(|n| n.to_str())

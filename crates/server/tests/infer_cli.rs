@@ -26,7 +26,7 @@ fn short(mut v: Value, max_len: u64) -> Value {
 }
 
 fn model_dir() -> PathBuf {
-    lmi_engine::model_store::resolve_model(None, false).expect("the default model")
+    lmi_store::resolve_model(None, false).expect("the default model")
 }
 
 fn lmi(args: &[&str], cwd: &Path) -> Output {
@@ -686,7 +686,7 @@ fn derived_template_renders_like_the_jinja_template() {
 
 /// Runs `lmi convert` on the default model's GGUF into `tmp/smollm2` with `flags`.
 fn convert_default_model(tmp: &Path, flags: &[&str]) -> PathBuf {
-    let gguf = lmi_engine::model_store::default_gguf_path(false).unwrap();
+    let gguf = lmi_store::default_gguf_path(false).unwrap();
     let out_dir = tmp.join("smollm2");
     let mut args = vec!["convert", gguf.to_str().unwrap(), out_dir.to_str().unwrap()];
     args.extend_from_slice(flags);

@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use lmi_engine::testing::{TinySpec, write_tiny_model};
+use lmi_checkpoint::testing::{TinySpec, write_tiny_model};
 use serde_json::{Value, json};
 
 /// Qwen3's template, reduced: `enable_thinking: false` writes an empty reasoning block into

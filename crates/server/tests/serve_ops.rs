@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use lmi_engine::testing::{TinySpec, write_tiny_model};
+use lmi_checkpoint::testing::{TinySpec, write_tiny_model};
 
 #[test]
 fn serves_ops_routes_and_exits_cleanly_on_sigterm() {

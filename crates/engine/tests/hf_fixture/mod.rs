@@ -94,7 +94,7 @@ pub fn load(dir: &Path, dtype: DType) -> Engine<lmi_engine::cpu::CpuBackend> {
         kv_blocks: Some(64),
         ..Default::default()
     };
-    Engine::load_cpu(dir, &opts).unwrap()
+    lmi_engine::load_cpu(dir, &opts).unwrap()
 }
 
 /// The fixture in f32 with window pools for its local layers, sized for steps of one
@@ -110,7 +110,7 @@ pub fn load_windowed(dir: &Path) -> Engine<lmi_engine::cpu::CpuBackend> {
         },
         ..Default::default()
     };
-    Engine::load_cpu(dir, &opts).unwrap()
+    lmi_engine::load_cpu(dir, &opts).unwrap()
 }
 
 pub fn blocks(first: u32, tokens: usize) -> Vec<u32> {
@@ -139,7 +139,7 @@ pub fn rel_diff(ours: &[f32], theirs: &[f32]) -> f32 {
 }
 
 pub fn argmax(row: &[f32]) -> u32 {
-    lmi_engine::testing::argmax(row)
+    lmi_checkpoint::testing::argmax(row)
 }
 
 /// A GGUF imported as `lmi serve --model FILE.gguf` does: the config and tokenizer from the
@@ -150,14 +150,14 @@ pub fn load_gguf(
 ) -> (tempfile::TempDir, Engine<lmi_engine::cpu::CpuBackend>) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("model");
-    lmi_engine::gguf::convert::convert_gguf_with(gguf, &dir, DType::F32, false, false).unwrap();
+    lmi_checkpoint::gguf::convert::convert_gguf_with(gguf, &dir, DType::F32, false, false).unwrap();
     let opts = EngineOptions {
         dtype,
         gguf: Some(gguf.to_path_buf()),
         kv_blocks: Some(64),
         ..Default::default()
     };
-    let e = Engine::load_cpu(&dir, &opts).unwrap();
+    let e = lmi_engine::load_cpu(&dir, &opts).unwrap();
     (tmp, e)
 }
 

@@ -122,7 +122,7 @@ pub fn options(dtype: DType) -> EngineOptions {
 
 /// The CPU engine in f32.
 pub fn load(model: &str) -> Engine<lmi_engine::cpu::CpuBackend> {
-    Engine::load_cpu(&fixtures().join(model), &options(DType::F32)).unwrap()
+    lmi_engine::load_cpu(&fixtures().join(model), &options(DType::F32)).unwrap()
 }
 
 /// Qwen2.5-VL video: temporal positions per grid step (seconds per step x tokens per second).

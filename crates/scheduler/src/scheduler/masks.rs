@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use lmi_engine::TokenMask;
+use lmi_engine_core::TokenMask;
 
 use super::{Scheduler, lock};
 

@@ -5,8 +5,8 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-use lmi_engine::StepOutput;
-use lmi_engine::sampling::{Sampled, derive_seed};
+use lmi_engine_core::StepOutput;
+use lmi_engine_core::sampling::{Sampled, derive_seed};
 
 use super::{Scheduler, lock};
 use crate::event::{Event, FinishReason, Finished, PromptToken, Timings, TokenEvent};
@@ -14,7 +14,7 @@ use crate::step_plan::Planned;
 
 impl Scheduler {
     pub(super) fn process(&mut self, planned: &[Planned], out: StepOutput) {
-        let mut prompt_logprobs: Vec<Option<Vec<lmi_engine::TokenLogprob>>> =
+        let mut prompt_logprobs: Vec<Option<Vec<lmi_engine_core::TokenLogprob>>> =
             out.prompt_logprobs.into_iter().map(Some).collect();
         let mut samples: Vec<Option<Sampled>> = out.samples.into_iter().map(Some).collect();
         // (running index, sample) of every sequence that got a token this step, parallel
@@ -112,7 +112,7 @@ impl Scheduler {
         i: usize,
         start: usize,
         n: usize,
-        scores: Vec<lmi_engine::TokenLogprob>,
+        scores: Vec<lmi_engine_core::TokenLogprob>,
     ) {
         let s = &self.running[i].seq;
         let Some(r) = self.requests.get_mut(&s.req) else {

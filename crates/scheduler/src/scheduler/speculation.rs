@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-use lmi_engine::sampling::Sampled;
+use lmi_engine_core::sampling::Sampled;
 
 use super::Scheduler;
 use crate::strategy::speculation::propose;

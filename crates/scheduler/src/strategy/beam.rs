@@ -17,7 +17,7 @@
 //! Nothing streams: the best `num_return` hypotheses are sent at the end, as sequences
 //! 0..num_return, best first.
 
-use lmi_engine::sampling::Sampled;
+use lmi_engine_core::sampling::Sampled;
 
 use crate::event::FinishReason;
 use crate::request::{BeamParams, EarlyStopping};

@@ -4,9 +4,9 @@
 //! the draft's pool and remembers which draft tokens it fed beyond the confirmed output, so its
 //! cache is rolled back to what the target accepted before the next proposal.
 
-use lmi_engine::engine::StepEngine;
-use lmi_engine::sampling::SamplingParams;
-use lmi_engine::{LogitsWanted, SampleRequest, SeqChunk, StepBatch};
+use lmi_engine_core::engine::StepEngine;
+use lmi_engine_core::sampling::SamplingParams;
+use lmi_engine_core::{LogitsWanted, SampleRequest, SeqChunk, StepBatch};
 
 use crate::block_pool::BlockPool;
 use crate::kv_manager::blocks_for;

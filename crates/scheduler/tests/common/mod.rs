@@ -5,9 +5,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use lmi_checkpoint::testing::{TinySpec, write_tiny_model};
 use lmi_engine::DType;
-use lmi_engine::engine::{Engine, EngineOptions};
-use lmi_engine::testing::{TinySpec, write_tiny_model};
+use lmi_engine::engine::EngineOptions;
 use lmi_scheduler::{
     Event, FinishReason, Finished, GenerateRequest, Handle, RequestStream, SchedulerConfig,
 };
@@ -25,7 +25,7 @@ pub fn spawn(dir: &Path, blocks: usize, cfg: SchedulerConfig) -> Handle {
         kv_blocks: Some(blocks),
         ..Default::default()
     };
-    let engine = Engine::load_cpu(dir, &opts).unwrap();
+    let engine = lmi_engine::load_cpu(dir, &opts).unwrap();
     let tok = Tokenizer::from_dir(dir).unwrap();
     Handle::spawn(Box::new(engine), tok, cfg)
 }

@@ -2,7 +2,7 @@
 //!
 //! Registering an adapter (at start, from `<model dir>/adapters/*` and `option.adapters`, or
 //! through LMI's management API) checks it against the base model without reading its
-//! weights (`lmi_engine::lora::inspect`); API registrations must also come from an allowed
+//! weights (`lmi_checkpoint::peft::inspect`); API registrations must also come from an allowed
 //! directory. Weights are read off the async runtime and the scheduler thread: at
 //! registration with `preload`, else by the first request that names the adapter, which
 //! waits in the scheduler's queue until they are in. Up to `option.max_cpu_loras` adapters
@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use lmi_engine::config::ModelConfig;
-use lmi_engine::lora::{AdapterInfo, LoraLimits, LoraWeights, inspect};
+use lmi_checkpoint::config::ModelConfig;
+use lmi_checkpoint::peft::{AdapterInfo, LoraLimits, LoraWeights, inspect};
 use lmi_scheduler::{AdapterId, AdapterRef, AdapterWeights};
 
 pub use metrics::AdapterMetrics;

@@ -2,8 +2,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lmi_checkpoint::testing::{PeftSpec, TinySpec, write_peft_adapter, write_tiny_model};
 use lmi_engine::ModelConfig;
-use lmi_engine::testing::{PeftSpec, TinySpec, write_peft_adapter, write_tiny_model};
 
 use super::*;
 

@@ -7,9 +7,7 @@ use std::time::Instant;
 
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::sampling::SamplingParams;
-use lmi_engine::{
-    BLOCK_SIZE, DType, Device, LogitsWanted, SampleRequest, SeqChunk, StepBatch, model_store,
-};
+use lmi_engine::{BLOCK_SIZE, DType, Device, LogitsWanted, SampleRequest, SeqChunk, StepBatch};
 use lmi_scheduler::{Event, GenerateRequest, Handle, SchedulerConfig};
 use rayon::prelude::*;
 
@@ -91,8 +89,10 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// The model directory, the dtype to ask the engine for, and the GGUF it came from.
     pub fn resolve(&self) -> anyhow::Result<(PathBuf, Option<DType>, Option<PathBuf>)> {
-        let r = model_store::resolve(self.model.as_deref(), true)?;
-        let dtype = self.dtype.or_else(|| r.auto_dtype(self.device));
+        let r = lmi_store::resolve(self.model.as_deref(), true)?;
+        let dtype = self
+            .dtype
+            .or_else(|| self.device.auto_dtype(r.gguf.is_some()));
         Ok((r.dir, dtype, r.gguf))
     }
 

@@ -11,9 +11,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
+use lmi_checkpoint::testing::{PeftSpec, write_peft_adapter};
 use lmi_engine::engine::EngineOptions;
 use lmi_engine::lora::Target;
-use lmi_engine::testing::{PeftSpec, write_peft_adapter};
 
 use super::bench::{LoadArgs, ModelArgs};
 use lmi_scheduler::{Event, GenerateRequest, Handle, SchedulerConfig};

@@ -229,7 +229,7 @@ fn encoders(a: &VisionArgs) -> anyhow::Result<()> {
         kv_blocks: Some(16),
         ..Default::default()
     };
-    let engine = lmi_engine::Engine::load_cpu(dir, &opts)?;
+    let engine = lmi_engine::load_cpu(dir, &opts)?;
     let served = engine
         .model()
         .vision
@@ -255,11 +255,11 @@ fn encoders(a: &VisionArgs) -> anyhow::Result<()> {
             let rate = matmul_rate(n.min(1024), c.hidden_size, c.intermediate_size);
             let macs = tower.macs(&input) as f64;
             let runs = if macs > 1e11 { 1 } else { 3 };
-            tower.forward(&input)?; // warm: page in the weights
+            lmi_engine::cpu::vision::forward(tower, &input)?; // warm: page in the weights
             let mut times = Vec::new();
             for _ in 0..runs {
                 let t = Instant::now();
-                tower.forward(&input)?;
+                lmi_engine::cpu::vision::forward(tower, &input)?;
                 times.push(t.elapsed());
             }
             let t = median(times);

@@ -24,8 +24,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "{} already exists: choose a new output directory",
         a.out_dir.display()
     );
-    lmi_engine::gguf::convert::convert_gguf_with(&a.gguf, &a.out_dir, a.dtype, !a.no_weights, true)
-        .with_context(|| format!("converting {}", a.gguf.display()))?;
+    lmi_checkpoint::gguf::convert::convert_gguf_with(
+        &a.gguf,
+        &a.out_dir,
+        a.dtype,
+        !a.no_weights,
+        true,
+    )
+    .with_context(|| format!("converting {}", a.gguf.display()))?;
     write_json_chat_template(&a.out_dir, &a.gguf);
     eprintln!("wrote {}", a.out_dir.display());
     Ok(())

@@ -7,9 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use lmi_engine::engine::EngineOptions;
 use lmi_engine::sampling::{SamplingParams, SequenceContext};
-use lmi_engine::{
-    BLOCK_SIZE, DType, Device, LogitsWanted, SampleRequest, SeqChunk, StepBatch, model_store,
-};
+use lmi_engine::{BLOCK_SIZE, DType, Device, LogitsWanted, SampleRequest, SeqChunk, StepBatch};
 use lmi_text::{IncrementalDetokenizer, Tokenizer};
 
 #[derive(clap::Args)]
@@ -47,7 +45,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let resolved = model_store::resolve(a.model.as_deref(), true)?;
+    let resolved = lmi_store::resolve(a.model.as_deref(), true)?;
     let dir = resolved.dir.clone();
     let tokenizer = Tokenizer::from_dir(&dir).context("loading the tokenizer")?;
     let prompt_text = if a.chat {

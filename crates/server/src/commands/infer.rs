@@ -21,10 +21,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
+use lmi_checkpoint::peft::{LoraLimits, LoraWeights};
 use lmi_engine::engine::EngineOptions;
-use lmi_engine::lora::{LoraLimits, LoraWeights};
 use lmi_engine::sampling::SamplingParams;
-use lmi_engine::{BLOCK_SIZE, DType, Device, ModelConfig, model_store};
+use lmi_engine::{BLOCK_SIZE, DType, Device, ModelConfig};
 use lmi_scheduler::{
     AdapterRef, AdapterWeights, Event, FinishReason, GenerateRequest, Handle, SchedulerConfig,
 };
@@ -78,7 +78,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     input.check_lora_paths().map_err(anyhow::Error::msg)?;
 
     // 2. The model's description, checked against the file before any weight is loaded.
-    let resolved = model_store::resolve(a.model.as_deref(), true)?;
+    let resolved = lmi_store::resolve(a.model.as_deref(), true)?;
     let dir = resolved.dir.clone();
     let config = ModelConfig::from_file(&dir.join("config.json"))?;
     let model_name = dir

@@ -1,7 +1,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use lmi_engine::quant::QType;
+use lmi_checkpoint::quant::QType;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -22,7 +22,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "{} already exists: choose a new output file",
         a.out.display()
     );
-    lmi_engine::gguf::writer::requantize(&a.gguf, &a.out, a.qtype)
+    lmi_checkpoint::gguf::writer::requantize(&a.gguf, &a.out, a.qtype)
         .with_context(|| format!("re-quantizing {}", a.gguf.display()))?;
     eprintln!("wrote {}", a.out.display());
     Ok(())

@@ -12,7 +12,6 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::serve::ListenerExt;
 use lmi_engine::engine::{EngineOptions, StepEngine};
-use lmi_engine::model_store;
 use lmi_engine::warmup::StepShape;
 use lmi_scheduler::{Handle, SchedulerConfig};
 use lmi_text::tools::ToolCallFormat;
@@ -63,12 +62,12 @@ pub fn model_names(config: &ServingConfig) -> (String, String) {
     let id = config
         .model_id
         .clone()
-        .unwrap_or_else(|| model_store::DEFAULT_MODEL_NAME.to_string());
+        .unwrap_or_else(|| lmi_store::DEFAULT_MODEL_NAME.to_string());
     let name = config
         .served_model_name
         .clone()
         .unwrap_or_else(|| match &config.model_id {
-            None => model_store::DEFAULT_MODEL_NAME.to_string(),
+            None => lmi_store::DEFAULT_MODEL_NAME.to_string(),
             Some(m) => {
                 let p = Path::new(m.trim_end_matches('/'));
                 let stem = if p
@@ -225,7 +224,7 @@ async fn shutdown_signal() {
 
 /// Resolves, loads and starts everything the routes need (blocking: run off the runtime).
 pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Result<LoadedModel> {
-    let resolved = model_store::resolve(config.model_id.as_deref(), true)?;
+    let resolved = lmi_store::resolve(config.model_id.as_deref(), true)?;
     let dir = resolved.dir.clone();
     let tokenizer = Tokenizer::from_dir(&dir)
         .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
@@ -331,7 +330,7 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
     let backend = engine.backend_name();
     let draft = match (&config.speculative_draft_model, config.engine_mode) {
         (Some(name), EngineMode::Model) => {
-            let draft = model_store::resolve(Some(name), true)
+            let draft = lmi_store::resolve(Some(name), true)
                 .with_context(|| format!("option.speculative_draft_model {name:?}"))?;
             let ddir = draft.dir.clone();
             tracing::info!(

@@ -17,8 +17,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use lmi_engine::model_store::ResolvedModel;
 use lmi_engine::{DType, Device};
+use lmi_store::ResolvedModel;
 
 pub use access::AccessConfig;
 pub use env::EnvVars;
@@ -641,10 +641,10 @@ impl ServingConfig {
     }
 
     /// The dtype to ask the engine for `model`: `auto` as the model's kind and the device
-    /// decide ([`ResolvedModel::auto_dtype`]).
+    /// decide ([`Device::auto_dtype`]).
     pub fn engine_dtype_for(&self, model: &ResolvedModel) -> Option<DType> {
         match self.dtype {
-            DTypeChoice::Auto => model.auto_dtype(self.device),
+            DTypeChoice::Auto => self.device.auto_dtype(model.gguf.is_some()),
             DTypeChoice::Fixed(d) => Some(d),
         }
     }

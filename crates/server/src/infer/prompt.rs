@@ -169,7 +169,7 @@ mod tests {
     use super::*;
 
     fn default_model() -> (std::path::PathBuf, Tokenizer) {
-        let dir = lmi_engine::model_store::resolve_model(None, false).expect("the default model");
+        let dir = lmi_store::resolve_model(None, false).expect("the default model");
         let tok = Tokenizer::from_dir(&dir).unwrap();
         (dir, tok)
     }

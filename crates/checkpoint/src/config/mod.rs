@@ -1,0 +1,838 @@
+//! `config.json` of an HF checkpoint, reduced to what the Llama-family forward pass needs.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+pub mod moe;
+pub mod vision;
+
+use crate::error::{CheckpointError, Result};
+use moe::{ExpertActivation, MoeConfig, Routing};
+use vision::{VisionConfig, VisionVariant};
+
+/// Which member of the Llama family a checkpoint is; decides biases, norms and tensor names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    /// Llama 2/3, SmolLM2, TinyLlama and other `LlamaForCausalLM` checkpoints.
+    Llama,
+    Mistral,
+    /// q/k/v projections carry biases.
+    Qwen2,
+    /// RMSNorm over each q and k head before RoPE; explicit head_dim.
+    Qwen3,
+    /// Qwen3's attention with mixture-of-experts MLPs (`mlp.experts.N`, router `mlp.gate`).
+    Qwen3Moe,
+    /// Qwen2's attention (q/k/v biases) with Qwen3-MoE's experts and a shared expert beside
+    /// them (`mlp.shared_expert`, scaled by `σ(mlp.shared_expert_gate · x)`).
+    Qwen2Moe,
+    /// Mistral's attention with mixture-of-experts MLPs (`block_sparse_moe`, w1/w2/w3).
+    Mixtral,
+    /// Gemma 3 (text): GeGLU, the embedding scaled by sqrt(hidden), RMSNorms of `x · (1 + w)`
+    /// before and after attention and MLP, q/k norms, local (sliding-window) and global layers
+    /// with their own RoPE bases.
+    Gemma3,
+    /// gpt-oss: experts (top-k then softmax, biases, clamped SwiGLU), attention with biases
+    /// and per-head sinks, a sliding window on alternate layers, YaRN RoPE.
+    GptOss,
+}
+
+/// Every `architectures` name a checkpoint may give, and what it loads as. The multimodal
+/// Gemma 3 checkpoints (gemma-3-4b-it and up) serve their text model (their SigLIP tower is not
+/// read); Qwen2-VL's and Qwen2.5-VL's language model is Qwen2's (with M-RoPE).
+const HF_NAMES: &[(&str, Architecture)] = &[
+    ("LlamaForCausalLM", Architecture::Llama),
+    ("MistralForCausalLM", Architecture::Mistral),
+    ("Qwen2ForCausalLM", Architecture::Qwen2),
+    ("Qwen3ForCausalLM", Architecture::Qwen3),
+    ("Qwen3MoeForCausalLM", Architecture::Qwen3Moe),
+    ("Qwen2MoeForCausalLM", Architecture::Qwen2Moe),
+    ("MixtralForCausalLM", Architecture::Mixtral),
+    ("Gemma3ForCausalLM", Architecture::Gemma3),
+    ("Gemma3ForConditionalGeneration", Architecture::Gemma3),
+    ("GptOssForCausalLM", Architecture::GptOss),
+    ("Qwen2VLForConditionalGeneration", Architecture::Qwen2),
+    ("Qwen2_5_VLForConditionalGeneration", Architecture::Qwen2),
+];
+
+/// The architecture names that load, for the error that refuses another.
+pub fn supported_architectures() -> String {
+    let names: Vec<&str> = HF_NAMES.iter().map(|&(n, _)| n).collect();
+    names.join(", ")
+}
+
+impl Architecture {
+    pub fn from_hf_name(name: &str) -> Result<Self> {
+        HF_NAMES
+            .iter()
+            .find(|&&(n, _)| n == name)
+            .map(|&(_, a)| a)
+            .ok_or_else(|| CheckpointError::UnknownArchitecture(name.to_string()))
+    }
+
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "LlamaForCausalLM",
+            Architecture::Mistral => "MistralForCausalLM",
+            Architecture::Qwen2 => "Qwen2ForCausalLM",
+            Architecture::Qwen3 => "Qwen3ForCausalLM",
+            Architecture::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Architecture::Qwen2Moe => "Qwen2MoeForCausalLM",
+            Architecture::Mixtral => "MixtralForCausalLM",
+            Architecture::Gemma3 => "Gemma3ForCausalLM",
+            Architecture::GptOss => "GptOssForCausalLM",
+        }
+    }
+
+    /// The vision tower a checkpoint's architecture name implies.
+    pub fn vision_variant(name: &str) -> Option<VisionVariant> {
+        match name {
+            "Qwen2VLForConditionalGeneration" => Some(VisionVariant::Qwen2Vl),
+            "Qwen2_5_VLForConditionalGeneration" => Some(VisionVariant::Qwen25Vl),
+            _ => None,
+        }
+    }
+
+    pub fn has_qkv_bias(self) -> bool {
+        matches!(
+            self,
+            Architecture::Qwen2 | Architecture::Qwen2Moe | Architecture::GptOss
+        )
+    }
+
+    /// The output projection has a bias and the attention a learned per-head sink logit in
+    /// its softmax (gpt-oss).
+    pub fn has_sinks(self) -> bool {
+        self == Architecture::GptOss
+    }
+
+    pub fn has_qk_norm(self) -> bool {
+        matches!(
+            self,
+            Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+        )
+    }
+
+    /// Gemma's norms: RMSNorm of `x · (1 + w)` (HF checkpoints hold w; llama.cpp's GGUF files
+    /// hold 1 + w), a norm after attention and after the MLP as well as before each, and the
+    /// token embeddings scaled by sqrt(hidden).
+    pub fn is_gemma(self) -> bool {
+        self == Architecture::Gemma3
+    }
+}
+
+/// The gated MLP's activation (`hidden_act` / `hidden_activation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu(gate) · up` (SwiGLU).
+    Silu,
+    /// `gelu_tanh(gate) · up` (GeGLU with the tanh approximation, `gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+/// Interleaved local (sliding-window) and global attention layers (Gemma 3).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    /// Keys a local layer's query sees: its own position and the `size - 1` before it.
+    pub size: usize,
+    /// Per layer: true where it is local.
+    pub local: Vec<bool>,
+    /// The local layers' own RoPE base (unscaled: Gemma); None: the global layers' RoPE
+    /// (gpt-oss).
+    pub rope_theta: Option<f64>,
+}
+
+/// YaRN's `rope_scaling` (gpt-oss): frequencies blended between interpolated and extrapolated
+/// over a ramp of dimensions, and cos/sin scaled by the attention factor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct YarnScaling {
+    pub factor: f64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub original_max_position_embeddings: f64,
+    pub truncate: bool,
+    /// Multiplies cos and sin, so q·k by its square.
+    pub attention_factor: f64,
+}
+
+/// Llama 3's `rope_scaling` (`rope_type: "llama3"`); other types are rejected at load.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama3RopeScaling {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: Option<Llama3RopeScaling>,
+    /// `rope_scaling` of type `linear`: positions divided by this factor.
+    pub rope_linear_factor: Option<f64>,
+    pub rope_yarn: Option<YarnScaling>,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// `torch_dtype` of the checkpoint, when given.
+    pub torch_dtype: Option<String>,
+    pub bos_token_id: Option<u32>,
+    /// Every id listed as `eos_token_id` (an int or a list in HF configs).
+    pub eos_token_ids: Vec<u32>,
+    /// M-RoPE (Qwen-VL): how many of the head's rotary frequencies follow each token's
+    /// temporal, height and width position, in that order.
+    pub mrope_section: Option<[usize; 3]>,
+    /// The vision tower of a vision-language model.
+    pub vision: Option<VisionConfig>,
+    /// Mixture-of-experts MLPs (Qwen3-MoE, Mixtral).
+    pub moe: Option<MoeConfig>,
+    pub activation: Activation,
+    /// Local attention layers, where the model has them.
+    pub sliding_window: Option<SlidingWindow>,
+    /// Attention scores are scaled by `1 / sqrt(this)`: `query_pre_attn_scalar` (Gemma),
+    /// else head_dim.
+    pub attn_scalar: f64,
+}
+
+/// transformers' `Gemma3TextConfig` defaults (4.57), for the fields a Hub config may omit.
+const GEMMA3_DEFAULTS: [(&str, &str); 14] = [
+    ("vocab_size", "262208"),
+    ("hidden_size", "2304"),
+    ("intermediate_size", "9216"),
+    ("num_hidden_layers", "26"),
+    ("num_attention_heads", "8"),
+    ("num_key_value_heads", "4"),
+    ("head_dim", "256"),
+    ("query_pre_attn_scalar", "256"),
+    ("sliding_window", "4096"),
+    ("rope_theta", "1000000.0"),
+    ("rope_local_base_freq", "10000.0"),
+    ("max_position_embeddings", "131072"),
+    ("rms_norm_eps", "1e-6"),
+    ("tie_word_embeddings", "true"),
+];
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<u32> {
+        match self {
+            OneOrMany::One(x) => vec![x],
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct RawRopeScaling {
+    #[serde(alias = "type")]
+    rope_type: Option<String>,
+    factor: Option<f64>,
+    low_freq_factor: Option<f64>,
+    high_freq_factor: Option<f64>,
+    original_max_position_embeddings: Option<f64>,
+    mrope_section: Option<Vec<usize>>,
+    // YaRN.
+    beta_fast: Option<f64>,
+    beta_slow: Option<f64>,
+    truncate: Option<bool>,
+    attention_factor: Option<f64>,
+    mscale: Option<f64>,
+    mscale_all_dim: Option<f64>,
+}
+
+#[derive(Deserialize)]
+struct RawConfig {
+    architectures: Option<Vec<String>>,
+    vocab_size: Option<usize>,
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rms_norm_eps: Option<f64>,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<RawRopeScaling>,
+    max_position_embeddings: Option<usize>,
+    tie_word_embeddings: Option<bool>,
+    torch_dtype: Option<String>,
+    /// What transformers 4.56 and later write for `torch_dtype`.
+    dtype: Option<String>,
+    bos_token_id: Option<OneOrMany>,
+    eos_token_id: Option<OneOrMany>,
+    // Mixture of experts: Qwen3-MoE's names, then Mixtral's.
+    num_experts: Option<usize>,
+    num_local_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
+    shared_expert_intermediate_size: Option<usize>,
+    qkv_bias: Option<bool>,
+    // Gemma 3.
+    hidden_act: Option<String>,
+    hidden_activation: Option<String>,
+    query_pre_attn_scalar: Option<f64>,
+    sliding_window: Option<usize>,
+    /// Qwen2's and Qwen3's switch for `sliding_window` (off in their published configs), and
+    /// the layers from which it applies when `layer_types` does not list them.
+    use_sliding_window: Option<bool>,
+    max_window_layers: Option<usize>,
+    sliding_window_pattern: Option<usize>,
+    layer_types: Option<Vec<String>>,
+    rope_local_base_freq: Option<f64>,
+    swiglu_limit: Option<f64>,
+    final_logit_softcapping: Option<f64>,
+    attn_logit_softcapping: Option<f64>,
+}
+
+impl ModelConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| CheckpointError::io(path, e))?;
+        Self::from_json(&text).map_err(|msg| CheckpointError::Config {
+            path: path.to_path_buf(),
+            msg,
+        })
+    }
+
+    /// Parses config.json text; the error names the missing or invalid field.
+    pub fn from_json(text: &str) -> std::result::Result<Self, String> {
+        let mut top: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(text).map_err(|e| e.to_string())?;
+        // Newer transformers nest a composite model's text fields under `text_config`.
+        if let Some(serde_json::Value::Object(tc)) = top.get("text_config").cloned() {
+            for (k, v) in tc {
+                if k != "architectures" {
+                    top.insert(k, v);
+                }
+            }
+        }
+        let first_arch = top
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(|a| a.as_str())
+            .unwrap_or_default()
+            .to_string();
+        if first_arch.starts_with("Gemma3For") {
+            // The Hub's Gemma 3 configs leave out what equals Gemma3TextConfig's defaults.
+            for (k, v) in GEMMA3_DEFAULTS {
+                top.entry(k.to_string())
+                    .or_insert_with(|| serde_json::from_str(v).unwrap_or_default());
+            }
+        }
+        let raw: RawConfig = serde_json::from_value(serde_json::Value::Object(top.clone()))
+            .map_err(|e| e.to_string())?;
+        let arch_name = raw
+            .architectures
+            .as_ref()
+            .and_then(|a| a.first())
+            .ok_or("field \"architectures\" is missing or empty")?;
+        let architecture = Architecture::from_hf_name(arch_name).map_err(|e| e.to_string())?;
+        fn req(v: Option<usize>, name: &str) -> std::result::Result<usize, String> {
+            match v {
+                Some(0) => Err(format!("field {name:?} must be > 0")),
+                Some(x) => Ok(x),
+                None => Err(format!("field {name:?} is missing")),
+            }
+        }
+        let hidden_size = req(raw.hidden_size, "hidden_size")?;
+        let num_heads = req(raw.num_attention_heads, "num_attention_heads")?;
+        let num_kv_heads = raw.num_key_value_heads.unwrap_or(num_heads);
+        if num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(format!(
+                "num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads ({num_kv_heads})"
+            ));
+        }
+        let head_dim = match raw.head_dim {
+            Some(d) => d,
+            None => {
+                if hidden_size % num_heads != 0 {
+                    return Err(format!(
+                        "hidden_size ({hidden_size}) is not a multiple of num_attention_heads ({num_heads}) and head_dim is not given"
+                    ));
+                }
+                hidden_size / num_heads
+            }
+        };
+        if head_dim % 2 != 0 {
+            return Err(format!("head_dim ({head_dim}) must be even for RoPE"));
+        }
+        let mrope_section = match raw
+            .rope_scaling
+            .as_ref()
+            .and_then(|r| r.mrope_section.clone())
+        {
+            None => None,
+            Some(s) if s.len() == 3 && s.iter().sum::<usize>() == head_dim / 2 => {
+                Some([s[0], s[1], s[2]])
+            }
+            Some(s) => {
+                return Err(format!(
+                    "rope_scaling.mrope_section {s:?} must be three numbers summing to head_dim / 2 ({})",
+                    head_dim / 2
+                ));
+            }
+        };
+        let mut rope_linear_factor = None;
+        let mut rope_yarn = None;
+        let rope_scaling = match raw.rope_scaling {
+            None => None,
+            Some(rs) if mrope_section.is_some() => {
+                if !matches!(rs.rope_type.as_deref(), None | Some("mrope" | "default")) {
+                    return Err("rope_scaling: M-RoPE with a scaled type is not supported".into());
+                }
+                None
+            }
+            Some(rs) => match rs.rope_type.as_deref() {
+                Some("llama3") => Some(Llama3RopeScaling {
+                    factor: rs.factor.ok_or("rope_scaling.factor is missing")?,
+                    low_freq_factor: rs.low_freq_factor.unwrap_or(1.0),
+                    high_freq_factor: rs.high_freq_factor.unwrap_or(4.0),
+                    original_max_position_embeddings: rs
+                        .original_max_position_embeddings
+                        .unwrap_or(8192.0),
+                }),
+                Some("linear") => {
+                    let f = rs.factor.ok_or("rope_scaling.factor is missing")?;
+                    if f <= 0.0 {
+                        return Err(format!("rope_scaling.factor ({f}) must be > 0"));
+                    }
+                    rope_linear_factor = Some(f);
+                    None
+                }
+                Some("yarn") => {
+                    let factor = rs.factor.ok_or("rope_scaling.factor is missing")?;
+                    // transformers' get_mscale.
+                    let mscale = |m: f64| {
+                        if factor <= 1.0 {
+                            1.0
+                        } else {
+                            0.1 * m * factor.ln() + 1.0
+                        }
+                    };
+                    let attention_factor = match (rs.attention_factor, rs.mscale, rs.mscale_all_dim)
+                    {
+                        (Some(a), _, _) => a,
+                        (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                            mscale(m) / mscale(all)
+                        }
+                        _ => mscale(1.0),
+                    };
+                    rope_yarn = Some(YarnScaling {
+                        factor,
+                        beta_fast: rs.beta_fast.unwrap_or(32.0),
+                        beta_slow: rs.beta_slow.unwrap_or(1.0),
+                        original_max_position_embeddings: rs
+                            .original_max_position_embeddings
+                            .or(raw.max_position_embeddings.map(|m| m as f64))
+                            .unwrap_or(4096.0),
+                        truncate: rs.truncate.unwrap_or(true),
+                        attention_factor,
+                    });
+                    None
+                }
+                Some("default") | None => None,
+                Some(other) => {
+                    return Err(format!(
+                        "rope_scaling type {other:?} is not supported (supported: llama3, linear, yarn)"
+                    ));
+                }
+            },
+        };
+        let vision = match Architecture::vision_variant(arch_name) {
+            Some(v) => Some(vision::parse(v, &top, hidden_size)?),
+            None => None,
+        };
+        if vision.is_some() && mrope_section.is_none() {
+            return Err("a Qwen-VL config needs rope_scaling.mrope_section".into());
+        }
+        let intermediate_size = req(raw.intermediate_size, "intermediate_size")?;
+        let num_layers = req(raw.num_hidden_layers, "num_hidden_layers")?;
+        if raw.qkv_bias == Some(false) && architecture == Architecture::Qwen2Moe {
+            return Err("qkv_bias: false is not supported (Qwen2-MoE's q/k/v carry biases)".into());
+        }
+        let moe = match architecture {
+            Architecture::Qwen3Moe | Architecture::Qwen2Moe => {
+                let step = raw.decoder_sparse_step.unwrap_or(1).max(1);
+                let only = raw.mlp_only_layers.clone().unwrap_or_default();
+                let shared_width = match architecture {
+                    Architecture::Qwen2Moe => Some(req(
+                        raw.shared_expert_intermediate_size,
+                        "shared_expert_intermediate_size",
+                    )?)
+                    .filter(|&w| w > 0),
+                    _ => None,
+                };
+                Some(MoeConfig {
+                    num_experts: req(raw.num_experts, "num_experts")?,
+                    top_k: req(raw.num_experts_per_tok, "num_experts_per_tok")?,
+                    expert_intermediate_size: req(
+                        raw.moe_intermediate_size,
+                        "moe_intermediate_size",
+                    )?,
+                    routing: Routing::SoftmaxTopK {
+                        renormalize: raw.norm_topk_prob.unwrap_or(false),
+                    },
+                    activation: ExpertActivation::Silu,
+                    biases: false,
+                    dense_layers: (0..num_layers)
+                        .filter(|i| only.contains(i) || (i + 1) % step != 0)
+                        .collect(),
+                    shared_width,
+                })
+            }
+            Architecture::Mixtral => Some(MoeConfig {
+                num_experts: req(raw.num_local_experts, "num_local_experts")?,
+                top_k: req(raw.num_experts_per_tok, "num_experts_per_tok")?,
+                expert_intermediate_size: intermediate_size,
+                routing: Routing::SoftmaxTopK { renormalize: true },
+                activation: ExpertActivation::Silu,
+                biases: false,
+                dense_layers: Vec::new(),
+                shared_width: None,
+            }),
+            // The constants of transformers' GptOssExperts.
+            Architecture::GptOss => Some(MoeConfig {
+                num_experts: req(raw.num_local_experts, "num_local_experts")?,
+                top_k: req(raw.num_experts_per_tok, "num_experts_per_tok")?,
+                expert_intermediate_size: intermediate_size,
+                routing: Routing::TopKSoftmax,
+                activation: ExpertActivation::ClampedSwiGlu {
+                    alpha: 1.702,
+                    limit: raw.swiglu_limit.unwrap_or(7.0) as f32,
+                },
+                biases: true,
+                dense_layers: Vec::new(),
+                shared_width: None,
+            }),
+            _ => None,
+        };
+        let gemma = architecture.is_gemma();
+        let act_name = raw
+            .hidden_activation
+            .as_deref()
+            .or(raw.hidden_act.as_deref());
+        let activation = match act_name {
+            None if gemma => Activation::GeluTanh,
+            None | Some("silu" | "swish") => Activation::Silu,
+            Some("gelu_pytorch_tanh" | "gelu_tanh") => Activation::GeluTanh,
+            Some(other) => {
+                return Err(format!(
+                    "hidden activation {other:?} is not supported (supported: silu, gelu_pytorch_tanh)"
+                ));
+            }
+        };
+        if raw.final_logit_softcapping.is_some_and(|c| c > 0.0)
+            || raw.attn_logit_softcapping.is_some_and(|c| c > 0.0)
+        {
+            return Err("logit soft-capping (Gemma 2's) is not supported".into());
+        }
+        // transformers applies `sliding_window` for these (Mistral and Mixtral to every layer
+        // when set: Mistral-7B-v0.1's 4096); for Qwen2, Qwen3 and Qwen3-MoE only when
+        // `use_sliding_window` (off in the published configs), from layer `max_window_layers`
+        // on; Llama has none.
+        let qwen = matches!(
+            architecture,
+            Architecture::Qwen2
+                | Architecture::Qwen3
+                | Architecture::Qwen3Moe
+                | Architecture::Qwen2Moe
+        );
+        let windowed = gemma
+            || qwen && raw.use_sliding_window == Some(true)
+            || matches!(
+                architecture,
+                Architecture::GptOss | Architecture::Mistral | Architecture::Mixtral
+            );
+        let sliding_window = match (windowed, raw.sliding_window) {
+            (true, Some(size)) if size > 0 => {
+                let local: Vec<bool> = match (&raw.layer_types, raw.sliding_window_pattern) {
+                    (Some(types), _) => {
+                        if types.len() != num_layers {
+                            return Err(format!(
+                                "layer_types has {} entries for {num_layers} layers",
+                                types.len()
+                            ));
+                        }
+                        types
+                            .iter()
+                            .map(|t| match t.as_str() {
+                                "sliding_attention" => Ok(true),
+                                "full_attention" => Ok(false),
+                                other => Err(format!("layer type {other:?} is not supported")),
+                            })
+                            .collect::<std::result::Result<_, _>>()?
+                    }
+                    // Every `pattern`-th layer is global (Gemma 3 publishes 6).
+                    (None, p) if gemma => {
+                        let p = p.unwrap_or(6).max(1);
+                        (0..num_layers).map(|i| (i + 1) % p != 0).collect()
+                    }
+                    // gpt-oss alternates, local first.
+                    (None, _) if architecture == Architecture::GptOss => {
+                        (0..num_layers).map(|i| i % 2 == 0).collect()
+                    }
+                    // transformers' Qwen2Config default is 28.
+                    (None, _) if qwen => {
+                        let from = raw.max_window_layers.unwrap_or(28);
+                        (0..num_layers).map(|i| i >= from).collect()
+                    }
+                    (None, _) => vec![true; num_layers],
+                };
+                Some(SlidingWindow {
+                    size,
+                    local,
+                    rope_theta: gemma.then(|| raw.rope_local_base_freq.unwrap_or(10_000.0)),
+                })
+            }
+            _ => None,
+        };
+        if let Some(m) = &moe
+            && m.top_k > m.num_experts
+        {
+            return Err(format!(
+                "num_experts_per_tok ({}) is more than the {} experts",
+                m.top_k, m.num_experts
+            ));
+        }
+        Ok(ModelConfig {
+            architecture,
+            vocab_size: req(raw.vocab_size, "vocab_size")?,
+            hidden_size,
+            intermediate_size,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
+            rope_theta: raw.rope_theta.unwrap_or(10000.0),
+            rope_scaling,
+            rope_linear_factor,
+            rope_yarn,
+            max_position_embeddings: raw.max_position_embeddings.unwrap_or(4096),
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            torch_dtype: raw.torch_dtype.or(raw.dtype),
+            bos_token_id: raw.bos_token_id.and_then(|b| b.into_vec().first().copied()),
+            eos_token_ids: raw
+                .eos_token_id
+                .map(OneOrMany::into_vec)
+                .unwrap_or_default(),
+            mrope_section,
+            vision,
+            moe,
+            activation,
+            sliding_window,
+            attn_scalar: raw.query_pre_attn_scalar.unwrap_or(head_dim as f64),
+        })
+    }
+
+    pub fn q_size(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    pub fn kv_size(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Inverse RoPE frequencies of the local layers (their own base, never scaled).
+    pub fn rope_inv_freq_local(&self) -> Option<Vec<f64>> {
+        let theta = self.sliding_window.as_ref()?.rope_theta?;
+        Some(self.unscaled_inv_freq(theta))
+    }
+
+    /// What the attention scores are multiplied by: 1 / sqrt(`attn_scalar`), times YaRN's
+    /// attention factor squared (it scales q's and k's cos and sin alike).
+    pub fn attention_scale(&self) -> f32 {
+        let af = self.rope_yarn.map_or(1.0, |y| y.attention_factor);
+        (af * af / self.attn_scalar.sqrt()) as f32
+    }
+
+    fn unscaled_inv_freq(&self, theta: f64) -> Vec<f64> {
+        let d = self.head_dim as f64;
+        (0..self.head_dim / 2)
+            .map(|i| 1.0 / theta.powf(2.0 * i as f64 / d))
+            .collect()
+    }
+
+    /// Inverse RoPE frequencies (length head_dim/2), Llama 3 or linear scaling applied;
+    /// computed in f64.
+    pub fn rope_inv_freq(&self) -> Vec<f64> {
+        let base = self.unscaled_inv_freq(self.rope_theta);
+        if let Some(f) = self.rope_linear_factor {
+            return base.into_iter().map(|x| x / f).collect();
+        }
+        if let Some(y) = self.rope_yarn {
+            return yarn_inv_freq(&base, self.rope_theta, self.head_dim, y);
+        }
+        let Some(s) = self.rope_scaling else {
+            return base;
+        };
+        let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+        let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+        base.into_iter()
+            .map(|f| {
+                let wavelen = 2.0 * std::f64::consts::PI / f;
+                if wavelen < high_wavelen {
+                    f
+                } else if wavelen > low_wavelen {
+                    f / s.factor
+                } else {
+                    let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor)
+                        / (s.high_freq_factor - s.low_freq_factor);
+                    (1.0 - smooth) * f / s.factor + smooth * f
+                }
+            })
+            .collect()
+    }
+}
+
+/// transformers' `_compute_yarn_parameters`: each frequency blends its interpolated (divided
+/// by the factor) and extrapolated (unchanged) values by a linear ramp over the dimensions
+/// between the corrections for `beta_fast` and `beta_slow` rotations.
+fn yarn_inv_freq(base: &[f64], theta: f64, head_dim: usize, y: YarnScaling) -> Vec<f64> {
+    let dim = head_dim as f64;
+    let correction = |rotations: f64| {
+        dim * (y.original_max_position_embeddings / (rotations * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * theta.ln())
+    };
+    let (mut low, mut high) = (correction(y.beta_fast), correction(y.beta_slow));
+    if y.truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+    if low == high {
+        high += 0.001;
+    }
+    base.iter()
+        .enumerate()
+        .map(|(i, &f)| {
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            let extrapolation = 1.0 - ramp;
+            f / y.factor * (1.0 - extrapolation) + f * extrapolation
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_llama3_rope_scaling_and_eos_list() {
+        let c = ModelConfig::from_json(
+            r#"{"architectures":["LlamaForCausalLM"],"vocab_size":128256,"hidden_size":4096,
+            "intermediate_size":14336,"num_hidden_layers":32,"num_attention_heads":32,
+            "num_key_value_heads":8,"rope_theta":500000.0,"eos_token_id":[128001,128008,128009],
+            "rope_scaling":{"factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,
+            "original_max_position_embeddings":8192,"rope_type":"llama3"}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.head_dim, 128);
+        assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
+        let f = c.rope_inv_freq();
+        // Highest frequency is untouched, lowest is divided by the factor.
+        assert_eq!(f[0], 1.0);
+        let unscaled_last = 1.0 / 500000f64.powf(126.0 / 128.0);
+        assert!((f[63] - unscaled_last / 8.0).abs() < 1e-15);
+    }
+
+    /// gpt-oss's published RoPE (head_dim 64, θ 150,000, YaRN factor 32 over 4,096 positions,
+    /// β 32 and 1, not truncated) against transformers' `_compute_yarn_parameters` (torch f32):
+    /// the untouched, blended and interpolated ends of the frequencies, and the attention factor.
+    #[test]
+    fn yarn_matches_transformers_for_gpt_oss() {
+        let c = ModelConfig::from_json(
+            r#"{"architectures":["GptOssForCausalLM"],"vocab_size":201088,"hidden_size":2880,
+            "intermediate_size":2880,"num_hidden_layers":36,"num_attention_heads":64,
+            "num_key_value_heads":8,"head_dim":64,"num_local_experts":128,"num_experts_per_tok":4,
+            "sliding_window":128,"rope_theta":150000,"max_position_embeddings":131072,
+            "rope_scaling":{"rope_type":"yarn","factor":32.0,"beta_fast":32.0,"beta_slow":1.0,
+            "truncate":false,"original_max_position_embeddings":4096}}"#,
+        )
+        .unwrap();
+        let f = c.rope_inv_freq();
+        let want = [
+            (0, 1.0),
+            (8, 0.050_813_272_595_405_58),
+            (12, 0.006_794_959_306_716_919),
+            (16, 0.000_456_483_918_242_156_5),
+            (20, 1.818_833_698_052_913e-5),
+            (24, 4.099_978_468_730_114e-6),
+            (31, 3.023_511_396_804_679e-7),
+        ];
+        for (i, w) in want {
+            assert!(
+                (f[i] - w).abs() <= 1e-6 * w,
+                "frequency {i}: {} vs {w}",
+                f[i]
+            );
+        }
+        let af = c.rope_yarn.unwrap().attention_factor;
+        assert!((af - 1.346_573_590_279_972_7).abs() < 1e-12, "{af}");
+        // No layer of its own RoPE: the local layers use this one.
+        assert!(c.rope_inv_freq_local().is_none());
+    }
+
+    #[test]
+    fn unknown_architecture_is_named() {
+        let e = ModelConfig::from_json(r#"{"architectures":["GPT2LMHeadModel"]}"#).unwrap_err();
+        assert!(e.contains("GPT2LMHeadModel"), "{e}");
+        // The refusal names every architecture that loads.
+        for &(name, _) in HF_NAMES {
+            assert!(e.contains(name), "{name} missing from: {e}");
+        }
+    }
+
+    /// Qwen1.5-MoE-A2.7B's shape: a shared expert beside 60 routed ones, weights not
+    /// renormalized, q/k/v biases.
+    #[test]
+    fn qwen2_moe_has_a_shared_expert() {
+        let json = |extra: &str| {
+            format!(
+                r#"{{"architectures":["Qwen2MoeForCausalLM"],"vocab_size":151936,"hidden_size":2048,
+                "intermediate_size":5632,"num_hidden_layers":24,"num_attention_heads":16,
+                "num_key_value_heads":16,"moe_intermediate_size":1408,"num_experts":60,
+                "num_experts_per_tok":4,"norm_topk_prob":false,"decoder_sparse_step":1,
+                "mlp_only_layers":[]{extra}}}"#
+            )
+        };
+        let c =
+            ModelConfig::from_json(&json(r#","shared_expert_intermediate_size":5632"#)).unwrap();
+        assert!(c.architecture.has_qkv_bias() && !c.architecture.has_qk_norm());
+        let m = c.moe.unwrap();
+        assert_eq!(m.shared_width, Some(5632));
+        assert_eq!(m.routing, Routing::SoftmaxTopK { renormalize: false });
+        assert!((0..24).all(|l| m.is_sparse(l)));
+        let e = ModelConfig::from_json(&json("")).unwrap_err();
+        assert!(e.contains("shared_expert_intermediate_size"), "{e}");
+        let e = ModelConfig::from_json(&json(
+            r#","shared_expert_intermediate_size":5632,"qkv_bias":false"#,
+        ))
+        .unwrap_err();
+        assert!(e.contains("qkv_bias"), "{e}");
+    }
+
+    #[test]
+    fn missing_field_is_named() {
+        let e = ModelConfig::from_json(
+            r#"{"architectures":["LlamaForCausalLM"],"vocab_size":10,"hidden_size":8,"num_attention_heads":2}"#,
+        )
+        .unwrap_err();
+        assert!(e.contains("intermediate_size"), "{e}");
+    }
+}

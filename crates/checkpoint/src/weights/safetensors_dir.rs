@@ -1,0 +1,183 @@
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::{Dtype as StDtype, SafeTensors};
+
+use super::host::{HostData, HostTensor, bf16_bytes_to_bits, f16_bytes_to_f32, f32_bytes_to_f32};
+use crate::dtype::DType;
+use crate::error::{CheckpointError, Result};
+
+/// The safetensors files of an HF model directory, memory-mapped, with a name → file index.
+pub struct SafetensorsDir {
+    dir: PathBuf,
+    files: Vec<(PathBuf, Mmap)>,
+    index: HashMap<String, usize>,
+}
+
+impl SafetensorsDir {
+    /// Opens `model.safetensors`, or every shard listed in `model.safetensors.index.json`,
+    /// or else every `*.safetensors` file in the directory.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let mut paths: Vec<PathBuf> = if index_path.exists() {
+            let text = std::fs::read_to_string(&index_path)
+                .map_err(|e| CheckpointError::io(&index_path, e))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| CheckpointError::Safetensors {
+                    path: index_path.clone(),
+                    msg: e.to_string(),
+                })?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| CheckpointError::Safetensors {
+                    path: index_path.clone(),
+                    msg: "no \"weight_map\" object".into(),
+                })?;
+            let mut shards: Vec<PathBuf> = map
+                .values()
+                .filter_map(|f| f.as_str())
+                .map(|f| dir.join(f))
+                .collect();
+            shards.sort();
+            shards.dedup();
+            shards
+        } else if single.exists() {
+            vec![single]
+        } else {
+            let rd = std::fs::read_dir(dir).map_err(|e| CheckpointError::io(dir, e))?;
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect()
+        };
+        paths.sort();
+        if paths.is_empty() {
+            return Err(CheckpointError::Safetensors {
+                path: dir.to_path_buf(),
+                msg: "no model.safetensors, model.safetensors.index.json or *.safetensors found"
+                    .into(),
+            });
+        }
+        Self::from_files(dir, paths)
+    }
+
+    /// Opens one safetensors file.
+    pub fn open_file(path: &Path) -> Result<Self> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        Self::from_files(dir, vec![path.to_path_buf()])
+    }
+
+    fn from_files(dir: &Path, paths: Vec<PathBuf>) -> Result<Self> {
+        let mut files = Vec::with_capacity(paths.len());
+        let mut index = HashMap::new();
+        for (i, p) in paths.into_iter().enumerate() {
+            let f = File::open(&p).map_err(|e| CheckpointError::io(&p, e))?;
+            // SAFETY: the file is opened read-only; a concurrent writer would be a user error
+            // that at worst yields wrong weights, as with any reader.
+            let mmap = unsafe { Mmap::map(&f) }.map_err(|e| CheckpointError::io(&p, e))?;
+            let names = SafeTensors::read_metadata(&mmap)
+                .map_err(|e| CheckpointError::Safetensors {
+                    path: p.clone(),
+                    msg: e.to_string(),
+                })?
+                .1
+                .tensors()
+                .into_keys()
+                .collect::<Vec<_>>();
+            for n in names {
+                index.insert(n, i);
+            }
+            files.push((p, mmap));
+        }
+        Ok(SafetensorsDir {
+            dir: dir.to_path_buf(),
+            files,
+            index,
+        })
+    }
+
+    /// Shape of tensor `name`, if present.
+    pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        let &fi = self.index.get(name)?;
+        let st = SafeTensors::deserialize(&self.files[fi].1).ok()?;
+        st.tensor(name).ok().map(|v| v.shape().to_vec())
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.index.keys().map(|s| s.as_str())
+    }
+
+    /// Reads tensor `name`, checks its shape, and converts it to `dtype`.
+    pub fn load(&self, name: &str, expected: &[usize], dtype: DType) -> Result<HostTensor> {
+        self.with_view(name, expected, |view| {
+            let bytes = view.data();
+            let data = match view.dtype() {
+                StDtype::F32 => HostData::F32(f32_bytes_to_f32(bytes)),
+                StDtype::F16 => HostData::F32(f16_bytes_to_f32(bytes)),
+                StDtype::BF16 => HostData::BF16(bf16_bytes_to_bits(bytes)),
+                other => {
+                    return Err(CheckpointError::UnsupportedDtype {
+                        name: name.to_string(),
+                        dtype: format!("{other:?}"),
+                    });
+                }
+            };
+            Ok(HostTensor {
+                shape: expected.to_vec(),
+                data,
+            }
+            .to_dtype(dtype))
+        })
+    }
+
+    /// The bytes of a U8 tensor `name` of shape `expected` (MXFP4 blocks and scales).
+    pub fn load_u8(&self, name: &str, expected: &[usize]) -> Result<Vec<u8>> {
+        self.with_view(name, expected, |view| match view.dtype() {
+            StDtype::U8 => Ok(view.data().to_vec()),
+            other => Err(CheckpointError::UnsupportedDtype {
+                name: name.to_string(),
+                dtype: format!("{other:?} (expected U8)"),
+            }),
+        })
+    }
+
+    /// Runs `f` on tensor `name`'s view once its shape is checked.
+    fn with_view<T>(
+        &self,
+        name: &str,
+        expected: &[usize],
+        f: impl FnOnce(&safetensors::tensor::TensorView<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let &fi = self
+            .index
+            .get(name)
+            .ok_or_else(|| CheckpointError::MissingTensor {
+                name: name.to_string(),
+                dir: self.dir.clone(),
+            })?;
+        let (path, mmap) = &self.files[fi];
+        let st = SafeTensors::deserialize(mmap).map_err(|e| CheckpointError::Safetensors {
+            path: path.clone(),
+            msg: e.to_string(),
+        })?;
+        let view = st.tensor(name).map_err(|e| CheckpointError::Safetensors {
+            path: path.clone(),
+            msg: e.to_string(),
+        })?;
+        if view.shape() != expected {
+            return Err(CheckpointError::ShapeMismatch {
+                name: name.to_string(),
+                got: view.shape().to_vec(),
+                expected: expected.to_vec(),
+            });
+        }
+        f(&view)
+    }
+}

@@ -1,0 +1,509 @@
+//! An engine = a backend + a loaded model + its paged KV pools. The scheduler drives it through
+//! the object-safe [`StepEngine`] trait, so it never sees which backend runs underneath.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
+
+use lmi_checkpoint::config::ModelConfig;
+use lmi_checkpoint::dtype::DType;
+
+use crate::backend::{Backend, GraphStats};
+use crate::batch::{BatchLayout, SeqChunk};
+use crate::error::Result;
+use crate::kv::{KvCacheConfig, KvWindow};
+use crate::lora::{LoraAdapter, LoraWeights};
+use crate::model::InputEmbeds;
+use crate::model::{KvCache, LoadOptions, Model};
+use crate::step::{LogitsWork, StepBatch, StepOutput};
+use crate::vision::EncoderCache;
+use crate::vision::prefill::{self, EncoderStats};
+use crate::warmup::{self, StepShape};
+
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// dtype of weight matrices in memory; None keeps the checkpoint's.
+    pub dtype: Option<DType>,
+    /// Bytes for the KV pools of all layers (ignored when `kv_blocks` is set).
+    pub kv_cache_bytes: usize,
+    /// Exact number of KV blocks (tests use tiny pools).
+    pub kv_blocks: Option<usize>,
+    /// On a GPU: the share of the device's memory the engine may take (weights, activations
+    /// and the KV cache, which gets what the weights and an activation reserve leave). When
+    /// None, or on the CPU, `kv_cache_bytes` sizes the cache.
+    pub memory_fraction: Option<f32>,
+    /// Read the weights from this GGUF (the model directory is its conversion: config and
+    /// tokenizer); with `dtype` None its quantized blocks are used as they are.
+    pub gguf: Option<std::path::PathBuf>,
+    /// The largest step the scheduler will run: with `memory_fraction` on a GPU, the engine
+    /// runs one at load to measure what it takes besides the KV cache, and captures the
+    /// decode graphs up to it ([`crate::warmup`]).
+    pub max_step: StepShape,
+    /// Run a vision-language model's vision tower on the host even where the backend could
+    /// run it (a GPU): saves its device memory; tests compare the backends' language models
+    /// with it on identical embeddings.
+    pub vision_on_host: bool,
+    /// Let sliding-window layers keep their K/V in pools of their own, sized to their windows
+    /// ([`KvWindow`]), where the backend supports it and the model has local and global
+    /// layers: the scheduler then gives their blocks back as they leave the window. False
+    /// for an engine whose caller keeps one block table per sequence (a draft model).
+    pub window_pools: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            dtype: None,
+            kv_cache_bytes: 1 << 30,
+            kv_blocks: None,
+            memory_fraction: None,
+            gguf: None,
+            max_step: StepShape::default(),
+            vision_on_host: false,
+            window_pools: true,
+        }
+    }
+}
+
+/// The logits of one forward pass: `rows` rows of `vocab` values, in the order of the step's
+/// `logits_rows` (sequence by sequence). Only [`Engine::forward_logits`] returns them (tests,
+/// diagnostics); serving goes through [`StepEngine::step`], which samples inside the engine.
+#[derive(Debug, Clone)]
+pub struct Logits {
+    pub data: Vec<f32>,
+    pub vocab: usize,
+    /// How many rows each sequence of the step got (0, 1, or its chunk length).
+    pub rows_per_seq: Vec<u32>,
+}
+
+impl Logits {
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
+    pub fn num_rows(&self) -> usize {
+        self.data.len() / self.vocab.max(1)
+    }
+}
+
+/// What the scheduler needs from an engine, whatever its backend.
+pub trait StepEngine: Send {
+    fn model_config(&self) -> &ModelConfig;
+    fn backend_name(&self) -> &'static str;
+    /// The weights' formats, as `/info` reports them (`bf16`, `q4_1`, `q4_k+q6_k`, ...).
+    fn weights_format(&self) -> &str {
+        "none"
+    }
+    fn num_blocks(&self) -> usize;
+    /// The sliding-window layers' own pools, when the engine keeps them apart: chunks then
+    /// carry a `window_table` of blocks in them.
+    fn kv_window(&self) -> Option<KvWindow> {
+        None
+    }
+    /// Which kernels run the matrix products of a step of `rows` token rows (reports).
+    fn product_kernel(&self, rows: usize) -> String {
+        let _ = rows;
+        String::new()
+    }
+    /// Runs one ragged step: writes the chunks' K/V, then draws the requested tokens and
+    /// scores the requested prompt tokens. Logits stay inside the engine.
+    fn step(&mut self, batch: &StepBatch<'_>) -> Result<StepOutput>;
+    /// Copies whole KV blocks (copy-on-write of shared blocks).
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()>;
+    /// Copies whole blocks of the sliding-window layers' own pools ([`Self::kv_window`]).
+    fn copy_window_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        Err(crate::error::EngineError::Batch(
+            "this engine keeps no window pools".into(),
+        ))
+    }
+    /// Bytes of weights a decode step streams (the roofline's numerator).
+    fn weight_bytes(&self) -> usize;
+    /// Bytes of weights a decode step of `tokens` tokens streams: more than
+    /// [`Self::weight_bytes`] only for a mixture of experts, whose tokens read more experts.
+    fn step_weight_bytes(&self, tokens: usize) -> usize {
+        let _ = tokens;
+        self.weight_bytes()
+    }
+    /// Bytes of every weight the engine holds (memory accounting; 0 when unknown).
+    fn resident_weight_bytes(&self) -> usize {
+        0
+    }
+    /// Tokens run through the model since load (prefix-cache tests count skipped work).
+    fn tokens_computed(&self) -> u64;
+    /// Uploads a LoRA adapter's host weights under `id` (the engine tier of the adapter
+    /// cache); sequences name it in `SeqChunk::adapter`. Replaces an adapter already loaded
+    /// under that id.
+    fn load_adapter(&mut self, id: u64, weights: &LoraWeights) -> Result<()>;
+    fn unload_adapter(&mut self, id: u64) -> bool;
+    fn has_adapter(&self, id: u64) -> bool;
+    /// The backend's CUDA graphs (None for backends without).
+    fn graph_stats(&self) -> Option<GraphStats> {
+        None
+    }
+    /// What the vision encoder has done since load (vision-language models).
+    fn encoder_stats(&self) -> EncoderStats {
+        EncoderStats::default()
+    }
+}
+
+/// Bytes of vision embeddings the encoder cache keeps.
+const ENCODER_CACHE_BYTES: usize = 256 << 20;
+
+pub struct Engine<B: Backend> {
+    backend: B,
+    model: Model<B>,
+    kv: KvCache<B>,
+    weight_bytes: usize,
+    tokens_computed: u64,
+    adapters: HashMap<u64, LoraAdapter<B>>,
+    encoder_cache: EncoderCache,
+    encoder_stats: EncoderStats,
+}
+
+impl<B: Backend> Engine<B> {
+    pub fn load(backend: B, dir: &Path, opts: &EngineOptions) -> Result<Self> {
+        let load = LoadOptions {
+            dtype: opts.dtype,
+            gguf: opts.gguf.clone(),
+            vision_on_host: opts.vision_on_host,
+        };
+        let model = Model::load(&backend, dir, &load)?;
+        let c = &model.config;
+        let kv_dtype = KvCacheConfig::dtype_for_weights(model.dtype);
+        // On a device with its own memory, a share of it: sized by a measured warm-up step.
+        let device_share = match (opts.kv_blocks, opts.memory_fraction) {
+            (None, Some(f)) if backend.memory_info()?.is_some() => Some(f),
+            _ => None,
+        };
+        let num_blocks = match (opts.kv_blocks, device_share) {
+            (Some(n), _) => n,
+            (None, Some(_)) => warmup::warmup_blocks(opts.max_step),
+            (None, None) => {
+                KvCacheConfig::blocks_for_budget(c, kv_dtype.size(), opts.kv_cache_bytes).max(1)
+            }
+        };
+        let cfg = KvCacheConfig::new(c, num_blocks, kv_dtype);
+        let kv = match window_pools(c, opts, &backend, device_share.is_some(), cfg) {
+            Some((window, global_blocks, local)) => {
+                let cfg = KvCacheConfig {
+                    num_blocks: global_blocks,
+                    ..cfg
+                };
+                KvCache::with_window(&backend, cfg, window, local)?
+            }
+            None => KvCache::new(&backend, cfg)?,
+        };
+        let weight_bytes = model.weight_bytes(&backend);
+        let mut engine = Engine {
+            backend,
+            model,
+            kv,
+            weight_bytes,
+            tokens_computed: 0,
+            adapters: HashMap::new(),
+            encoder_cache: EncoderCache::new(ENCODER_CACHE_BYTES),
+            encoder_stats: EncoderStats::default(),
+        };
+        if let Some(fraction) = device_share {
+            let blocks = engine.measure_kv_blocks(opts.max_step, fraction)?;
+            engine.replace_kv(blocks)?;
+            engine.capture_graphs(opts.max_step)?;
+            engine.tokens_computed = 0;
+        }
+        Ok(engine)
+    }
+
+    /// The sliding-window layers' pools, if kept apart.
+    pub(crate) fn window(&self) -> Option<KvWindow> {
+        self.kv.window.as_ref().map(|(w, _)| *w)
+    }
+
+    /// Lays out `chunks`, with their window tables where the cache keeps window pools.
+    fn layout(&self, chunks: &[SeqChunk]) -> Result<BatchLayout> {
+        let mut layout = BatchLayout::new(chunks, self.kv.cfg.num_blocks)?;
+        if let Some(w) = self.window() {
+            layout.window = Some(layout.window_tables(chunks, w.blocks, w.size)?);
+        }
+        Ok(layout)
+    }
+
+    /// Bytes of every KV pool.
+    pub(crate) fn kv_bytes(&self) -> usize {
+        self.kv.bytes()
+    }
+
+    /// The global layers' blocks `budget` bytes hold beside the window pools.
+    pub(crate) fn global_blocks_for(&self, budget: usize) -> usize {
+        self.kv.global_blocks_for(budget)
+    }
+
+    pub(crate) fn kv_config(&self) -> KvCacheConfig {
+        self.kv.cfg
+    }
+
+    /// Swaps in a KV cache of `num_blocks` (the current one freed first).
+    pub(crate) fn replace_kv(&mut self, num_blocks: usize) -> Result<()> {
+        let cfg = KvCacheConfig {
+            num_blocks,
+            ..self.kv.cfg
+        };
+        let window = self.kv.window.take();
+        self.kv = KvCache::empty(self.kv.cfg);
+        self.kv = match window {
+            Some((w, local)) => KvCache::with_window(&self.backend, cfg, w, local)?,
+            None => KvCache::new(&self.backend, cfg)?,
+        };
+        Ok(())
+    }
+
+    /// One forward pass over `chunks` on the device (replayed from a graph when the backend
+    /// has one for the shape), with nothing read back: the load-time graph capture.
+    pub(crate) fn run_device_pass(&mut self, chunks: &[SeqChunk]) -> Result<()> {
+        let layout = self.layout(chunks)?;
+        let layout = self.backend.prepare_layout(layout);
+        let (model, backend, kv, adapters) =
+            (&self.model, &self.backend, &mut self.kv, &self.adapters);
+        backend.run_forward(|| {
+            let step = backend.upload_step(&layout)?;
+            backend
+                .run_graph(&step, || {
+                    model.forward(backend, &layout, &step, kv, adapters, None)
+                })
+                .map(|_| ())
+        })
+    }
+
+    /// A step's layout, with M-RoPE positions and media embeddings where the model has them.
+    fn prepare(
+        &mut self,
+        chunks: &[SeqChunk],
+        media: &[crate::batch::ChunkMedia],
+        rope_deltas: &[i64],
+    ) -> Result<(BatchLayout, Option<InputEmbeds>)> {
+        let mut layout = self.layout(chunks)?;
+        if self.model.config.mrope_section.is_some() {
+            prefill::rope_positions(chunks, media, rope_deltas, &mut layout)?;
+        }
+        let embeds = if media.is_empty() {
+            None
+        } else {
+            let (model, backend) = (&self.model, &self.backend);
+            let encode = |input: &crate::vision::VisionInput| -> Result<Vec<f32>> {
+                let tower = model.vision.as_ref().ok_or_else(|| {
+                    crate::error::EngineError::Batch("this model has no vision tower".into())
+                })?;
+                backend.encode_vision(model.vision_device.as_ref(), tower, input)
+            };
+            let encode: Option<prefill::Encode<'_>> = model.vision.is_some().then_some(&encode);
+            Some(prefill::media_embeds(
+                encode,
+                &mut self.encoder_cache,
+                media,
+                &layout,
+                self.model.config.hidden_size,
+                &mut self.encoder_stats,
+            )?)
+        };
+        layout.host_embeds = embeds.as_ref().is_some_and(|e| !e.rows.is_empty());
+        Ok((layout, embeds))
+    }
+
+    pub fn model(&self) -> &Model<B> {
+        &self.model
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Runs one forward pass and returns the requested logits on the host (no sampling):
+    /// for tests that compare logits and for diagnostics.
+    pub fn forward_logits(&mut self, chunks: &[SeqChunk]) -> Result<Logits> {
+        self.forward_logits_media(chunks, &[], &[])
+    }
+
+    /// [`Self::forward_logits`] for a step with media runs and M-RoPE deltas (as
+    /// [`StepBatch::media`] and [`StepBatch::rope_deltas`]).
+    pub fn forward_logits_media(
+        &mut self,
+        chunks: &[SeqChunk],
+        media: &[crate::batch::ChunkMedia],
+        rope_deltas: &[i64],
+    ) -> Result<Logits> {
+        let (layout, embeds) = self.prepare(chunks, media, rope_deltas)?;
+        let rows_per_seq = layout.logits_per_seq.clone();
+        let rows = layout.logits_rows.len();
+        let tokens = layout.num_tokens();
+        let layout = self.backend.prepare_layout(layout);
+        let (model, backend, kv, adapters) =
+            (&self.model, &self.backend, &mut self.kv, &self.adapters);
+        let vocab = model.config.vocab_size;
+        let data = backend.run_forward(|| {
+            let step = backend.upload_step(&layout)?;
+            let logits = backend.run_graph(&step, || {
+                model.forward(backend, &layout, &step, kv, adapters, embeds.as_ref())
+            })?;
+            match logits {
+                Some(buf) => backend.to_host(buf, rows * vocab),
+                None => Ok(Vec::new()),
+            }
+        })?;
+        self.tokens_computed += tokens as u64;
+        Ok(Logits {
+            data,
+            vocab,
+            rows_per_seq,
+        })
+    }
+}
+
+impl<B: Backend> StepEngine for Engine<B> {
+    fn model_config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+
+    fn graph_stats(&self) -> Option<GraphStats> {
+        self.backend.graph_stats()
+    }
+
+    fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    fn weights_format(&self) -> &str {
+        &self.model.weights
+    }
+
+    fn product_kernel(&self, rows: usize) -> String {
+        self.backend
+            .product_kernel(rows, self.model.dtype == DType::I8)
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.kv.cfg.num_blocks
+    }
+
+    fn kv_window(&self) -> Option<KvWindow> {
+        self.window()
+    }
+
+    fn step(&mut self, batch: &StepBatch<'_>) -> Result<StepOutput> {
+        let (layout, embeds) = self.prepare(batch.chunks, batch.media, batch.rope_deltas)?;
+        let work = LogitsWork::new(batch, &layout)?;
+        let tokens = layout.num_tokens();
+        let layout = self.backend.prepare_layout(layout);
+        let (model, backend, kv, adapters) =
+            (&self.model, &self.backend, &mut self.kv, &self.adapters);
+        let vocab = model.config.vocab_size;
+        let rows = layout.logits_rows.len();
+        let (out, sample_time) = backend.run_forward(|| {
+            let step = backend.upload_step(&layout)?;
+            let logits = backend.run_graph(&step, || {
+                model.forward(backend, &layout, &step, kv, adapters, embeds.as_ref())
+            })?;
+            let t = Instant::now();
+            let out = match logits {
+                Some(buf) => backend.process_logits(buf, rows, vocab, &work)?,
+                None => Default::default(),
+            };
+            Ok::<_, crate::error::EngineError>((out, t.elapsed()))
+        })?;
+        self.tokens_computed += tokens as u64;
+        Ok(LogitsWork::into_step_output(batch, out, sample_time))
+    }
+
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
+        self.kv.copy_blocks(&self.backend, pairs, false)
+    }
+
+    fn copy_window_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
+        self.kv.copy_blocks(&self.backend, pairs, true)
+    }
+
+    fn encoder_stats(&self) -> EncoderStats {
+        self.encoder_stats
+    }
+
+    fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    fn step_weight_bytes(&self, tokens: usize) -> usize {
+        self.model.step_weight_bytes(&self.backend, tokens)
+    }
+
+    fn resident_weight_bytes(&self) -> usize {
+        self.model.resident_bytes(&self.backend)
+    }
+
+    fn tokens_computed(&self) -> u64 {
+        self.tokens_computed
+    }
+
+    fn load_adapter(&mut self, id: u64, weights: &LoraWeights) -> Result<()> {
+        if weights.layers.len() != self.model.config.num_layers {
+            return Err(crate::error::EngineError::Batch(format!(
+                "LoRA adapter {id} has {} layers, the model {}",
+                weights.layers.len(),
+                self.model.config.num_layers
+            )));
+        }
+        let dtype = match self.model.dtype {
+            DType::I8 => DType::BF16,
+            d => d,
+        };
+        let a = LoraAdapter::upload(&self.backend, id, weights, dtype)?;
+        self.adapters.insert(id, a);
+        Ok(())
+    }
+
+    fn unload_adapter(&mut self, id: u64) -> bool {
+        self.adapters.remove(&id).is_some()
+    }
+
+    fn has_adapter(&self, id: u64) -> bool {
+        self.adapters.contains_key(&id)
+    }
+}
+
+/// The sliding-window layers' own pools, when they are worth having: the backend supports
+/// them, the caller keeps window tables, the model has local layers, and a full step's
+/// windows need fewer blocks than the uniform pools hold. Returns the window pools, the
+/// global layers' blocks (the freed budget goes to them; `kv_blocks` and a device share keep
+/// theirs) and which layers are local. With every layer local (Mistral's window) the global
+/// pools hold no layer: their blocks cost nothing and only number the sequences' positions
+/// for the scheduler and the prefix cache, as many as the budget would have held for one
+/// layer, so contexts are bounded by `max_model_len`, not by the KV memory.
+fn window_pools<B: Backend>(
+    c: &ModelConfig,
+    opts: &EngineOptions,
+    backend: &B,
+    device_share: bool,
+    cfg: KvCacheConfig,
+) -> Option<(KvWindow, usize, Vec<bool>)> {
+    let w = c.sliding_window.as_ref()?;
+    let local = w.local.iter().filter(|&&l| l).count();
+    if !opts.window_pools || !backend.window_pools() || local == 0 {
+        return None;
+    }
+    let shape = opts.max_step;
+    let blocks = KvWindow::blocks_for_step(w.size, shape.seqs.max(1), shape.tokens.max(1));
+    // A device share sizes the global pools after a warm-up (`measure_kv_blocks`), from the
+    // memory the window pools leave; otherwise they must save blocks now.
+    if blocks >= cfg.num_blocks && !device_share {
+        return None;
+    }
+    let global_blocks = match (opts.kv_blocks, device_share) {
+        (None, false) => cfg
+            .global_blocks(opts.kv_cache_bytes, blocks, local)
+            .max(cfg.num_blocks),
+        _ => cfg.num_blocks,
+    };
+    let window = KvWindow {
+        blocks,
+        size: w.size,
+    };
+    Some((window, global_blocks, w.local.clone()))
+}

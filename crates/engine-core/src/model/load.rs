@@ -1,0 +1,497 @@
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use lmi_checkpoint::config::ModelConfig;
+use lmi_checkpoint::dtype::DType;
+use lmi_checkpoint::weights::{GgufWeights, HostData, HostTensor, SafetensorsDir, WeightSource};
+
+use super::{Layer, Mlp, Model};
+use crate::backend::{Backend, Feature};
+use crate::error::{EngineError, Result};
+use crate::moe::{Expert, MoeConfig, MoeLayer, SharedExpert};
+use crate::vision::VisionTower;
+
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// dtype of matrices in memory; None keeps the checkpoint's: a GGUF's block formats as
+    /// they are, else `torch_dtype` (f16 → f32).
+    pub dtype: Option<DType>,
+    /// Read the weights from this GGUF file (the directory still gives config.json).
+    pub gguf: Option<PathBuf>,
+    /// Keep a vision tower on the host (`EngineOptions::vision_on_host`).
+    pub vision_on_host: bool,
+}
+
+impl<B: Backend> Model<B> {
+    /// Loads an HF model directory (config.json + safetensors).
+    pub fn load(backend: &B, dir: &Path, opts: &LoadOptions) -> Result<Self> {
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        if let Some(&f) = Feature::needed_by(&config)
+            .iter()
+            .find(|&&f| !backend.supports(f))
+        {
+            return Err(crate::backend::refused(backend.name(), f));
+        }
+        let (st, dtype) = match (&opts.gguf, opts.dtype) {
+            // As stored: block formats stay; float matrices are held in bf16.
+            (Some(path), None) => (
+                WeightSource::Gguf(GgufWeights::open(path, true)?),
+                DType::BF16,
+            ),
+            (Some(path), Some(d)) => (WeightSource::Gguf(GgufWeights::open(path, false)?), d),
+            (None, d) => {
+                let d = match d {
+                    Some(d) => d,
+                    None if config.torch_dtype.as_deref() == Some("bfloat16") => DType::BF16,
+                    None => DType::F32,
+                };
+                (WeightSource::Safetensors(SafetensorsDir::open(dir)?), d)
+            }
+        };
+        // f16 checkpoints are computed in f32 on the CPU.
+        let dtype = if dtype == DType::F16 {
+            DType::F32
+        } else {
+            dtype
+        };
+        let mut model = Self::from_tensors(backend, config, &st, dtype)?;
+        if let Some(t) = model.vision.as_ref().filter(|_| !opts.vision_on_host) {
+            model.vision_device = backend.upload_vision(t)?;
+        }
+        Ok(model)
+    }
+
+    fn from_tensors(
+        backend: &B,
+        config: ModelConfig,
+        st: &WeightSource,
+        dtype: DType,
+    ) -> Result<Self> {
+        let c = &config;
+        let h = c.hidden_size;
+        let formats = std::cell::RefCell::new(BTreeSet::new());
+        let mat = |name: &str, shape: &[usize]| -> Result<HostTensor> {
+            let t = st.load(name, shape, dtype)?;
+            let mut f = formats.borrow_mut();
+            match &t.data {
+                HostData::Quant(parts) => parts.iter().for_each(|p| {
+                    f.insert(p.qtype.name());
+                }),
+                HostData::BF16(_) => {
+                    f.insert("bf16");
+                }
+                HostData::F32(_) => {
+                    f.insert("f32");
+                }
+            }
+            Ok(t)
+        };
+        let gemma = c.architecture.is_gemma();
+        let sinks = c.architecture.has_sinks();
+        // Gemma's RMSNorms multiply by 1 + w: HF checkpoints hold w, llama.cpp's GGUF files
+        // 1 + w (its converter adds the 1). Held as 1 + w, in f32 as HF computes it.
+        let norm = |name: &str, len: usize| -> Result<B::Weight> {
+            let mut t = st.load(name, &[len], DType::F32)?;
+            if gemma
+                && !matches!(st, WeightSource::Gguf(_))
+                && let HostData::F32(v) = &mut t.data
+            {
+                v.iter_mut().for_each(|x| *x += 1.0);
+            }
+            backend.upload_weight(t)
+        };
+        // Newer transformers save a vision-language model's text weights under
+        // `model.language_model.`; the published checkpoints under `model.`, or (Gemma 3's)
+        // `language_model.model.`.
+        let lm = ["model", "model.language_model", "language_model.model"]
+            .into_iter()
+            .find(|p| st.contains(&format!("{p}.embed_tokens.weight")))
+            .unwrap_or("model");
+        let embed_t = mat(&format!("{lm}.embed_tokens.weight"), &[c.vocab_size, h])?;
+        let lm_head = if st.contains("lm_head.weight") && !c.tie_word_embeddings {
+            Some(backend.upload_weight(mat("lm_head.weight", &[c.vocab_size, h])?)?)
+        } else {
+            None
+        };
+        let embed = backend.upload_weight(embed_t)?;
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for i in 0..c.num_layers {
+            let p = format!("{lm}.layers.{i}");
+            let a = format!("{p}.self_attn");
+            let qkv = HostTensor::concat_rows(vec![
+                mat(&format!("{a}.q_proj.weight"), &[c.q_size(), h])?,
+                mat(&format!("{a}.k_proj.weight"), &[c.kv_size(), h])?,
+                mat(&format!("{a}.v_proj.weight"), &[c.kv_size(), h])?,
+            ]);
+            let qkv_bias = if c.architecture.has_qkv_bias() {
+                let b = |n: &str, len| st.load(&format!("{a}.{n}.bias"), &[len], DType::F32);
+                Some(backend.upload_weight(HostTensor::concat_rows(vec![
+                    b("q_proj", c.q_size())?,
+                    b("k_proj", c.kv_size())?,
+                    b("v_proj", c.kv_size())?,
+                ]))?)
+            } else {
+                None
+            };
+            let (q_norm, k_norm) = if c.architecture.has_qk_norm() {
+                (
+                    Some(norm(&format!("{a}.q_norm.weight"), c.head_dim)?),
+                    Some(norm(&format!("{a}.k_norm.weight"), c.head_dim)?),
+                )
+            } else {
+                (None, None)
+            };
+            let mlp = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
+                Some(moe) => {
+                    let layer = load_experts(backend, c, moe, &p, st, &mat, dtype)?;
+                    let index = backend.index_experts(&layer)?;
+                    Mlp::Moe(layer, index)
+                }
+                None => {
+                    let (gate_up, down) = gated_mlp(
+                        backend,
+                        &mat,
+                        &format!("{p}.mlp"),
+                        QWEN,
+                        h,
+                        c.intermediate_size,
+                    )?;
+                    Mlp::Dense { gate_up, down }
+                }
+            };
+            let sandwich = |n: &str| -> Result<Option<B::Weight>> {
+                gemma
+                    .then(|| norm(&format!("{p}.{n}.weight"), h))
+                    .transpose()
+            };
+            let pre_mlp = if gemma {
+                "pre_feedforward_layernorm"
+            } else {
+                "post_attention_layernorm"
+            };
+            layers.push(Layer {
+                input_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
+                qkv: backend.upload_weight(qkv)?,
+                qkv_bias,
+                q_norm,
+                k_norm,
+                o_proj: backend
+                    .upload_weight(mat(&format!("{a}.o_proj.weight"), &[h, c.q_size()])?)?,
+                o_bias: sinks
+                    .then(|| {
+                        backend.upload_weight(st.load(
+                            &format!("{a}.o_proj.bias"),
+                            &[h],
+                            DType::F32,
+                        )?)
+                    })
+                    .transpose()?,
+                sinks: sinks
+                    .then(|| {
+                        backend.upload_weight(st.load(
+                            &format!("{a}.sinks"),
+                            &[c.num_heads],
+                            DType::F32,
+                        )?)
+                    })
+                    .transpose()?,
+                post_norm: norm(&format!("{p}.{pre_mlp}.weight"), h)?,
+                attn_out_norm: sandwich("post_attention_layernorm")?,
+                mlp_out_norm: sandwich("post_feedforward_layernorm")?,
+                local: c.sliding_window.as_ref().is_some_and(|w| w.local[i]),
+                mlp,
+            });
+        }
+        let final_norm = norm(&format!("{lm}.norm.weight"), h)?;
+        let rope = match c.mrope_section {
+            Some(section) => backend.mrope_table(&c.rope_inv_freq(), section)?,
+            None => backend.rope_table(&c.rope_inv_freq())?,
+        };
+        let rope_local = match c.rope_inv_freq_local() {
+            Some(f) => Some(backend.rope_table(&f)?),
+            None => None,
+        };
+        let vision = match (&c.vision, st) {
+            (None, _) => None,
+            (Some(v), WeightSource::Safetensors(_)) => Some(VisionTower::load(v, st)?),
+            (Some(_), WeightSource::Gguf(_)) => {
+                return Err(EngineError::Backend(
+                    "a vision-language model's vision tower is not in its GGUF file (llama.cpp \
+                     keeps it in a separate mmproj file, which lmi does not read): serve the \
+                     HF directory"
+                        .into(),
+                ));
+            }
+        };
+        let weights = formats
+            .into_inner()
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join("+");
+        // Quantized matrices compute in f32 beside bf16 K/V and bf16 LoRA adapters.
+        let quantized = weights.split('+').any(|f| f != "bf16" && f != "f32");
+        let dtype = if quantized && dtype != DType::F32 {
+            DType::I8
+        } else {
+            dtype
+        };
+        Ok(Model {
+            config,
+            dtype,
+            weights,
+            embed,
+            lm_head,
+            final_norm,
+            layers,
+            rope,
+            rope_local,
+            // HF multiplies by the scale rounded to the weights' dtype; f32 here (the
+            // activations are f32 whatever the weights).
+            embed_scale: gemma.then(|| (h as f32).sqrt()),
+            vision,
+            vision_device: None,
+        })
+    }
+}
+
+/// HF's names of a gated MLP's gate, up and down projections (Llama's, Qwen's, Gemma's).
+const QWEN: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+
+/// A gated MLP's matrices `{x}.{gate, up, down}.weight`: gate and up fused into one
+/// `[2 · width, hidden]` (gate rows first), down `[hidden, width]`.
+fn gated_mlp<B: Backend>(
+    backend: &B,
+    mat: &dyn Fn(&str, &[usize]) -> Result<HostTensor>,
+    x: &str,
+    [gate, up, down]: [&str; 3],
+    h: usize,
+    width: usize,
+) -> Result<(B::Weight, B::Weight)> {
+    let gate_up = HostTensor::concat_rows(vec![
+        mat(&format!("{x}.{gate}.weight"), &[width, h])?,
+        mat(&format!("{x}.{up}.weight"), &[width, h])?,
+    ]);
+    Ok((
+        backend.upload_weight(gate_up)?,
+        backend.upload_weight(mat(&format!("{x}.{down}.weight"), &[h, width])?)?,
+    ))
+}
+
+/// A sparse layer's router and experts under `{prefix}` (`model.layers.N`), by the names the
+/// checkpoint uses: Mixtral's `block_sparse_moe.gate` and `block_sparse_moe.experts.E.{w1,w3,w2}`
+/// (gate, up, down), gpt-oss's stacked `mlp.experts.{gate_up_proj,down_proj}` (and biases), else
+/// Qwen3-MoE's `mlp.gate` and `mlp.experts.E.{gate,up,down}_proj` (also what a GGUF's experts
+/// are read as, whatever the model; a gpt-oss GGUF's router is `mlp.router`, and its experts
+/// have `.bias` beside each `.weight`).
+fn load_experts<B: Backend>(
+    backend: &B,
+    c: &ModelConfig,
+    moe: &MoeConfig,
+    prefix: &str,
+    st: &WeightSource,
+    mat: &dyn Fn(&str, &[usize]) -> Result<HostTensor>,
+    dtype: DType,
+) -> Result<MoeLayer<B::Weight>> {
+    let (h, width) = (c.hidden_size, moe.expert_intermediate_size);
+    if st.contains(&format!("{prefix}.mlp.experts.gate_up_proj"))
+        || st.contains(&format!("{prefix}.mlp.experts.gate_up_proj_blocks"))
+    {
+        return load_stacked_experts(backend, moe, h, width, prefix, st, dtype);
+    }
+    let (block, [gate, up, down]) =
+        if st.contains(&format!("{prefix}.block_sparse_moe.gate.weight")) {
+            ("block_sparse_moe", ["w1", "w3", "w2"])
+        } else {
+            ("mlp", QWEN)
+        };
+    let m = format!("{prefix}.{block}");
+    // A gpt-oss GGUF: the router under gpt-oss's HF name, and biases (`moe.biases`).
+    let router_name = if st.contains(&format!("{m}.router.weight")) {
+        "router"
+    } else {
+        "gate"
+    };
+    let bias = |name: &str, len: usize| -> Result<Vec<f32>> {
+        Ok(st.load(name, &[len], DType::F32)?.to_f32_vec())
+    };
+    let upload_bias = |v: Vec<f32>| backend.upload_weight(HostTensor::f32(vec![v.len()], v));
+    // The router stays f32 whatever the load's dtype (llama.cpp's files keep it so too): a
+    // rounded router logit can flip a token between two close experts.
+    let router = st.load(
+        &format!("{m}.{router_name}.weight"),
+        &[moe.num_experts, h],
+        DType::F32,
+    )?;
+    let router_bias = match moe.biases {
+        true => Some(upload_bias(bias(
+            &format!("{m}.{router_name}.bias"),
+            moe.num_experts,
+        )?)?),
+        false => None,
+    };
+    let experts = (0..moe.num_experts)
+        .map(|e| {
+            let x = format!("{m}.experts.{e}");
+            let (gate_up_bias, down_bias) = match moe.biases {
+                true => {
+                    let mut gu = bias(&format!("{x}.{gate}.bias"), width)?;
+                    gu.extend(bias(&format!("{x}.{up}.bias"), width)?);
+                    let d = bias(&format!("{x}.{down}.bias"), h)?;
+                    (Some(upload_bias(gu)?), Some(upload_bias(d)?))
+                }
+                false => (None, None),
+            };
+            let (gate_up, down) = gated_mlp(backend, mat, &x, [gate, up, down], h, width)?;
+            Ok(Expert {
+                gate_up,
+                down,
+                gate_up_bias,
+                down_bias,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // Qwen2-MoE's shared expert: a SwiGLU MLP of its own width, and its gate `[1, hidden]`
+    // (f32, as the router).
+    let shared = match moe.shared_width {
+        Some(sw) => {
+            let (gate_up, down) =
+                gated_mlp(backend, mat, &format!("{m}.shared_expert"), QWEN, h, sw)?;
+            Some(SharedExpert {
+                gate_up,
+                down,
+                gate: backend.upload_router(st.load(
+                    &format!("{m}.shared_expert_gate.weight"),
+                    &[1, h],
+                    DType::F32,
+                )?)?,
+                width: sw,
+            })
+        }
+        None => None,
+    };
+    Ok(MoeLayer {
+        router: backend.upload_router(router)?,
+        router_bias,
+        experts,
+        top_k: moe.top_k,
+        width,
+        routing: moe.routing,
+        activation: moe.activation,
+        shared,
+    })
+}
+
+/// gpt-oss's experts, stacked: `gate_up_proj` `[E, hidden, 2 · width]` (`x · W` form) with gate
+/// and up in alternate columns, `down_proj` `[E, width, hidden]`, or both in MXFP4 as the
+/// published checkpoints hold them (`*_blocks` `[E, rows, cols / 32, 16]` and `*_scales`, in
+/// `W · x` form: [`stacked_rows`]); their biases, and the router `mlp.router` with its bias.
+/// Each expert becomes the dense MLP's layout: gate rows then up rows `[2 · width, hidden]`,
+/// down `[hidden, width]` (MXFP4 dequantized exactly, then held in the load's dtype).
+fn load_stacked_experts<B: Backend>(
+    backend: &B,
+    moe: &MoeConfig,
+    h: usize,
+    width: usize,
+    prefix: &str,
+    st: &WeightSource,
+    dtype: DType,
+) -> Result<MoeLayer<B::Weight>> {
+    let n = moe.num_experts;
+    let m = format!("{prefix}.mlp");
+    let f32s = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
+        Ok(st
+            .load(&format!("{m}.{name}"), shape, DType::F32)?
+            .to_f32_vec())
+    };
+    // Both as `[E, rows, cols]` (W · x form): gate_up's rows interleave gate and up.
+    let gate_up = stacked_rows(st, &format!("{m}.experts.gate_up_proj"), n, 2 * width, h)?;
+    let gate_up_bias = f32s("experts.gate_up_proj_bias", &[n, 2 * width])?;
+    let down = stacked_rows(st, &format!("{m}.experts.down_proj"), n, h, width)?;
+    let down_bias = f32s("experts.down_proj_bias", &[n, h])?;
+    let upload = |shape: Vec<usize>, v: Vec<f32>, d: DType| {
+        backend.upload_weight(HostTensor::f32(shape, v).to_dtype(d))
+    };
+    let experts = (0..n)
+        .map(|e| {
+            let w = &gate_up[e * h * 2 * width..(e + 1) * h * 2 * width];
+            // Row j of gate is row 2j, row j of up row 2j + 1.
+            let mut gu = Vec::with_capacity(2 * width * h);
+            for first in [0, 1] {
+                for j in 0..width {
+                    gu.extend_from_slice(&w[(2 * j + first) * h..(2 * j + first + 1) * h]);
+                }
+            }
+            let bias = &gate_up_bias[e * 2 * width..(e + 1) * 2 * width];
+            let gub: Vec<f32> = (0..width)
+                .map(|j| bias[2 * j])
+                .chain((0..width).map(|j| bias[2 * j + 1]))
+                .collect();
+            let dt = down[e * width * h..(e + 1) * width * h].to_vec();
+            Ok(Expert {
+                gate_up: upload(vec![2 * width, h], gu, dtype)?,
+                down: upload(vec![h, width], dt, dtype)?,
+                gate_up_bias: Some(upload(vec![2 * width], gub, DType::F32)?),
+                down_bias: Some(upload(
+                    vec![h],
+                    down_bias[e * h..(e + 1) * h].to_vec(),
+                    DType::F32,
+                )?),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let router = st.load(&format!("{m}.router.weight"), &[n, h], DType::F32)?;
+    Ok(MoeLayer {
+        router: backend.upload_router(router)?,
+        router_bias: Some(backend.upload_weight(st.load(
+            &format!("{m}.router.bias"),
+            &[n],
+            DType::F32,
+        )?)?),
+        experts,
+        top_k: moe.top_k,
+        width,
+        routing: moe.routing,
+        activation: moe.activation,
+        shared: None,
+    })
+}
+
+/// An expert stack `name` of gpt-oss as `[experts, rows, cols]` f32 (each expert's matrix in
+/// `W · x` form): from MXFP4 `{name}_blocks` / `{name}_scales` (already in that form), else
+/// transposed from the dense `{name}` `[experts, cols, rows]`.
+fn stacked_rows(
+    st: &WeightSource,
+    name: &str,
+    experts: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<Vec<f32>> {
+    use lmi_checkpoint::quant::{MXFP4_BLOCK, dequantize_mxfp4};
+    let blocks_name = format!("{name}_blocks");
+    if st.contains(&blocks_name) {
+        if !cols.is_multiple_of(MXFP4_BLOCK) {
+            return Err(EngineError::Backend(format!(
+                "{name}: {cols} columns are not whole MXFP4 blocks of {MXFP4_BLOCK}"
+            )));
+        }
+        let g = cols / MXFP4_BLOCK;
+        let blocks = st.load_u8(&blocks_name, &[experts, rows, g, 16])?;
+        let scales = st.load_u8(&format!("{name}_scales"), &[experts, rows, g])?;
+        let mut out = vec![0f32; experts * rows * cols];
+        dequantize_mxfp4(&blocks, &scales, &mut out);
+        return Ok(out);
+    }
+    let dense = st
+        .load(name, &[experts, cols, rows], DType::F32)?
+        .to_f32_vec();
+    let mut out = vec![0f32; experts * rows * cols];
+    for e in 0..experts {
+        let (src, dst) = (&dense[e * rows * cols..], &mut out[e * rows * cols..]);
+        for c in 0..cols {
+            for r in 0..rows {
+                dst[r * cols + c] = src[c * rows + r];
+            }
+        }
+    }
+    Ok(out)
+}

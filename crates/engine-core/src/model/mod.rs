@@ -1,0 +1,472 @@
+//! The Llama-family transformer (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2, their mixtures of
+//! experts, and Gemma 3's variations on it), written once against [`Backend`].
+
+mod load;
+
+use std::collections::HashMap;
+
+use lmi_checkpoint::config::{Activation, ModelConfig};
+use lmi_checkpoint::dtype::DType;
+
+use crate::backend::{AttnScoring, Backend, LoraGroup, LoraSite, QkNorm, QkvLayout};
+use crate::batch::BatchLayout;
+use crate::error::Result;
+use crate::kv::{KvCacheConfig, KvWindow};
+use crate::lora::{LoraAdapter, Target};
+use crate::moe::MoeLayer;
+
+pub use load::LoadOptions;
+
+pub(crate) struct Layer<B: Backend> {
+    input_norm: B::Weight,
+    /// q, k and v projections fused into one `[q + 2 kv, hidden]` matrix.
+    qkv: B::Weight,
+    qkv_bias: Option<B::Weight>,
+    q_norm: Option<B::Weight>,
+    k_norm: Option<B::Weight>,
+    o_proj: B::Weight,
+    /// gpt-oss: the output projection's bias and each q head's sink logit.
+    o_bias: Option<B::Weight>,
+    sinks: Option<B::Weight>,
+    /// The norm before the MLP (HF's `post_attention_layernorm`, Gemma's
+    /// `pre_feedforward_layernorm`).
+    post_norm: B::Weight,
+    /// Gemma's norms of the attention's and of the MLP's output, before the residual add.
+    attn_out_norm: Option<B::Weight>,
+    mlp_out_norm: Option<B::Weight>,
+    /// A local layer: attention over a sliding window, with the local RoPE.
+    local: bool,
+    mlp: Mlp<B::Weight, B::Experts>,
+}
+
+/// A layer's MLP: one SwiGLU, or a mixture of SwiGLU experts (and what the backend keeps
+/// beside them, `X`: [`Backend::Experts`]).
+pub(crate) enum Mlp<W, X> {
+    Dense {
+        /// gate and up projections fused into one `[2 · intermediate, hidden]` matrix.
+        gate_up: W,
+        down: W,
+    },
+    Moe(MoeLayer<W>, X),
+}
+
+pub struct Model<B: Backend> {
+    pub config: ModelConfig,
+    /// Element type of the matrices in memory (`I8` for any quantized format: then K/V and
+    /// LoRA adapters are bf16).
+    pub dtype: DType,
+    /// The formats of the matrices, e.g. `bf16`, `q4_1`, `q4_k+q6_k`, `int8`.
+    pub weights: String,
+    embed: B::Weight,
+    /// None when the embeddings are tied (the LM head reads `embed`).
+    lm_head: Option<B::Weight>,
+    final_norm: B::Weight,
+    layers: Vec<Layer<B>>,
+    rope: B::Rope,
+    /// The local layers' RoPE (Gemma 3), where they have their own.
+    rope_local: Option<B::Rope>,
+    /// Token embeddings are multiplied by this (Gemma: sqrt(hidden), rounded to f32).
+    embed_scale: Option<f32>,
+    /// A vision-language model's vision tower (on the host).
+    pub vision: Option<crate::vision::VisionTower>,
+    /// The tower on the backend, where it runs there (CUDA); None runs `vision` on the host.
+    pub vision_device: Option<B::Vision>,
+}
+
+impl<W, X> Mlp<W, X> {
+    /// Bytes of the matrices a step of `tokens` tokens reads (`None`: all of them). A mixture
+    /// reads its router, its shared expert and the experts its tokens pick, counted as if each
+    /// picked `top_k` of `E` uniformly at random: `E · (1 - (1 - top_k / E)^tokens)`, `top_k`
+    /// for one token.
+    fn bytes(&self, w: &impl Fn(&W) -> usize, tokens: Option<usize>) -> usize {
+        match self {
+            Mlp::Dense { gate_up, down } => w(gate_up) + w(down),
+            Mlp::Moe(m, _) => {
+                let all: usize = m.experts.iter().map(|x| w(&x.gate_up) + w(&x.down)).sum();
+                let read = match tokens {
+                    None => all,
+                    Some(t) => {
+                        let e = m.experts.len().max(1) as f64;
+                        let hit = e * (1.0 - (1.0 - m.top_k as f64 / e).powi(t as i32));
+                        (all as f64 / e * hit).round() as usize
+                    }
+                };
+                let shared = m
+                    .shared
+                    .as_ref()
+                    .map_or(0, |s| w(&s.gate_up) + w(&s.down) + w(&s.gate));
+                w(&m.router) + shared + read
+            }
+        }
+    }
+}
+
+/// Embeddings that replace some tokens' (media placeholders'): `rows` of the step, `data`
+/// `[rows.len(), hidden]` on the host.
+#[derive(Debug, Default)]
+pub struct InputEmbeds {
+    pub rows: Vec<u32>,
+    pub data: Vec<f32>,
+}
+
+/// The paged K/V pools of every layer.
+pub struct KvCache<B: Backend> {
+    /// The pools of every layer, or of the global layers when the local ones have their own.
+    pub cfg: KvCacheConfig,
+    /// The local (sliding-window) layers' own pools, and which layers those are.
+    pub window: Option<(KvWindow, Vec<bool>)>,
+    layers: Vec<(B::Kv, B::Kv)>,
+}
+
+impl<B: Backend> KvCache<B> {
+    pub fn new(backend: &B, cfg: KvCacheConfig) -> Result<Self> {
+        let layers = backend.alloc_kv_layers(&cfg)?;
+        Ok(KvCache {
+            cfg,
+            window: None,
+            layers,
+        })
+    }
+
+    /// Pools of `cfg.num_blocks` for the global layers and of `window.blocks` for the layers
+    /// `local` marks.
+    pub fn with_window(
+        backend: &B,
+        cfg: KvCacheConfig,
+        window: KvWindow,
+        local: Vec<bool>,
+    ) -> Result<Self> {
+        let count = local.iter().filter(|&&l| l).count();
+        let global = backend.alloc_kv_layers(&KvCacheConfig {
+            num_layers: cfg.num_layers - count,
+            ..cfg
+        })?;
+        let windowed = backend.alloc_kv_layers(&KvCacheConfig {
+            num_layers: count,
+            num_blocks: window.blocks,
+            ..cfg
+        })?;
+        let (mut global, mut windowed) = (global.into_iter(), windowed.into_iter());
+        let layers = local
+            .iter()
+            .map(|&l| if l { windowed.next() } else { global.next() })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| crate::error::EngineError::Backend("KV pools missing".into()))?;
+        Ok(KvCache {
+            cfg,
+            window: Some((window, local)),
+            layers,
+        })
+    }
+
+    /// A cache holding no pools (a placeholder while one is replaced).
+    pub fn empty(cfg: KvCacheConfig) -> Self {
+        KvCache {
+            cfg,
+            window: None,
+            layers: Vec::new(),
+        }
+    }
+
+    /// Bytes of every pool.
+    pub fn bytes(&self) -> usize {
+        let per_block = self.cfg.layer_block_bytes();
+        let local = self.local_layers();
+        (self.cfg.num_blocks * (self.cfg.num_layers - local)
+            + self.window.as_ref().map_or(0, |(w, _)| w.blocks) * local)
+            * per_block
+    }
+
+    /// The global layers' blocks that `budget` bytes hold beside the window pools.
+    pub fn global_blocks_for(&self, budget: usize) -> usize {
+        let window_blocks = self.window.as_ref().map_or(0, |(w, _)| w.blocks);
+        self.cfg
+            .global_blocks(budget, window_blocks, self.local_layers())
+    }
+
+    /// How many layers keep their K/V in the window pools.
+    fn local_layers(&self) -> usize {
+        self.window
+            .as_ref()
+            .map_or(0, |(_, local)| local.iter().filter(|&&l| l).count())
+    }
+
+    /// Whether layer `i` keeps its K/V in the window pools.
+    fn in_window_pool(&self, i: usize) -> bool {
+        self.window.as_ref().is_some_and(|(_, local)| local[i])
+    }
+
+    /// Copies blocks of the global pools (`window` false) or of the window pools.
+    pub fn copy_blocks(&mut self, backend: &B, pairs: &[(u32, u32)], window: bool) -> Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        if window && self.window.is_none() {
+            return Err(crate::error::EngineError::Batch(
+                "window block copies for a cache without window pools".into(),
+            ));
+        }
+        for i in 0..self.layers.len() {
+            if self.in_window_pool(i) != window {
+                continue;
+            }
+            let (k, v) = &mut self.layers[i];
+            backend.copy_blocks(k, &self.cfg, pairs)?;
+            backend.copy_blocks(v, &self.cfg, pairs)?;
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// Bytes a one-token decode step streams: every layer's matrices and the LM head (the
+    /// embedding table itself when tied; an untied input table is only gathered from). Of a
+    /// mixture of experts, the router and `top_k` experts (a token reads no others).
+    pub fn weight_bytes(&self, backend: &B) -> usize {
+        self.step_weight_bytes(backend, 1)
+    }
+
+    /// Bytes a decode step of `tokens` tokens streams: [`Self::weight_bytes`], with the experts
+    /// a mixture reads for that many tokens ([`Mlp::bytes`]).
+    pub fn step_weight_bytes(&self, backend: &B, tokens: usize) -> usize {
+        let w = |x: &B::Weight| backend.weight_bytes(x);
+        let opt = |x: &Option<B::Weight>| x.as_ref().map_or(0, w);
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                w(&l.qkv)
+                    + w(&l.o_proj)
+                    + w(&l.input_norm)
+                    + w(&l.post_norm)
+                    + opt(&l.attn_out_norm)
+                    + opt(&l.mlp_out_norm)
+                    + l.mlp.bytes(&w, Some(tokens))
+            })
+            .sum();
+        layers + w(self.lm_head.as_ref().unwrap_or(&self.embed))
+    }
+
+    /// Bytes of every weight held on the device.
+    pub fn resident_bytes(&self, backend: &B) -> usize {
+        let w = |x: &B::Weight| backend.weight_bytes(x);
+        let opt = |x: &Option<B::Weight>| x.as_ref().map_or(0, w);
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                w(&l.input_norm)
+                    + w(&l.qkv)
+                    + opt(&l.qkv_bias)
+                    + opt(&l.q_norm)
+                    + opt(&l.k_norm)
+                    + w(&l.o_proj)
+                    + w(&l.post_norm)
+                    + opt(&l.attn_out_norm)
+                    + opt(&l.mlp_out_norm)
+                    + opt(&l.o_bias)
+                    + opt(&l.sinks)
+                    + l.mlp.bytes(&w, None)
+            })
+            .sum();
+        layers + w(&self.embed) + opt(&self.lm_head) + w(&self.final_norm)
+    }
+
+    fn qkv_layout(&self) -> QkvLayout {
+        QkvLayout {
+            q_heads: self.config.num_heads,
+            kv_heads: self.config.num_kv_heads,
+            head_dim: self.config.head_dim,
+        }
+    }
+
+    /// Runs one step over `layout` (uploaded as `step`) and returns the logits of its
+    /// `logits_rows`, row-major `[logits_rows.len(), vocab]`, on the device; None when no
+    /// row is wanted. Issues device work only (no host copies), so a backend may capture it.
+    pub fn forward(
+        &self,
+        backend: &B,
+        layout: &BatchLayout,
+        step: &B::Step,
+        kv: &mut KvCache<B>,
+        adapters: &HashMap<u64, LoraAdapter<B>>,
+        embeds: Option<&InputEmbeds>,
+    ) -> Result<Option<B::Buf>> {
+        let c = &self.config;
+        let n = layout.num_tokens();
+        let hidden = c.hidden_size;
+        let ql = self.qkv_layout();
+        let eps = c.rms_norm_eps as f32;
+        let scale = c.attention_scale();
+        let window = c.sliding_window.as_ref().map(|w| w.size);
+        // The local layers' addressing when they keep pools of their own.
+        let window_step = backend.window_step(step);
+
+        let mut residual = backend.alloc(n * hidden)?;
+        let mut normed = backend.alloc_matmul_input(n * hidden)?;
+        let mut qkv = backend.alloc(n * ql.row_width())?;
+        let mut attn = backend.alloc_matmul_input(n * ql.q_heads * ql.head_dim)?;
+        let mut proj = backend.alloc(n * hidden)?;
+        // Gemma's output norms write here, then trade places with `proj`.
+        let sandwich = self.layers.iter().any(|l| l.attn_out_norm.is_some());
+        let mut post = backend.alloc(if sandwich { n * hidden } else { 1 })?;
+        // Dense MLPs' scratch (a mixture of experts keeps its own, `Backend::moe`).
+        let dense = self
+            .layers
+            .iter()
+            .any(|l| matches!(l.mlp, Mlp::Dense { .. }));
+        let dense_width = if dense { c.intermediate_size } else { 1 };
+        let mut gate_up = backend.alloc(n * 2 * dense_width)?;
+        let mut act = backend.alloc_matmul_input(n * dense_width)?;
+
+        // Adapters used this step, in the order of `layout.adapter_rows` (their groups).
+        let mut active: Vec<&LoraAdapter<B>> = Vec::new();
+        for (id, _) in &layout.adapter_rows {
+            let a = adapters.get(id).ok_or_else(|| {
+                crate::error::EngineError::Batch(format!("LoRA adapter {id} is not loaded"))
+            })?;
+            active.push(a);
+        }
+        let h = hidden;
+        let (qs, kvs, inter) = (c.q_size(), c.kv_size(), c.intermediate_size);
+        let lora = |i: usize,
+                    t: Target,
+                    x: &B::Buf,
+                    xw: usize,
+                    out: &mut B::Buf,
+                    ow: usize,
+                    off: usize|
+         -> Result<()> {
+            if active.is_empty() {
+                return Ok(());
+            }
+            // Called for every projection, even one no adapter of this step changes: the
+            // CUDA backend's launches then depend on the registered adapters, not on the step.
+            let groups: Vec<LoraGroup<'_, B>> = active
+                .iter()
+                .enumerate()
+                .filter_map(|(g, a)| {
+                    a.get(i, t).map(|p| LoraGroup {
+                        group: g,
+                        a: &p.a,
+                        b: &p.b,
+                    })
+                })
+                .collect();
+            let site = LoraSite {
+                layer: i,
+                target: t,
+            };
+            backend.lora(x, xw, step, site, &groups, out, ow, off)
+        };
+
+        backend.embedding(&self.embed, step, &mut residual)?;
+        if let Some(s) = self.embed_scale {
+            backend.scale(&mut residual, n * hidden, s)?;
+        }
+        // Media embeddings replace rows as the encoder made them (never scaled).
+        if let Some(e) = embeds.filter(|e| !e.rows.is_empty()) {
+            backend.write_rows(&mut residual, hidden, &e.rows, &e.data)?;
+        }
+        for (i, layer) in self.layers.iter().enumerate() {
+            if i == 0 {
+                backend.rms_norm(&residual, n, &layer.input_norm, eps, &mut normed)?;
+            } else {
+                // The previous layer's MLP output is still in `proj`.
+                backend.add_rms_norm(
+                    &mut residual,
+                    &proj,
+                    n,
+                    &layer.input_norm,
+                    eps,
+                    &mut normed,
+                )?;
+            }
+            backend.linear(&normed, n, &layer.qkv, layer.qkv_bias.as_ref(), &mut qkv)?;
+            let w = ql.row_width();
+            lora(i, Target::Q, &normed, h, &mut qkv, w, 0)?;
+            lora(i, Target::K, &normed, h, &mut qkv, w, qs)?;
+            lora(i, Target::V, &normed, h, &mut qkv, w, qs + kvs)?;
+            let qk_norm = match (&layer.q_norm, &layer.k_norm) {
+                (Some(q), Some(k)) => Some(QkNorm { q, k, eps }),
+                _ => None,
+            };
+            // A local layer with pools of its own runs on its own block tables.
+            let attn_step = match &window_step {
+                Some(w) if kv.in_window_pool(i) => w,
+                _ => step,
+            };
+            let (k_cache, v_cache) = &mut kv.layers[i];
+            let rope = match (&self.rope_local, layer.local) {
+                (Some(r), true) => r,
+                _ => &self.rope,
+            };
+            backend.qk_norm_rope_write_kv(
+                &mut qkv, n, attn_step, ql, qk_norm, rope, k_cache, v_cache,
+            )?;
+            let scoring = AttnScoring {
+                scale,
+                window: window.filter(|_| layer.local),
+                sinks: layer.sinks.as_ref(),
+            };
+            backend.attention(&qkv, attn_step, ql, k_cache, v_cache, scoring, &mut attn)?;
+            backend.linear(&attn, n, &layer.o_proj, layer.o_bias.as_ref(), &mut proj)?;
+            lora(i, Target::O, &attn, qs, &mut proj, h, 0)?;
+            if let Some(w) = &layer.attn_out_norm {
+                backend.rms_norm(&proj, n, w, eps, &mut post)?;
+                std::mem::swap(&mut proj, &mut post);
+            }
+            backend.add_rms_norm(&mut residual, &proj, n, &layer.post_norm, eps, &mut normed)?;
+            match &layer.mlp {
+                Mlp::Dense {
+                    gate_up: w_gate_up,
+                    down,
+                } => {
+                    backend.linear(&normed, n, w_gate_up, None, &mut gate_up)?;
+                    lora(i, Target::Gate, &normed, h, &mut gate_up, 2 * inter, 0)?;
+                    lora(i, Target::Up, &normed, h, &mut gate_up, 2 * inter, inter)?;
+                    let keep_act = !active.is_empty();
+                    match c.activation {
+                        Activation::Silu => backend.silu_mul_linear(
+                            &gate_up, n, inter, down, &mut act, keep_act, &mut proj,
+                        )?,
+                        Activation::GeluTanh => {
+                            backend.gelu_tanh_mul(&gate_up, n, inter, &mut act)?;
+                            backend.linear(&act, n, down, None, &mut proj)?;
+                        }
+                    }
+                    lora(i, Target::Down, &act, inter, &mut proj, h, 0)?;
+                }
+                // Adapters on experts are refused at load (`lora`), so none applies here.
+                Mlp::Moe(moe, index) => backend.moe(&normed, n, h, moe, index, &mut proj)?,
+            }
+            if let Some(w) = &layer.mlp_out_norm {
+                backend.rms_norm(&proj, n, w, eps, &mut post)?;
+                std::mem::swap(&mut proj, &mut post);
+            }
+        }
+        backend.add(&mut residual, &proj, n * hidden)?;
+
+        let rows = layout.logits_rows.len();
+        for b in [normed, qkv, attn, gate_up, act, post] {
+            backend.recycle(b);
+        }
+        if rows == 0 {
+            backend.recycle(residual);
+            backend.recycle(proj);
+            return Ok(None);
+        }
+        // Norm and LM head only for the rows whose logits are wanted.
+        let mut picked = backend.alloc(rows * hidden)?;
+        backend.gather_logit_rows(&residual, step, hidden, &mut picked)?;
+        let mut picked_normed = backend.alloc_matmul_input(rows * hidden)?;
+        backend.rms_norm(&picked, rows, &self.final_norm, eps, &mut picked_normed)?;
+        let mut logits = backend.alloc(rows * c.vocab_size)?;
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        backend.linear(&picked_normed, rows, head, None, &mut logits)?;
+        for b in [residual, proj, picked, picked_normed] {
+            backend.recycle(b);
+        }
+        Ok(Some(logits))
+    }
+}

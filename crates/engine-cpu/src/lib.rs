@@ -1,0 +1,26 @@
+//! The CPU backend ([`CpuBackend`], the engine core's `Backend` on the host): f32
+//! activations and accumulation; f32, bf16 (AMX tiles where the CPU has them) or quantized
+//! weights (ggml's blocks as stored, through the lane or int8 kernels); SIMD kernels with a
+//! fixed reduction order (batch invariant, see `simd.rs`), threads through rayon; and the
+//! host vision tower (`vision.rs`).
+
+mod amx;
+mod attention;
+mod backend;
+mod kv_pool;
+mod linear;
+mod lora;
+mod moe;
+mod ops;
+mod qact;
+pub mod qlanes;
+pub mod qlinear;
+mod qpack;
+pub mod simd;
+pub mod vision;
+mod weight_arena;
+
+pub use amx::available as amx_available;
+pub use backend::{CpuBackend, CpuKv, CpuRope, CpuWeight};
+pub use kv_pool::KvPool;
+pub use linear::linear;
