@@ -12,11 +12,8 @@ pub enum CheckpointError {
     },
     #[error("invalid model config {path}: {msg}")]
     Config { path: PathBuf, msg: String },
-    #[error(
-        "unsupported architecture {0:?}: supported are {list}",
-        list = crate::config::supported_architectures()
-    )]
-    UnknownArchitecture(String),
+    #[error("unsupported architecture {name:?}: supported are {supported}")]
+    UnknownArchitecture { name: String, supported: String },
     #[error("missing tensor {name:?} in {dir}")]
     MissingTensor { name: String, dir: PathBuf },
     #[error("tensor {name:?} has shape {got:?}, expected {expected:?}")]

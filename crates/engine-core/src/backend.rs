@@ -14,8 +14,8 @@ use lmi_checkpoint::weights::HostTensor;
 use crate::batch::BatchLayout;
 use crate::error::Result;
 use crate::kv::KvCacheConfig;
-use crate::lora::Target;
 use crate::step::{LogitsOutput, LogitsWork};
+use lmi_checkpoint::peft::Target;
 
 /// Where each head lives inside a fused `[rows, (q_heads + 2 * kv_heads) * head_dim]` QKV row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

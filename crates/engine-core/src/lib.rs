@@ -18,7 +18,6 @@ pub mod moe;
 pub mod sampling;
 pub mod step;
 pub mod vision;
-pub mod warmup;
 
 pub use backend::Backend;
 pub use batch::{BatchLayout, ChunkMedia, LogitsWanted, NO_BLOCK, SeqChunk};

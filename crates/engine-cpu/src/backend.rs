@@ -7,7 +7,7 @@ use lmi_engine_core::backend::{AttnScoring, Backend, Feature, LoraGroup, LoraSit
 use lmi_engine_core::batch::BatchLayout;
 use lmi_engine_core::error::{EngineError, Result};
 use lmi_engine_core::kv::{BLOCK_SIZE, KvCacheConfig};
-use lmi_engine_core::sampling::process_logits_host;
+use lmi_engine_core::step::process_logits_host;
 use lmi_engine_core::step::{LogitsOutput, LogitsWork};
 
 use crate::attention::{self, Scoring};

@@ -265,11 +265,7 @@ pub fn process<D: Device>(
     }
     if vocab == 0 {
         // Nothing to read on the device: the CPU's answers for an empty row.
-        return Ok(lmi_engine_core::sampling::process_logits_host(
-            &mut [],
-            0,
-            work,
-        ));
+        return Ok(lmi_engine_core::step::process_logits_host(&mut [], 0, work));
     }
     check_shape(&logits, rows, vocab, work)?;
     let sampler = &b.sampler;

@@ -19,9 +19,9 @@ use lmi_cuda_emu::ThreadOrder;
 use lmi_engine::backend::AttnScoring;
 use lmi_engine::cpu::CpuBackend;
 use lmi_engine::cuda::CudaBackend;
+use lmi_engine::engine::StepShape;
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::sampling::{SamplingParams, SequenceContext};
-use lmi_engine::warmup::StepShape;
 use lmi_engine::{
     Architecture, Backend, BatchLayout, DType, Engine, KvCacheConfig, LogitsWanted, ModelConfig,
     SampleRequest, SeqChunk, StepBatch,

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use hf_fixture::{BF16_TOL, WindowRing, blocks, chunk, reference, rel_diff};
 use lmi_cuda::Device;
 use lmi_engine::cuda::CudaBackend;
+use lmi_engine::engine::StepShape;
 use lmi_engine::engine::{EngineOptions, StepEngine};
-use lmi_engine::warmup::StepShape;
 use lmi_engine::{DType, Engine, KvWindow, LogitsWanted, SeqChunk};
 
 fn check_gemma3<D: Device>(dev: &Arc<D>) {

@@ -9,10 +9,10 @@ mod cuda_common;
 use lmi_cuda::Device;
 use lmi_engine::Backend;
 use lmi_engine::cuda::CudaBackend;
-use lmi_engine::sampling::{
-    SamplingParams, SequenceContext, derive_seed, process_logits_host, sample_seeded, weight,
+use lmi_engine::sampling::{SamplingParams, SequenceContext, derive_seed, sample_seeded, weight};
+use lmi_engine::step::{
+    LogitsOutput, LogitsWork, RowSample, RowScore, TokenMask, process_logits_host,
 };
-use lmi_engine::step::{LogitsOutput, LogitsWork, RowSample, RowScore, TokenMask};
 
 const LOGPROB_TOL: f32 = 1e-4;
 

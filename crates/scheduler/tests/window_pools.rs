@@ -12,7 +12,7 @@ use common::{cfg, prompt, request};
 use lmi_checkpoint::testing::{TinySpec, write_tiny_model};
 use lmi_engine::DType;
 use lmi_engine::engine::EngineOptions;
-use lmi_engine::warmup::StepShape;
+use lmi_engine::engine::StepShape;
 use lmi_scheduler::{
     BeamParams, EarlyStopping, Event, GenerateRequest, NgramLookup, Scheduler, SchedulerConfig,
     SpeculativeConfig,

@@ -67,7 +67,10 @@ impl Architecture {
             .iter()
             .find(|&&(n, _)| n == name)
             .map(|&(_, a)| a)
-            .ok_or_else(|| CheckpointError::UnknownArchitecture(name.to_string()))
+            .ok_or_else(|| CheckpointError::UnknownArchitecture {
+                name: name.to_string(),
+                supported: supported_architectures(),
+            })
     }
 
     pub fn hf_name(self) -> &'static str {

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::quant::QType;
+
 /// A ggml type id as stored in a GGUF tensor info. Kept open (not an enum) so that a file with a
 /// type we cannot dequantize still parses, and the error can name the tensor that uses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -102,5 +104,33 @@ impl GgmlType {
 impl fmt::Display for GgmlType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} (ggml type {})", self.name(), self.0)
+    }
+}
+
+/// The block formats a GGUF stores that the engine keeps as they are ([`QType`]).
+impl QType {
+    pub fn from_ggml(t: GgmlType) -> Option<QType> {
+        Some(match t {
+            GgmlType::Q8_0 => QType::Q8_0,
+            GgmlType::Q4_0 => QType::Q4_0,
+            GgmlType::Q4_1 => QType::Q4_1,
+            GgmlType::Q4_K => QType::Q4_K,
+            GgmlType::Q6_K => QType::Q6_K,
+            GgmlType::MXFP4 => QType::MXFP4,
+            _ => return None,
+        })
+    }
+
+    /// The GGUF type with this layout (none for `I8`, which has a per-row scale).
+    pub fn ggml(self) -> Option<GgmlType> {
+        Some(match self {
+            QType::Q8_0 => GgmlType::Q8_0,
+            QType::Q4_0 => GgmlType::Q4_0,
+            QType::Q4_1 => GgmlType::Q4_1,
+            QType::Q4_K => GgmlType::Q4_K,
+            QType::Q6_K => GgmlType::Q6_K,
+            QType::MXFP4 => GgmlType::MXFP4,
+            QType::I8 => return None,
+        })
     }
 }

@@ -14,8 +14,6 @@ pub use blocks::{dequantize_block, quantize_row};
 pub use mxfp4::{FP4_X2, half_e8m0};
 pub use mxfp4::{MXFP4_BLOCK, dequantize_mxfp4};
 
-use crate::gguf::GgmlType;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[allow(non_camel_case_types)]
 pub enum QType {
@@ -60,31 +58,6 @@ impl QType {
             QType::MXFP4 => 17,
             QType::I8 => 32,
         }
-    }
-
-    pub fn from_ggml(t: GgmlType) -> Option<QType> {
-        Some(match t {
-            GgmlType::Q8_0 => QType::Q8_0,
-            GgmlType::Q4_0 => QType::Q4_0,
-            GgmlType::Q4_1 => QType::Q4_1,
-            GgmlType::Q4_K => QType::Q4_K,
-            GgmlType::Q6_K => QType::Q6_K,
-            GgmlType::MXFP4 => QType::MXFP4,
-            _ => return None,
-        })
-    }
-
-    /// The GGUF type with this layout (none for `I8`, which has a per-row scale).
-    pub fn ggml(self) -> Option<GgmlType> {
-        Some(match self {
-            QType::Q8_0 => GgmlType::Q8_0,
-            QType::Q4_0 => GgmlType::Q4_0,
-            QType::Q4_1 => GgmlType::Q4_1,
-            QType::Q4_K => GgmlType::Q4_K,
-            QType::Q6_K => GgmlType::Q6_K,
-            QType::MXFP4 => GgmlType::MXFP4,
-            QType::I8 => return None,
-        })
     }
 
     pub fn name(self) -> &'static str {

@@ -55,8 +55,7 @@
 /// Also the CPU attention's softmax.
 pub mod fast_exp;
 mod filters;
-mod host;
-mod logprobs;
+pub(crate) mod logprobs;
 mod params;
 pub mod processors;
 mod rng;
@@ -67,7 +66,6 @@ mod tests;
 
 use rayon::prelude::*;
 
-pub use host::process_logits_host;
 pub use logprobs::token_logprob;
 pub use params::{GREEDY_EPS, SamplingParams};
 pub use rng::{derive_seed, splitmix64, uniform};

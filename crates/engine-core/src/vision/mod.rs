@@ -4,11 +4,10 @@
 //!
 //! The backend runs the tower (the CPU on the host weights in f32, the GPU on its upload);
 //! its embeddings replace the placeholder tokens' embeddings in the prefill step that
-//! computes them ([`crate::model::Model::forward`]'s `inputs`).
+//! computes them (`engine/media.rs`, [`crate::model::Model::forward`]'s `inputs`).
 
 pub mod cache;
 pub mod mrope;
-pub mod prefill;
 pub mod tower;
 pub mod window;
 

@@ -103,7 +103,7 @@ pub fn load_windowed(dir: &Path) -> Engine<lmi_engine::cpu::CpuBackend> {
     let opts = EngineOptions {
         dtype: Some(DType::F32),
         kv_blocks: Some(64),
-        max_step: lmi_engine::warmup::StepShape {
+        max_step: lmi_engine::engine::StepShape {
             seqs: 1,
             tokens: 16,
             context: None,

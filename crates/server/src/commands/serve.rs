@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::serve::ListenerExt;
+use lmi_engine::engine::StepShape;
 use lmi_engine::engine::{EngineOptions, StepEngine};
-use lmi_engine::warmup::StepShape;
 use lmi_scheduler::{Handle, SchedulerConfig};
 use lmi_text::tools::ToolCallFormat;
 use lmi_text::{ChatTemplate, Tokenizer};

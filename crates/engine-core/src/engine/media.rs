@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::mrope::{RunAt, chunk_positions};
-use super::{EncoderCache, VisionInput};
 use crate::batch::{BatchLayout, ChunkMedia, SeqChunk};
 use crate::error::{EngineError, Result};
 use crate::model::InputEmbeds;
+use crate::vision::mrope::{RunAt, chunk_positions};
+use crate::vision::{EncoderCache, VisionInput};
 
 /// What the encoder did in one step (metrics).
 #[derive(Debug, Default, Clone, Copy)]

@@ -17,8 +17,12 @@ use crate::model::InputEmbeds;
 use crate::model::{KvCache, LoadOptions, Model};
 use crate::step::{LogitsWork, StepBatch, StepOutput};
 use crate::vision::EncoderCache;
-use crate::vision::prefill::{self, EncoderStats};
-use crate::warmup::{self, StepShape};
+
+mod media;
+pub mod warmup;
+
+pub use media::EncoderStats;
+pub use warmup::StepShape;
 
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
@@ -37,7 +41,7 @@ pub struct EngineOptions {
     pub gguf: Option<std::path::PathBuf>,
     /// The largest step the scheduler will run: with `memory_fraction` on a GPU, the engine
     /// runs one at load to measure what it takes besides the KV cache, and captures the
-    /// decode graphs up to it ([`crate::warmup`]).
+    /// decode graphs up to it ([`warmup`]).
     pub max_step: StepShape,
     /// Run a vision-language model's vision tower on the host even where the backend could
     /// run it (a GPU): saves its device memory; tests compare the backends' language models
@@ -284,7 +288,7 @@ impl<B: Backend> Engine<B> {
     ) -> Result<(BatchLayout, Option<InputEmbeds>)> {
         let mut layout = self.layout(chunks)?;
         if self.model.config.mrope_section.is_some() {
-            prefill::rope_positions(chunks, media, rope_deltas, &mut layout)?;
+            media::rope_positions(chunks, media, rope_deltas, &mut layout)?;
         }
         let embeds = if media.is_empty() {
             None
@@ -296,8 +300,8 @@ impl<B: Backend> Engine<B> {
                 })?;
                 backend.encode_vision(model.vision_device.as_ref(), tower, input)
             };
-            let encode: Option<prefill::Encode<'_>> = model.vision.is_some().then_some(&encode);
-            Some(prefill::media_embeds(
+            let encode: Option<media::Encode<'_>> = model.vision.is_some().then_some(&encode);
+            Some(media::media_embeds(
                 encode,
                 &mut self.encoder_cache,
                 media,

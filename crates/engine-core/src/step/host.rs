@@ -4,8 +4,8 @@
 
 use rayon::prelude::*;
 
-use super::{logprobs, sample_masked};
-use crate::step::{LogitsOutput, LogitsWork, TokenLogprob};
+use super::{LogitsOutput, LogitsWork, TokenLogprob};
+use crate::sampling::{logprobs, sample_masked};
 
 /// Runs `work` over `logits` (row-major, `vocab` wide). Rows are modified in place by the
 /// draws (processors write into them); scores read them before that.

@@ -15,6 +15,10 @@ use crate::batch::{BatchLayout, ChunkMedia, LogitsWanted, SeqChunk};
 use crate::error::{EngineError, Result};
 use crate::sampling::{Sampled, SamplingParams, SequenceContext};
 
+mod host;
+
+pub use host::process_logits_host;
+
 /// One draw from a sequence's next-token distribution.
 #[derive(Debug, Clone, Copy)]
 pub struct SampleRequest<'a> {

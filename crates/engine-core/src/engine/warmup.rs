@@ -7,9 +7,9 @@
 
 use std::time::Instant;
 
+use super::{Engine, StepEngine};
 use crate::backend::{Backend, GraphKey};
 use crate::batch::{LogitsWanted, SeqChunk};
-use crate::engine::{Engine, StepEngine};
 use crate::error::{EngineError, Result};
 use crate::kv::BLOCK_SIZE;
 use crate::sampling::SamplingParams;
