@@ -49,7 +49,7 @@
 // ROWS: query rows per pass; DP: score lanes per key, each summing D / DP dims;
 // RPART: P·V row parts (the other ATT_WARPS / RPART warps split the chunk's keys);
 // PREFETCH: load chunk c + 1 into registers while chunk c is computed.
-// crates/engine/src/cuda/attention.rs mirrors SHARED_BYTES.
+// crates/engine-cuda/src/attention.rs mirrors SHARED_BYTES.
 template <int D_, int ROWS_, int DP_, int RPART_, bool PREFETCH_>
 struct AttnShape {
     static constexpr int D = D_, ROWS = ROWS_, DP = DP_, RPART = RPART_;

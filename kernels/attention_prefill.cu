@@ -1,6 +1,6 @@
 // Paged causal attention for prefill steps on tensor cores (bf16 wmma, f32 accumulation), for
 // head_dim 64 and 128. attention.cu has the decode kernels, and the 256-wide padded family;
-// crates/engine/src/cuda/attention.rs picks among them.
+// crates/engine-cuda/src/attention.rs picks among them.
 //
 // FlashAttention-2 tiling, with the launch and outputs of attention.cu's kernels:
 // - Grid (tiles, kv_heads, splits), 256 threads (8 warps). A tile is up to 16 query tokens of
@@ -50,7 +50,7 @@ typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_majo
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> ColB;
 
 // One head size's shared memory layout (byte offsets, each a multiple of 128).
-// crates/engine/src/cuda/attention.rs mirrors SHARED_BYTES.
+// crates/engine-cuda/src/attention.rs mirrors SHARED_BYTES.
 template <int D_>
 struct PrefillShape {
     static constexpr int D = D_;
@@ -84,7 +84,7 @@ struct PrefillShape {
 typedef PrefillShape<64> PrefillHd64;
 typedef PrefillShape<128> PrefillHd128;
 static_assert(PrefillHd64::SHARED_BYTES == 48000 && PrefillHd128::SHARED_BYTES == 72576,
-              "crates/engine/src/cuda/attention.rs's figures");
+              "crates/engine-cuda/src/attention.rs's figures");
 
 // This thread's share of keys [k0, k0 + PF_CHUNK) of one KV head into registers; keys at or
 // past `end` are zeros, so stale pool contents (NaN included) never reach the products.

@@ -2,7 +2,7 @@
 // attention_prefill.cu), which must agree on the rule for every tile.
 //
 // The host launches gridDim.z splits, an upper bound chosen from the step's shape alone (a
-// CUDA graph's key bounds the contexts: crates/engine/src/cuda/attention.rs). Each tile then
+// CUDA graph's key bounds the contexts: crates/engine-cuda/src/attention.rs). Each tile then
 // uses only as many of them as its own keys are worth, one per ATT_MIN_SPLIT_KEYS keys that
 // its furthest token sees (at least one, at most gridDim.z), read from device memory at run
 // time, so a replayed graph adapts to every step's contexts:
@@ -13,7 +13,7 @@
 //   finish (over its KV heads and splits, counted in tile_counters) merges exactly those, in
 //   split order (att_merge_if_last): no merge launch, and the same bits whichever block
 //   finishes last.
-// crates/engine/src/cuda/attention.rs mirrors ATT_MIN_SPLIT_KEYS (MIN_SPLIT_KEYS) and the
+// crates/engine-cuda/src/attention.rs mirrors ATT_MIN_SPLIT_KEYS (MIN_SPLIT_KEYS) and the
 // rule (tile_splits).
 #pragma once
 
@@ -36,7 +36,7 @@ __device__ __forceinline__ unsigned att_tile_splits(unsigned keys, unsigned boun
 }
 
 // Called by every block of a tile that wrote partials (the tile has `splits` > 1), after its
-// last write. The tile's counter (zeroed by the step upload, crates/engine/src/cuda/step.rs)
+// last write. The tile's counter (zeroed by the step upload, crates/engine-cuda/src/step.rs)
 // counts its finished blocks; the one that brings it to gridDim.y * splits merges the tile's
 // rows for all q heads, then zeroes the counter for the next launch (the next layer, or a
 // graph replay). Each writer fences its partials before the count (the classic last-block

@@ -12,7 +12,7 @@
 // Launch shapes depend on the entry count, the rank bound (the largest rank the table has held,
 // a power of two) and the widths only, never on which adapters a step holds: that is what
 // lets a decode step with adapters replay from a CUDA graph. The host mirrors these constants
-// in crates/engine/src/cuda/lora.rs.
+// in crates/engine-cuda/src/lora.rs.
 #include "common.cuh"
 
 #define LORA_NO_SLOT 0xffffffffu

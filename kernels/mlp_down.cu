@@ -28,7 +28,7 @@
 #define MD_CHUNK 2048
 
 // rows <= MD_MAX_ROWS, k a multiple of 8 (16-byte weight loads), w's rows 16-byte aligned;
-// the host checks all three (cuda/backend.rs). gate_up rows hold [gate | up], 2k wide.
+// the host checks all three (engine-cuda/src/backend.rs). gate_up rows hold [gate | up], 2k wide.
 extern "C" __global__ void __launch_bounds__(MD_THREADS) silu_mul_down_bf16(
     float* __restrict__ out, bf16* __restrict__ act_out, const float* __restrict__ gate_up,
     const bf16* __restrict__ w, unsigned rows, unsigned n, unsigned k) {

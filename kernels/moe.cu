@@ -1,6 +1,6 @@
 // Mixture-of-experts MLPs (Qwen3-MoE, Mixtral, gpt-oss) for every row of a step in six
 // launches per layer, whatever the batch and whichever experts it wakes; never one per expert
-// (cuda/moe.rs launches them, in this order):
+// (engine-cuda/src/moe.rs launches them, in this order):
 //   moe_router_*   logits[r, e] = x[r] · router[e] (+ bias[e]): f32 router, f32 sums
 //   moe_route      each row's top_k experts and weights (crate::moe::route's rules), written
 //                  in ascending expert order, the order of the final sum

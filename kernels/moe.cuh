@@ -20,7 +20,7 @@
 #define MOE_SILU 0
 #define MOE_CLAMPED_SWIGLU 1
 
-// One expert as the host's table holds it (cuda/moe.rs writes four addresses per expert).
+// One expert as the host's table holds it (engine-cuda/src/moe.rs writes four addresses per expert).
 struct MoeExpert {
     const bf16* gate_up;         // [2 · width, hidden]: gate rows, then up rows
     const bf16* down;            // [hidden, width]

@@ -1,5 +1,5 @@
 // moe.cu's two grouped products on tensor cores (bf16 in, f32 accumulation), for layers whose
-// hidden size and expert width are multiples of 16: cuda/moe.rs decides per layer at load, so
+// hidden size and expert width are multiples of 16: engine-cuda/src/moe.rs decides per layer at load, so
 // every step of a model runs the same kernels whatever its rows. The routing, the sort (with
 // tiles of MOE_WTILE rows) and the final sum are moe.cu's.
 //

@@ -6,7 +6,7 @@
 // 2 column) of the token's three positions mpos[3t .. 3t + 3] instead of positions[t].
 //
 // Angles without f64: each frequency comes as its turns per position in 0.64 fixed point,
-// `step = round(frac(inv_freq / 2π) · 2^64)` (host: cuda/rope.rs). A position's phase is then
+// `step = round(frac(inv_freq / 2π) · 2^64)` (host: engine-cuda/src/rope.rs). A position's phase is then
 // `pos · step mod 2^64`, one wrapping integer product: exact whatever the position (the
 // fractional turn is all that matters), so a long position loses nothing, unlike an f32
 // product `pos · inv_freq` (an f32 angle near 131,072 rad is only known to 0.004 rad). The phase is

@@ -1,6 +1,6 @@
 // Loops over a matrix of rows without a division or modulo per element: rows in blockIdx.y,
 // columns in blockIdx.x · blockDim.x + threadIdx.x, both grid-stride (any grid covers every
-// element; the host picks one, `rows_cols` in cuda/backend.rs). The row index is 64-bit and
+// element; the host picks one, `rows_cols` in engine-cuda/src/backend.rs). The row index is 64-bit and
 // offsets are formed once per row; the column index is 32-bit, which the host guarantees fits:
 // width + gridDim.x · blockDim.x < 2^32.
 #pragma once

@@ -1,6 +1,6 @@
-// Token sampling on the device with the CPU sampler's semantics (crates/engine/src/sampling):
+// Token sampling on the device with the CPU sampler's semantics (crates/engine-core/src/sampling):
 // draws and prompt-token scores of one step, one block per job. The design, and what is exact
-// and what is not, is described in crates/engine/src/cuda/sampler.rs.
+// and what is not, is described in crates/engine-cuda/src/sampler.rs.
 //
 // Nothing sorts the vocabulary. Candidates are ordered by an order-preserving 64-bit rank key
 // (logit descending, then id ascending); every "where does the cumulative count or mass cross
@@ -26,7 +26,7 @@
 // Dynamic shared memory: a level's histograms (16 × 512 × (8 + 4) bytes), or the survivors.
 #define SMP_DYN_BYTES (SMP_DIGITS * SMP_THREADS * 12)
 
-// Job flags (crates/engine/src/cuda/sampler.rs writes them).
+// Job flags (crates/engine-cuda/src/sampler.rs writes them).
 #define JOB_GREEDY 1u
 #define JOB_SCORE 2u
 #define JOB_COPY 4u
@@ -80,7 +80,7 @@ struct Job {
     double u;
     unsigned mask_slot, pad;
 };
-static_assert(sizeof(Job) == 72, "JOB_BYTES in crates/engine/src/cuda/sampler.rs");
+static_assert(sizeof(Job) == 72, "JOB_BYTES in crates/engine-cuda/src/sampler.rs");
 
 struct Shared {
     unsigned long long bnd[SMP_DIGITS];  // lower bound of each digit of a search level

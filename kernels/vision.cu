@@ -1,4 +1,4 @@
-// A vision tower's own kernels (Qwen2-VL, Qwen2.5-VL; host code in cuda/vision.rs): LayerNorm
+// A vision tower's own kernels (Qwen2-VL, Qwen2.5-VL; host code in engine-cuda/src/vision.rs): LayerNorm
 // with a bias, QuickGELU and erf GELU, and non-causal attention inside segments of patches
 // (a frame, or a window). Matrix products, RMSNorm, SwiGLU, residual adds and the 2D rotary
 // embedding reuse the language model's kernels.

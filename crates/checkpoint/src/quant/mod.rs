@@ -3,7 +3,7 @@
 //! per-channel int8 the engine makes from a bf16/f32 checkpoint (`--dtype int8`).
 //!
 //! The block layouts are ggml's (`ggml-common.h`), byte for byte, so a GGUF tensor is used as
-//! it is in the file. The CPU products are in `cpu/qlinear.rs`; backends without kernels for
+//! it is in the file. The CPU products are in `lmi-engine-cpu` (`qlanes/`, `qlinear.rs`); backends without kernels for
 //! these formats dequantize at upload (`HostTensor::to_dtype`).
 
 mod blocks;
