@@ -7,7 +7,7 @@
 //! reader, so calls are parsed from the answer alone.
 
 use lmi_api::openai::{ChatMessage, FunctionCall, MessageContent, Role, ToolCall, ToolSpec};
-use lmi_api::reply::ReplyPart;
+use lmi_api::reply::{ReplyPart, StopKind};
 use lmi_api::{FinishReason, GenerationSpec, SequenceOut, TokenOut};
 use lmi_text::tools::ToolCallFormat;
 
@@ -45,12 +45,22 @@ pub fn read_whole(
     (parts, count)
 }
 
+/// How a reply read whole ended, in the APIs' terms (tool use when it made calls).
+pub fn stop_kind(finish: FinishReason, parts: &[ReplyPart]) -> StopKind {
+    StopKind::of(
+        finish,
+        parts.iter().any(|p| matches!(p, ReplyPart::ToolCall(_))),
+    )
+}
+
 /// A reply read as it streams, token by token.
 pub struct ReplyReader {
     tools: Option<StreamReader>,
     thinking: Option<lmi_text::ReasoningStream>,
     /// Special tokens reach the readers ([`tool_calls::keeps_special_tokens`]).
     keep_special: bool,
+    /// The last finish reason a token carried (EOS until one does).
+    finish: FinishReason,
 }
 
 impl ReplyReader {
@@ -64,7 +74,13 @@ impl ReplyReader {
             tools: tools.map(|t| StreamReader::new(Some(t), format)),
             thinking: reasoning.map(|r| r.stream()),
             keep_special: tool_calls::keeps_special_tokens(format, reasoning, spec),
+            finish: FinishReason::EosToken,
         }
+    }
+
+    /// Why the reply ended, once its last token is read.
+    pub fn finish_reason(&self) -> FinishReason {
+        self.finish
     }
 
     /// The reasoning's tokens so far (tags included; 0 without a reasoning parser).
@@ -74,6 +90,9 @@ impl ReplyReader {
 
     /// What one generated token releases (the rest of the reply too on its last token).
     pub fn token(&mut self, token: &TokenOut, finish: Option<FinishReason>) -> Vec<ReplyPart> {
+        if let Some(r) = finish {
+            self.finish = r;
+        }
         let text = tool_calls::token_text(token, self.keep_special, finish);
         let split = crate::reasoning::split_token(self.thinking.as_mut(), text, finish.is_some());
         let mut parts = Vec::new();

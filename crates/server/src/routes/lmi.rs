@@ -16,7 +16,7 @@ use lmi_api::{ApiError, Invocation, Schema, tgi};
 
 use super::respond::{self, Frame, JSONLINES, SSE};
 use crate::app::AppState;
-use crate::generation::{self, Accumulator, Prompt};
+use crate::generation::{self, Prompt};
 
 /// SageMaker inference components name the adapter in this header; it wins over the body.
 const ADAPTER_HEADER: &str = "x-amzn-sagemaker-adapter-identifier";
@@ -147,21 +147,16 @@ async fn rolling(state: Arc<AppState>, req: LmiRequest, route: &'static str) -> 
             Err(e) => respond::error(&e, schema),
         };
     }
-    let events = match generation::submit(model, &job) {
-        Ok(s) => s,
-        Err(e) => return respond::reject(tracker, &e, schema),
-    };
-    let acc = Accumulator::new(model, &job);
     let spec = job.spec.clone();
     let sse = format == "sse" || tgi_compat;
     let content_type = if sse { SSE } else { JSONLINES };
     let mut index = 0u32;
     respond::stream(
         content_type,
-        events,
-        acc,
+        model,
+        &job,
         tracker,
-        job.spec.max_new_tokens,
+        schema,
         move |f| match f {
             Frame::Start | Frame::End(_) => String::new(),
             Frame::Token(t, acc) => {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use lmi_api::anthropic::{
     self, MessageMeta, MessagesRequest, MessagesStream, MessagesUsage, content_blocks,
@@ -15,9 +15,11 @@ use lmi_api::anthropic::{
 use lmi_api::reply::{ReplyPart, StopKind};
 use lmi_api::{FinishReason, Schema};
 
-use super::respond::{self, Frame, SSE};
+use super::chat_call::{ChatCall, takes_media};
+use super::respond::{self, Frame};
 use crate::app::{AppState, new_request_id};
-use crate::generation::{self, Accumulator};
+use crate::chat_job::ChatJob;
+use crate::generation;
 use crate::reply::{self, ReplyReader};
 
 const ROUTE: &str = "/v1/messages";
@@ -29,17 +31,12 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/v1/messages/count_tokens", post(count_tokens))
 }
 
-/// Whether the served model reads images (its parsers then take image parts).
-pub(crate) fn takes_media(state: &AppState) -> bool {
-    state.model().is_some_and(|m| m.vision.is_some())
-}
-
 async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let media = takes_media(&state);
     match lmi_api::parse_json(&body)
         .and_then(|v| anthropic::parse_messages_request_with(&v, false, media))
     {
-        Ok(req) => run(state, req).await,
+        Ok(req) => run(&state, req).await.into_response(),
         Err(e) => respond::error(&e, SCHEMA),
     }
 }
@@ -72,30 +69,16 @@ fn matched_stop<'a>(stops: &'a [String], text: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-async fn run(state: Arc<AppState>, mut req: MessagesRequest) -> Response {
-    let tracker = state.metrics.track(ROUTE);
-    let model = match generation::loaded(&state) {
-        Ok(m) => m,
-        Err(e) => return respond::reject(tracker, &e, SCHEMA),
-    };
-    if !req.unknown_fields.is_empty() {
-        tracing::info!(unknown = ?req.unknown_fields, "ignoring unknown fields");
-    }
+async fn run(state: &Arc<AppState>, mut req: MessagesRequest) -> Result<Response, Response> {
+    let call = ChatCall::start(state, ROUTE, SCHEMA, &req.unknown_fields)?;
+    let model = call.model;
     // Anthropic names the stop sequence that matched: keep it in the output to see which, and
     // cut it here (a stream holds each token's text back until it cannot start a stop
     // sequence, so the cut is only ever at the end).
     let stops = req.stop_sequences.clone();
     req.chat.spec.include_stop_str_in_output = !stops.is_empty();
-    if let Err(e) =
-        crate::media::inline_remote_chat(model.vision.as_ref(), &mut req.chat.messages).await
-    {
-        return respond::reject(tracker, &e, SCHEMA);
-    }
-    let prepared = match crate::chat_job::prepare(&state, model, &req.chat) {
-        Ok(p) => p,
-        Err(e) => return respond::reject(tracker, &e, SCHEMA),
-    };
-    let (job, tools) = (prepared.job, prepared.tools);
+    let call = call.fetch_media(&mut req.chat.messages).await?;
+    let (call, ChatJob { job, tools }) = call.prepare(&req.chat)?;
     let meta = MessageMeta {
         id: format!("msg_{}", new_request_id().replace('-', "")),
         model: req
@@ -105,69 +88,50 @@ async fn run(state: Arc<AppState>, mut req: MessagesRequest) -> Response {
             .unwrap_or_else(|| state.model_name.clone()),
     };
     if job.spec.stream {
-        let events = match generation::submit(model, &job) {
-            Ok(s) => s,
-            Err(e) => return respond::reject(tracker, &e, SCHEMA),
-        };
-        let acc = Accumulator::new(model, &job);
         let mut reader =
             ReplyReader::new(tools.as_ref(), model.tool_format, job.reasoning, &job.spec);
         let mut stream = MessagesStream::new(meta);
-        let mut finish = FinishReason::EosToken;
         let mut text = String::new();
         let prompt_tokens = job.prompt_ids.len();
-        return respond::stream(
-            SSE,
-            events,
-            acc,
-            tracker,
-            job.spec.max_new_tokens,
-            move |f| match f {
-                Frame::Start => stream.start(MessagesUsage {
-                    input_tokens: prompt_tokens,
-                    cached_tokens: 0,
-                    output_tokens: 0,
-                }),
-                Frame::Token(t, _) => {
-                    if let Some(r) = t.finish {
-                        finish = r;
-                    }
-                    let mut out = String::new();
-                    let mut parts = reader.token(&t.token, t.finish);
-                    if t.finish == Some(FinishReason::StopSequence) {
-                        // Cut the stop sequence from the reply's last text.
-                        for p in &parts {
-                            if let ReplyPart::Text(s) = p {
-                                text.push_str(s);
-                            }
-                        }
-                        cut_stop(&mut parts, matched_stop(&stops, &text));
-                    }
+        return Ok(call.stream(&job, move |f| match f {
+            Frame::Start => stream.start(MessagesUsage {
+                input_tokens: prompt_tokens,
+                cached_tokens: 0,
+                output_tokens: 0,
+            }),
+            Frame::Token(t, _) => {
+                let mut out = String::new();
+                let mut parts = reader.token(&t.token, t.finish);
+                if t.finish == Some(FinishReason::StopSequence) {
+                    // Cut the stop sequence from the reply's last text.
                     for p in &parts {
-                        if let ReplyPart::Text(s) = p
-                            && t.finish != Some(FinishReason::StopSequence)
-                        {
+                        if let ReplyPart::Text(s) = p {
                             text.push_str(s);
                         }
-                        out.push_str(&stream.part(p));
                     }
-                    out
+                    cut_stop(&mut parts, matched_stop(&stops, &text));
                 }
-                Frame::End(acc) => {
-                    let stop = StopKind::of(finish, stream.called());
-                    let seq = (stop == StopKind::StopSequence)
-                        .then(|| matched_stop(&stops, &text))
-                        .flatten();
-                    stream.finish(stop, seq, acc.generated_tokens())
+                for p in &parts {
+                    if let ReplyPart::Text(s) = p
+                        && t.finish != Some(FinishReason::StopSequence)
+                    {
+                        text.push_str(s);
+                    }
+                    out.push_str(&stream.part(p));
                 }
-                Frame::Error(e) => e.anthropic_stream_event(),
-            },
-        );
+                out
+            }
+            Frame::End(acc) => {
+                let stop = StopKind::of(reader.finish_reason(), stream.called());
+                let seq = (stop == StopKind::StopSequence)
+                    .then(|| matched_stop(&stops, &text))
+                    .flatten();
+                stream.finish(stop, seq, acc.generated_tokens())
+            }
+            Frame::Error(e) => e.anthropic_stream_event(),
+        }));
     }
-    let mut out = match generation::run(model, &job, tracker).await {
-        Ok(o) => o,
-        Err(e) => return respond::error(&e, SCHEMA),
-    };
+    let mut out = call.run(&job).await?;
     let stop_sequence = (out.best.finish_reason == FinishReason::StopSequence)
         .then(|| matched_stop(&stops, &out.best.text))
         .flatten();
@@ -176,8 +140,7 @@ async fn run(state: Arc<AppState>, mut req: MessagesRequest) -> Response {
         out.best.text.truncate(keep);
     }
     let (parts, _) = reply::read_whole(tools.as_ref(), model.tool_format, job.reasoning, &out.best);
-    let called = parts.iter().any(|p| matches!(p, ReplyPart::ToolCall(_)));
-    let stop = StopKind::of(out.best.finish_reason, called);
+    let stop = reply::stop_kind(out.best.finish_reason, &parts);
     let usage = MessagesUsage {
         input_tokens: out.prompt_tokens,
         cached_tokens: 0,
@@ -190,7 +153,7 @@ async fn run(state: Arc<AppState>, mut req: MessagesRequest) -> Response {
         stop_sequence,
         usage,
     );
-    respond::ok_json(body.to_string())
+    Ok(respond::ok_json(body.to_string()))
 }
 
 /// Cuts `stop` from the end of the text parts released with the last token.

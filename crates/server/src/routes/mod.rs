@@ -9,6 +9,7 @@ use crate::app::AppState;
 
 mod adapters;
 mod chat;
+mod chat_call;
 mod lmi;
 mod messages;
 mod openai;

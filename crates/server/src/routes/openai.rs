@@ -6,16 +6,18 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use lmi_api::openai::{
     self, ChatRequest, CompletionPrompt, CompletionRequest, OpenAiMeta, TokenRun, Usage,
 };
 use lmi_api::{ApiError, FinishReason, GenerationOut, GenerationSpec, Schema, sse};
 
+use super::chat_call::{ChatCall, unix_time};
 use super::respond::{self, Frame, SSE};
 use crate::app::{AppState, new_request_id};
-use crate::generation::{self, Accumulator, Prompt};
+use crate::chat_job::ChatJob;
+use crate::generation::{self, Prompt};
 use crate::tool_calls::ToolStream;
 
 pub fn routes() -> Router<Arc<AppState>> {
@@ -27,10 +29,7 @@ pub fn routes() -> Router<Arc<AppState>> {
 fn meta(state: &AppState, prefix: &str, model: Option<&str>) -> OpenAiMeta {
     OpenAiMeta {
         id: format!("{prefix}-{}", new_request_id()),
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
+        created: unix_time(),
         model: model.unwrap_or(&state.model_name).to_string(),
         system_fingerprint: None,
     }
@@ -57,33 +56,25 @@ async fn completions_route(State(state): State<Arc<AppState>>, body: Bytes) -> R
 /// A chat request (also LMI's `messages` bodies on /invocations).
 pub async fn chat(
     state: Arc<AppState>,
-    mut req: ChatRequest,
+    req: ChatRequest,
     route: &'static str,
     schema: Schema,
 ) -> Response {
-    let tracker = state.metrics.track(route);
-    let model = match generation::loaded(&state) {
-        Ok(m) => m,
-        Err(e) => return respond::reject(tracker, &e, schema),
-    };
-    if let Err(e) = crate::media::inline_remote_chat(model.vision.as_ref(), &mut req.messages).await
-    {
-        return respond::reject(tracker, &e, schema);
-    }
-    if !req.unknown_fields.is_empty() {
-        tracing::info!(unknown = ?req.unknown_fields, "ignoring unknown fields");
-    }
-    let (job, tools) = match crate::chat_job::prepare(&state, model, &req) {
-        Ok(c) => (c.job, c.tools),
-        Err(e) => return respond::reject(tracker, &e, schema),
-    };
-    let meta = meta(&state, "chatcmpl", req.model.as_deref());
+    chat_reply(&state, req, route, schema).await.into_response()
+}
+
+async fn chat_reply(
+    state: &Arc<AppState>,
+    mut req: ChatRequest,
+    route: &'static str,
+    schema: Schema,
+) -> Result<Response, Response> {
+    let call = ChatCall::start(state, route, schema, &req.unknown_fields)?;
+    let model = call.model;
+    let call = call.fetch_media(&mut req.messages).await?;
+    let (call, ChatJob { job, tools }) = call.prepare(&req)?;
+    let meta = meta(state, "chatcmpl", req.model.as_deref());
     if job.spec.stream {
-        let events = match generation::submit(model, &job) {
-            Ok(s) => s,
-            Err(e) => return respond::reject(tracker, &e, schema),
-        };
-        let acc = Accumulator::new(model, &job);
         let spec = job.spec.clone();
         let include_usage = req.include_usage;
         let n = job.request.n;
@@ -99,70 +90,54 @@ pub async fn chat(
                 n,
             )
         });
-        return respond::stream(
-            SSE,
-            events,
-            acc,
-            tracker,
-            job.spec.max_new_tokens,
-            move |f| match f {
-                Frame::Start => (0..n)
-                    .map(|i| sse::data(&openai::format::chat_chunk_role(&meta, i, include_usage)))
-                    .collect(),
-                Frame::Token(t, _) => match reader.as_mut() {
-                    Some(r) => r.token(t.index as usize, &t.token, &t.top, t.finish),
-                    None => sse::data(&openai::format::chat_chunk_token(
-                        &meta,
-                        t.index as usize,
-                        &t.token,
-                        &t.top,
-                        t.finish,
-                        &spec,
-                        include_usage,
-                    )),
-                },
-                Frame::End(acc) => {
-                    let mut out = String::new();
-                    if include_usage {
-                        let (kept, left) = acc.draft_tokens();
-                        let usage = Usage::new(acc.prompt_tokens(), acc.generated_tokens())
-                            .with_predictions(&spec, kept, left)
-                            .with_reasoning(reader.as_ref().and_then(|r| r.reasoning_tokens()));
-                        out.push_str(&sse::data(&openai::format::chat_chunk_usage(&meta, usage)));
-                    }
-                    out.push_str(sse::DONE);
-                    out
-                }
-                Frame::Error(e) => e.openai_stream_events(),
+        return Ok(call.stream(&job, move |f| match f {
+            Frame::Start => (0..n)
+                .map(|i| sse::data(&openai::format::chat_chunk_role(&meta, i, include_usage)))
+                .collect(),
+            Frame::Token(t, _) => match reader.as_mut() {
+                Some(r) => r.token(t.index as usize, &t.token, &t.top, t.finish),
+                None => sse::data(&openai::format::chat_chunk_token(
+                    &meta,
+                    t.index as usize,
+                    &t.token,
+                    &t.top,
+                    t.finish,
+                    &spec,
+                    include_usage,
+                )),
             },
-        );
-    }
-    match generation::run(model, &job, tracker).await {
-        Ok(out) => {
-            if tools.is_none() && job.reasoning.is_none() {
-                return respond::ok_json(openai::format::chat_completion(&meta, &out, &job.spec));
+            Frame::End(acc) => {
+                let mut out = String::new();
+                if include_usage {
+                    let (kept, left) = acc.draft_tokens();
+                    let usage = Usage::new(acc.prompt_tokens(), acc.generated_tokens())
+                        .with_predictions(&spec, kept, left)
+                        .with_reasoning(reader.as_ref().and_then(|r| r.reasoning_tokens()));
+                    out.push_str(&sse::data(&openai::format::chat_chunk_usage(&meta, usage)));
+                }
+                out.push_str(sse::DONE);
+                out
             }
-            let read: Vec<_> = out
-                .sequences()
-                .map(|s| {
-                    crate::reasoning::read_reply(
-                        s,
-                        job.reasoning,
-                        tools.as_ref(),
-                        model.tool_format,
-                    )
-                })
-                .collect();
-            let counted = job
-                .reasoning
-                .map(|_| read.iter().map(|(_, n)| n).sum::<usize>());
-            let turns: Vec<_> = read.into_iter().map(|(t, _)| t).collect();
-            respond::ok_json(openai::format::chat_completion_read(
-                &meta, &out, &job.spec, &turns, counted,
-            ))
-        }
-        Err(e) => respond::error(&e, schema),
+            Frame::Error(e) => e.openai_stream_events(),
+        }));
     }
+    let out = call.run(&job).await?;
+    if tools.is_none() && job.reasoning.is_none() {
+        return Ok(respond::ok_json(openai::format::chat_completion(
+            &meta, &out, &job.spec,
+        )));
+    }
+    let read: Vec<_> = out
+        .sequences()
+        .map(|s| crate::reasoning::read_reply(s, job.reasoning, tools.as_ref(), model.tool_format))
+        .collect();
+    let counted = job
+        .reasoning
+        .map(|_| read.iter().map(|(_, n)| n).sum::<usize>());
+    let turns: Vec<_> = read.into_iter().map(|(t, _)| t).collect();
+    Ok(respond::ok_json(openai::format::chat_completion_read(
+        &meta, &out, &job.spec, &turns, counted,
+    )))
 }
 
 /// A completions request (also LMI's `prompt` bodies on /invocations).
@@ -205,11 +180,6 @@ pub async fn completions(
             );
         }
         let job = &jobs[0];
-        let events = match generation::submit(model, job) {
-            Ok(s) => s,
-            Err(e) => return respond::reject(tracker, &e, schema),
-        };
-        let acc = Accumulator::new(model, job);
         let mut chunks = CompletionChunks {
             meta,
             include_usage: req.include_usage,
@@ -218,14 +188,7 @@ pub async fn completions(
             prompt_only: req.prompt_only,
             offsets: Vec::new(),
         };
-        return respond::stream(
-            SSE,
-            events,
-            acc,
-            tracker,
-            job.spec.max_new_tokens,
-            move |f| chunks.render(f),
-        );
+        return respond::stream(SSE, model, job, tracker, schema, move |f| chunks.render(f));
     }
     // Every prompt runs concurrently, each reported to the metrics as a request.
     let mut first = Some(tracker);

@@ -10,7 +10,8 @@ use futures_util::Stream;
 use lmi_api::{ApiError, Schema};
 use lmi_scheduler::RequestStream;
 
-use crate::generation::{Accumulator, StreamItem, StreamToken, report};
+use crate::app::LoadedModel;
+use crate::generation::{Accumulator, Job, StreamItem, StreamToken, report};
 use crate::metrics::RequestTracker;
 
 pub const JSON: &str = "application/json";
@@ -50,20 +51,26 @@ pub enum Frame<'a> {
     End(&'a Accumulator),
 }
 
-/// A streaming response: scheduler events folded by `acc` and rendered by `render`. Dropping
-/// the body (client gone) drops the request stream, which cancels the request.
+/// Submits `job` and streams its events, folded by an [`Accumulator`] and rendered by
+/// `render`; a refused submission (queue full, bad sampling parameters) is the schema's error.
+/// Dropping the body (client gone) drops the request stream, which cancels the request.
 pub fn stream<F>(
     content_type: &'static str,
-    events: RequestStream,
-    acc: Accumulator,
+    model: &LoadedModel,
+    job: &Job,
     tracker: RequestTracker,
-    max_new_tokens: usize,
+    schema: Schema,
     render: F,
 ) -> Response
 where
     F: FnMut(Frame<'_>) -> String + Send + 'static,
 {
-    let s = drive(events, acc, tracker, max_new_tokens, render);
+    let events = match crate::generation::submit(model, job) {
+        Ok(s) => s,
+        Err(e) => return reject(tracker, &e, schema),
+    };
+    let acc = Accumulator::new(model, job);
+    let s = drive(events, acc, tracker, job.spec.max_new_tokens, render);
     let mut r = Response::new(Body::from_stream(s));
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));

@@ -14,7 +14,7 @@ use lmi_api::{ApiError, FinishReason, Schema};
 
 use super::respond::{self, Frame, SSE};
 use crate::app::{AppState, LoadedModel};
-use crate::generation::{self, Accumulator, Prompt};
+use crate::generation::{self, Prompt};
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -95,32 +95,20 @@ async fn handle(state: Arc<AppState>, body: Bytes, route: TgiRoute) -> Response 
         return respond::reject(tracker, &ApiError::overloaded(), schema);
     };
     if job.spec.stream {
-        let events = match generation::submit(model, &job) {
-            Ok(s) => s,
-            Err(e) => return respond::reject(tracker, &e, schema),
-        };
-        let acc = Accumulator::new(model, &job);
         let spec = job.spec.clone();
         let mut index = 0u32;
-        return respond::stream(
-            SSE,
-            events,
-            acc,
-            tracker,
-            job.spec.max_new_tokens,
-            move |f| {
-                let _hold = &permit;
-                match f {
-                    Frame::Start | Frame::End(_) => String::new(),
-                    Frame::Token(t, acc) => {
-                        index += 1;
-                        let last = t.finish.map(|r: FinishReason| acc.snapshot(r));
-                        tgi::format::stream_event(index, &t.token, &t.top, last.as_ref(), &spec)
-                    }
-                    Frame::Error(e) => e.tgi_stream_event(),
+        return respond::stream(SSE, model, &job, tracker, schema, move |f| {
+            let _hold = &permit;
+            match f {
+                Frame::Start | Frame::End(_) => String::new(),
+                Frame::Token(t, acc) => {
+                    index += 1;
+                    let last = t.finish.map(|r: FinishReason| acc.snapshot(r));
+                    tgi::format::stream_event(index, &t.token, &t.top, last.as_ref(), &spec)
                 }
-            },
-        );
+                Frame::Error(e) => e.tgi_stream_event(),
+            }
+        });
     }
     let result = generation::run(model, &job, tracker).await;
     drop(permit);
