@@ -1,6 +1,5 @@
 //! `lmi`: one binary for serving, batch inference, model conversion and benchmarks.
 
-mod adapters;
 mod app;
 mod chat_job;
 mod commands;

@@ -16,9 +16,8 @@ use lmi_engine::lora::Target;
 use lmi_engine::testing::{PeftSpec, write_peft_adapter};
 
 use super::bench::{LoadArgs, ModelArgs};
+use lmi_scheduler::adapter_registry::{AdapterMetrics, AdapterRegistry, AllowedDirs, Registration};
 use lmi_scheduler::{Event, GenerateRequest, Handle, SchedulerConfig};
-
-use crate::adapters::{AdapterMetrics, AdapterRegistry, AllowedDirs, Registration};
 
 #[derive(clap::Args)]
 pub struct LoraArgs {
