@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The deployment checks of CI (called by .ci/run after the tests, which build target/debug/lmi
-# and fetch the default model): hadolint every Dockerfile, render and validate the Kubernetes
-# overlays, build and run the CPU image with podman, run the cpu Deployment with podman kube
-# play. Installs and checks its tools first (deploy/ci/tools.sh). Prints each step's time.
+# The deployment checks of CI (called by .ci/run after the tests, which build the optimized
+# target/debug/lmi that image.sh packages through deploy/ci/lmi-bin.sh, and fetch the default
+# model): hadolint every Dockerfile, render and validate the Kubernetes overlays, build and run
+# the CPU image with podman, run the cpu Deployment with podman kube play. Installs and checks
+# its tools first (deploy/ci/tools.sh). Prints each step's time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export CONTAINERS_CONF=$PWD/deploy/ci/containers.conf

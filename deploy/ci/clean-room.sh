@@ -4,14 +4,15 @@
 # as the CI machine has Python and pip; no podman, catatonit, curl, binutils or kubectl), this
 # checkout cloned into it, deploy/ci/check.sh run inside as root. Not part of .ci/run; run it
 # (as root, on a host with mmdebstrap) whenever deploy/ci/tools.sh or a step's programs change.
-#   LMI_BIN   the binary for the image (default target/debug/lmi)
+#   LMI_BIN   the binary for the image (default: target/debug/lmi as `cargo test --workspace`
+#             builds it, optimized: deploy/ci/lmi-bin.sh, run on the host; the chroot has no Rust)
 #   LMI_GGUF  the default model's GGUF (default: the test cache's)
 #   KEEP=1    leave the chroot in place (its path is printed)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bin=$(realpath "${LMI_BIN:-target/debug/lmi}")
+bin=$(realpath "$(deploy/ci/lmi-bin.sh)")
 gguf=$(realpath "${LMI_GGUF:-${LMI_MODEL_CACHE:-$HOME/.cache/lmi/models}/SmolLM2-135M-Instruct.Q4_1.gguf}")
-[ -x "$bin" ] || { echo "no binary at $bin: build it first (cargo build -p lmi-server)"; exit 1; }
+[ -x "$bin" ] || { echo "no binary at $bin (LMI_BIN): build it first, e.g. cargo build --release -p lmi-server and LMI_BIN=target/release/lmi"; exit 1; }
 [ -f "$gguf" ] || { echo "no default model GGUF at $gguf: run \`lmi serve\` or the tests once"; exit 1; }
 command -v mmdebstrap >/dev/null || { echo "clean-room.sh needs mmdebstrap on the host"; exit 1; }
 
@@ -51,7 +52,7 @@ cp "$bin" "$root/src/target/debug/lmi"
 cp "$gguf" "$root/models/"
 chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
     PATH=/opt/py/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    LMI_GGUF="/models/$(basename "$gguf")" "${pass_env[@]}" /bin/bash -euo pipefail -c '
+    LMI_BIN=/src/target/debug/lmi LMI_GGUF="/models/$(basename "$gguf")" "${pass_env[@]}" /bin/bash -euo pipefail -c '
         python3 -m venv /opt/py
         cd /src
         deploy/ci/check.sh'

@@ -3,15 +3,16 @@
 # compiler in the image: deploy/docker/build-stage.sh takes deploy/docker/prebuilt/), then runs
 # it as SageMaker would and checks /ping, /invocations and that SIGTERM (podman stop) lets an
 # in-flight request finish.
-#   LMI_BIN   the binary to put in the image (default target/debug/lmi, built by cargo test)
+#   LMI_BIN   the binary to put in the image (default: target/debug/lmi as `cargo test --workspace`
+#             builds it, optimized: deploy/ci/lmi-bin.sh, a no-op after the tests)
 #   LMI_GGUF  the default model's GGUF (default: the test cache's)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 image=${LMI_IMAGE:-localhost/lmi:cpu}
 port=${LMI_CI_PORT:-18481}
-bin=${LMI_BIN:-target/debug/lmi}
+bin=$(deploy/ci/lmi-bin.sh)
 gguf=${LMI_GGUF:-${LMI_MODEL_CACHE:-$HOME/.cache/lmi/models}/SmolLM2-135M-Instruct.Q4_1.gguf}
-[ -x "$bin" ] || { echo "no binary at $bin: build it first (cargo build -p lmi-server)"; exit 1; }
+[ -x "$bin" ] || { echo "no binary at $bin (LMI_BIN): build it first, e.g. cargo build --release -p lmi-server and LMI_BIN=target/release/lmi"; exit 1; }
 [ -f "$gguf" ] || { echo "no default model GGUF at $gguf: run \`lmi serve\` or the tests once"; exit 1; }
 
 prebuilt=deploy/docker/prebuilt

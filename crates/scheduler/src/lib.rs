@@ -1,7 +1,10 @@
 //! The rolling-batch scheduler: one thread owns the engine and the KV manager and runs
 //! continuous batching over a paged KV cache with a prefix cache (see `scheduler.rs`).
 //! Callers submit through a [`Handle`] and read [`Event`]s from a [`RequestStream`].
+//! LoRA adapters are cached in two tiers: the engine's slots (`adapters.rs`, on the scheduler
+//! thread) and host memory ([`adapter_registry`], where adapters are registered by name).
 
+pub mod adapter_registry;
 mod adapters;
 pub mod block_pool;
 pub mod constraint;

@@ -24,7 +24,7 @@ pub struct LoadedModel {
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
     /// Registered LoRA adapters and the host tier of their cache.
-    pub adapters: Arc<crate::adapters::AdapterRegistry>,
+    pub adapters: Arc<lmi_scheduler::adapter_registry::AdapterRegistry>,
     /// Longest prompt + output (the scheduler's max_model_len).
     pub max_model_len: usize,
     /// The directory the model was loaded from.

@@ -1,6 +1,5 @@
 //! `lmi`: one binary for serving, batch inference, model conversion and benchmarks.
 
-mod adapters;
 mod app;
 mod chat_job;
 mod commands;
@@ -62,7 +61,7 @@ enum Command {
     Quantize(commands::quantize::Args),
     /// Benchmarks: `lmi bench engine` measures the engine alone.
     #[command(subcommand)]
-    Bench(commands::bench::BenchCommand),
+    Bench(lmi_bench::BenchCommand),
 }
 
 /// Errors end the process with one line (`error: what: why: ...`) and exit status 1.
@@ -80,7 +79,7 @@ fn main() -> std::process::ExitCode {
         Command::Generate(a) => commands::generate::run(a),
         Command::Convert(a) => commands::convert::run(a),
         Command::Quantize(a) => commands::quantize::run(a),
-        Command::Bench(b) => commands::bench::run(b),
+        Command::Bench(b) => lmi_bench::run(b),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -84,7 +84,7 @@ pub struct ServerMetrics {
     cuda_graphs: IntGaugeVec,
     vllm: VllmGauges,
     /// The LoRA adapter cache (registry and engine tiers).
-    pub adapters: crate::adapters::AdapterMetrics,
+    pub adapters: lmi_scheduler::adapter_registry::AdapterMetrics,
 }
 
 /// TGI's buckets for every `*duration`: 1e-4 · 1.5^k, k = 1..=35 (0.00015 s … ≈146 s).
@@ -312,7 +312,7 @@ impl ServerMetrics {
                 ),
                 &["state"]
             )?),
-            adapters: crate::adapters::AdapterMetrics::register(&registry)?,
+            adapters: lmi_scheduler::adapter_registry::AdapterMetrics::register(&registry)?,
             vllm: VllmGauges::register(&registry)?,
             registry,
         })

@@ -1,11 +1,3 @@
-pub mod bench;
-pub mod bench_http;
-pub mod bench_lora;
-pub mod bench_report;
-pub mod bench_soak;
-pub mod bench_speculative;
-pub mod bench_structured;
-pub mod bench_vision;
 pub mod convert;
 pub mod generate;
 pub mod infer;

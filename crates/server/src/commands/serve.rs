@@ -17,13 +17,13 @@ use lmi_scheduler::{Handle, SchedulerConfig};
 use lmi_text::tools::ToolCallFormat;
 use lmi_text::{ChatTemplate, Tokenizer};
 
-use crate::adapters::{AdapterRegistry, AllowedDirs, Registration};
 use crate::app::{AppState, LoadedModel};
 use crate::config::{EngineMode, ServeArgs, ServingConfig};
 use crate::grammars::{Grammars, GuideSource};
 use crate::metrics::ServerMetrics;
 use crate::null_engine::NullEngine;
 use crate::router::router;
+use lmi_scheduler::adapter_registry::{AdapterRegistry, AllowedDirs, Registration};
 
 /// How long to wait for the scheduler thread to drain after the HTTP server has stopped.
 const SCHEDULER_DRAIN: Duration = Duration::from_secs(30);

@@ -15,8 +15,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
-use crate::adapters::{AdapterRegistry, Registration, RegistryError};
 use crate::app::{AppState, LoadedModel};
+use lmi_scheduler::adapter_registry::{AdapterRegistry, Registration, RegistryError};
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()

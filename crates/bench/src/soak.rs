@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use axum::body::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
 use hyper::client::conn::http1;
 use hyper::{Request, Uri, header};
 use hyper_util::rt::TokioIo;
@@ -315,7 +315,7 @@ async fn soak(a: Arc<SoakArgs>, addr: String) -> anyhow::Result<()> {
     ));
     print!("{text}");
     let timings = timings.lock().map(|t| t.clone()).unwrap_or_default();
-    super::bench_report::write(&soak_report(&a, text, &timings, elapsed), &a.report)?;
+    crate::report::write(&soak_report(&a, text, &timings, elapsed), &a.report)?;
     println!("\nreport: {}", a.report.display());
     let bad_5xx: u64 = tally
         .iter()
@@ -335,11 +335,11 @@ fn soak_report(
     text: String,
     timings: &[(u64, f64, bool)],
     secs: f64,
-) -> super::bench_report::Report {
-    use super::bench_report::Chart;
+) -> crate::report::Report {
+    use crate::report::Chart;
     let ok: Vec<f64> = timings.iter().filter(|t| t.2).map(|t| t.1).collect();
     let ended: Vec<u64> = timings.iter().map(|t| t.0).collect();
-    super::bench_report::Report {
+    crate::report::Report {
         title: format!("lmi bench soak: {} clients, {:.0} s", a.concurrency, secs),
         text,
         charts: vec![
@@ -351,7 +351,7 @@ fn soak_report(
                 title: "Requests finished per second (every outcome)".into(),
                 x_label: "seconds since the start".into(),
                 y_label: "requests/s".into(),
-                points: super::bench_http::tokens_per_second(&ended, secs),
+                points: crate::http::tokens_per_second(&ended, secs),
             },
         ],
     }
@@ -377,8 +377,8 @@ mod tests {
             report: "r.html".into(),
         };
         let timings = [(100_000_000, 12.0, true), (900_000_000, 30.0, false)];
-        let html = super::super::bench_report::html(&soak_report(&a, "x".into(), &timings, 1.0))
-            .expect("report");
+        let html =
+            crate::report::html(&soak_report(&a, "x".into(), &timings, 1.0)).expect("report");
         assert_eq!(html.matches("<svg").count(), 2);
         assert!(html.contains("answered 200 (1)"));
         let mut rng = Rng(7);

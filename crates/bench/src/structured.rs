@@ -12,11 +12,11 @@ use std::time::Instant;
 
 use anyhow::Context;
 use lmi_engine::engine::EngineOptions;
-
-use super::bench::{LoadArgs, ModelArgs};
 use lmi_scheduler::constraint::{Grammar, GrammarSpec, Guide};
 use lmi_scheduler::{Event, GenerateRequest, Handle, SchedulerConfig};
 use serde_json::{Value, json};
+
+use crate::args::{LoadArgs, ModelArgs};
 
 #[derive(clap::Args)]
 pub struct StructuredArgs {
@@ -154,7 +154,7 @@ pub fn run(a: StructuredArgs) -> anyhow::Result<()> {
         .report
         .clone()
         .unwrap_or_else(|| "lmi-bench-structured.html".into());
-    super::bench_report::write_cases(&path, "lmi bench structured", text, "decode tok/s", bars)
+    crate::report::write_cases(&path, "lmi bench structured", text, "decode tok/s", bars)
 }
 
 struct CaseResult {
@@ -238,7 +238,7 @@ fn run_case(
         })
         .collect();
     let (mut tokens, mut failed, mut outputs) = (0, 0, Vec::new());
-    for (n, f, first) in super::bench::join_clients(threads)? {
+    for (n, f, first) in crate::join_clients(threads)? {
         tokens += n;
         failed += f;
         outputs.push(first);

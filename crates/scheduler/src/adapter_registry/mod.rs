@@ -8,9 +8,9 @@
 //! waits in the scheduler's queue until they are in. Up to `option.max_cpu_loras` adapters
 //! keep their weights here, least recently used evicted first (never a pinned one; a
 //! request already holding the weights keeps them alive). The engine tier (`max_loras`
-//! slots) belongs to the scheduler.
+//! slots) is the scheduler's (`adapters.rs`).
 
-pub mod metrics;
+mod metrics;
 mod paths;
 
 use std::collections::BTreeMap;
@@ -20,7 +20,8 @@ use std::time::Instant;
 
 use lmi_checkpoint::config::ModelConfig;
 use lmi_checkpoint::peft::{AdapterInfo, LoraLimits, LoraWeights, inspect};
-use lmi_scheduler::{AdapterId, AdapterRef, AdapterWeights};
+
+use crate::{AdapterId, AdapterRef, AdapterWeights};
 
 pub use metrics::AdapterMetrics;
 pub use paths::AllowedDirs;
@@ -378,6 +379,10 @@ impl AdapterRegistry {
 
     pub fn len(&self) -> usize {
         self.state().entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.state().entries.is_empty()
     }
 
     /// The adapter a request names: None or "" is the base model. A registered adapter whose

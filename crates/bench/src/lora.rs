@@ -14,11 +14,10 @@ use anyhow::Context;
 use lmi_checkpoint::testing::{PeftSpec, write_peft_adapter};
 use lmi_engine::engine::EngineOptions;
 use lmi_engine::lora::Target;
-
-use super::bench::{LoadArgs, ModelArgs};
+use lmi_scheduler::adapter_registry::{AdapterMetrics, AdapterRegistry, AllowedDirs, Registration};
 use lmi_scheduler::{Event, GenerateRequest, Handle, SchedulerConfig};
 
-use crate::adapters::{AdapterMetrics, AdapterRegistry, AllowedDirs, Registration};
+use crate::args::{LoadArgs, ModelArgs};
 
 #[derive(clap::Args)]
 pub struct LoraArgs {
@@ -120,7 +119,7 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         .report
         .clone()
         .unwrap_or_else(|| "lmi-bench-lora.html".into());
-    super::bench_report::write_cases(&path, "lmi bench lora", text, "decode tok/s", bars)
+    crate::report::write_cases(&path, "lmi bench lora", text, "decode tok/s", bars)
 }
 
 struct CaseResult {
@@ -232,7 +231,7 @@ fn run_case(
         })
         .collect();
     let (mut tokens, mut failed) = (0, 0);
-    for (n, f) in super::bench::join_clients(threads)? {
+    for (n, f) in crate::join_clients(threads)? {
         tokens += n;
         failed += f;
     }

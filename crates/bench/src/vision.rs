@@ -430,7 +430,7 @@ fn scheduler(a: &VisionArgs) -> anyhow::Result<()> {
         })
         .collect();
     let mut ttft = Vec::new();
-    for r in super::bench::join_clients(threads)? {
+    for r in crate::join_clients(threads)? {
         ttft.extend(r?);
     }
     let wall = t.elapsed();

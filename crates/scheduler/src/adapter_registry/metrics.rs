@@ -1,9 +1,10 @@
-//! The adapter cache's metrics: host tier (here) and engine tier (the scheduler's, copied in
-//! on each scrape). Names follow the server's `lmi_*` convention.
+//! The adapter cache's metrics: host tier (the registry's) and engine tier (the scheduler's,
+//! copied in on each scrape). Names follow the server's `lmi_*` convention; the server
+//! registers them in its /metrics registry.
 
 use std::time::Duration;
 
-use lmi_scheduler::MetricsSnapshot;
+use crate::MetricsSnapshot;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 /// Cheap to clone: every metric is a shared handle.
@@ -98,7 +99,16 @@ impl AdapterMetrics {
         g(&self.engine_resident, s.lora_engine_resident);
         g(&self.pinned, s.lora_pinned);
         g(&self.waiting_requests, s.lora_waiting_requests);
-        crate::metrics::advance(&self.engine_loads, s.lora_engine_loads);
-        crate::metrics::advance(&self.engine_evictions, s.lora_engine_evictions);
+        advance(&self.engine_loads, s.lora_engine_loads);
+        advance(&self.engine_evictions, s.lora_engine_evictions);
+    }
+}
+
+/// Advances a counter that mirrors a monotonic total kept elsewhere to that total (as the
+/// server's `metrics::advance` does for the scheduler's other totals).
+fn advance(counter: &IntCounter, total: u64) {
+    let cur = counter.get();
+    if total > cur {
+        counter.inc_by(total - cur);
     }
 }

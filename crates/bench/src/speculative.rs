@@ -12,12 +12,12 @@ use std::time::Instant;
 
 use anyhow::Context;
 use lmi_engine::engine::EngineOptions;
-
-use super::bench::ModelArgs;
 use lmi_scheduler::{
     DraftSource, Event, GenerateRequest, Handle, NgramLookup, SchedulerConfig, SpeculativeConfig,
 };
 use lmi_text::{ChatTemplate, Message, Tokenizer};
+
+use crate::args::ModelArgs;
 
 #[derive(clap::Args)]
 pub struct SpeculativeArgs {
@@ -188,7 +188,7 @@ pub fn run(a: &SpeculativeArgs) -> anyhow::Result<()> {
             }
         }
     }
-    super::bench_report::write_cases(
+    crate::report::write_cases(
         &a.report,
         "lmi bench speculative",
         text,
@@ -293,7 +293,7 @@ fn run_case(
         })
         .collect();
     let (mut tok_s, mut failed, mut outputs) = (0.0, 0, Vec::new());
-    for (r, f, o) in super::bench::join_clients(threads)? {
+    for (r, f, o) in crate::join_clients(threads)? {
         tok_s += r;
         failed += f;
         outputs.push(o);
