@@ -29,7 +29,8 @@ pub struct LoadArgs {
 /// The model a benchmark loads, and where (flattened into each benchmark's arguments).
 #[derive(clap::Args)]
 pub struct ModelArgs {
-    /// HF model directory or GGUF file; the default model when absent.
+    /// HF model directory or GGUF file, Hub id org/name[:QUANT] or s3://bucket/prefix/; the
+    /// default model when absent.
     #[arg(long)]
     pub model: Option<String>,
     /// Device: cpu, cuda or cuda:<ordinal>.

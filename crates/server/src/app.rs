@@ -29,6 +29,8 @@ pub struct LoadedModel {
     pub max_model_len: usize,
     /// The directory the model was loaded from.
     pub model_dir: std::path::PathBuf,
+    /// Where the model came from (Hub commit, bytes), for the log and /info.
+    pub origin: lmi_store::Origin,
     /// "cpu", "null", ...
     pub backend: &'static str,
     /// dtype of the weights in memory ("bf16", ...).

@@ -55,6 +55,8 @@ enum Command {
     Infer(commands::infer::Args),
     /// Generate text from a prompt (the default model when --model is not given).
     Generate(commands::generate::Args),
+    /// Fetch a model (Hub id or s3:// prefix) into its cache and print its directory.
+    Fetch(commands::fetch::Args),
     /// Import a GGUF file into an HF model directory (safetensors, config, tokenizer).
     Convert(commands::convert::Args),
     /// Re-quantize a GGUF's weight matrices into one block type (q8_0, q4_0, q4_1, q4_k, q6_k, mxfp4).
@@ -77,6 +79,7 @@ fn main() -> std::process::ExitCode {
         Command::Serve(a) => commands::serve::run(a),
         Command::Infer(a) => commands::infer::run(a),
         Command::Generate(a) => commands::generate::run(a),
+        Command::Fetch(a) => commands::fetch::run(a),
         Command::Convert(a) => commands::convert::run(a),
         Command::Quantize(a) => commands::quantize::run(a),
         Command::Bench(b) => lmi_bench::run(b),

@@ -109,20 +109,27 @@ impl Drop for TempPath {
     }
 }
 
-/// An exclusive lock on `<root>/.lock`, released on drop.
+/// An exclusive lock on a file (`<root>/.lock` for the cache), released on drop.
 pub(crate) struct CacheLock(File);
 
 impl CacheLock {
     pub(crate) fn acquire(root: &Path) -> Result<Self> {
-        std::fs::create_dir_all(root).map_err(|e| StoreError::io(root, e))?;
-        let path = root.join(".lock");
+        Self::at(&root.join(".lock"))
+    }
+
+    /// An exclusive lock on the file `path` (created, with its folder, when missing). flock:
+    /// the same lock Python's `filelock` takes, so huggingface_hub waits for us and we for it.
+    pub(crate) fn at(path: &Path) -> Result<Self> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| StoreError::io(dir, e))?;
+        }
         let file = File::options()
             .create(true)
             .truncate(false)
             .write(true)
-            .open(&path)
-            .map_err(|e| StoreError::io(&path, e))?;
-        file.lock().map_err(|e| StoreError::io(&path, e))?;
+            .open(path)
+            .map_err(|e| StoreError::io(path, e))?;
+        file.lock().map_err(|e| StoreError::io(path, e))?;
         Ok(CacheLock(file))
     }
 }

@@ -11,6 +11,9 @@ pub enum StoreError {
     },
     #[error("model provisioning failed: {0}")]
     Provision(String),
+    /// A model name that cannot be fetched (Hub, S3): the message says what to do.
+    #[error("{0}")]
+    Source(String),
     #[error(transparent)]
     Checkpoint(#[from] lmi_checkpoint::CheckpointError),
 }

@@ -12,7 +12,8 @@ use lmi_text::{IncrementalDetokenizer, Tokenizer};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// HF model directory or GGUF file; the default model when absent.
+    /// HF model directory or GGUF file, Hub id org/name[:QUANT] or s3://bucket/prefix/; the
+    /// default model when absent.
     #[arg(long)]
     model: Option<String>,
     /// Device: cpu, cuda or cuda:<ordinal>.

@@ -47,7 +47,8 @@ pub struct Args {
     /// succeeded.
     #[arg(long, short)]
     output: Option<PathBuf>,
-    /// HF model directory or GGUF file; the default model when absent.
+    /// HF model directory or GGUF file, Hub id org/name[:QUANT] or s3://bucket/prefix/; the
+    /// default model when absent.
     #[arg(long)]
     model: Option<String>,
     /// Device: cpu, cuda or cuda:<ordinal>.

@@ -1,4 +1,5 @@
 pub mod convert;
+pub mod fetch;
 pub mod generate;
 pub mod infer;
 pub mod quantize;

@@ -69,6 +69,12 @@ pub fn model_names(config: &ServingConfig) -> (String, String) {
         .unwrap_or_else(|| match &config.model_id {
             None => lmi_store::DEFAULT_MODEL_NAME.to_string(),
             Some(m) => {
+                // A Hub id: served under the repository's id, as vLLM and TGI do.
+                if let Ok(lmi_store::ModelSource::Hub(r)) =
+                    lmi_store::ModelSource::parse(Some(m), None)
+                {
+                    return r.repo;
+                }
                 let p = Path::new(m.trim_end_matches('/'));
                 let stem = if p
                     .extension()
@@ -224,7 +230,7 @@ async fn shutdown_signal() {
 
 /// Resolves, loads and starts everything the routes need (blocking: run off the runtime).
 pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Result<LoadedModel> {
-    let resolved = lmi_store::resolve(config.model_id.as_deref(), true)?;
+    let resolved = lmi_store::resolve_with(config.model_id.as_deref(), &config.fetch)?;
     let dir = resolved.dir.clone();
     let tokenizer = Tokenizer::from_dir(&dir)
         .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
@@ -314,6 +320,14 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
         trusted: true,
     };
     for (name, path) in found {
+        // A Hub id or s3:// prefix is fetched first; a path is used as it is.
+        let path = match path.to_str() {
+            Some(spec) if !path.exists() => {
+                lmi_store::resolve_adapter(spec, &config.fetch.without_revision())
+                    .with_context(|| format!("LoRA adapter {name:?} ({spec})"))?
+            }
+            _ => path,
+        };
         adapters
             .register(&name, &path, at_start)
             .map_err(|e| anyhow::anyhow!("LoRA adapter {name:?} ({}): {e}", path.display()))?;
@@ -330,7 +344,7 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
     let backend = engine.backend_name();
     let draft = match (&config.speculative_draft_model, config.engine_mode) {
         (Some(name), EngineMode::Model) => {
-            let draft = lmi_store::resolve(Some(name), true)
+            let draft = lmi_store::resolve_with(Some(name), &config.fetch.without_revision())
                 .with_context(|| format!("option.speculative_draft_model {name:?}"))?;
             let ddir = draft.dir.clone();
             tracing::info!(
@@ -409,6 +423,7 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
         adapters,
         max_model_len,
         model_dir: dir,
+        origin: resolved.origin,
         backend,
         dtype,
         max_sequences: config.access.max_sequences_per_request,
@@ -481,5 +496,14 @@ mod tests {
         assert_eq!(name, "tiny-q8");
         let (name, _) = model_names(&config(Some("/x/y"), Some("served")));
         assert_eq!(name, "served");
+        let (name, id) = model_names(&config(Some("Qwen/Qwen3-0.6B-GGUF:Q8_0"), None));
+        assert_eq!(
+            (name.as_str(), id.as_str()),
+            ("Qwen/Qwen3-0.6B-GGUF", "Qwen/Qwen3-0.6B-GGUF:Q8_0")
+        );
+        // (Set after loading: loading an s3:// model id reads its serving.properties from S3.)
+        let mut s3 = config(None, None);
+        s3.model_id = Some("s3://b/models/qwen3/".into());
+        assert_eq!(model_names(&s3).0, "qwen3");
     }
 }

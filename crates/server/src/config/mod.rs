@@ -30,7 +30,9 @@ pub const SAGEMAKER_MODEL_DIR: &str = "/opt/ml/model";
 /// sets any other key.
 #[derive(clap::Args, Debug, Default, Clone)]
 pub struct ServeArgs {
-    /// HF model directory or GGUF file (option.model_id); the default model when absent.
+    /// The model (option.model_id): an HF directory or GGUF file, a Hub id org/name
+    /// (org/name:Q4_K_M for a GGUF repository), or s3://bucket/prefix/; the default model when
+    /// absent.
     #[arg(long)]
     pub model: Option<String>,
     /// Port to listen on (default 8080; SAGEMAKER_BIND_TO_PORT also sets it).
@@ -212,8 +214,12 @@ pub enum DTypeChoice {
 /// The typed configuration of `lmi serve`, plus every raw key with its source.
 #[derive(Debug, Clone)]
 pub struct ServingConfig {
-    /// option.model_id: a directory, GGUF file, or None for the default model.
+    /// option.model_id: a directory, GGUF file, Hub id, `s3://` prefix, or None for the
+    /// default model.
     pub model_id: Option<String>,
+    /// How names are fetched: option.revision, and the Hub's and S3's settings from the
+    /// environment (HF_ENDPOINT, HF_TOKEN, HF_HUB_CACHE, AWS_REGION, …).
+    pub fetch: lmi_store::Fetch,
     /// option.served_model_name, if set (else the model's directory name).
     pub served_model_name: Option<String>,
     pub properties_file: Option<PathBuf>,
@@ -353,6 +359,11 @@ impl ServingConfig {
                 bail!("--properties {}: no such file", p.display());
             }
             Some(p.clone())
+        } else if let Some(uri) = model_hint.as_deref().filter(|m| m.starts_with("s3://")) {
+            // LMI reads the serving.properties inside the model's S3 prefix.
+            let uri = lmi_store::s3::S3Uri::parse(uri)?;
+            let s3 = lmi_store::s3::S3Config::from_vars(|k| env.get(k).cloned());
+            lmi_store::s3::properties(&s3, &uri)?
         } else {
             let in_model_dir = model_hint
                 .as_deref()
@@ -583,8 +594,16 @@ impl ServingConfig {
             })?,
         };
         let drain_timeout_secs = nonneg(&raw, "option.drain_timeout", 60)? as u64;
+        let var = |k: &str| env.get(k).cloned();
+        let fetch = lmi_store::Fetch {
+            progress: true,
+            revision: str_of("option.revision"),
+            hub: lmi_store::hub::HubConfig::from_vars(var),
+            s3: lmi_store::s3::S3Config::from_vars(var),
+        };
         Ok(ServingConfig {
             model_id,
+            fetch,
             served_model_name: str_of("option.served_model_name"),
             properties_file,
             host: str_of("host").unwrap_or_else(|| "0.0.0.0".into()),
@@ -677,6 +696,14 @@ impl ServingConfig {
             .unwrap_or_else(|| "(model's)".into());
         let lines = [
             ("model_id", model.to_string()),
+            (
+                "revision",
+                self.fetch
+                    .revision
+                    .clone()
+                    .unwrap_or_else(|| "(main)".into()),
+            ),
+            ("hub", self.fetch.hub.summary()),
             ("serving.properties", props),
             ("listen", format!("{}:{}", self.host, self.port)),
             ("device", self.device.to_string()),

@@ -5,7 +5,6 @@
 //! A request's remote items are fetched before it is prepared and handed on as `data:` URLs.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -76,40 +75,13 @@ async fn download(
         .map_err(|e| format!("cannot connect: {e}"))?;
     match &target.tls {
         Some(name) => {
-            let name = rustls::pki_types::ServerName::try_from(name.clone())
-                .map_err(|e| format!("{e}"))?;
-            let tls = tls_connector()
-                .connect(name, tcp)
+            let tls = lmi_store::http::tls_connect(tcp, name)
                 .await
-                .map_err(|e| format!("TLS: {e}"))?;
+                .map_err(|e| e.to_string())?;
             get(TokioIo::new(tls), &target.host, &target.path, max_bytes).await
         }
         None => get(TokioIo::new(tcp), &target.host, &target.path, max_bytes).await,
     }
-}
-
-fn tls_connector() -> tokio_rustls::TlsConnector {
-    static CONFIG: std::sync::OnceLock<Arc<rustls::ClientConfig>> = std::sync::OnceLock::new();
-    let config = CONFIG.get_or_init(|| {
-        let roots = rustls::RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        };
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map(|b| b.with_root_certificates(roots).with_no_client_auth());
-        Arc::new(config.unwrap_or_else(|_| {
-            // The ring provider supports the default versions; this is unreachable.
-            rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .expect("TLS 1.3 with ring")
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth()
-        }))
-    });
-    tokio_rustls::TlsConnector::from(config.clone())
 }
 
 async fn get<T>(io: TokioIo<T>, host: &str, path: &str, max_bytes: usize) -> Result<Vec<u8>, String>
@@ -191,6 +163,7 @@ pub async fn inline(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -69,6 +69,7 @@ async fn info(State(s): State<Arc<AppState>>) -> Response {
         m.max_model_len,
         env!("CARGO_PKG_VERSION"),
     );
+    info.model_sha = m.origin.commit.clone();
     info.model_dtype = Some(m.dtype.clone());
     info.model_device_type = Some(m.backend.to_string());
     info.max_concurrent_requests = c.max_concurrent_requests;

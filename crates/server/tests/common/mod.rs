@@ -148,6 +148,8 @@ pub fn start_with_env(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Ser
         if k.starts_with("OPTION_")
             || k.starts_with("SERVING_")
             || k.starts_with("SAGEMAKER_")
+            || k.starts_with("HF_")
+            || k.starts_with("AWS_")
             || [
                 "HF_MODEL_ID",
                 "MAX_BATCH_SIZE",

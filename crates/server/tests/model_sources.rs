@@ -1,0 +1,151 @@
+//! End to end: `lmi serve --model org/name` against the stand-in Hub (the store's
+//! tests/support/fake_hub.rs) on loopback: the model is fetched into the Hub cache and
+//! generates exactly what the same files served by path do; /info names the commit; a
+//! second start offline serves from the cache; a name that cannot be fetched ends the
+//! process with one line and a non-zero status.
+
+mod common;
+
+#[path = "../../store/tests/support/fake_hub.rs"]
+mod fake_hub;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use fake_hub::{FakeHub, Repo};
+use lmi_checkpoint::testing::{TinySpec, write_tiny_model};
+
+fn generate(port: u16) -> String {
+    let body = br#"{"inputs": "a b c", "parameters": {"max_new_tokens": 12, "do_sample": false}}"#;
+    let r = request(port, "POST", "/generate", body, &[]).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()["generated_text"].as_str().unwrap().to_string()
+}
+
+fn repo_of(dir: &Path) -> Repo {
+    let files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .collect();
+    let refs: Vec<(&str, &[u8])> = files
+        .iter()
+        .map(|(n, b)| (n.as_str(), b.as_slice()))
+        .collect();
+    Repo::new(&refs)
+}
+
+#[test]
+fn serves_a_model_named_on_the_hub() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("tiny-llama");
+    write_tiny_model(&model, &TinySpec::llama()).unwrap();
+    let by_path = {
+        let mut s = start(&model, &["--kv-cache-bytes", "16M"]);
+        wait_ready(&mut s, "tiny-llama");
+        let text = generate(s.port);
+        sigterm_and_wait(&mut s);
+        text
+    };
+
+    let hub = FakeHub::start();
+    let repo = repo_of(&model);
+    let commit = repo.commit().to_string();
+    hub.add("test-org/tiny-llama", repo);
+    let cache = tmp.path().join("hf-cache");
+    let cache_s = cache.to_str().unwrap();
+    let env = [("HF_ENDPOINT", hub.url.as_str()), ("HF_HUB_CACHE", cache_s)];
+    let mut s = start_with_env(
+        Path::new("test-org/tiny-llama"),
+        &["--kv-cache-bytes", "16M"],
+        &env,
+    );
+    wait_ready(&mut s, "test-org/tiny-llama");
+    assert_eq!(generate(s.port), by_path);
+    let info = get(s.port, "/info").json();
+    assert_eq!(info["model_id"], "test-org/tiny-llama");
+    assert_eq!(info["model_sha"], commit.as_str());
+    sigterm_and_wait(&mut s);
+    assert!(
+        cache
+            .join("models--test-org--tiny-llama/snapshots")
+            .join(&commit)
+            .join("config.json")
+            .is_file()
+    );
+
+    // Offline, from the cache the first start filled.
+    hub.reset_stats();
+    let offline = [
+        ("HF_ENDPOINT", hub.url.as_str()),
+        ("HF_HUB_CACHE", cache_s),
+        ("HF_HUB_OFFLINE", "1"),
+    ];
+    let mut s = start_with_env(
+        Path::new("test-org/tiny-llama"),
+        &["--kv-cache-bytes", "16M"],
+        &offline,
+    );
+    wait_ready(&mut s, "test-org/tiny-llama");
+    assert_eq!(generate(s.port), by_path);
+    sigterm_and_wait(&mut s);
+    assert!(hub.stats().requests.is_empty());
+}
+
+#[test]
+fn a_model_that_cannot_be_fetched_ends_the_process() {
+    let hub = FakeHub::start();
+    let cache = tempfile::tempdir().unwrap();
+    let env = [
+        ("HF_ENDPOINT", hub.url.as_str()),
+        ("HF_HUB_CACHE", cache.path().to_str().unwrap()),
+    ];
+    let port = free_port();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lmi"))
+        .args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--model",
+            "test-org/missing",
+        ])
+        .envs(env)
+        .env_remove("HF_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no repository test-org/missing"),
+        "{stderr}"
+    );
+    let t = Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lmi"))
+        .args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--model",
+            "s3://bucket/model.tar.gz",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("prefix") && stderr.contains("archive"),
+        "{stderr}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(30));
+}
