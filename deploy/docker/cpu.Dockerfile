@@ -21,7 +21,8 @@ RUN groupadd --system --gid 10001 lmi \
     && useradd --system --uid 10001 --gid lmi --home-dir /home/lmi --create-home --shell /usr/sbin/nologin lmi \
     && mkdir -p /opt/ml/model
 COPY --from=build /out/lmi /usr/local/bin/lmi
-COPY --from=build /out/models /opt/lmi/models
+# Owned by the server's user: a GGUF named on the Hub has its config imported there.
+COPY --from=build --chown=10001:10001 /out/models /opt/lmi/models
 ENV LMI_MODEL_CACHE=/opt/lmi/models \
     LMI_KERNEL_CACHE=/tmp/lmi-kernels \
     SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \

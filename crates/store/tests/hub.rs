@@ -313,3 +313,42 @@ fn a_gguf_repository_gives_one_quantization() {
         "{e}"
     );
 }
+
+#[test]
+fn an_adapter_by_name_brings_its_config_and_weights() {
+    let hub = FakeHub::start();
+    let adapter = Repo::new(&[
+        ("adapter_config.json", br#"{"peft_type": "LORA", "r": 4}"#),
+        ("adapter_model.safetensors", &shard(7, 4000)),
+        ("README.md", b"#"),
+        ("training_args.bin", b"pickle"),
+    ]);
+    let commit = adapter.commit().to_string();
+    hub.add("org/lora", adapter);
+    hub.add(REPO, model_repo());
+    let cache = tempfile::tempdir().unwrap();
+    let f = fetch(config(&hub, cache.path()));
+    let dir = lmi_store::resolve_adapter(&format!("org/lora@{commit}"), &f).unwrap();
+    assert_eq!(
+        dir,
+        RepoCache::new(cache.path(), "org/lora").snapshot(&commit)
+    );
+    assert!(
+        dir.join("adapter_config.json").is_file()
+            && dir.join("adapter_model.safetensors").is_file()
+    );
+    let fetched: Vec<String> = hub.stats().gets.keys().cloned().collect();
+    assert_eq!(
+        fetched,
+        ["adapter_config.json", "adapter_model.safetensors"]
+    );
+    let e = lmi_store::resolve_adapter(REPO, &f)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a LoRA adapter"), "{e}");
+    // A path is used as it is.
+    assert_eq!(
+        lmi_store::resolve_adapter(dir.to_str().unwrap(), &f).unwrap(),
+        dir
+    );
+}
