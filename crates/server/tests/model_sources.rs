@@ -100,6 +100,37 @@ fn serves_a_model_named_on_the_hub() {
 }
 
 #[test]
+fn lmi_fetch_fills_the_cache_and_prints_the_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("tiny");
+    write_tiny_model(&model, &TinySpec::llama()).unwrap();
+    let hub = FakeHub::start();
+    let repo = repo_of(&model);
+    let commit = repo.commit().to_string();
+    hub.add("test-org/tiny", repo);
+    let cache = tmp.path().join("hf");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lmi"))
+        .args(["fetch", "test-org/tiny", "--revision", &commit])
+        .env("HF_ENDPOINT", &hub.url)
+        .env("HF_HUB_CACHE", &cache)
+        .env_remove("HF_TOKEN")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let snapshot = cache.join("models--test-org--tiny/snapshots").join(&commit);
+    assert_eq!(Path::new(&dir), snapshot);
+    assert_eq!(
+        std::fs::read(snapshot.join("model.safetensors")).unwrap(),
+        std::fs::read(model.join("model.safetensors")).unwrap()
+    );
+}
+
+#[test]
 fn a_model_that_cannot_be_fetched_ends_the_process() {
     let hub = FakeHub::start();
     let cache = tempfile::tempdir().unwrap();

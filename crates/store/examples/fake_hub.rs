@@ -15,7 +15,8 @@ use axum::body::Bytes;
 use fake_hub::{FakeHub, Repo};
 
 fn files_of(path: &Path) -> Vec<(String, Bytes)> {
-    let read = |p: &Path| Bytes::from(std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())));
+    let read =
+        |p: &Path| Bytes::from(std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())));
     if path.is_file() {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         return vec![(name, read(path))];
@@ -24,7 +25,10 @@ fn files_of(path: &Path) -> Vec<(String, Bytes)> {
     for e in std::fs::read_dir(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())) {
         let p = e.unwrap().path();
         if p.is_file() {
-            out.push((p.file_name().unwrap().to_string_lossy().into_owned(), read(&p)));
+            out.push((
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                read(&p),
+            ));
         }
     }
     out

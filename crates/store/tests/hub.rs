@@ -272,6 +272,20 @@ fn errors_say_what_to_do() {
     assert_eq!(rc.commit_of("refs/pr/1").as_deref(), Some(commit.as_str()));
     lmi_store::resolve_with(Some(&format!("{REPO}@{commit}")), &fetch(cfg.clone())).unwrap();
 
+    // A quantized checkpoint that does not load: refused before its weights are fetched.
+    hub.reset_stats();
+    let fp8 = br#"{"architectures": ["Qwen3ForCausalLM"], "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}"#;
+    hub.add(
+        "org/m-FP8",
+        Repo::new(&[("config.json", fp8), ("model.safetensors", &shard(9, 3000))]),
+    );
+    let e = err("org/m-FP8", &cfg);
+    assert!(
+        e.contains("org/m-FP8") && e.contains("quantized with fp8"),
+        "{e}"
+    );
+    assert!(!hub.stats().gets.contains_key("model.safetensors"));
+
     hub.add(
         "org/pickles",
         Repo::new(&[("config.json", b"{}"), ("pytorch_model.bin", b"x")]),

@@ -5,6 +5,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 pub mod moe;
+pub mod quantization;
 pub mod vision;
 
 use crate::error::{CheckpointError, Result};
@@ -325,6 +326,7 @@ impl ModelConfig {
                 }
             }
         }
+        quantization::check(&top)?;
         let first_arch = top
             .get("architectures")
             .and_then(|a| a.get(0))

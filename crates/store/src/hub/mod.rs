@@ -155,6 +155,11 @@ async fn fetch_revision(
         }
         // The index first: it says which shards to fetch.
         fetched += fetch_all(&cfg, &cache, &r.repo, &commit, &meta, "metadata", false).await?;
+        // A quantized checkpoint that will not load is refused before its weights come.
+        let config = std::fs::read_to_string(cache.snapshot(&commit).join("config.json"))
+            .map_err(|e| StoreError::io(cache.snapshot(&commit), e))?;
+        lmi_checkpoint::config::quantization::check_json(&config)
+            .map_err(|e| fail(format!("{}: {e}", r.repo)))?;
         let index = std::fs::read_to_string(cache.snapshot(&commit).join(select::INDEX)).ok();
         let w = select::weights(&r.repo, &info.siblings, index.as_deref()).map_err(fail)?;
         (meta, w)
