@@ -274,14 +274,14 @@ fn errors_say_what_to_do() {
 
     // A quantized checkpoint that does not load: refused before its weights are fetched.
     hub.reset_stats();
-    let fp8 = br#"{"architectures": ["Qwen3ForCausalLM"], "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}"#;
+    let awq = br#"{"architectures": ["Qwen3ForCausalLM"], "quantization_config": {"quant_method": "awq", "bits": 4}}"#;
     hub.add(
-        "org/m-FP8",
-        Repo::new(&[("config.json", fp8), ("model.safetensors", &shard(9, 3000))]),
+        "org/m-AWQ",
+        Repo::new(&[("config.json", awq), ("model.safetensors", &shard(9, 3000))]),
     );
-    let e = err("org/m-FP8", &cfg);
+    let e = err("org/m-AWQ", &cfg);
     assert!(
-        e.contains("org/m-FP8") && e.contains("quantized with fp8"),
+        e.contains("org/m-AWQ") && e.contains("quantized with awq (4-bit)"),
         "{e}"
     );
     assert!(!hub.stats().gets.contains_key("model.safetensors"));

@@ -1,10 +1,12 @@
 //! Host tensors and the checkpoint readers: HF safetensors (single or sharded) and GGUF.
 
 mod gguf_source;
+mod hf_quant;
 mod host;
 mod safetensors_dir;
 
 pub use gguf_source::GgufWeights;
+pub use hf_quant::fp8_e4m3;
 pub use host::{HostData, HostTensor};
 pub use safetensors_dir::SafetensorsDir;
 

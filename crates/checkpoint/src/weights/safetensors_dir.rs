@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use safetensors::{Dtype as StDtype, SafeTensors};
 
+use super::hf_quant::{Raw, RawSource};
 use super::host::{HostData, HostTensor, bf16_bytes_to_bits, f16_bytes_to_f32, f32_bytes_to_f32};
+use crate::config::quantization::HfQuant;
 use crate::dtype::DType;
 use crate::error::{CheckpointError, Result};
 
@@ -14,6 +16,8 @@ pub struct SafetensorsDir {
     dir: PathBuf,
     files: Vec<(PathBuf, Mmap)>,
     index: HashMap<String, usize>,
+    /// The directory's `quantization_config`, when its weights are dequantized at load.
+    quant: Option<HfQuant>,
 }
 
 impl SafetensorsDir {
@@ -96,6 +100,7 @@ impl SafetensorsDir {
             dir: dir.to_path_buf(),
             files,
             index,
+            quant: read_quantization(dir)?,
         })
     }
 
@@ -108,14 +113,25 @@ impl SafetensorsDir {
 
     pub fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name)
+            || self
+                .quant
+                .as_ref()
+                .and_then(|q| q.stored_name(name))
+                .is_some_and(|stored| self.index.contains_key(&stored))
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.index.keys().map(|s| s.as_str())
     }
 
-    /// Reads tensor `name`, checks its shape, and converts it to `dtype`.
+    /// Reads tensor `name`, checks its shape, and converts it to `dtype` (a quantized weight
+    /// dequantized first).
     pub fn load(&self, name: &str, expected: &[usize], dtype: DType) -> Result<HostTensor> {
+        if let Some(q) = &self.quant
+            && let Some(values) = q.dequantize(self, name, expected)?
+        {
+            return Ok(HostTensor::f32(expected.to_vec(), values).to_dtype(dtype));
+        }
         self.with_view(name, expected, |view| {
             let bytes = view.data();
             let data = match view.dtype() {
@@ -146,6 +162,31 @@ impl SafetensorsDir {
                 dtype: format!("{other:?} (expected U8)"),
             }),
         })
+    }
+
+    /// Runs `f` on tensor `name`'s view, whatever its shape.
+    fn with_any_view<T>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&safetensors::tensor::TensorView<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let &fi = self
+            .index
+            .get(name)
+            .ok_or_else(|| CheckpointError::MissingTensor {
+                name: name.to_string(),
+                dir: self.dir.clone(),
+            })?;
+        let (path, mmap) = &self.files[fi];
+        let st = SafeTensors::deserialize(mmap).map_err(|e| CheckpointError::Safetensors {
+            path: path.clone(),
+            msg: e.to_string(),
+        })?;
+        let view = st.tensor(name).map_err(|e| CheckpointError::Safetensors {
+            path: path.clone(),
+            msg: e.to_string(),
+        })?;
+        f(&view)
     }
 
     /// Runs `f` on tensor `name`'s view once its shape is checked.
@@ -180,4 +221,36 @@ impl SafetensorsDir {
         }
         f(&view)
     }
+}
+
+impl RawSource for SafetensorsDir {
+    fn has(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    fn with_raw<T>(&self, name: &str, f: &mut dyn FnMut(Raw<'_>) -> Result<T>) -> Result<T> {
+        self.with_any_view(name, |view| {
+            f(Raw {
+                dtype: view.dtype(),
+                shape: view.shape().to_vec(),
+                bytes: view.data(),
+            })
+        })
+    }
+}
+
+/// The `quantization_config` of `dir/config.json` when its weights are dequantized here (a
+/// directory without config.json, or one that does not parse, has none: the config parser
+/// reports what is wrong with it).
+fn read_quantization(dir: &Path) -> Result<Option<HfQuant>> {
+    let Ok(text) = std::fs::read_to_string(dir.join("config.json")) else {
+        return Ok(None);
+    };
+    let Ok(serde_json::Value::Object(config)) = serde_json::from_str(&text) else {
+        return Ok(None);
+    };
+    HfQuant::from_config(&config).map_err(|msg| CheckpointError::Config {
+        path: dir.join("config.json"),
+        msg,
+    })
 }

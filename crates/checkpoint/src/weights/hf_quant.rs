@@ -1,0 +1,206 @@
+//! Quantized HF checkpoints, dequantized at load into the load's dtype: FP8 with per-block
+//! `weight_scale_inv` (transformers' FineGrainedFP8) and compressed-tensors' int8, FP8 and
+//! packed intN weights with `weight_scale` per tensor, channel, group or block. The layouts
+//! and formulas are the quantizers' own (checked on tests/fixtures/quantized/, generated and
+//! dequantized by them).
+
+use safetensors::Dtype as StDtype;
+
+use super::host::{bf16_bytes_to_bits, f16_bytes_to_f32, f32_bytes_to_f32};
+use crate::config::quantization::HfQuant;
+use crate::error::{CheckpointError, Result};
+
+/// A tensor as stored: its type, shape and bytes.
+pub(crate) struct Raw<'a> {
+    pub dtype: StDtype,
+    pub shape: Vec<usize>,
+    pub bytes: &'a [u8],
+}
+
+/// The tensors of a quantized weight, by name (`X.weight` → `X.weight_scale_inv`, …).
+pub(crate) trait RawSource {
+    fn has(&self, name: &str) -> bool;
+    fn with_raw<T>(&self, name: &str, f: &mut dyn FnMut(Raw<'_>) -> Result<T>) -> Result<T>;
+}
+
+impl HfQuant {
+    /// The name a weight's values are stored under (`weight_packed` when packed).
+    pub(crate) fn stored_name(&self, name: &str) -> Option<String> {
+        let stem = name.strip_suffix("weight")?;
+        match self {
+            HfQuant::Compressed(c) if c.packed => Some(format!("{stem}weight_packed")),
+            _ => Some(name.to_string()),
+        }
+    }
+
+    fn scale_name(&self, name: &str) -> Option<String> {
+        let stem = name.strip_suffix("weight")?;
+        Some(match self {
+            HfQuant::Fp8Block { .. } => format!("{stem}weight_scale_inv"),
+            HfQuant::Compressed(_) => format!("{stem}weight_scale"),
+        })
+    }
+
+    /// `[rows, cols]` of weight each scale covers (0: the whole dimension).
+    fn grid(&self) -> [usize; 2] {
+        match self {
+            HfQuant::Fp8Block { block } => *block,
+            HfQuant::Compressed(c) => c.grid,
+        }
+    }
+
+    /// `name`'s values dequantized to f32 when it is a quantized weight of this checkpoint
+    /// (it has a scale beside it); None for any other tensor (norms, embeddings, ignored layers).
+    pub(crate) fn dequantize(
+        &self,
+        src: &impl RawSource,
+        name: &str,
+        expected: &[usize],
+    ) -> Result<Option<Vec<f32>>> {
+        let (Some(stored), Some(scale_name)) = (self.stored_name(name), self.scale_name(name))
+        else {
+            return Ok(None);
+        };
+        if !src.has(&scale_name) || !src.has(&stored) {
+            return Ok(None);
+        }
+        let bad = |msg: String| CheckpointError::UnsupportedDtype {
+            name: name.to_string(),
+            dtype: msg,
+        };
+        let [rows, cols] = match expected {
+            [r, c] => [*r, *c],
+            _ => {
+                return Err(bad(format!(
+                    "a quantized weight of shape {expected:?}, expected a matrix"
+                )));
+            }
+        };
+        let mut values = src.with_raw(&stored, &mut |raw| match (self, raw.dtype) {
+            (HfQuant::Compressed(c), StDtype::I32) if c.packed => {
+                unpack_rows(raw.bytes, rows, cols, c.num_bits).ok_or_else(|| {
+                    bad(format!("weight_packed of shape {:?} does not hold {rows}x{cols} {}-bit values", raw.shape, c.num_bits))
+                })
+            }
+            (_, StDtype::F8_E4M3) | (_, StDtype::I8) if raw.shape == expected => Ok(match raw.dtype {
+                StDtype::I8 => raw.bytes.iter().map(|&b| b as i8 as f32).collect(),
+                _ => raw.bytes.iter().map(|&b| fp8_e4m3(b)).collect(),
+            }),
+            (_, dtype) => Err(bad(format!("{dtype:?} of shape {:?} beside a scale (expected quantized values of shape {expected:?})", raw.shape))),
+        })?;
+        let (scales, scale_shape) = src.with_raw(&scale_name, &mut |raw| {
+            let v = match raw.dtype {
+                StDtype::F32 => f32_bytes_to_f32(raw.bytes),
+                StDtype::F16 => f16_bytes_to_f32(raw.bytes),
+                StDtype::BF16 => bf16_bytes_to_bits(raw.bytes)
+                    .into_iter()
+                    .map(|b| f32::from_bits(u32::from(b) << 16))
+                    .collect(),
+                d => return Err(bad(format!("scale {scale_name} in {d:?}"))),
+            };
+            Ok((v, raw.shape.clone()))
+        })?;
+        let [gr, gc] = self.grid();
+        let (gr, gc) = (
+            if gr == 0 { rows } else { gr },
+            if gc == 0 { cols } else { gc },
+        );
+        let (sr, sc) = (rows.div_ceil(gr), cols.div_ceil(gc));
+        if scales.len() != sr * sc {
+            return Err(bad(format!(
+                "{scale_name} has shape {scale_shape:?}; {rows}x{cols} in cells of {gr}x{gc} needs {sr}x{sc} scales"
+            )));
+        }
+        for (r, row) in values.chunks_exact_mut(cols).enumerate() {
+            let srow = &scales[(r / gr) * sc..(r / gr + 1) * sc];
+            for (c, v) in row.iter_mut().enumerate() {
+                *v *= srow[c / gc];
+            }
+        }
+        Ok(Some(values))
+    }
+}
+
+/// compressed-tensors' dense packing: a row's value i at bit i·bits of its little-endian int32
+/// words, stored plus 2^(bits-1).
+fn unpack_rows(bytes: &[u8], rows: usize, cols: usize, bits: u32) -> Option<Vec<f32>> {
+    let words_per_row = (cols * bits as usize).div_ceil(32);
+    if bytes.len() != rows * words_per_row * 4 {
+        return None;
+    }
+    let offset = 1i32 << (bits - 1);
+    let mask = (1u64 << bits) - 1;
+    let mut out = Vec::with_capacity(rows * cols);
+    for row in bytes.chunks_exact(words_per_row * 4) {
+        let word = |i: usize| -> u64 {
+            row.get(i * 4..i * 4 + 4).map_or(0, |b| {
+                u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            })
+        };
+        for i in 0..cols {
+            let bit = i * bits as usize;
+            let (w, shift) = (bit / 32, bit % 32);
+            let two = word(w) | (word(w + 1) << 32);
+            let v = ((two >> shift) & mask) as i32 - offset;
+            out.push(v as f32);
+        }
+    }
+    Some(out)
+}
+
+/// FP8 E4M3 (the `fn` variant: no infinities, 0x7f/0xff NaN) to f32.
+pub fn fp8_e4m3(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exp = i32::from((b >> 3) & 0x0f);
+    let man = f32::from(b & 0x07);
+    if exp == 0x0f && man == 7.0 {
+        return f32::NAN;
+    }
+    if exp == 0 {
+        sign * man / 8.0 * 2f32.powi(-6)
+    } else {
+        sign * (1.0 + man / 8.0) * 2f32.powi(exp - 7)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp8_e4m3_values() {
+        assert_eq!(fp8_e4m3(0x00), 0.0);
+        assert_eq!(fp8_e4m3(0x38), 1.0);
+        assert_eq!(fp8_e4m3(0xb8), -1.0);
+        assert_eq!(fp8_e4m3(0x7e), 448.0); // the largest
+        assert_eq!(fp8_e4m3(0x01), 2f32.powi(-9)); // the smallest subnormal
+        assert!(fp8_e4m3(0x7f).is_nan());
+    }
+
+    #[test]
+    fn unpacks_dense_int4_and_int3() {
+        // int4: values -8..7 stored +8, eight to a word, the first in the lowest bits.
+        let vals: Vec<i32> = (0..8).map(|i| i - 4).collect();
+        let word: u32 = vals
+            .iter()
+            .enumerate()
+            .map(|(i, v)| ((v + 8) as u32) << (4 * i))
+            .sum();
+        assert_eq!(
+            unpack_rows(&word.to_le_bytes(), 1, 8, 4).unwrap(),
+            vals.iter().map(|&v| v as f32).collect::<Vec<_>>()
+        );
+        // int3: eleven values cross a word boundary (bits 30..33).
+        let vals: Vec<i64> = (0..11).map(|i| (i % 8) - 4).collect();
+        let mut bits: u64 = 0;
+        for (i, v) in vals.iter().enumerate() {
+            bits |= ((v + 4) as u64) << (3 * i);
+        }
+        let bytes = bits.to_le_bytes();
+        assert_eq!(
+            unpack_rows(&bytes, 1, 11, 3).unwrap(),
+            vals.iter().map(|&v| v as f32).collect::<Vec<_>>()
+        );
+        assert!(unpack_rows(&bytes[..4], 1, 11, 3).is_none());
+    }
+}
