@@ -81,6 +81,21 @@ fn serves_a_model_named_on_the_hub() {
             .is_file()
     );
 
+    // A draft model by name (the same tiny model drafting for itself): fetched too.
+    let mut s = start_with_env(
+        &model,
+        &[
+            "--kv-cache-bytes",
+            "16M",
+            "-o",
+            "option.speculative_draft_model=test-org/tiny-llama",
+        ],
+        &env,
+    );
+    wait_ready(&mut s, "tiny-llama");
+    assert_eq!(generate(s.port), by_path);
+    sigterm_and_wait(&mut s);
+
     // Offline, from the cache the first start filled.
     hub.reset_stats();
     let offline = [

@@ -275,7 +275,7 @@ pub struct ServingConfig {
     /// off by default. Client drafts (`prediction`, `draft_input_ids`) are always used.
     pub speculative_ngram: Option<lmi_scheduler::NgramLookup>,
     /// A smaller model sharing the tokenizer that drafts for speculative decoding
-    /// (option.speculative_draft_model: an HF directory or a GGUF file).
+    /// (option.speculative_draft_model: an HF directory or a GGUF file, a Hub id or an s3:// prefix).
     pub speculative_draft_model: Option<String>,
     /// option.adapters: (name, path) loaded at start, besides `<model dir>/adapters/<name>/`.
     pub adapters: Vec<(String, PathBuf)>,
