@@ -14,7 +14,7 @@ use lmi_engine::cuda::CudaBackend;
 use lmi_engine::engine::EngineOptions;
 use lmi_engine::{DType, Engine};
 
-const FORMATS: [&str; 4] = ["fp8_block", "ct_int8", "ct_fp8", "ct_w4a16"];
+const FORMATS: [&str; 5] = ["fp8_block", "ct_int8", "ct_fp8", "ct_w4a16", "awq_gemm"];
 
 fn check<D: Device>(dev: &Arc<D>) {
     for name in FORMATS {

@@ -1,8 +1,9 @@
 //! Quantized HF checkpoints (tests/fixtures/quantized/generate.py): FP8 with per-block scales
 //! (transformers' FineGrainedFP8 layout), and compressed-tensors' int8 and FP8 per channel and
-//! int4 packed in groups of 32 (written by compressed-tensors itself). Dequantized at load, they
-//! must compute what transformers computes after its own dequantization of the same files
-//! (`dequantize=True`): prompt logits within f32 tolerance (and bf16's), and 32 greedy tokens.
+//! int4 packed in groups of 32 (written by compressed-tensors itself), and AutoAWQ's 4-bit GEMM
+//! layout (packed by autoawq). Dequantized at load, they must compute what the quantizers'
+//! own dequantization computes (transformers' `dequantize=True`; autoawq's `dequantize_gemm`):
+//! prompt logits within f32 tolerance (and bf16's), and 32 greedy tokens.
 
 mod hf_fixture;
 
@@ -11,7 +12,7 @@ use std::path::PathBuf;
 use hf_fixture::{BF16_TOL, F32_TOL, check_greedy, prompt_diffs};
 use lmi_engine::DType;
 
-const FORMATS: [&str; 4] = ["fp8_block", "ct_int8", "ct_fp8", "ct_w4a16"];
+const FORMATS: [&str; 5] = ["fp8_block", "ct_int8", "ct_fp8", "ct_w4a16", "awq_gemm"];
 
 fn fixture(name: &str) -> PathBuf {
     hf_fixture::fixture("quantized", name)
@@ -24,7 +25,7 @@ fn dequantized_at_load_as_the_quantizers_dequantize() {
             let diffs = prompt_diffs(&fixture(name), dtype);
             let (median, worst) = (diffs[diffs.len() / 2], diffs[diffs.len() - 1]);
             eprintln!(
-                "{name} {dtype}: prompt logits within {worst:.2e} of transformers' (median {median:.2e})"
+                "{name} {dtype}: prompt logits within {worst:.2e} of the reference's (median {median:.2e})"
             );
             if dtype == DType::F32 {
                 assert!(worst < tol, "{name} f32: prompt logits differ by {worst}");

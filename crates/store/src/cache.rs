@@ -79,13 +79,18 @@ pub(crate) fn gguf_cache_key(path: &Path) -> Result<String> {
 /// A uniquely named temp file or directory, removed on drop (a no-op after it was renamed).
 pub(crate) struct TempPath(pub(crate) PathBuf);
 
+/// A name no other writer uses at the same time: the process, and a counter for its threads
+/// (two resolvers in one process share a pid).
+pub(crate) fn unique_suffix() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("tmp-{}-{n}", std::process::id())
+}
+
 impl TempPath {
     fn unique(parent: &Path, tag: &str) -> Result<PathBuf> {
         std::fs::create_dir_all(parent).map_err(|e| StoreError::io(parent, e))?;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        Ok(parent.join(format!(".{tag}.tmp-{}-{nanos}", std::process::id())))
+        Ok(parent.join(format!(".{tag}.{}", unique_suffix())))
     }
 
     pub(crate) fn dir_in(parent: &Path, tag: &str) -> Result<Self> {

@@ -274,14 +274,17 @@ fn errors_say_what_to_do() {
 
     // A quantized checkpoint that does not load: refused before its weights are fetched.
     hub.reset_stats();
-    let awq = br#"{"architectures": ["Qwen3ForCausalLM"], "quantization_config": {"quant_method": "awq", "bits": 4}}"#;
+    let gptq = br#"{"architectures": ["Qwen3ForCausalLM"], "quantization_config": {"quant_method": "gptq", "bits": 4}}"#;
     hub.add(
-        "org/m-AWQ",
-        Repo::new(&[("config.json", awq), ("model.safetensors", &shard(9, 3000))]),
+        "org/m-GPTQ",
+        Repo::new(&[
+            ("config.json", gptq),
+            ("model.safetensors", &shard(9, 3000)),
+        ]),
     );
-    let e = err("org/m-AWQ", &cfg);
+    let e = err("org/m-GPTQ", &cfg);
     assert!(
-        e.contains("org/m-AWQ") && e.contains("quantized with awq (4-bit)"),
+        e.contains("org/m-GPTQ") && e.contains("quantized with gptq (4-bit)"),
         "{e}"
     );
     assert!(!hub.stats().gets.contains_key("model.safetensors"));

@@ -5,7 +5,7 @@
 use serde_json::{Map, Value};
 
 /// What loads, for the refusal's message.
-const WHAT_LOADS: &str = "unquantized safetensors (f32, f16, bf16), FP8 with per-block scales (quant_method fp8), compressed-tensors int8/FP8 per channel or tensor and packed int4/int8 in groups (float-, int-, pack-quantized, symmetric), gpt-oss's MXFP4 experts, and GGUF files (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, MXFP4)";
+const WHAT_LOADS: &str = "unquantized safetensors (f32, f16, bf16), FP8 with per-block scales (quant_method fp8), compressed-tensors int8/FP8 per channel or tensor and packed int4/int8 in groups (float-, int-, pack-quantized, symmetric), AutoAWQ's 4-bit GEMM layout, gpt-oss's MXFP4 experts, and GGUF files (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, MXFP4)";
 
 /// A quantized HF format whose weights are dequantized at load.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,6 +15,9 @@ pub enum HfQuant {
     Fp8Block { block: [usize; 2] },
     /// `quant_method: compressed-tensors` (llm-compressor's W8A8, FP8 and W4A16 repositories).
     Compressed(CompressedWeights),
+    /// `quant_method: awq`, AutoAWQ's GEMM layout: 4-bit `qweight` [in, out/8] and `qzeros`
+    /// [groups, out/8] packed in the order 0,2,4,6,1,3,5,7, `scales` [groups, out].
+    AwqGemm { group: usize },
 }
 
 /// compressed-tensors' weight scheme.
@@ -59,7 +62,31 @@ impl HfQuant {
             "bitsandbytes" if q.get("load_in_4bit").and_then(Value::as_bool) == Some(true) => {
                 refuse(" (4-bit)".into())
             }
-            "gptq" | "awq" => refuse(
+            "awq" => {
+                let version = q.get("version").and_then(Value::as_str).unwrap_or("gemm");
+                let bits = q
+                    .get("bits")
+                    .or_else(|| q.get("w_bit"))
+                    .and_then(Value::as_u64)
+                    .unwrap_or(4);
+                let zero_point = q.get("zero_point").and_then(Value::as_bool).unwrap_or(true);
+                let group = q
+                    .get("group_size")
+                    .or_else(|| q.get("q_group_size"))
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
+                if version.eq_ignore_ascii_case("gemm") && bits == 4 && zero_point && group > 0 {
+                    Ok(Some(HfQuant::AwqGemm {
+                        group: group as usize,
+                    }))
+                } else {
+                    refuse(format!(
+                        " ({bits}-bit, version {version}{})",
+                        if zero_point { "" } else { ", no zero point" }
+                    ))
+                }
+            }
+            "gptq" => refuse(
                 q.get("bits")
                     .and_then(Value::as_u64)
                     .map(|b| format!(" ({b}-bit)"))
@@ -199,8 +226,21 @@ mod tests {
         );
         let e = parse(r#"{"quant_method": "fp8"}"#).unwrap_err();
         assert!(e.contains("without weight_block_size"), "{e}");
-        let e = parse(r#"{"quant_method": "awq", "bits": 4}"#).unwrap_err();
-        assert!(e.contains("awq (4-bit)") && e.contains("GGUF"), "{e}");
+        assert_eq!(
+            parse(
+                r#"{"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": true, "version": "gemm"}"#
+            ),
+            Ok(Some(HfQuant::AwqGemm { group: 128 }))
+        );
+        let e =
+            parse(r#"{"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}"#)
+                .unwrap_err();
+        assert!(
+            e.contains("awq (4-bit, version gemv)") && e.contains("GGUF"),
+            "{e}"
+        );
+        let e = parse(r#"{"quant_method": "gptq", "bits": 4}"#).unwrap_err();
+        assert!(e.contains("gptq (4-bit)"), "{e}");
         let asym = ct(
             "pack-quantized",
             r#"{"num_bits": 4, "type": "int", "symmetric": false, "strategy": "group", "group_size": 128}"#,

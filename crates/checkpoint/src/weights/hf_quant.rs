@@ -1,6 +1,7 @@
 //! Quantized HF checkpoints, dequantized at load into the load's dtype: FP8 with per-block
-//! `weight_scale_inv` (transformers' FineGrainedFP8) and compressed-tensors' int8, FP8 and
-//! packed intN weights with `weight_scale` per tensor, channel, group or block. The layouts
+//! `weight_scale_inv` (transformers' FineGrainedFP8), compressed-tensors' int8, FP8 and
+//! packed intN weights with `weight_scale` per tensor, channel, group or block, and AutoAWQ's
+//! 4-bit GEMM layout. The layouts
 //! and formulas are the quantizers' own (checked on tests/fixtures/quantized/, generated and
 //! dequantized by them).
 
@@ -29,6 +30,7 @@ impl HfQuant {
         let stem = name.strip_suffix("weight")?;
         match self {
             HfQuant::Compressed(c) if c.packed => Some(format!("{stem}weight_packed")),
+            HfQuant::AwqGemm { .. } => Some(format!("{stem}qweight")),
             _ => Some(name.to_string()),
         }
     }
@@ -38,6 +40,7 @@ impl HfQuant {
         Some(match self {
             HfQuant::Fp8Block { .. } => format!("{stem}weight_scale_inv"),
             HfQuant::Compressed(_) => format!("{stem}weight_scale"),
+            HfQuant::AwqGemm { .. } => format!("{stem}scales"),
         })
     }
 
@@ -46,6 +49,7 @@ impl HfQuant {
         match self {
             HfQuant::Fp8Block { block } => *block,
             HfQuant::Compressed(c) => c.grid,
+            HfQuant::AwqGemm { group } => [1, *group],
         }
     }
 
@@ -76,6 +80,9 @@ impl HfQuant {
                 )));
             }
         };
+        if let HfQuant::AwqGemm { group } = self {
+            return awq_gemm(src, name, &stored, &scale_name, rows, cols, *group).map(Some);
+        }
         let mut values = src.with_raw(&stored, &mut |raw| match (self, raw.dtype) {
             (HfQuant::Compressed(c), StDtype::I32) if c.packed => {
                 unpack_rows(raw.bytes, rows, cols, c.num_bits).ok_or_else(|| {
@@ -119,6 +126,95 @@ impl HfQuant {
         }
         Ok(Some(values))
     }
+}
+
+/// Which nibble of an AWQ word holds column k of its eight (the packer's order 0,2,4,6,1,3,5,7,
+/// inverted).
+const AWQ_NIBBLE: [u32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+
+fn read_i32(src: &impl RawSource, name: &str, shape: [usize; 2]) -> Result<Vec<u32>> {
+    src.with_raw(name, &mut |raw| {
+        if raw.dtype != StDtype::I32 || raw.shape != shape {
+            return Err(CheckpointError::ShapeMismatch {
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                got: raw.shape.clone(),
+            });
+        }
+        Ok(raw
+            .bytes
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    })
+}
+
+fn read_floats(src: &impl RawSource, name: &str, shape: [usize; 2]) -> Result<Vec<f32>> {
+    src.with_raw(name, &mut |raw| {
+        if raw.shape != shape {
+            return Err(CheckpointError::ShapeMismatch {
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                got: raw.shape.clone(),
+            });
+        }
+        Ok(match raw.dtype {
+            StDtype::F32 => f32_bytes_to_f32(raw.bytes),
+            StDtype::F16 => f16_bytes_to_f32(raw.bytes),
+            StDtype::BF16 => bf16_bytes_to_bits(raw.bytes)
+                .into_iter()
+                .map(|b| f32::from_bits(u32::from(b) << 16))
+                .collect(),
+            d => {
+                return Err(CheckpointError::UnsupportedDtype {
+                    name: name.to_string(),
+                    dtype: format!("{d:?}"),
+                });
+            }
+        })
+    })
+}
+
+/// AutoAWQ's GEMM layout, transposed into the `[out, in]` weight: w[o][i] = (q[i][o] −
+/// z[i/g][o]) · s[i/g][o] (autoawq's `dequantize_gemm`).
+fn awq_gemm(
+    src: &impl RawSource,
+    name: &str,
+    qweight: &str,
+    scales: &str,
+    rows: usize,
+    cols: usize,
+    group: usize,
+) -> Result<Vec<f32>> {
+    let (out, inp) = (rows, cols);
+    if out % 8 != 0 || inp % group != 0 {
+        return Err(CheckpointError::UnsupportedDtype {
+            name: name.to_string(),
+            dtype: format!(
+                "AWQ of shape [{out}, {inp}]: the outputs must be a multiple of 8 and the inputs of the group size {group}"
+            ),
+        });
+    }
+    let groups = inp / group;
+    let q = read_i32(src, qweight, [inp, out / 8])?;
+    let zname = format!(
+        "{}qzeros",
+        qweight.strip_suffix("qweight").unwrap_or(qweight)
+    );
+    let z = read_i32(src, &zname, [groups, out / 8])?;
+    let s = read_floats(src, scales, [groups, out])?;
+    let nibble = |words: &[u32], row: usize, col: usize| -> f32 {
+        let w = words[row * (out / 8) + col / 8];
+        ((w >> (4 * AWQ_NIBBLE[col % 8])) & 0xf) as f32
+    };
+    let mut w = vec![0f32; out * inp];
+    for i in 0..inp {
+        let g = i / group;
+        for o in 0..out {
+            w[o * inp + i] = (nibble(&q, i, o) - nibble(&z, g, o)) * s[g * out + o];
+        }
+    }
+    Ok(w)
 }
 
 /// compressed-tensors' dense packing: a row's value i at bit i·bits of its little-endian int32

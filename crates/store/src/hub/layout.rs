@@ -67,7 +67,7 @@ impl RepoCache {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        let tmp = path.with_extension(crate::cache::unique_suffix());
         std::fs::write(&tmp, commit)?;
         std::fs::rename(&tmp, &path)
     }
@@ -78,18 +78,26 @@ impl RepoCache {
         let target = PathBuf::from("../".repeat(2 + file.matches('/').count()))
             .join("blobs")
             .join(etag);
-        if std::fs::read_link(&path).is_ok_and(|t| t == target) {
-            return Ok(path);
-        }
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let _ = std::fs::remove_file(&path);
-        match std::os::unix::fs::symlink(&target, &path) {
-            // Another process linked it meanwhile, the same way.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(path),
-            r => r.map(|_| path),
+        // Never remove a right link (another resolver may be reading through it): create,
+        // and replace only a link to something else (a file fetched again under a new ETag).
+        for _ in 0..2 {
+            match std::os::unix::fs::symlink(&target, &path) {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    if std::fs::read_link(&path).is_ok_and(|t| t == target) {
+                        return Ok(path);
+                    }
+                    let _ = std::fs::remove_file(&path);
+                }
+                r => return r.map(|_| path),
+            }
         }
+        Err(std::io::Error::other(format!(
+            "{} keeps changing",
+            path.display()
+        )))
     }
 }
 

@@ -369,7 +369,7 @@ fn read_manifest(path: &Path) -> BTreeMap<String, (u64, String)> {
 }
 
 fn write_manifest(path: &Path, m: &BTreeMap<String, (u64, String)>) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let tmp = path.with_extension(crate::cache::unique_suffix());
     let text = serde_json::to_vec_pretty(m).map_err(|e| StoreError::Source(e.to_string()))?;
     std::fs::write(&tmp, text).map_err(|e| StoreError::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| StoreError::io(path, e))
