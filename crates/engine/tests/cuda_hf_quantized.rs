@@ -1,6 +1,6 @@
 //! Quantized HF checkpoints (tests/fixtures/quantized/) on the CUDA backend: dequantized at load
-//! on the host, as on the CPU, then uploaded in bf16; the prompt's logits against what
-//! transformers computes after its own dequantization, on the CPU emulator and on the driver's
+//! on the host, as on the CPU, then uploaded in bf16; the prompt's logits against what the
+//! quantizers' own dequantization computes, on the CPU emulator and on the driver's
 //! device (or the fake driver) when there is one.
 
 mod cuda_common;
@@ -14,7 +14,14 @@ use lmi_engine::cuda::CudaBackend;
 use lmi_engine::engine::EngineOptions;
 use lmi_engine::{DType, Engine};
 
-const FORMATS: [&str; 5] = ["fp8_block", "ct_int8", "ct_fp8", "ct_w4a16", "awq_gemm"];
+const FORMATS: [&str; 6] = [
+    "fp8_block",
+    "ct_int8",
+    "ct_fp8",
+    "ct_w4a16",
+    "awq_gemm",
+    "gptq_act_order",
+];
 
 fn check<D: Device>(dev: &Arc<D>) {
     for name in FORMATS {
@@ -36,7 +43,7 @@ fn check<D: Device>(dev: &Arc<D>) {
         diffs.sort_by(f32::total_cmp);
         let median = diffs[diffs.len() / 2];
         eprintln!(
-            "{name}: CUDA bf16 prompt logits, median difference {median:.2e} from transformers' f32"
+            "{name}: CUDA bf16 prompt logits, median difference {median:.2e} from the reference's f32"
         );
         assert!(median < BF16_TOL, "{name}: median difference {median}");
     }

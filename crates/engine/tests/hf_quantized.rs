@@ -1,8 +1,9 @@
 //! Quantized HF checkpoints (tests/fixtures/quantized/generate.py): FP8 with per-block scales
 //! (transformers' FineGrainedFP8 layout), and compressed-tensors' int8 and FP8 per channel and
-//! int4 packed in groups of 32 (written by compressed-tensors itself), and AutoAWQ's 4-bit GEMM
-//! layout (packed by autoawq). Dequantized at load, they must compute what the quantizers'
-//! own dequantization computes (transformers' `dequantize=True`; autoawq's `dequantize_gemm`):
+//! int4 packed in groups of 32 (written by compressed-tensors itself), AutoAWQ's 4-bit GEMM
+//! layout (packed by autoawq) and GPTQ's v1 format with act-order (packed by gptqmodel).
+//! Dequantized at load, they must compute what the quantizers' own dequantization computes
+//! (transformers' `dequantize=True`; autoawq's `dequantize_gemm`; gptqmodel's `dequantize_weight`):
 //! prompt logits within f32 tolerance (and bf16's), and 32 greedy tokens.
 
 mod hf_fixture;
@@ -12,7 +13,14 @@ use std::path::PathBuf;
 use hf_fixture::{BF16_TOL, F32_TOL, check_greedy, prompt_diffs};
 use lmi_engine::DType;
 
-const FORMATS: [&str; 5] = ["fp8_block", "ct_int8", "ct_fp8", "ct_w4a16", "awq_gemm"];
+const FORMATS: [&str; 6] = [
+    "fp8_block",
+    "ct_int8",
+    "ct_fp8",
+    "ct_w4a16",
+    "awq_gemm",
+    "gptq_act_order",
+];
 
 fn fixture(name: &str) -> PathBuf {
     hf_fixture::fixture("quantized", name)

@@ -274,17 +274,14 @@ fn errors_say_what_to_do() {
 
     // A quantized checkpoint that does not load: refused before its weights are fetched.
     hub.reset_stats();
-    let gptq = br#"{"architectures": ["Qwen3ForCausalLM"], "quantization_config": {"quant_method": "gptq", "bits": 4}}"#;
+    let bnb = br#"{"architectures": ["Qwen3ForCausalLM"], "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": true}}"#;
     hub.add(
-        "org/m-GPTQ",
-        Repo::new(&[
-            ("config.json", gptq),
-            ("model.safetensors", &shard(9, 3000)),
-        ]),
+        "org/m-bnb-4bit",
+        Repo::new(&[("config.json", bnb), ("model.safetensors", &shard(9, 3000))]),
     );
-    let e = err("org/m-GPTQ", &cfg);
+    let e = err("org/m-bnb-4bit", &cfg);
     assert!(
-        e.contains("org/m-GPTQ") && e.contains("quantized with gptq (4-bit)"),
+        e.contains("org/m-bnb-4bit") && e.contains("quantized with bitsandbytes (4-bit)"),
         "{e}"
     );
     assert!(!hub.stats().gets.contains_key("model.safetensors"));

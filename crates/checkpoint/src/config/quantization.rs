@@ -5,7 +5,7 @@
 use serde_json::{Map, Value};
 
 /// What loads, for the refusal's message.
-const WHAT_LOADS: &str = "unquantized safetensors (f32, f16, bf16), FP8 with per-block scales (quant_method fp8), compressed-tensors int8/FP8 per channel or tensor and packed int4/int8 in groups (float-, int-, pack-quantized, symmetric), AutoAWQ's 4-bit GEMM layout, gpt-oss's MXFP4 experts, and GGUF files (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, MXFP4)";
+const WHAT_LOADS: &str = "unquantized safetensors (f32, f16, bf16), FP8 with per-block scales (quant_method fp8), compressed-tensors int8/FP8 per channel or tensor and packed int4/int8 in groups (float-, int-, pack-quantized, symmetric), AutoAWQ's 4-bit GEMM layout, GPTQ (2, 4, 8 bits, v1 and v2, act-order), gpt-oss's MXFP4 experts, and GGUF files (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, MXFP4)";
 
 /// A quantized HF format whose weights are dequantized at load.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +18,10 @@ pub enum HfQuant {
     /// `quant_method: awq`, AutoAWQ's GEMM layout: 4-bit `qweight` [in, out/8] and `qzeros`
     /// [groups, out/8] packed in the order 0,2,4,6,1,3,5,7, `scales` [groups, out].
     AwqGemm { group: usize },
+    /// `quant_method: gptq`: `qweight` [in·bits/32, out] packed along the input, `qzeros`
+    /// [groups, out·bits/32] (stored minus one in the v1 `checkpoint_format: gptq`), `scales`
+    /// [groups, out], `g_idx` [in] (each input's group; permuted under act-order).
+    Gptq { bits: u32, v1: bool },
 }
 
 /// compressed-tensors' weight scheme.
@@ -86,12 +90,22 @@ impl HfQuant {
                     ))
                 }
             }
-            "gptq" => refuse(
-                q.get("bits")
-                    .and_then(Value::as_u64)
-                    .map(|b| format!(" ({b}-bit)"))
-                    .unwrap_or_default(),
-            ),
+            "gptq" => {
+                let bits = q.get("bits").and_then(Value::as_u64).unwrap_or(0) as u32;
+                let format = q
+                    .get("checkpoint_format")
+                    .and_then(Value::as_str)
+                    .unwrap_or("gptq");
+                let v1 = match format {
+                    "gptq" => Some(true),
+                    "gptq_v2" => Some(false),
+                    _ => None,
+                };
+                match v1 {
+                    Some(v1) if matches!(bits, 2 | 4 | 8) => Ok(Some(HfQuant::Gptq { bits, v1 })),
+                    _ => refuse(format!(" ({bits}-bit, checkpoint_format {format})")),
+                }
+            }
             _ => refuse(String::new()),
         }
     }
@@ -239,8 +253,12 @@ mod tests {
             e.contains("awq (4-bit, version gemv)") && e.contains("GGUF"),
             "{e}"
         );
-        let e = parse(r#"{"quant_method": "gptq", "bits": 4}"#).unwrap_err();
-        assert!(e.contains("gptq (4-bit)"), "{e}");
+        assert_eq!(
+            parse(r#"{"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": true}"#),
+            Ok(Some(HfQuant::Gptq { bits: 4, v1: true }))
+        );
+        let e = parse(r#"{"quant_method": "gptq", "bits": 3}"#).unwrap_err();
+        assert!(e.contains("gptq (3-bit, checkpoint_format gptq)"), "{e}");
         let asym = ct(
             "pack-quantized",
             r#"{"num_bits": 4, "type": "int", "symmetric": false, "strategy": "group", "group_size": 128}"#,

@@ -1,7 +1,7 @@
 //! Quantized HF checkpoints, dequantized at load into the load's dtype: FP8 with per-block
 //! `weight_scale_inv` (transformers' FineGrainedFP8), compressed-tensors' int8, FP8 and
-//! packed intN weights with `weight_scale` per tensor, channel, group or block, and AutoAWQ's
-//! 4-bit GEMM layout. The layouts
+//! packed intN weights with `weight_scale` per tensor, channel, group or block, AutoAWQ's
+//! 4-bit GEMM layout, and GPTQ (v1 and v2 zero points, act-order's `g_idx`). The layouts
 //! and formulas are the quantizers' own (checked on tests/fixtures/quantized/, generated and
 //! dequantized by them).
 
@@ -30,7 +30,7 @@ impl HfQuant {
         let stem = name.strip_suffix("weight")?;
         match self {
             HfQuant::Compressed(c) if c.packed => Some(format!("{stem}weight_packed")),
-            HfQuant::AwqGemm { .. } => Some(format!("{stem}qweight")),
+            HfQuant::AwqGemm { .. } | HfQuant::Gptq { .. } => Some(format!("{stem}qweight")),
             _ => Some(name.to_string()),
         }
     }
@@ -40,7 +40,7 @@ impl HfQuant {
         Some(match self {
             HfQuant::Fp8Block { .. } => format!("{stem}weight_scale_inv"),
             HfQuant::Compressed(_) => format!("{stem}weight_scale"),
-            HfQuant::AwqGemm { .. } => format!("{stem}scales"),
+            HfQuant::AwqGemm { .. } | HfQuant::Gptq { .. } => format!("{stem}scales"),
         })
     }
 
@@ -50,6 +50,7 @@ impl HfQuant {
             HfQuant::Fp8Block { block } => *block,
             HfQuant::Compressed(c) => c.grid,
             HfQuant::AwqGemm { group } => [1, *group],
+            HfQuant::Gptq { .. } => [1, 0], // unused: GPTQ's groups come from g_idx
         }
     }
 
@@ -80,8 +81,14 @@ impl HfQuant {
                 )));
             }
         };
-        if let HfQuant::AwqGemm { group } = self {
-            return awq_gemm(src, name, &stored, &scale_name, rows, cols, *group).map(Some);
+        match self {
+            HfQuant::AwqGemm { group } => {
+                return awq_gemm(src, name, &stored, &scale_name, rows, cols, *group).map(Some);
+            }
+            HfQuant::Gptq { bits, v1 } => {
+                return gptq(src, &stored, &scale_name, rows, cols, *bits, *v1).map(Some);
+            }
+            _ => {}
         }
         let mut values = src.with_raw(&stored, &mut |raw| match (self, raw.dtype) {
             (HfQuant::Compressed(c), StDtype::I32) if c.packed => {
@@ -212,6 +219,72 @@ fn awq_gemm(
         let g = i / group;
         for o in 0..out {
             w[o * inp + i] = (nibble(&q, i, o) - nibble(&z, g, o)) * s[g * out + o];
+        }
+    }
+    Ok(w)
+}
+
+/// GPTQ, transposed into the `[out, in]` weight: w[o][i] = (q[i][o] − z[g][o]) · s[g][o] with
+/// g = g_idx[i] (i / group without g_idx), values packed `32 / bits` to a word, the first in
+/// the lowest bits, and v1's zero points stored minus one (gptqmodel's `dequantize_weight`
+/// after its v1 → v2 conversion).
+fn gptq(
+    src: &impl RawSource,
+    qweight: &str,
+    scales: &str,
+    rows: usize,
+    cols: usize,
+    bits: u32,
+    v1: bool,
+) -> Result<Vec<f32>> {
+    let (out, inp) = (rows, cols);
+    let per_word = (32 / bits) as usize;
+    let stem = qweight.strip_suffix("qweight").unwrap_or(qweight);
+    let bad = |msg: String| CheckpointError::UnsupportedDtype {
+        name: qweight.to_string(),
+        dtype: msg,
+    };
+    if inp % per_word != 0 || out % per_word != 0 {
+        return Err(bad(format!(
+            "GPTQ of shape [{out}, {inp}] with {bits}-bit words"
+        )));
+    }
+    let q = read_i32(src, qweight, [inp / per_word, out])?;
+    let groups = src.with_raw(scales, &mut |raw| {
+        Ok(raw.shape.first().copied().unwrap_or(0))
+    })?;
+    let s = read_floats(src, scales, [groups, out])?;
+    let z = read_i32(src, &format!("{stem}qzeros"), [groups, out / per_word])?;
+    let g_name = format!("{stem}g_idx");
+    let g_idx: Vec<usize> = if src.has(&g_name) {
+        src.with_raw(&g_name, &mut |raw| {
+            if raw.dtype != StDtype::I32 || raw.shape != [inp] {
+                let (d, sh) = (raw.dtype, &raw.shape);
+                return Err(bad(format!("g_idx of {d:?} {sh:?}, expected I32 [{inp}]")));
+            }
+            Ok(raw
+                .bytes
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+                .collect())
+        })?
+    } else {
+        let group = inp.div_ceil(groups.max(1));
+        (0..inp).map(|i| i / group).collect()
+    };
+    if let Some(&g) = g_idx.iter().find(|&&g| g >= groups) {
+        return Err(bad(format!("g_idx names group {g} of {groups}")));
+    }
+    let mask = (1u32 << bits) - 1;
+    let field = |word: u32, k: usize| ((word >> (bits as usize * k)) & mask) as f32;
+    let plus = if v1 { 1.0 } else { 0.0 };
+    let mut w = vec![0f32; out * inp];
+    for i in 0..inp {
+        let g = g_idx[i];
+        for o in 0..out {
+            let qv = field(q[(i / per_word) * out + o], i % per_word);
+            let zv = field(z[g * (out / per_word) + o / per_word], o % per_word) + plus;
+            w[o * inp + i] = (qv - zv) * s[g * out + o];
         }
     }
     Ok(w)
