@@ -146,6 +146,38 @@ fn lmi_fetch_fills_the_cache_and_prints_the_directory() {
 }
 
 #[test]
+fn two_processes_on_one_cache_fetch_each_file_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("tiny");
+    write_tiny_model(&model, &TinySpec::llama()).unwrap();
+    let hub = FakeHub::start();
+    hub.add("test-org/tiny", repo_of(&model));
+    let cache = tmp.path().join("hf");
+    let spawn = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_lmi"))
+            .args(["fetch", "test-org/tiny"])
+            .env("HF_ENDPOINT", &hub.url)
+            .env("HF_HUB_CACHE", &cache)
+            .env_remove("HF_TOKEN")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(a.status.success() && b.status.success());
+    assert_eq!(a.stdout, b.stdout);
+    let stats = hub.stats();
+    assert!(
+        stats.gets.values().all(|&n| n == 1),
+        "a file fetched twice: {:?}",
+        stats.gets
+    );
+    assert!(stats.gets.contains_key("model.safetensors"));
+}
+
+#[test]
 fn a_model_that_cannot_be_fetched_ends_the_process() {
     let hub = FakeHub::start();
     let cache = tempfile::tempdir().unwrap();
