@@ -1,8 +1,9 @@
 //! End to end: `lmi serve --model org/name` against the stand-in Hub (the store's
 //! tests/support/fake_hub.rs) on loopback: the model is fetched into the Hub cache and
 //! generates exactly what the same files served by path do; /info names the commit; a
-//! second start offline serves from the cache; a name that cannot be fetched ends the
-//! process with one line and a non-zero status.
+//! second start offline serves from the cache; drafts and adapters (at start and through the
+//! management API) by name; `lmi fetch`, and two of them on one cache; a name that cannot be
+//! fetched ends the process with one line and a non-zero status.
 
 mod common;
 
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use fake_hub::{FakeHub, Repo};
-use lmi_checkpoint::testing::{TinySpec, write_tiny_model};
+use lmi_checkpoint::testing::{PeftSpec, TinySpec, write_peft_adapter, write_tiny_model};
 
 fn generate(port: u16) -> String {
     let body = br#"{"inputs": "a b c", "parameters": {"max_new_tokens": 12, "do_sample": false}}"#;
@@ -175,6 +176,61 @@ fn two_processes_on_one_cache_fetch_each_file_once() {
         stats.gets
     );
     assert!(stats.gets.contains_key("model.safetensors"));
+}
+
+#[test]
+fn adapters_by_name_at_start_and_through_the_management_api() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("tiny");
+    write_tiny_model(&model, &TinySpec::llama()).unwrap();
+    let c = lmi_checkpoint::ModelConfig::from_file(&model.join("config.json")).unwrap();
+    let hub = FakeHub::start();
+    for (name, seed) in [("lora-a", 1), ("lora-b", 2)] {
+        let dir = tmp.path().join(name);
+        write_peft_adapter(&dir, &c, &PeftSpec::new(4, seed)).unwrap();
+        hub.add(&format!("test-org/{name}"), repo_of(&dir));
+    }
+    let cache = tmp.path().join("hf");
+    let env = [
+        ("HF_ENDPOINT", hub.url.as_str()),
+        ("HF_HUB_CACHE", cache.to_str().unwrap()),
+    ];
+    let mut s = start_with_env(
+        &model,
+        &[
+            "--kv-cache-bytes",
+            "16M",
+            "-o",
+            "option.adapters=a=test-org/lora-a",
+        ],
+        &env,
+    );
+    wait_ready(&mut s, "tiny");
+    let r = post(s.port, "/adapters?name=b&src=test-org/lora-b", "");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let names: Vec<String> = get(s.port, "/adapters").json()["adapters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["a", "b"]);
+    for a in ["a", "b"] {
+        let body = format!(
+            r#"{{"inputs": "a b", "adapters": "{a}", "parameters": {{"max_new_tokens": 4}}}}"#
+        );
+        let r = post(s.port, "/invocations", &body);
+        assert_eq!(r.status, 200, "{a}: {}", r.body);
+    }
+    // A name that is not there: the fetch's own error, as a 400.
+    let r = post(s.port, "/adapters?name=c&src=test-org/missing", "");
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(
+        r.body.contains("no repository test-org/missing"),
+        "{}",
+        r.body
+    );
+    sigterm_and_wait(&mut s);
 }
 
 #[test]

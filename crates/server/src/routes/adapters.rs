@@ -146,6 +146,22 @@ async fn pin(m: &LoadedModel, registry: &Arc<AdapterRegistry>, name: &str) -> Re
     }
 }
 
+/// `src` named on the Hub (`org/name[@revision]`) or in S3 (`s3://bucket/prefix/`), fetched
+/// into the cache (with the server's HF_TOKEN / AWS credentials); None for a path.
+async fn fetched(s: &AppState, spec: &str) -> Result<Option<PathBuf>, Failure> {
+    match lmi_store::ModelSource::parse(Some(spec), None) {
+        Ok(lmi_store::ModelSource::Hub(_) | lmi_store::ModelSource::S3(_)) => {}
+        _ => return Ok(None),
+    }
+    let fetch = s.config.fetch.without_revision();
+    let spec = spec.to_string();
+    match tokio::task::spawn_blocking(move || lmi_store::resolve_adapter(&spec, &fetch)).await {
+        Ok(Ok(dir)) => Ok(Some(dir)),
+        Ok(Err(e)) => Err(error(400, "BadRequestException", e)),
+        Err(e) => Err(error(500, "InternalServerException", e)),
+    }
+}
+
 async fn do_register(
     s: Arc<AppState>,
     model_name: Option<String>,
@@ -157,11 +173,19 @@ async fn do_register(
     };
     let run = async {
         let name = required(&q, "name")?.trim().to_string();
-        let src = PathBuf::from(required(&q, "src")?.trim());
-        let how = Registration {
+        let spec = required(&q, "src")?.trim().to_string();
+        let mut how = Registration {
             preload: flag(&q, "preload", true)?,
             pin: flag(&q, "pin", false)?,
             trusted: false,
+        };
+        let src = match fetched(&s, &spec).await? {
+            // Fetched by the server into its own cache: read as the operator's adapters are.
+            Some(dir) => {
+                how.trusted = true;
+                dir
+            }
+            None => PathBuf::from(&spec),
         };
         let (reg, n) = (m.adapters.clone(), name.clone());
         let id = blocking(move || reg.register(&n, &src, how)).await?;
