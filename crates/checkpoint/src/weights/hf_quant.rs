@@ -336,6 +336,78 @@ pub fn fp8_e4m3(b: u8) -> f32 {
 mod tests {
     use super::*;
 
+    /// Tensors held in memory, for the dequantization alone.
+    struct Mem(Vec<(String, StDtype, Vec<usize>, Vec<u8>)>);
+
+    impl RawSource for Mem {
+        fn has(&self, name: &str) -> bool {
+            self.0.iter().any(|t| t.0 == name)
+        }
+        fn with_raw<T>(&self, name: &str, f: &mut dyn FnMut(Raw<'_>) -> Result<T>) -> Result<T> {
+            let t = self.0.iter().find(|t| t.0 == name).expect("tensor");
+            f(Raw {
+                dtype: t.1,
+                shape: t.2.clone(),
+                bytes: &t.3,
+            })
+        }
+    }
+
+    #[test]
+    fn fp8_blocks_at_uneven_edges() {
+        // A 3x5 weight in blocks of 2x4 (as DeepSeek's 576-row matrices in blocks of 128): a
+        // 2x2 grid whose last row and column of blocks are partial.
+        let one = 0x38u8; // 1.0 in E4M3
+        let scales: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let src = Mem(vec![
+            (
+                "w.weight".into(),
+                StDtype::F8_E4M3,
+                vec![3, 5],
+                vec![one; 15],
+            ),
+            (
+                "w.weight_scale_inv".into(),
+                StDtype::F32,
+                vec![2, 2],
+                scales,
+            ),
+        ]);
+        let q = HfQuant::Fp8Block { block: [2, 4] };
+        let w = q.dequantize(&src, "w.weight", &[3, 5]).unwrap().unwrap();
+        assert_eq!(
+            w,
+            [
+                1.0, 1.0, 1.0, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 2.0, 3.0, 3.0, 3.0, 3.0, 4.0
+            ]
+        );
+        // A scale grid that does not fit the blocks is refused, naming both.
+        let bad = Mem(vec![
+            (
+                "w.weight".into(),
+                StDtype::F8_E4M3,
+                vec![3, 5],
+                vec![one; 15],
+            ),
+            (
+                "w.weight_scale_inv".into(),
+                StDtype::F32,
+                vec![1, 2],
+                vec![0; 8],
+            ),
+        ]);
+        let e = q
+            .dequantize(&bad, "w.weight", &[3, 5])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs 2x2 scales"), "{e}");
+        // No scale beside it: not a quantized weight (the plain loader decides).
+        assert!(q.dequantize(&src, "w.bias", &[5]).unwrap().is_none());
+    }
+
     #[test]
     fn fp8_e4m3_values() {
         assert_eq!(fp8_e4m3(0x00), 0.0);
