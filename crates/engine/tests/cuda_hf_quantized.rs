@@ -14,17 +14,8 @@ use lmi_engine::cuda::CudaBackend;
 use lmi_engine::engine::EngineOptions;
 use lmi_engine::{DType, Engine};
 
-const FORMATS: [&str; 6] = [
-    "fp8_block",
-    "ct_int8",
-    "ct_fp8",
-    "ct_w4a16",
-    "awq_gemm",
-    "gptq_act_order",
-];
-
 fn check<D: Device>(dev: &Arc<D>) {
-    for name in FORMATS {
+    for name in hf_fixture::QUANTIZED {
         let dir = hf_fixture::fixture("quantized", name);
         let r = reference(&dir);
         let opts = EngineOptions {

@@ -13,22 +13,13 @@ use std::path::PathBuf;
 use hf_fixture::{BF16_TOL, F32_TOL, check_greedy, prompt_diffs};
 use lmi_engine::DType;
 
-const FORMATS: [&str; 6] = [
-    "fp8_block",
-    "ct_int8",
-    "ct_fp8",
-    "ct_w4a16",
-    "awq_gemm",
-    "gptq_act_order",
-];
-
 fn fixture(name: &str) -> PathBuf {
     hf_fixture::fixture("quantized", name)
 }
 
 #[test]
 fn dequantized_at_load_as_the_quantizers_dequantize() {
-    for name in FORMATS {
+    for name in hf_fixture::QUANTIZED {
         for (dtype, tol) in [(DType::F32, F32_TOL), (DType::BF16, BF16_TOL)] {
             let diffs = prompt_diffs(&fixture(name), dtype);
             let (median, worst) = (diffs[diffs.len() / 2], diffs[diffs.len() - 1]);

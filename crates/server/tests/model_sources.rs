@@ -24,6 +24,16 @@ fn generate(port: u16) -> String {
     r.json()["generated_text"].as_str().unwrap().to_string()
 }
 
+/// `lmi ARGS` with the stand-in Hub as its Hub and `cache` as its cache, no token.
+fn lmi(args: &[&str], hub: &FakeHub, cache: &Path) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_lmi"));
+    c.args(args)
+        .env("HF_ENDPOINT", &hub.url)
+        .env("HF_HUB_CACHE", cache)
+        .env_remove("HF_TOKEN");
+    c
+}
+
 fn repo_of(dir: &Path) -> Repo {
     let files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
         .unwrap()
@@ -125,13 +135,13 @@ fn lmi_fetch_fills_the_cache_and_prints_the_directory() {
     let commit = repo.commit().to_string();
     hub.add("test-org/tiny", repo);
     let cache = tmp.path().join("hf");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lmi"))
-        .args(["fetch", "test-org/tiny", "--revision", &commit])
-        .env("HF_ENDPOINT", &hub.url)
-        .env("HF_HUB_CACHE", &cache)
-        .env_remove("HF_TOKEN")
-        .output()
-        .unwrap();
+    let out = lmi(
+        &["fetch", "test-org/tiny", "--revision", &commit],
+        &hub,
+        &cache,
+    )
+    .output()
+    .unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -155,11 +165,7 @@ fn two_processes_on_one_cache_fetch_each_file_once() {
     hub.add("test-org/tiny", repo_of(&model));
     let cache = tmp.path().join("hf");
     let spawn = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_lmi"))
-            .args(["fetch", "test-org/tiny"])
-            .env("HF_ENDPOINT", &hub.url)
-            .env("HF_HUB_CACHE", &cache)
-            .env_remove("HF_TOKEN")
+        lmi(&["fetch", "test-org/tiny"], &hub, &cache)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -237,25 +243,20 @@ fn adapters_by_name_at_start_and_through_the_management_api() {
 fn a_model_that_cannot_be_fetched_ends_the_process() {
     let hub = FakeHub::start();
     let cache = tempfile::tempdir().unwrap();
-    let env = [
-        ("HF_ENDPOINT", hub.url.as_str()),
-        ("HF_HUB_CACHE", cache.path().to_str().unwrap()),
-    ];
-    let port = free_port();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lmi"))
-        .args([
+    let port = free_port().to_string();
+    let serve = |model: &str| {
+        let args = [
             "serve",
             "--host",
             "127.0.0.1",
             "--port",
-            &port.to_string(),
+            &port,
             "--model",
-            "test-org/missing",
-        ])
-        .envs(env)
-        .env_remove("HF_TOKEN")
-        .output()
-        .unwrap();
+            model,
+        ];
+        lmi(&args, &hub, cache.path()).output().unwrap()
+    };
+    let out = serve("test-org/missing");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -263,18 +264,7 @@ fn a_model_that_cannot_be_fetched_ends_the_process() {
         "{stderr}"
     );
     let t = Instant::now();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lmi"))
-        .args([
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "--model",
-            "s3://bucket/model.tar.gz",
-        ])
-        .output()
-        .unwrap();
+    let out = serve("s3://bucket/model.tar.gz");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -217,6 +217,45 @@ fn hash_file(path: &Path, h: &mut Sha256) -> std::io::Result<()> {
     }
 }
 
+/// The runtime a fetch runs on: its callers are synchronous (`lmi serve` resolves in a
+/// blocking task), and a runtime of its own keeps blocking file writes off anyone else's.
+pub(crate) fn runtime() -> crate::error::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .thread_name("lmi-fetch")
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            crate::error::StoreError::Source(format!("starting the download runtime: {e}"))
+        })
+}
+
+/// Waits for every file's task; the first failure aborts the rest and is the answer, else
+/// the bytes fetched in all.
+pub(crate) async fn join_all(
+    mut tasks: tokio::task::JoinSet<Result<u64, FetchError>>,
+) -> crate::error::Result<u64> {
+    use crate::error::StoreError;
+    let mut fetched = 0;
+    let mut first_error = None;
+    while let Some(done) = tasks.join_next().await {
+        let failed = match done {
+            Ok(Ok(n)) => {
+                fetched += n;
+                continue;
+            }
+            Ok(Err(e)) => StoreError::Source(e.message),
+            Err(e) if e.is_cancelled() => continue,
+            Err(e) => StoreError::Source(format!("a download task failed: {e}")),
+        };
+        if first_error.is_none() {
+            first_error = Some(failed);
+            tasks.abort_all();
+        }
+    }
+    first_error.map_or(Ok(fetched), Err)
+}
+
 /// Free bytes on the file system holding `dir`.
 pub(crate) fn free_space(dir: &Path) -> std::io::Result<u64> {
     use std::os::unix::ffi::OsStrExt;

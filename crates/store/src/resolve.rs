@@ -68,13 +68,16 @@ impl Fetch {
 
     /// The Hub's and S3's settings, and HF_REVISION, from the process environment.
     pub fn from_env(progress: bool) -> Self {
+        Self::from_vars(|k| std::env::var(k).ok(), progress)
+    }
+
+    /// The same from any variable lookup (the server's configuration passes its own).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>, progress: bool) -> Self {
         Fetch {
             progress,
-            revision: std::env::var("HF_REVISION")
-                .ok()
-                .filter(|r| !r.trim().is_empty()),
-            hub: HubConfig::from_env(),
-            s3: S3Config::from_env(),
+            revision: var("HF_REVISION").filter(|r| !r.trim().is_empty()),
+            hub: HubConfig::from_vars(&var),
+            s3: S3Config::from_vars(&var),
         }
     }
 }

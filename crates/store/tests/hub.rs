@@ -366,3 +366,35 @@ fn an_adapter_by_name_brings_its_config_and_weights() {
         dir
     );
 }
+
+#[test]
+fn a_listing_without_blob_ids_is_completed_by_head_requests() {
+    // Files named only: each one's blob name, size and (for LFS) sha256 come from a HEAD, as
+    // huggingface_hub reads them; the cache ends up the same, corruption still caught.
+    let hub = FakeHub::start();
+    let mut repo = model_repo();
+    repo.names_only = true;
+    hub.add(REPO, repo.clone());
+    hub.shared.faults.lock().unwrap().corrupt = Some("model-00001-of-00002.safetensors".into());
+    let cache = tempfile::tempdir().unwrap();
+    let r = lmi_store::resolve_with(Some(REPO), &fetch(config(&hub, cache.path()))).unwrap();
+    for f in WANTED {
+        let bytes = repo.bytes(f);
+        let etag = if bytes.len() > support::fake_hub::LFS_THRESHOLD {
+            sha256_hex(bytes)
+        } else {
+            blob_id(bytes)
+        };
+        assert_eq!(std::fs::read(r.dir.join(f)).unwrap(), bytes, "{f}");
+        assert_eq!(
+            std::fs::read_link(r.dir.join(f)).unwrap(),
+            Path::new("../../blobs").join(&etag)
+        );
+    }
+    let stats = hub.stats();
+    assert!(stats.requests.iter().any(|q| q.starts_with("HEAD")));
+    assert_eq!(
+        stats.gets["model-00001-of-00002.safetensors"], 2,
+        "fetched again after the hash check"
+    );
+}

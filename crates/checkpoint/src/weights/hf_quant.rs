@@ -44,16 +44,6 @@ impl HfQuant {
         })
     }
 
-    /// `[rows, cols]` of weight each scale covers (0: the whole dimension).
-    fn grid(&self) -> [usize; 2] {
-        match self {
-            HfQuant::Fp8Block { block } => *block,
-            HfQuant::Compressed(c) => c.grid,
-            HfQuant::AwqGemm { group } => [1, *group],
-            HfQuant::Gptq { .. } => [1, 0], // unused: GPTQ's groups come from g_idx
-        }
-    }
-
     /// `name`'s values dequantized to f32 when it is a quantized weight of this checkpoint
     /// (it has a scale beside it); None for any other tensor (norms, embeddings, ignored layers).
     pub(crate) fn dequantize(
@@ -81,15 +71,17 @@ impl HfQuant {
                 )));
             }
         };
-        match self {
+        // `[rows, cols]` of weight each scale covers (0: the whole dimension).
+        let [gr, gc] = match self {
             HfQuant::AwqGemm { group } => {
                 return awq_gemm(src, name, &stored, &scale_name, rows, cols, *group).map(Some);
             }
             HfQuant::Gptq { bits, v1 } => {
                 return gptq(src, &stored, &scale_name, rows, cols, *bits, *v1).map(Some);
             }
-            _ => {}
-        }
+            HfQuant::Fp8Block { block } => *block,
+            HfQuant::Compressed(c) => c.grid,
+        };
         let mut values = src.with_raw(&stored, &mut |raw| match (self, raw.dtype) {
             (HfQuant::Compressed(c), StDtype::I32) if c.packed => {
                 unpack_rows(raw.bytes, rows, cols, c.num_bits).ok_or_else(|| {
@@ -103,18 +95,8 @@ impl HfQuant {
             (_, dtype) => Err(bad(format!("{dtype:?} of shape {:?} beside a scale (expected quantized values of shape {expected:?})", raw.shape))),
         })?;
         let (scales, scale_shape) = src.with_raw(&scale_name, &mut |raw| {
-            let v = match raw.dtype {
-                StDtype::F32 => f32_bytes_to_f32(raw.bytes),
-                StDtype::F16 => f16_bytes_to_f32(raw.bytes),
-                StDtype::BF16 => bf16_bytes_to_bits(raw.bytes)
-                    .into_iter()
-                    .map(|b| f32::from_bits(u32::from(b) << 16))
-                    .collect(),
-                d => return Err(bad(format!("scale {scale_name} in {d:?}"))),
-            };
-            Ok((v, raw.shape.clone()))
+            Ok((floats(&scale_name, &raw)?, raw.shape.clone()))
         })?;
-        let [gr, gc] = self.grid();
         let (gr, gc) = (
             if gr == 0 { rows } else { gr },
             if gc == 0 { cols } else { gc },
@@ -139,24 +121,31 @@ impl HfQuant {
 /// inverted).
 const AWQ_NIBBLE: [u32; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
 
-fn read_i32(src: &impl RawSource, name: &str, shape: [usize; 2]) -> Result<Vec<u32>> {
-    src.with_raw(name, &mut |raw| {
-        if raw.dtype != StDtype::I32 || raw.shape != shape {
-            return Err(CheckpointError::ShapeMismatch {
+/// A float tensor's values (F32, F16 or BF16) as f32.
+fn floats(name: &str, raw: &Raw<'_>) -> Result<Vec<f32>> {
+    Ok(match raw.dtype {
+        StDtype::F32 => f32_bytes_to_f32(raw.bytes),
+        StDtype::F16 => f16_bytes_to_f32(raw.bytes),
+        StDtype::BF16 => bf16_bytes_to_bits(raw.bytes)
+            .into_iter()
+            .map(|b| half::bf16::from_bits(b).to_f32())
+            .collect(),
+        d => {
+            return Err(CheckpointError::UnsupportedDtype {
                 name: name.to_string(),
-                expected: shape.to_vec(),
-                got: raw.shape.clone(),
+                dtype: format!("{d:?}"),
             });
         }
-        Ok(raw
-            .bytes
-            .chunks_exact(4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect())
     })
 }
 
-fn read_floats(src: &impl RawSource, name: &str, shape: [usize; 2]) -> Result<Vec<f32>> {
+/// Tensor `name`'s values, read by `values` once its shape is checked.
+fn read<T>(
+    src: &impl RawSource,
+    name: &str,
+    shape: &[usize],
+    values: impl Fn(&Raw<'_>) -> Result<Vec<T>>,
+) -> Result<Vec<T>> {
     src.with_raw(name, &mut |raw| {
         if raw.shape != shape {
             return Err(CheckpointError::ShapeMismatch {
@@ -165,21 +154,31 @@ fn read_floats(src: &impl RawSource, name: &str, shape: [usize; 2]) -> Result<Ve
                 got: raw.shape.clone(),
             });
         }
-        Ok(match raw.dtype {
-            StDtype::F32 => f32_bytes_to_f32(raw.bytes),
-            StDtype::F16 => f16_bytes_to_f32(raw.bytes),
-            StDtype::BF16 => bf16_bytes_to_bits(raw.bytes)
-                .into_iter()
-                .map(|b| f32::from_bits(u32::from(b) << 16))
-                .collect(),
-            d => {
-                return Err(CheckpointError::UnsupportedDtype {
-                    name: name.to_string(),
-                    dtype: format!("{d:?}"),
-                });
-            }
-        })
+        values(&raw)
     })
+}
+
+/// An I32 tensor's words (packed values, group indices).
+fn words(name: &str, raw: &Raw<'_>) -> Result<Vec<u32>> {
+    if raw.dtype != StDtype::I32 {
+        return Err(CheckpointError::UnsupportedDtype {
+            name: name.to_string(),
+            dtype: format!("{:?} (expected I32)", raw.dtype),
+        });
+    }
+    Ok(raw
+        .bytes
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
+}
+
+fn read_i32(src: &impl RawSource, name: &str, shape: &[usize]) -> Result<Vec<u32>> {
+    read(src, name, shape, |raw| words(name, raw))
+}
+
+fn read_floats(src: &impl RawSource, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    read(src, name, shape, |raw| floats(name, raw))
 }
 
 /// AutoAWQ's GEMM layout, transposed into the `[out, in]` weight: w[o][i] = (q[i][o] −
@@ -203,13 +202,13 @@ fn awq_gemm(
         });
     }
     let groups = inp / group;
-    let q = read_i32(src, qweight, [inp, out / 8])?;
+    let q = read_i32(src, qweight, &[inp, out / 8])?;
     let zname = format!(
         "{}qzeros",
         qweight.strip_suffix("qweight").unwrap_or(qweight)
     );
-    let z = read_i32(src, &zname, [groups, out / 8])?;
-    let s = read_floats(src, scales, [groups, out])?;
+    let z = read_i32(src, &zname, &[groups, out / 8])?;
+    let s = read_floats(src, scales, &[groups, out])?;
     let nibble = |words: &[u32], row: usize, col: usize| -> f32 {
         let w = words[row * (out / 8) + col / 8];
         ((w >> (4 * AWQ_NIBBLE[col % 8])) & 0xf) as f32
@@ -249,25 +248,18 @@ fn gptq(
             "GPTQ of shape [{out}, {inp}] with {bits}-bit words"
         )));
     }
-    let q = read_i32(src, qweight, [inp / per_word, out])?;
+    let q = read_i32(src, qweight, &[inp / per_word, out])?;
     let groups = src.with_raw(scales, &mut |raw| {
         Ok(raw.shape.first().copied().unwrap_or(0))
     })?;
-    let s = read_floats(src, scales, [groups, out])?;
-    let z = read_i32(src, &format!("{stem}qzeros"), [groups, out / per_word])?;
+    let s = read_floats(src, scales, &[groups, out])?;
+    let z = read_i32(src, &format!("{stem}qzeros"), &[groups, out / per_word])?;
     let g_name = format!("{stem}g_idx");
     let g_idx: Vec<usize> = if src.has(&g_name) {
-        src.with_raw(&g_name, &mut |raw| {
-            if raw.dtype != StDtype::I32 || raw.shape != [inp] {
-                let (d, sh) = (raw.dtype, &raw.shape);
-                return Err(bad(format!("g_idx of {d:?} {sh:?}, expected I32 [{inp}]")));
-            }
-            Ok(raw
-                .bytes
-                .chunks_exact(4)
-                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
-                .collect())
-        })?
+        read_i32(src, &g_name, &[inp])?
+            .into_iter()
+            .map(|g| g as usize)
+            .collect()
     } else {
         let group = inp.div_ceil(groups.max(1));
         (0..inp).map(|i| i / group).collect()

@@ -196,30 +196,16 @@ impl SafetensorsDir {
         expected: &[usize],
         f: impl FnOnce(&safetensors::tensor::TensorView<'_>) -> Result<T>,
     ) -> Result<T> {
-        let &fi = self
-            .index
-            .get(name)
-            .ok_or_else(|| CheckpointError::MissingTensor {
-                name: name.to_string(),
-                dir: self.dir.clone(),
-            })?;
-        let (path, mmap) = &self.files[fi];
-        let st = SafeTensors::deserialize(mmap).map_err(|e| CheckpointError::Safetensors {
-            path: path.clone(),
-            msg: e.to_string(),
-        })?;
-        let view = st.tensor(name).map_err(|e| CheckpointError::Safetensors {
-            path: path.clone(),
-            msg: e.to_string(),
-        })?;
-        if view.shape() != expected {
-            return Err(CheckpointError::ShapeMismatch {
-                name: name.to_string(),
-                got: view.shape().to_vec(),
-                expected: expected.to_vec(),
-            });
-        }
-        f(&view)
+        self.with_any_view(name, |view| {
+            if view.shape() != expected {
+                return Err(CheckpointError::ShapeMismatch {
+                    name: name.to_string(),
+                    got: view.shape().to_vec(),
+                    expected: expected.to_vec(),
+                });
+            }
+            f(view)
+        })
     }
 }
 

@@ -8,6 +8,16 @@ use std::path::{Path, PathBuf};
 use lmi_engine::engine::EngineOptions;
 use lmi_engine::{BLOCK_SIZE, DType, Engine, LogitsWanted, SeqChunk};
 
+/// The quantized checkpoints of tests/fixtures/quantized/ (generate.py).
+pub const QUANTIZED: [&str; 6] = [
+    "fp8_block",
+    "ct_int8",
+    "ct_fp8",
+    "ct_w4a16",
+    "awq_gemm",
+    "gptq_act_order",
+];
+
 /// transformers in f32 against ours in f32: the products sum in other orders.
 pub const F32_TOL: f32 = 1e-4;
 /// bf16 weights, matrix inputs and K/V against transformers in f32, relative to the largest

@@ -595,11 +595,10 @@ impl ServingConfig {
         };
         let drain_timeout_secs = nonneg(&raw, "option.drain_timeout", 60)? as u64;
         let var = |k: &str| env.get(k).cloned();
+        // option.revision (HF_REVISION among its sources) names the served model's revision.
         let fetch = lmi_store::Fetch {
-            progress: true,
             revision: str_of("option.revision"),
-            hub: lmi_store::hub::HubConfig::from_vars(var),
-            s3: lmi_store::s3::S3Config::from_vars(var),
+            ..lmi_store::Fetch::from_vars(var, true)
         };
         Ok(ServingConfig {
             model_id,

@@ -208,45 +208,57 @@ pub(crate) fn parse_revision(repo: &str, body: &[u8]) -> Result<RevisionInfo, Fe
     Ok(RevisionInfo { commit, siblings })
 }
 
-/// A file's ETag and size by a HEAD request, for a listing without blob ids.
+/// A file as a HEAD request names it, for a listing without blob ids: its ETag (the blob's
+/// name), its size, and for an LFS file (`X-Linked-Etag`) the sha256 its bytes must have.
+pub(crate) struct Head {
+    pub etag: String,
+    pub size: Option<u64>,
+    pub sha256: Option<String>,
+}
+
 pub(crate) async fn head(
     cfg: &HubConfig,
     repo: &str,
     commit: &str,
     file: &str,
-) -> Result<(String, Option<u64>), FetchError> {
-    let url = file_url(cfg, repo, commit, file)?;
-    // huggingface_hub reads the ETag of the first answer (X-Linked-Etag for LFS files), so a
-    // HEAD that is not followed is what names the blob; the size is X-Linked-Size or the length.
-    let headers = [("accept-encoding", "identity".to_string())];
-    let mut u = url;
+) -> Result<Head, FetchError> {
+    // huggingface_hub reads the first answer that is not a redirect within the Hub (the LFS
+    // redirect elsewhere carries X-Linked-Etag / X-Linked-Size), so it is read the same way.
+    let mut u = file_url(cfg, repo, commit, file)?;
     for _ in 0..=MAX_REDIRECTS {
-        let mut h = headers.to_vec();
+        let mut h = vec![("accept-encoding", "identity".to_string())];
         if let Some(t) = &cfg.token {
             h.push(("authorization", format!("Bearer {}", t.value)));
         }
         let resp = http::send(Method::HEAD, &u, &h, Bytes::new()).await?;
-        let etag = http::header_str(&resp, "x-linked-etag")
-            .or_else(|| http::header_str(&resp, "etag"))
-            .map(clean_etag);
+        let status = resp.status();
+        if !status.is_success() && !status.is_redirection() {
+            return Err(error_of(cfg, repo, Asked::File { file }, resp).await);
+        }
+        let linked = http::header_str(&resp, "x-linked-etag").map(clean_etag);
+        let etag = linked
+            .clone()
+            .or_else(|| http::header_str(&resp, "etag").map(clean_etag))
+            .filter(|e| !e.is_empty());
         let size = http::header_str(&resp, "x-linked-size")
             .or_else(|| http::header_str(&resp, "content-length"))
             .and_then(|s| s.parse().ok());
-        if let Some(etag) = etag.filter(|e| !e.is_empty()) {
-            return Ok((etag, size));
+        let next = http::header_str(&resp, "location").and_then(|loc| u.join(loc).ok());
+        match (etag, next) {
+            (_, Some(next))
+                if status.is_redirection() && linked.is_none() && next.origin() == u.origin() =>
+            {
+                u = next;
+            }
+            (Some(etag), _) => {
+                return Ok(Head {
+                    etag,
+                    size,
+                    sha256: linked,
+                });
+            }
+            _ => break,
         }
-        if resp.status().is_redirection()
-            && let Some(loc) = http::header_str(&resp, "location")
-            && let Ok(next) = u.join(loc)
-            && next.origin() == u.origin()
-        {
-            u = next;
-            continue;
-        }
-        if !resp.status().is_success() {
-            return Err(error_of(cfg, repo, Asked::File { file }, resp).await);
-        }
-        break;
     }
     Err(FetchError::fatal(format!(
         "{repo}: the Hub gave no ETag for {file}"

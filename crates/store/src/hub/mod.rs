@@ -84,12 +84,7 @@ pub fn snapshot_for(
             ))
         });
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .thread_name("lmi-fetch")
-        .enable_all()
-        .build()
-        .map_err(|e| StoreError::Source(format!("starting the download runtime: {e}")))?;
+    let rt = download::runtime()?;
     let cfg = Arc::new(cfg.clone());
     let info = match rt.block_on(api::revision_info(&cfg, &r.repo, r.revision())) {
         Ok(info) => info,
@@ -227,30 +222,9 @@ async fn fetch_all(
             fetch_file(&cfg, &cache, &repo, &commit, &s, &progress).await
         });
     }
-    let mut fetched = 0;
-    let mut first_error = None;
-    while let Some(done) = tasks.join_next().await {
-        match done {
-            Ok(Ok(n)) => fetched += n,
-            Ok(Err(e)) => {
-                if first_error.is_none() {
-                    first_error = Some(e);
-                    tasks.abort_all();
-                }
-            }
-            Err(e) if e.is_cancelled() => {}
-            Err(e) => {
-                first_error = first_error.or(Some(StoreError::Source(format!(
-                    "a download task failed: {e}"
-                ))))
-            }
-        }
-    }
+    let joined = download::join_all(tasks).await;
     progress.finish();
-    match first_error {
-        Some(e) => Err(e),
-        None => Ok(fetched),
-    }
+    joined
 }
 
 async fn fetch_file(
@@ -260,21 +234,21 @@ async fn fetch_file(
     commit: &str,
     s: &Sibling,
     progress: &Progress,
-) -> Result<u64> {
-    let source = |e: FetchError| StoreError::Source(e.message);
-    let (etag, size) = match s.sha256.as_ref().or(s.blob_id.as_ref()) {
-        Some(e) => (e.clone(), s.size),
-        None => api::head(cfg, repo, commit, &s.name)
-            .await
-            .map_err(source)?,
+) -> Result<u64, FetchError> {
+    let (etag, size, sha256) = match s.sha256.as_ref().or(s.blob_id.as_ref()) {
+        Some(e) => (e.clone(), s.size, s.sha256.clone()),
+        None => {
+            let h = api::head(cfg, repo, commit, &s.name).await?;
+            (h.etag, h.size, h.sha256)
+        }
     };
-    let url = api::file_url(cfg, repo, commit, &s.name).map_err(source)?;
+    let url = api::file_url(cfg, repo, commit, &s.name)?;
     let target = Target {
         label: s.name.clone(),
         dest: cache.blob(&etag),
         lock: cache.lock_path(&etag),
         size,
-        sha256: s.sha256.clone(),
+        sha256,
     };
     let fetched = download::fetch(&target, progress, |from| {
         let url = url.clone();
@@ -297,11 +271,10 @@ async fn fetch_file(
             }
         }
     })
-    .await
-    .map_err(source)?;
+    .await?;
     cache
         .link(commit, &s.name, &etag)
-        .map_err(|e| StoreError::io(cache.snapshot(commit), e))?;
+        .map_err(|e| FetchError::fatal(format!("{}: {e}", cache.snapshot(commit).display())))?;
     Ok(fetched)
 }
 

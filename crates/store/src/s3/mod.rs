@@ -139,12 +139,7 @@ fn safe_component(part: &str) -> Result<&str> {
 /// reach, a folder a complete earlier download left is used, with a warning.
 pub fn download(cfg: &S3Config, uri: &S3Uri, progress: bool) -> Result<Downloaded> {
     let dir = download_dir(cfg, uri)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .thread_name("lmi-fetch")
-        .enable_all()
-        .build()
-        .map_err(|e| StoreError::Source(format!("starting the download runtime: {e}")))?;
+    let rt = download::runtime()?;
     rt.block_on(async {
         let creds = credentials::find(&cfg.credentials, &cfg.region)
             .await
@@ -189,10 +184,7 @@ pub fn download(cfg: &S3Config, uri: &S3Uri, progress: bool) -> Result<Downloade
 /// reads its configuration before the model); None when the prefix has none.
 pub fn properties(cfg: &S3Config, uri: &S3Uri) -> Result<Option<PathBuf>> {
     let dir = download_dir(cfg, uri)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| StoreError::Source(format!("starting the download runtime: {e}")))?;
+    let rt = download::runtime()?;
     rt.block_on(async {
         let creds = credentials::find(&cfg.credentials, &cfg.region)
             .await
@@ -312,29 +304,10 @@ async fn fetch_objects(
             .await
         });
     }
-    let mut fetched = 0;
-    let mut first_error = None;
-    while let Some(done) = tasks.join_next().await {
-        match done {
-            Ok(Ok(n)) => fetched += n,
-            Ok(Err(e)) => {
-                if first_error.is_none() {
-                    first_error = Some(StoreError::Source(e.message));
-                    tasks.abort_all();
-                }
-            }
-            Err(e) if e.is_cancelled() => {}
-            Err(e) => {
-                first_error = first_error.or(Some(StoreError::Source(format!(
-                    "a download task failed: {e}"
-                ))))
-            }
-        }
-    }
+    let joined = download::join_all(tasks).await;
     progress.finish();
-    if let Some(e) = first_error {
-        return Err(e);
-    }
+    let fetched = joined?;
+
     let manifest: BTreeMap<String, (u64, String)> = objects
         .iter()
         .filter_map(|o| Some((relative(folder, &o.key).ok()?, (o.size, o.etag.clone()))))

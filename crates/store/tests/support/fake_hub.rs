@@ -36,6 +36,8 @@ pub struct Repo {
     pub refs: BTreeMap<String, String>,
     /// Only with this token (the GatedRepo answer without it).
     pub gated_token: Option<String>,
+    /// List files by name only (as an endpoint that ignores `?blobs=true`).
+    pub names_only: bool,
 }
 
 impl Repo {
@@ -76,6 +78,7 @@ impl Repo {
             files,
             refs: BTreeMap::from([("main".to_string(), commit)]),
             gated_token: None,
+            names_only: false,
         }
     }
 
@@ -333,6 +336,9 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
             .files
             .iter()
             .map(|(n, f)| {
+                if r.names_only {
+                    return serde_json::json!({"rfilename": n});
+                }
                 let len = f.bytes.len();
                 let mut v = serde_json::json!({"rfilename": n, "blobId": f.blob_id, "size": len});
                 if len > LFS_THRESHOLD {
