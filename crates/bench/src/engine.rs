@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::sampling::SamplingParams;
-use lmi_engine::{BLOCK_SIZE, DType, Device, LogitsWanted, SampleRequest, SeqChunk, StepBatch};
+use lmi_engine::{
+    BLOCK_SIZE, ChunkState, DType, Device, LogitsWanted, SampleRequest, SeqChunk, StepBatch,
+};
 use rayon::prelude::*;
 
 use crate::args::ModelArgs;
@@ -72,8 +74,9 @@ pub fn run(a: EngineArgs) -> anyhow::Result<()> {
         dtype,
         gguf: gguf.clone(),
         kv_blocks: Some(per_seq * max_batch),
-        // The bench lays out its own block tables, one per sequence.
+        // The bench lays out its own block tables, one per sequence (and state slots).
         window_pools: false,
+        state_slots: Some(max_batch),
         ..Default::default()
     };
     let mut engine = lmi_engine::open(a.m.device, &dir, &opts)?;
@@ -99,11 +102,16 @@ pub fn run(a: EngineArgs) -> anyhow::Result<()> {
     } else {
         2
     };
-    let kv_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * kv_elem;
+    let kv_per_token = 2 * c.num_attention_layers() * c.num_kv_heads * c.head_dim * kv_elem;
+    // Linear-attention layers read their state once per sequence and step, whatever the
+    // context (added to the weights as a per-sequence constant).
+    let state_bytes = engine.state_config().map_or(0, |s| s.slot_bytes());
     // A decode step reads every weight once and every sequence's K/V (mean context).
     let context = a.prompt_len + a.decode_steps / 2;
     // A mixture of experts reads more experts for more tokens.
-    let roofline = |b: usize, weights: usize| (weights + b * context * kv_per_token) as f64 / bw;
+    let roofline = |b: usize, weights: usize| {
+        (weights + b * (context * kv_per_token + 2 * state_bytes)) as f64 / bw
+    };
     println!(
         "model {} on {} ({} weights, {:.1} MB held; {:.1} MB of weights and {:.1} KB of K/V per token of context read per decode step), {} host threads, {what} {:.2} GB/s",
         dir.display(),
@@ -178,16 +186,21 @@ pub fn run(a: EngineArgs) -> anyhow::Result<()> {
 }
 
 /// One engine step that draws the next token of every chunk greedily (as serving does: the
-/// step includes the draw).
+/// step includes the draw). A model with recurrent layers keeps chunk `k`'s state in slot `k`.
 fn greedy_step(engine: &mut dyn StepEngine, chunks: &[SeqChunk]) -> anyhow::Result<()> {
     let params = SamplingParams::default();
     let samples = SampleRequest::at_each_last_token(chunks, &params);
+    let states: Vec<ChunkState> = match engine.state_config() {
+        Some(_) => (0..chunks.len() as u32).map(ChunkState::in_slot).collect(),
+        None => Vec::new(),
+    };
     engine.step(&StepBatch {
         chunks,
         samples: &samples,
         prompt_logprobs: &[],
         media: &[],
         rope_deltas: &[],
+        states: &states,
     })?;
     Ok(())
 }

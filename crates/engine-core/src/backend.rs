@@ -107,6 +107,9 @@ pub trait Backend: Send + Sync + 'static {
     /// What a backend keeps beside a mixture-of-experts layer's weights to run it
     /// ([`Backend::index_experts`]; CUDA: the device table of the experts' addresses).
     type Experts: Send + Sync;
+    /// One linear-attention layer's recurrent states, every slot
+    /// ([`crate::state::StateConfig`]).
+    type State: Send;
 
     fn name(&self) -> &'static str;
     /// Which kernels run a step's matrix products of `rows` rows, for reports (`lmi bench
@@ -353,6 +356,45 @@ pub trait Backend: Send + Sync + 'static {
         scoring: AttnScoring<'_, Self::Weight>,
         out: &mut Self::Buf,
     ) -> Result<()>;
+    /// Every linear-attention layer's state slots, zeroed ([`Feature::LinearAttention`]).
+    fn alloc_states(&self, cfg: &crate::state::StateConfig) -> Result<Vec<Self::State>> {
+        let _ = cfg;
+        Err(refused(self.name(), Feature::LinearAttention))
+    }
+    /// Copies whole slots `src → dst` of one layer's states, in order (forks, prefix hits).
+    fn copy_states(
+        &self,
+        state: &mut Self::State,
+        cfg: &crate::state::StateConfig,
+        pairs: &[(u32, u32)],
+    ) -> Result<()> {
+        let _ = (state, cfg, pairs);
+        Err(refused(self.name(), Feature::LinearAttention))
+    }
+    /// A Gated DeltaNet layer's token mixing for every token of the step, each sequence from
+    /// and into its state slot (`step`'s [`crate::state::ChunkState`]s, zeroed first for a
+    /// sequence's first chunk, snapshots taken on the way). `proj` holds each token's fused
+    /// input projection `[q k v | z | b | a]` ([`LinearAttnConfig::proj_dim`] wide); `out`
+    /// gets the gated-normed output `[tokens, value_dim]`, before the output projection. A
+    /// sequence's result must not depend on the other sequences of the step.
+    ///
+    /// [`LinearAttnConfig::proj_dim`]: lmi_checkpoint::config::linear_attn::LinearAttnConfig::proj_dim
+    fn gated_delta_net(
+        &self,
+        proj: &Self::Buf,
+        step: &Self::Step,
+        layer: DeltaNet<'_, Self>,
+        state: &mut Self::State,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (proj, step, layer, state, out);
+        Err(refused(self.name(), Feature::LinearAttention))
+    }
+    /// `x[i] *= σ(gate[i])` for `i < len` (the gated attention's output gate).
+    fn sigmoid_mul(&self, x: &mut Self::Buf, gate: &Self::Buf, len: usize) -> Result<()> {
+        let _ = (x, gate, len);
+        Err(refused(self.name(), Feature::LinearAttention))
+    }
     /// `x[..len] *= s` (Gemma's embedding scale).
     fn scale(&self, x: &mut Self::Buf, len: usize, s: f32) -> Result<()> {
         let _ = (x, len, s);
@@ -491,6 +533,19 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<()>;
 }
 
+/// A Gated DeltaNet layer's weights besides its projections, for [`Backend::gated_delta_net`].
+pub struct DeltaNet<'a, B: Backend + ?Sized> {
+    pub dims: &'a lmi_checkpoint::config::linear_attn::LinearAttnConfig,
+    /// The depthwise convolution `[conv_dim, conv_kernel]` (f32).
+    pub conv: &'a B::Weight,
+    /// Per value head: `A_log` and `dt_bias` (the decay `exp(-exp(A_log) · softplus(a + dt_bias))`).
+    pub a_log: &'a B::Weight,
+    pub dt_bias: &'a B::Weight,
+    /// The gated RMSNorm's weight `[head_v_dim]`.
+    pub norm: &'a B::Weight,
+    pub eps: f32,
+}
+
 /// How attention scores a query against its keys.
 #[derive(Debug)]
 pub struct AttnScoring<'a, W: ?Sized> {
@@ -543,6 +598,9 @@ pub enum Feature {
     AttentionSinks,
     /// Gemma's [`Backend::gelu_tanh_mul`] and [`Backend::scale`].
     Gemma,
+    /// Gated DeltaNet layers and gated attention ([`Backend::gated_delta_net`],
+    /// [`Backend::sigmoid_mul`], partial RoPE).
+    LinearAttention,
 }
 
 impl Feature {
@@ -561,6 +619,9 @@ impl Feature {
         if config.architecture.is_gemma() {
             out.push(Feature::Gemma);
         }
+        if config.linear_attn.is_some() {
+            out.push(Feature::LinearAttention);
+        }
         out
     }
 
@@ -570,6 +631,7 @@ impl Feature {
             Feature::SlidingWindow => "sliding-window attention (Gemma 3, gpt-oss)",
             Feature::AttentionSinks => "attention sinks (gpt-oss)",
             Feature::Gemma => "Gemma models",
+            Feature::LinearAttention => "Gated DeltaNet hybrids (Qwen3.5, Qwen3.6, Qwen3-Next)",
         }
     }
 }

@@ -88,6 +88,9 @@ pub struct BatchLayout {
     pub host_embeds: bool,
     /// The sliding-window layers' addressing when they keep pools of their own.
     pub window: Option<WindowTables>,
+    /// Models with recurrent (linear-attention) layers: each sequence's state slot and the
+    /// snapshots to take ([`crate::state::ChunkState`]); empty for the others.
+    pub states: Vec<crate::state::ChunkState>,
 }
 
 impl BatchLayout {
@@ -114,6 +117,7 @@ impl BatchLayout {
             rope_positions: Vec::new(),
             host_embeds: false,
             window: None,
+            states: Vec::new(),
         };
         l.cu_tokens.push(0);
         for (s, c) in chunks.iter().enumerate() {
@@ -173,6 +177,12 @@ impl BatchLayout {
 
     pub fn num_seqs(&self) -> usize {
         self.context_lens.len()
+    }
+
+    /// Tokens of sequence `seq` computed before this step.
+    pub fn start_pos(&self, seq: usize) -> usize {
+        let n = self.cu_tokens[seq + 1] - self.cu_tokens[seq];
+        (self.context_lens[seq] - n) as usize
     }
 
     pub fn block_table(&self, seq: usize) -> &[u32] {

@@ -22,7 +22,7 @@ impl KvCacheConfig {
     pub fn new(model: &ModelConfig, num_blocks: usize, dtype: DType) -> Self {
         KvCacheConfig {
             num_blocks,
-            num_layers: model.num_layers,
+            num_layers: model.num_attention_layers(),
             num_kv_heads: model.num_kv_heads,
             head_dim: model.head_dim,
             dtype,
@@ -40,7 +40,11 @@ impl KvCacheConfig {
 
     /// Bytes of one block across all layers, K and V, for `elem_bytes`-sized elements.
     pub fn block_bytes(model: &ModelConfig, elem_bytes: usize) -> usize {
-        2 * model.num_layers * model.num_kv_heads * model.head_dim * BLOCK_SIZE * elem_bytes
+        2 * model.num_attention_layers()
+            * model.num_kv_heads
+            * model.head_dim
+            * BLOCK_SIZE
+            * elem_bytes
     }
 
     /// How many blocks fit in `budget_bytes`.

@@ -16,6 +16,7 @@ pub mod lora;
 pub mod model;
 pub mod moe;
 pub mod sampling;
+pub mod state;
 pub mod step;
 pub mod vision;
 
@@ -25,6 +26,7 @@ pub use engine::Engine;
 pub use error::{EngineError, Result};
 pub use kv::{BLOCK_SIZE, KvCacheConfig, KvWindow};
 pub use lmi_checkpoint::{Architecture, DType, ModelConfig};
+pub use state::{ChunkState, NO_SLOT, StateConfig};
 pub use step::{
     PromptLogprobRequest, SampleRequest, StepBatch, StepOutput, TokenLogprob, TokenMask,
 };

@@ -3,14 +3,18 @@
 
 use lmi_checkpoint::dtype::DType;
 use lmi_checkpoint::weights::{HostData, HostTensor};
-use lmi_engine_core::backend::{AttnScoring, Backend, Feature, LoraGroup, LoraSite, QkvLayout};
+use lmi_engine_core::backend::{
+    AttnScoring, Backend, DeltaNet, Feature, LoraGroup, LoraSite, QkvLayout,
+};
 use lmi_engine_core::batch::BatchLayout;
 use lmi_engine_core::error::{EngineError, Result};
 use lmi_engine_core::kv::{BLOCK_SIZE, KvCacheConfig};
+use lmi_engine_core::state::StateConfig;
 use lmi_engine_core::step::process_logits_host;
 use lmi_engine_core::step::{LogitsOutput, LogitsWork};
 
 use crate::attention::{self, Scoring};
+use crate::delta_net::{self, CpuState};
 use crate::kv_pool::KvPool;
 use crate::{amx, linear, lora, moe, ops, qlanes, qlinear, simd, vision};
 
@@ -167,6 +171,7 @@ impl Backend for CpuBackend {
     type Rope = CpuRope;
     type Vision = std::convert::Infallible;
     type Experts = ();
+    type State = CpuState;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -480,6 +485,46 @@ impl Backend for CpuBackend {
 
     fn supports(&self, _: Feature) -> bool {
         true
+    }
+
+    fn alloc_states(&self, cfg: &StateConfig) -> Result<Vec<CpuState>> {
+        (0..cfg.layers).map(|_| CpuState::zeroed(cfg)).collect()
+    }
+
+    fn copy_states(
+        &self,
+        state: &mut CpuState,
+        _: &StateConfig,
+        pairs: &[(u32, u32)],
+    ) -> Result<()> {
+        state.copy(pairs);
+        Ok(())
+    }
+
+    fn gated_delta_net(
+        &self,
+        proj: &Vec<f32>,
+        step: &BatchLayout,
+        layer: DeltaNet<'_, Self>,
+        state: &mut CpuState,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let w = delta_net::Weights {
+            dims: layer.dims,
+            conv: layer.conv.as_f32(),
+            a_log: layer.a_log.as_f32(),
+            dt_bias: layer.dt_bias.as_f32(),
+            norm: layer.norm.as_f32(),
+            eps: layer.eps,
+        };
+        delta_net::gated_delta_net(proj, step, &w, state, out)
+    }
+
+    fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>, len: usize) -> Result<()> {
+        for (v, &g) in x[..len].iter_mut().zip(&gate[..len]) {
+            *v /= 1.0 + (-g).exp();
+        }
+        Ok(())
     }
 
     fn scale(&self, x: &mut Vec<f32>, len: usize, s: f32) -> Result<()> {

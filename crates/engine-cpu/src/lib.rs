@@ -7,6 +7,7 @@
 mod amx;
 mod attention;
 mod backend;
+mod delta_net;
 mod kv_pool;
 mod linear;
 mod lora;
@@ -22,5 +23,6 @@ mod weight_arena;
 
 pub use amx::available as amx_available;
 pub use backend::{CpuBackend, CpuKv, CpuRope, CpuWeight};
+pub use delta_net::CpuState;
 pub use kv_pool::KvPool;
 pub use linear::linear;

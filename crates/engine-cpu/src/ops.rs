@@ -74,7 +74,9 @@ pub fn mrope(qkv: &mut [f32], positions: &[u32], l: QkvLayout, inv_freq: &[f64],
     });
 }
 
-/// Rotate-half RoPE where frequency `i` of row `r` turns by `pos(r, i)` positions.
+/// Rotate-half RoPE where frequency `i` of row `r` turns by `pos(r, i)` positions. With fewer
+/// frequencies than half a head (partial RoPE: Qwen3.5 turns a quarter of each head), only the
+/// head's first `2 · inv_freq.len()` dimensions turn, pairing `i` with `i + inv_freq.len()`.
 fn rope_by(
     qkv: &mut [f32],
     l: QkvLayout,
@@ -82,7 +84,7 @@ fn rope_by(
     pos: impl Fn(usize, usize) -> u32 + Sync,
 ) {
     let d = l.head_dim;
-    let half = d / 2;
+    let half = inv_freq.len().min(d / 2);
     for_rows(qkv, l.row_width(), |r, row| {
         let (mut cos, mut sin) = (vec![0.0f32; half], vec![0.0f32; half]);
         for i in 0..half {

@@ -365,6 +365,9 @@ impl<D: Device> Backend for CudaBackend<D> {
     type Rope = CudaRope<D>;
     type Vision = super::vision::CudaVision<D>;
     type Experts = moe::CudaExperts<D>;
+    /// Gated DeltaNet hybrids are refused at load ([`Feature::LinearAttention`]): no kernels
+    /// for the delta rule here yet.
+    type State = ();
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -803,6 +806,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             | Feature::Gemma
             | Feature::Experts
             | Feature::AttentionSinks => true,
+            Feature::LinearAttention => false,
         }
     }
 

@@ -81,6 +81,7 @@ fn greedy<E: StepEngine + ?Sized>(e: &mut E, chunks: &[SeqChunk]) -> Vec<u32> {
             prompt_logprobs: &[],
             media: &[],
             rope_deltas: &[],
+            states: &[],
         })
         .unwrap();
     out.samples.iter().map(|s| s.token).collect()
@@ -507,6 +508,7 @@ fn generate<E: StepEngine + ?Sized>(
                 prompt_logprobs: &[],
                 media: &[],
                 rope_deltas: &[],
+                states: &[],
             })
             .unwrap();
         let t = s.samples[0].token;

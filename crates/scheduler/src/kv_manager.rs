@@ -4,6 +4,13 @@
 //! and registers or reuses full blocks by their chained hash. It knows sequences only as
 //! their [`SeqBlocks`] and token ids, so strategies and sequences never reach into the pool.
 //!
+//! A model with linear-attention layers also keeps a recurrent state per sequence in slots
+//! of the engine's ([`StatePool`]): a sequence takes one with its first blocks, a fork gets a
+//! copy, a prefix hit needs a snapshot of the state where the hit ends (taken during an earlier
+//! request's prefill, at the block where a later prompt branched off or at its prompt's last
+//! full block), and a draft under verification a backup to roll back to. State copies queue
+//! here for the engine to make before the step ([`KvManager::take_state_copies`]).
+//!
 //! When the engine keeps its sliding-window layers' K/V apart ([`KvWindow`]), a second pool
 //! holds those, and each sequence a second table: a block leaves it (back to the pool, still
 //! cached by its hash) once no later token's window reaches it. A prefix hit then also needs
@@ -11,10 +18,13 @@
 
 use lmi_engine_core::{BLOCK_SIZE, KvWindow, NO_BLOCK};
 
+use lmi_engine_core::ChunkState;
+
 use crate::block_pool::{BlockHash, BlockPool};
 use crate::prefix_hash::block_hash;
 use crate::prompt::{PlacedMedia, media_in};
 use crate::request::AdapterId;
+use crate::state_pool::StatePool;
 
 pub(crate) fn blocks_for(tokens: usize) -> usize {
     tokens.div_ceil(BLOCK_SIZE)
@@ -37,6 +47,15 @@ pub(crate) struct SeqBlocks {
     pub hold_blocks: usize,
     /// Hashes of the full blocks registered in the prefix cache, in order.
     pub hashes: Vec<BlockHash>,
+    /// Models with recurrent layers: the slot holding the state after `num_computed` tokens.
+    pub state_slot: Option<u32>,
+    /// Token counts after which to snapshot the state for the prefix cache (not planned yet).
+    pub snapshot_at: Vec<usize>,
+    /// Snapshots planned into steps: `(tokens, slot)`, cached once their block is registered.
+    pub snapshots: Vec<(usize, u32)>,
+    /// A draft under verification: the tokens computed before its step, and the slot holding
+    /// the state then (restored if part of the draft is rejected).
+    pub rollback: Option<(usize, u32)>,
 }
 
 impl SeqBlocks {
@@ -77,6 +96,10 @@ pub(crate) struct KvManager {
     pool: BlockPool,
     /// The sliding-window layers' pool and their window (tokens).
     window: Option<(BlockPool, usize)>,
+    /// The recurrent-state slots, for a model with linear-attention layers.
+    state: Option<StatePool>,
+    /// State copies `src → dst` the engine makes before the next step, in order.
+    state_copies: Vec<(u32, u32)>,
 }
 
 impl KvManager {
@@ -85,6 +108,8 @@ impl KvManager {
         KvManager {
             pool: BlockPool::new(num_blocks),
             window: None,
+            state: None,
+            state_copies: Vec::new(),
         }
     }
 
@@ -93,7 +118,74 @@ impl KvManager {
         KvManager {
             pool: BlockPool::new(num_blocks),
             window: window.map(|w| (BlockPool::new(w.blocks), w.size)),
+            state: None,
+            state_copies: Vec::new(),
         }
+    }
+
+    /// Keeps `slots` recurrent-state slots (the engine's).
+    pub fn with_states(mut self, slots: usize) -> Self {
+        self.state = Some(StatePool::new(slots));
+        self
+    }
+
+    pub fn state_pool(&self) -> Option<&StatePool> {
+        self.state.as_ref()
+    }
+
+    /// The state copies to make before the next step.
+    pub fn take_state_copies(&mut self) -> Vec<(u32, u32)> {
+        std::mem::take(&mut self.state_copies)
+    }
+
+    /// A step's chunk of `kv` over tokens `start .. end`: its slot and the snapshots planned
+    /// inside it. None for a model without recurrent layers.
+    pub fn chunk_state(&self, kv: &SeqBlocks, start: usize, end: usize) -> Option<ChunkState> {
+        self.state.as_ref()?;
+        Some(ChunkState {
+            slot: kv.state_slot?,
+            snapshots: kv
+                .snapshots
+                .iter()
+                .filter(|&&(at, _)| at > start && at <= end)
+                .map(|&(at, slot)| ((at - start) as u32, slot))
+                .collect(),
+        })
+    }
+
+    /// Keeps the state as it is before a draft's verification step, to roll back to if part
+    /// of the draft is rejected. False when no slot is free (verify without a draft then).
+    pub fn checkpoint_state(&mut self, kv: &mut SeqBlocks) -> bool {
+        let Some(state) = self.state.as_mut() else {
+            return true;
+        };
+        let Some(own) = kv.state_slot else {
+            return false;
+        };
+        if kv.rollback.is_some() {
+            return true;
+        }
+        let Some(backup) = state.allocate() else {
+            return false;
+        };
+        self.state_copies.push((own, backup));
+        kv.rollback = Some((kv.num_computed, backup));
+        true
+    }
+
+    /// After a draft's verification: with `all_accepted` the state stands; otherwise it goes
+    /// back to the checkpoint and the tokens after it are computed again. Returns the tokens
+    /// whose state and K/V stand.
+    pub fn settle_state(&mut self, kv: &mut SeqBlocks, all_accepted: bool) -> Option<usize> {
+        let (start, backup) = kv.rollback.take()?;
+        let state = self.state.as_mut()?;
+        if !all_accepted && let Some(own) = kv.state_slot {
+            self.state_copies.push((backup, own));
+            state.free(backup);
+            return Some(start);
+        }
+        state.free(backup);
+        None
     }
 
     pub fn pool(&self) -> &BlockPool {
@@ -114,6 +206,37 @@ impl KvManager {
     /// `copies` for the engine), then new blocks. False when the pool is out of blocks.
     pub fn grow(&mut self, kv: &mut SeqBlocks, n: usize, copies: &mut BlockCopies) -> bool {
         let end = kv.num_computed + n;
+        if let Some(state) = self.state.as_mut()
+            && kv.state_slot.is_none()
+        {
+            match state.allocate() {
+                Some(s) => kv.state_slot = Some(s),
+                None => return false,
+            }
+        }
+        if !self.grow_blocks(kv, end, copies) {
+            return false;
+        }
+        // Snapshots inside this chunk, where a slot is to be had.
+        if let Some(state) = self.state.as_mut() {
+            let from = kv.num_computed;
+            for at in std::mem::take(&mut kv.snapshot_at) {
+                if at <= from {
+                    continue;
+                }
+                if at > end {
+                    kv.snapshot_at.push(at);
+                    continue;
+                }
+                if let Some(slot) = state.allocate() {
+                    kv.snapshots.push((at, slot));
+                }
+            }
+        }
+        true
+    }
+
+    fn grow_blocks(&mut self, kv: &mut SeqBlocks, end: usize, copies: &mut BlockCopies) -> bool {
         if !grow_table(
             &mut self.pool,
             &mut kv.block_table,
@@ -147,8 +270,28 @@ impl KvManager {
         )
     }
 
-    /// The same blocks for a fork: one more reference on each.
+    /// The same blocks for a fork: one more reference on each, and a copy of the state in a
+    /// slot of its own. When no slot is left for it, the fork starts over from nothing (it
+    /// recomputes its tokens, from the prefix cache where it can).
     pub fn share(&mut self, kv: &SeqBlocks) -> SeqBlocks {
+        let mut fork = SeqBlocks {
+            hold_blocks: kv.hold_blocks,
+            ..Default::default()
+        };
+        if let Some(state) = self.state.as_mut() {
+            match (kv.state_slot, state.allocate()) {
+                (Some(src), Some(dst)) => {
+                    self.state_copies.push((src, dst));
+                    fork.state_slot = Some(dst);
+                }
+                (_, slot) => {
+                    if let Some(s) = slot {
+                        state.free(s);
+                    }
+                    return fork;
+                }
+            }
+        }
         for &b in &kv.block_table {
             self.pool.share(b);
         }
@@ -157,7 +300,14 @@ impl KvManager {
                 pool.share(b);
             }
         }
-        kv.clone()
+        SeqBlocks {
+            num_computed: kv.num_computed,
+            block_table: kv.block_table.clone(),
+            window_table: kv.window_table.clone(),
+            window_from: kv.window_from,
+            hashes: kv.hashes.clone(),
+            ..fork
+        }
     }
 
     /// Gives every block back (full ones stay in the prefix cache until evicted).
@@ -169,6 +319,13 @@ impl KvManager {
         if let Some((pool, _)) = self.window.as_mut() {
             for &b in kv.window_table.iter().rev().filter(|&&b| b != NO_BLOCK) {
                 pool.free(b);
+            }
+        }
+        if let Some(state) = self.state.as_mut() {
+            let snapshots = kv.snapshots.iter().map(|&(_, s)| s);
+            let backup = kv.rollback.map(|(_, s)| s);
+            for s in kv.state_slot.into_iter().chain(snapshots).chain(backup) {
+                state.free(s);
             }
         }
         *kv = SeqBlocks {
@@ -214,6 +371,35 @@ impl KvManager {
             {
                 hit -= 1;
             }
+        }
+        // With recurrent layers: the longest hit whose state after it is snapshot, and the
+        // state copied from there. The blocks cached beyond it mark where this prompt leaves
+        // an earlier one: a snapshot there (and at this prompt's last full block) lets the
+        // next request with either prefix skip it all.
+        if let Some(state) = self.state.as_mut() {
+            let cached = hit;
+            while hit > 0 && !state.is_cached(hashes[hit - 1]) {
+                hit -= 1;
+            }
+            let snap = match hit {
+                0 => None,
+                _ => state.lookup(hashes[hit - 1]),
+            };
+            if let Some(snap) = snap {
+                match state.allocate() {
+                    Some(own) => {
+                        self.state_copies.push((snap, own));
+                        kv.state_slot = Some(own);
+                    }
+                    None => hit = 0,
+                }
+            }
+            let last_full = max_blocks * BLOCK_SIZE;
+            kv.snapshot_at = [cached * BLOCK_SIZE, last_full]
+                .into_iter()
+                .filter(|&at| at > hit * BLOCK_SIZE)
+                .collect();
+            kv.snapshot_at.dedup();
         }
         hashes.truncate(hit);
         for &h in &hashes {
@@ -265,6 +451,15 @@ impl KvManager {
                 if pinned && b >= window_pin_from {
                     pool.pin(h);
                 }
+            }
+            if let Some(state) = self.state.as_mut()
+                && let Some(i) = kv
+                    .snapshots
+                    .iter()
+                    .position(|&(at, _)| at == (b + 1) * BLOCK_SIZE)
+            {
+                let (_, slot) = kv.snapshots.swap_remove(i);
+                state.register(slot, h);
             }
             kv.hashes.push(h);
         }
@@ -476,6 +671,97 @@ mod tests {
             kv.release(s);
         }
         kv.window_pool().unwrap().check_invariants().unwrap();
+    }
+
+    /// Recurrent state: a slot with the first blocks, a copy for a fork, a snapshot at the
+    /// prompt's last full block that the same prefix resumes from, and one where a later
+    /// prompt branches off an earlier one (its blocks were cached, its state was not).
+    #[test]
+    fn state_slots_follow_sequences_forks_and_prefix_snapshots() {
+        let mut kv = KvManager::new(32).with_states(6);
+        let tokens: Vec<u32> = (0..50).collect();
+        let mut a = SeqBlocks::default();
+        kv.reuse_prefix(&mut a, &tokens, TEXT);
+        assert_eq!((a.num_computed, a.snapshot_at.clone()), (0, vec![48]));
+        let mut copies = BlockCopies::default();
+        assert!(kv.grow(&mut a, 50, &mut copies));
+        let own = a.state_slot.unwrap();
+        let cs = kv.chunk_state(&a, 0, 50).unwrap();
+        assert_eq!(cs.slot, own);
+        assert_eq!(cs.snapshots.len(), 1);
+        assert_eq!(cs.snapshots[0].0, 48);
+        let snap = cs.snapshots[0].1;
+        a.num_computed = 50;
+        kv.register_full_blocks(&mut a, &tokens, TEXT, 0);
+        assert!(a.snapshots.is_empty(), "registered with block 2");
+        // A fork: a slot of its own, the state copied into it before the next step.
+        let mut f = kv.share(&a);
+        let fs = f.state_slot.unwrap();
+        assert_ne!(fs, own);
+        assert_eq!(kv.take_state_copies(), vec![(own, fs)]);
+        kv.release(&mut a);
+        kv.release(&mut f);
+        kv.state_pool().unwrap().check_invariants(0).unwrap();
+        assert_eq!(kv.state_pool().unwrap().num_cached(), 1);
+
+        // The same 48 tokens and another tail: the whole hit, its state from the snapshot.
+        let mut b_tokens = tokens[..48].to_vec();
+        b_tokens.extend([900, 901, 902]);
+        let mut b = SeqBlocks::default();
+        kv.reuse_prefix(&mut b, &b_tokens, TEXT);
+        assert_eq!(b.num_computed, 48);
+        let bs = b.state_slot.unwrap();
+        assert_eq!(kv.take_state_copies(), vec![(snap, bs)]);
+        kv.release(&mut b);
+
+        // Only the first two blocks in common: their K/V are cached, their state is not, so
+        // the prompt is computed from the start and snapshots where it branched off.
+        let mut c_tokens = tokens[..40].to_vec();
+        c_tokens.extend(700..730);
+        let mut c = SeqBlocks::default();
+        kv.reuse_prefix(&mut c, &c_tokens, TEXT);
+        assert_eq!(c.num_computed, 0);
+        assert_eq!(c.snapshot_at, vec![32, 64]);
+        assert!(kv.take_state_copies().is_empty());
+        assert!(kv.grow(&mut c, 40, &mut copies));
+        assert_eq!(
+            c.snapshots.len(),
+            1,
+            "32 is inside the first chunk, 64 is not"
+        );
+        assert_eq!(c.snapshot_at, vec![64]);
+        kv.release(&mut c);
+        kv.state_pool().unwrap().check_invariants(0).unwrap();
+    }
+
+    /// A draft's verification keeps the state before it; a rejected token rolls it back.
+    #[test]
+    fn a_rejected_draft_rolls_the_state_back() {
+        let mut kv = KvManager::new(8).with_states(3);
+        let mut a = SeqBlocks::default();
+        assert!(kv.grow(&mut a, 10, &mut BlockCopies::default()));
+        a.num_computed = 10;
+        let own = a.state_slot.unwrap();
+        assert!(kv.checkpoint_state(&mut a));
+        let (at, backup) = a.rollback.unwrap();
+        assert_eq!(at, 10);
+        assert_eq!(kv.take_state_copies(), vec![(own, backup)]);
+        assert_eq!(kv.settle_state(&mut a, false), Some(10));
+        assert_eq!(kv.take_state_copies(), vec![(backup, own)]);
+        assert!(kv.checkpoint_state(&mut a));
+        assert_eq!(kv.settle_state(&mut a, true), None);
+        kv.state_pool().unwrap().check_invariants(1).unwrap();
+        // Every slot held: no checkpoint (the draft is dropped), no room for a new sequence.
+        let mut b = SeqBlocks::default();
+        let mut c = SeqBlocks::default();
+        assert!(kv.grow(&mut b, 1, &mut BlockCopies::default()));
+        assert!(kv.grow(&mut c, 1, &mut BlockCopies::default()));
+        assert!(!kv.checkpoint_state(&mut a));
+        assert!(!kv.grow(&mut SeqBlocks::default(), 1, &mut BlockCopies::default()));
+        for s in [&mut a, &mut b, &mut c] {
+            kv.release(s);
+        }
+        kv.state_pool().unwrap().check_invariants(0).unwrap();
     }
 
     fn key(p: &Prompt) -> CacheKey<'_> {

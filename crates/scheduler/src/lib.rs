@@ -20,6 +20,7 @@ mod request;
 mod request_state;
 mod scheduler;
 mod sequence;
+mod state_pool;
 mod step_plan;
 mod stop;
 mod strategy;

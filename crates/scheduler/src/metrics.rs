@@ -11,6 +11,11 @@ pub struct SchedulerMetrics {
     /// The sliding-window layers' own pool (0 of 0 without one).
     pub kv_window_blocks_used: AtomicU64,
     pub kv_window_blocks_total: AtomicU64,
+    /// Recurrent-state slots (models with linear-attention layers; 0 of 0 without): held by
+    /// sequences, holding prefix snapshots, in all.
+    pub state_slots_used: AtomicU64,
+    pub state_snapshots: AtomicU64,
+    pub state_slots_total: AtomicU64,
     /// Prompt tokens admitted, and how many of them came from the prefix cache.
     pub prompt_tokens: AtomicU64,
     pub prefix_cached_tokens: AtomicU64,
@@ -67,6 +72,9 @@ pub struct MetricsSnapshot {
     pub kv_blocks_total: u64,
     pub kv_window_blocks_used: u64,
     pub kv_window_blocks_total: u64,
+    pub state_slots_used: u64,
+    pub state_snapshots: u64,
+    pub state_slots_total: u64,
     pub prompt_tokens: u64,
     pub prefix_cached_tokens: u64,
     pub preemptions: u64,
@@ -96,8 +104,8 @@ pub struct MetricsSnapshot {
 }
 
 impl MetricsSnapshot {
-    /// The fuller of the KV pools, as a share: where the window pool fills first, admission
-    /// stops there (what a load balancer reading `vllm:kv_cache_usage_perc` must see).
+    /// The fuller of the KV pools (and the state slots), as a share: where the window pool
+    /// fills first, admission stops there (what a load balancer reading `vllm:kv_cache_usage_perc` must see).
     pub fn kv_usage(&self) -> f64 {
         let share = |used: u64, total: u64| {
             if total == 0 {
@@ -106,10 +114,12 @@ impl MetricsSnapshot {
                 used as f64 / total as f64
             }
         };
-        share(self.kv_blocks_used, self.kv_blocks_total).max(share(
-            self.kv_window_blocks_used,
-            self.kv_window_blocks_total,
-        ))
+        share(self.kv_blocks_used, self.kv_blocks_total)
+            .max(share(
+                self.kv_window_blocks_used,
+                self.kv_window_blocks_total,
+            ))
+            .max(share(self.state_slots_used, self.state_slots_total))
     }
 
     /// Share of admitted prompt tokens served from the prefix cache.
@@ -155,6 +165,9 @@ impl SchedulerMetrics {
             kv_blocks_total: self.kv_blocks_total.load(Relaxed),
             kv_window_blocks_used: self.kv_window_blocks_used.load(Relaxed),
             kv_window_blocks_total: self.kv_window_blocks_total.load(Relaxed),
+            state_slots_used: self.state_slots_used.load(Relaxed),
+            state_snapshots: self.state_snapshots.load(Relaxed),
+            state_slots_total: self.state_slots_total.load(Relaxed),
             prompt_tokens: self.prompt_tokens.load(Relaxed),
             prefix_cached_tokens: self.prefix_cached_tokens.load(Relaxed),
             preemptions: self.preemptions.load(Relaxed),

@@ -109,7 +109,22 @@ impl Scheduler {
             .min(engine.model_config().max_position_embeddings);
         cfg.max_batch_size = cfg.max_batch_size.max(1);
         cfg.max_batch_tokens = cfg.max_batch_tokens.max(1);
-        let kv = KvManager::with_window(engine.num_blocks(), engine.kv_window());
+        let mut kv = KvManager::with_window(engine.num_blocks(), engine.kv_window());
+        if let Some(states) = engine.state_config() {
+            // A running sequence holds a state slot; at most half of them run at once, so
+            // that prefix snapshots have room too.
+            let most = (states.slots / 2).max(1);
+            if cfg.max_batch_size > most {
+                tracing::warn!(
+                    "max batch size lowered from {} to {most}: the model's recurrent-state \
+                     slots ({}) hold one per running sequence and the prefix snapshots",
+                    cfg.max_batch_size,
+                    states.slots
+                );
+                cfg.max_batch_size = most;
+            }
+            kv = kv.with_states(states.slots);
+        }
         let metrics = Arc::new(SchedulerMetrics::default());
         metrics
             .kv_blocks_total
@@ -118,6 +133,9 @@ impl Scheduler {
             kv.window_pool().map_or(0, |p| p.num_blocks()) as u64,
             Relaxed,
         );
+        metrics
+            .state_slots_total
+            .store(kv.state_pool().map_or(0, |p| p.num_slots()) as u64, Relaxed);
         if let Some(g) = engine.graph_stats() {
             metrics
                 .cuda_graphs_captured
@@ -148,6 +166,13 @@ impl Scheduler {
             return Err("the draft model's engine keeps window pools; load it with \
                         EngineOptions::window_pools false"
                 .into());
+        }
+        if engine.state_config().is_some() {
+            return Err(
+                "a model with linear-attention layers (Qwen3.5, Qwen3-Next) cannot \
+                        be a draft model yet: choose an attention-only one"
+                    .into(),
+            );
         }
         let dm = DraftModel::new(engine);
         let (d, t) = (dm.vocab_size(), self.engine.model_config().vocab_size);
@@ -337,6 +362,8 @@ impl Scheduler {
         }
         let (chunks, media, rope_deltas) =
             step_plan::chunks(&self.running, &self.requests, &scheduled);
+        let states = step_plan::states(&self.kv, &self.running, &scheduled);
+        let state_copies = self.kv.take_state_copies();
         // Constrained draws: their masks are computed on the mask workers while the forward
         // pass runs; the engine waits for each right before its draw.
         let masks = self.start_masks(&scheduled);
@@ -349,12 +376,14 @@ impl Scheduler {
             prompt_logprobs: &prompt_logprobs,
             media: &media,
             rope_deltas: &rope_deltas,
+            states: &states,
         };
         let tf = Instant::now();
         let result = self
             .engine
             .copy_blocks(&copies.full)
             .and_then(|_| self.engine.copy_window_blocks(&copies.window))
+            .and_then(|_| self.engine.copy_states(&state_copies))
             .and_then(|_| self.engine.step(&batch));
         let forward = tf.elapsed();
         drop((samples, prompt_logprobs));
@@ -412,6 +441,10 @@ impl Scheduler {
             .store(self.kv.pool().num_used() as u64, Relaxed);
         if let Some(p) = self.kv.window_pool() {
             m.kv_window_blocks_used.store(p.num_used() as u64, Relaxed);
+        }
+        if let Some(p) = self.kv.state_pool() {
+            m.state_slots_used.store(p.num_used() as u64, Relaxed);
+            m.state_snapshots.store(p.num_cached() as u64, Relaxed);
         }
     }
 }

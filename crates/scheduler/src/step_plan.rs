@@ -6,10 +6,11 @@ use std::collections::HashMap;
 
 use lmi_engine_core::sampling::derive_seed;
 use lmi_engine_core::{
-    ChunkMedia, LogitsWanted, PromptLogprobRequest, SampleRequest, SeqChunk, TokenMask,
+    ChunkMedia, ChunkState, LogitsWanted, PromptLogprobRequest, SampleRequest, SeqChunk, TokenMask,
 };
 
 use crate::entry::SeqEntry;
+use crate::kv_manager::KvManager;
 use crate::request_state::RequestState;
 use crate::sequence::{RequestId, Sequence};
 
@@ -97,6 +98,26 @@ pub(crate) fn chunks(
         deltas.clear();
     }
     (chunks, media, deltas)
+}
+
+/// Each scheduled sequence's recurrent state in the step (empty for a model without
+/// recurrent layers): its slot and the prefix snapshots planned inside its chunk.
+pub(crate) fn states(
+    kv: &KvManager,
+    running: &[SeqEntry],
+    scheduled: &[(usize, usize)],
+) -> Vec<ChunkState> {
+    if kv.state_pool().is_none() {
+        return Vec::new();
+    }
+    scheduled
+        .iter()
+        .map(|&(i, n)| {
+            let s = &running[i].seq.kv;
+            let start = s.num_computed;
+            kv.chunk_state(s, start, start + n).unwrap_or_default()
+        })
+        .collect()
 }
 
 /// The draws and prompt scores of a step over `chunks` (from [`chunks`]), and where each

@@ -61,6 +61,9 @@ pub struct ServerMetrics {
     kv_blocks_total: IntGauge,
     kv_window_blocks_used: IntGauge,
     kv_window_blocks_total: IntGauge,
+    state_slots_used: IntGauge,
+    state_snapshots: IntGauge,
+    state_slots_total: IntGauge,
     prefix_hit_rate: prometheus::Gauge,
     model_ready: IntGauge,
     prompt_tokens_total: IntCounter,
@@ -227,6 +230,18 @@ impl ServerMetrics {
             kv_window_blocks_total: reg!(IntGauge::new(
                 "lmi_kv_cache_window_blocks_total",
                 "Blocks in the sliding-window layers' own pool (0 without one)"
+            )?),
+            state_slots_used: reg!(IntGauge::new(
+                "lmi_state_slots_used",
+                "Recurrent-state slots held by sequences (linear-attention models)"
+            )?),
+            state_snapshots: reg!(IntGauge::new(
+                "lmi_state_prefix_snapshots",
+                "Recurrent-state slots holding prefix-cache snapshots"
+            )?),
+            state_slots_total: reg!(IntGauge::new(
+                "lmi_state_slots_total",
+                "Recurrent-state slots in all (0 for models without linear-attention layers)"
             )?),
             prefix_hit_rate: reg!(prometheus::Gauge::new(
                 "lmi_prefix_cache_hit_rate",
@@ -401,6 +416,9 @@ impl ServerMetrics {
         g(&self.kv_blocks_total, s.kv_blocks_total);
         g(&self.kv_window_blocks_used, s.kv_window_blocks_used);
         g(&self.kv_window_blocks_total, s.kv_window_blocks_total);
+        g(&self.state_slots_used, s.state_slots_used);
+        g(&self.state_snapshots, s.state_snapshots);
+        g(&self.state_slots_total, s.state_slots_total);
         self.prefix_hit_rate.set(s.prefix_hit_rate());
         // Monotonic totals: advance the counters to the scheduler's values.
         let c = advance;

@@ -234,6 +234,7 @@ mod tests {
                 }],
                 media: &[],
                 rope_deltas: &[],
+                states: &[],
             })
             .unwrap();
         let tokens: Vec<u32> = out.samples.iter().map(|s| s.token).collect();

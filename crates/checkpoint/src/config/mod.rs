@@ -4,11 +4,13 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+pub mod linear_attn;
 pub mod moe;
 pub mod quantization;
 pub mod vision;
 
 use crate::error::{CheckpointError, Result};
+use linear_attn::LinearAttnConfig;
 use moe::{ExpertActivation, MoeConfig, Routing};
 use vision::{VisionConfig, VisionVariant};
 
@@ -36,6 +38,13 @@ pub enum Architecture {
     /// gpt-oss: experts (top-k then softmax, biases, clamped SwiGLU), attention with biases
     /// and per-head sinks, a sliding window on alternate layers, YaRN RoPE.
     GptOss,
+    /// Qwen3.5 / Qwen3.6, dense and mixture-of-experts: three of every four layers Gated
+    /// DeltaNet linear attention (a recurrent state per sequence), the others gated full
+    /// attention (a sigmoid output gate, q/k norms, partial RoPE); RMSNorms of `x · (1 + w)`.
+    Qwen35,
+    /// Qwen3-Next: Qwen3.5's hybrid layers (its linear projections grouped per key head) with
+    /// mixtures of experts and a shared expert.
+    Qwen3Next,
 }
 
 /// Every `architectures` name a checkpoint may give, and what it loads as. The multimodal
@@ -54,6 +63,11 @@ const HF_NAMES: &[(&str, Architecture)] = &[
     ("GptOssForCausalLM", Architecture::GptOss),
     ("Qwen2VLForConditionalGeneration", Architecture::Qwen2),
     ("Qwen2_5_VLForConditionalGeneration", Architecture::Qwen2),
+    ("Qwen3_5ForConditionalGeneration", Architecture::Qwen35),
+    ("Qwen3_5ForCausalLM", Architecture::Qwen35),
+    ("Qwen3_5MoeForConditionalGeneration", Architecture::Qwen35),
+    ("Qwen3_5MoeForCausalLM", Architecture::Qwen35),
+    ("Qwen3NextForCausalLM", Architecture::Qwen3Next),
 ];
 
 /// The architecture names that load, for the error that refuses another.
@@ -85,6 +99,8 @@ impl Architecture {
             Architecture::Mixtral => "MixtralForCausalLM",
             Architecture::Gemma3 => "Gemma3ForCausalLM",
             Architecture::GptOss => "GptOssForCausalLM",
+            Architecture::Qwen35 => "Qwen3_5ForCausalLM",
+            Architecture::Qwen3Next => "Qwen3NextForCausalLM",
         }
     }
 
@@ -113,8 +129,28 @@ impl Architecture {
     pub fn has_qk_norm(self) -> bool {
         matches!(
             self,
-            Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+            Architecture::Qwen3
+                | Architecture::Qwen3Moe
+                | Architecture::Gemma3
+                | Architecture::Qwen35
+                | Architecture::Qwen3Next
         )
+    }
+
+    /// Linear-attention layers beside the full-attention ones (Gated DeltaNet hybrids).
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Architecture::Qwen35 | Architecture::Qwen3Next)
+    }
+
+    /// RMSNorms of `x · (1 + w)` whose HF checkpoints hold w (Gemma, the Qwen3.5 family).
+    pub fn norms_add_one(self) -> bool {
+        self.is_gemma() || self.is_hybrid()
+    }
+
+    /// The full-attention layers' q projection also gives a per-channel output gate
+    /// (`attn_output · σ(gate)`), interleaved with q head by head.
+    pub fn attn_output_gate(self) -> bool {
+        self.is_hybrid()
     }
 
     /// Gemma's norms: RMSNorm of `x · (1 + w)` (HF checkpoints hold w; llama.cpp's GGUF files
@@ -178,6 +214,9 @@ pub struct ModelConfig {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// Leading dimensions of each head that RoPE turns (`partial_rotary_factor`): head_dim
+    /// unless the model rotates only part of each head (Qwen3.5: a quarter).
+    pub rotary_dim: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
     pub rope_scaling: Option<Llama3RopeScaling>,
@@ -201,6 +240,8 @@ pub struct ModelConfig {
     pub activation: Activation,
     /// Local attention layers, where the model has them.
     pub sliding_window: Option<SlidingWindow>,
+    /// Linear-attention layers (Gated DeltaNet), where the model has them.
+    pub linear_attn: Option<LinearAttnConfig>,
     /// Attention scores are scaled by `1 / sqrt(this)`: `query_pre_attn_scalar` (Gemma),
     /// else head_dim.
     pub attn_scalar: f64,
@@ -300,9 +341,31 @@ struct RawConfig {
     sliding_window_pattern: Option<usize>,
     layer_types: Option<Vec<String>>,
     rope_local_base_freq: Option<f64>,
+    partial_rotary_factor: Option<f64>,
     swiglu_limit: Option<f64>,
     final_logit_softcapping: Option<f64>,
     attn_logit_softcapping: Option<f64>,
+}
+
+/// transformers 5 writes RoPE's settings as `rope_parameters` (`rope_theta`, `rope_type`,
+/// `partial_rotary_factor`, M-RoPE's sections) where earlier versions wrote top-level fields
+/// and `rope_scaling`: moved where the older names are read, unless those are given too.
+fn rope_parameters(top: &mut serde_json::Map<String, serde_json::Value>) {
+    let Some(serde_json::Value::Object(rp)) = top.get("rope_parameters").cloned() else {
+        return;
+    };
+    for k in ["rope_theta", "partial_rotary_factor"] {
+        if let Some(v) = rp.get(k) {
+            top.entry(k.to_string()).or_insert_with(|| v.clone());
+        }
+    }
+    let scaled = rp
+        .get("rope_type")
+        .and_then(|t| t.as_str())
+        .is_some_and(|t| t != "default");
+    if (scaled || rp.contains_key("mrope_section")) && !top.contains_key("rope_scaling") {
+        top.insert("rope_scaling".into(), serde_json::Value::Object(rp));
+    }
 }
 
 impl ModelConfig {
@@ -326,6 +389,7 @@ impl ModelConfig {
                 }
             }
         }
+        rope_parameters(&mut top);
         quantization::check(&top)?;
         let first_arch = top
             .get("architectures")
@@ -340,7 +404,7 @@ impl ModelConfig {
                     .or_insert_with(|| serde_json::from_str(v).unwrap_or_default());
             }
         }
-        let raw: RawConfig = serde_json::from_value(serde_json::Value::Object(top.clone()))
+        let mut raw: RawConfig = serde_json::from_value(serde_json::Value::Object(top.clone()))
             .map_err(|e| e.to_string())?;
         let arch_name = raw
             .architectures
@@ -376,6 +440,29 @@ impl ModelConfig {
         };
         if head_dim % 2 != 0 {
             return Err(format!("head_dim ({head_dim}) must be even for RoPE"));
+        }
+        let rotary_dim = match raw.partial_rotary_factor {
+            None => head_dim,
+            Some(f) if f > 0.0 && f <= 1.0 => {
+                let d = (head_dim as f64 * f) as usize;
+                if d == 0 || d % 2 != 0 {
+                    return Err(format!(
+                        "partial_rotary_factor {f} leaves {d} rotary dimensions of {head_dim}: they must be even and > 0"
+                    ));
+                }
+                d
+            }
+            Some(f) => return Err(format!("partial_rotary_factor ({f}) must be in (0, 1]")),
+        };
+        if architecture.is_hybrid() {
+            // Text positions turn every M-RoPE section alike: plain RoPE. (Their vision
+            // towers, which would need the sections, are not read yet.)
+            if let Some(rs) = raw.rope_scaling.as_mut() {
+                rs.mrope_section = None;
+                if matches!(rs.rope_type.as_deref(), Some("mrope")) {
+                    rs.rope_type = None;
+                }
+            }
         }
         let mrope_section = match raw
             .rope_scaling
@@ -466,7 +553,12 @@ impl ModelConfig {
         if vision.is_some() && mrope_section.is_none() {
             return Err("a Qwen-VL config needs rope_scaling.mrope_section".into());
         }
-        let intermediate_size = req(raw.intermediate_size, "intermediate_size")?;
+        // Qwen3.5-MoE's configs give no dense width (every layer holds experts).
+        let dense_width = match architecture.is_hybrid() && raw.num_experts.is_some() {
+            true => raw.intermediate_size.or(raw.moe_intermediate_size),
+            false => raw.intermediate_size,
+        };
+        let intermediate_size = req(dense_width, "intermediate_size")?;
         let num_layers = req(raw.num_hidden_layers, "num_hidden_layers")?;
         if raw.qkv_bias == Some(false) && architecture == Architecture::Qwen2Moe {
             return Err("qkv_bias: false is not supported (Qwen2-MoE's q/k/v carry biases)".into());
@@ -499,6 +591,28 @@ impl ModelConfig {
                         .filter(|i| only.contains(i) || (i + 1) % step != 0)
                         .collect(),
                     shared_width,
+                })
+            }
+            // Qwen3.5-MoE and Qwen3-Next: Qwen3-MoE's experts with Qwen2-MoE's shared expert.
+            Architecture::Qwen35 | Architecture::Qwen3Next if raw.num_experts.is_some() => {
+                let step = raw.decoder_sparse_step.unwrap_or(1).max(1);
+                let only = raw.mlp_only_layers.clone().unwrap_or_default();
+                Some(MoeConfig {
+                    num_experts: req(raw.num_experts, "num_experts")?,
+                    top_k: req(raw.num_experts_per_tok, "num_experts_per_tok")?,
+                    expert_intermediate_size: req(
+                        raw.moe_intermediate_size,
+                        "moe_intermediate_size",
+                    )?,
+                    routing: Routing::SoftmaxTopK {
+                        renormalize: raw.norm_topk_prob.unwrap_or(true),
+                    },
+                    activation: ExpertActivation::Silu,
+                    biases: false,
+                    dense_layers: (0..num_layers)
+                        .filter(|i| only.contains(i) || (i + 1) % step != 0)
+                        .collect(),
+                    shared_width: raw.shared_expert_intermediate_size.filter(|&w| w > 0),
                 })
             }
             Architecture::Mixtral => Some(MoeConfig {
@@ -607,6 +721,13 @@ impl ModelConfig {
             }
             _ => None,
         };
+        let linear_attn = match architecture.is_hybrid() {
+            true => Some(
+                LinearAttnConfig::parse(&top, num_layers)?
+                    .ok_or("a Qwen3.5 / Qwen3-Next config needs its linear_* fields")?,
+            ),
+            false => None,
+        };
         if let Some(m) = &moe
             && m.top_k > m.num_experts
         {
@@ -624,6 +745,7 @@ impl ModelConfig {
             num_heads,
             num_kv_heads,
             head_dim,
+            rotary_dim,
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
             rope_theta: raw.rope_theta.unwrap_or(10000.0),
             rope_scaling,
@@ -642,8 +764,18 @@ impl ModelConfig {
             moe,
             activation,
             sliding_window,
+            linear_attn,
             attn_scalar: raw.query_pre_attn_scalar.unwrap_or(head_dim as f64),
         })
+    }
+
+    /// Layers that keep K/V: every layer but the linear-attention ones.
+    pub fn num_attention_layers(&self) -> usize {
+        self.num_layers
+            - self
+                .linear_attn
+                .as_ref()
+                .map_or(0, LinearAttnConfig::num_linear_layers)
     }
 
     pub fn q_size(&self) -> usize {
@@ -667,9 +799,10 @@ impl ModelConfig {
         (af * af / self.attn_scalar.sqrt()) as f32
     }
 
+    /// The rotary frequencies, one per pair of the `rotary_dim` turned dimensions.
     fn unscaled_inv_freq(&self, theta: f64) -> Vec<f64> {
-        let d = self.head_dim as f64;
-        (0..self.head_dim / 2)
+        let d = self.rotary_dim as f64;
+        (0..self.rotary_dim / 2)
             .map(|i| 1.0 / theta.powf(2.0 * i as f64 / d))
             .collect()
     }
@@ -682,7 +815,7 @@ impl ModelConfig {
             return base.into_iter().map(|x| x / f).collect();
         }
         if let Some(y) = self.rope_yarn {
-            return yarn_inv_freq(&base, self.rope_theta, self.head_dim, y);
+            return yarn_inv_freq(&base, self.rope_theta, self.rotary_dim, y);
         }
         let Some(s) = self.rope_scaling else {
             return base;

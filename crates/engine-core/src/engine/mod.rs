@@ -15,6 +15,7 @@ use crate::kv::{KvCacheConfig, KvWindow};
 use crate::lora::{LoraAdapter, LoraWeights};
 use crate::model::InputEmbeds;
 use crate::model::{KvCache, LoadOptions, Model};
+use crate::state::{ChunkState, StateConfig};
 use crate::step::{LogitsWork, StepBatch, StepOutput};
 use crate::vision::EncoderCache;
 
@@ -52,6 +53,9 @@ pub struct EngineOptions {
     /// layers: the scheduler then gives their blocks back as they leave the window. False
     /// for an engine whose caller keeps one block table per sequence (a draft model).
     pub window_pools: bool,
+    /// Models with linear-attention layers: recurrent-state slots, one per running sequence
+    /// plus the prefix cache's snapshots. None: twice `max_step.seqs`, and at least 16.
+    pub state_slots: Option<usize>,
 }
 
 impl Default for EngineOptions {
@@ -65,6 +69,7 @@ impl Default for EngineOptions {
             max_step: StepShape::default(),
             vision_on_host: false,
             window_pools: true,
+            state_slots: None,
         }
     }
 }
@@ -120,6 +125,20 @@ pub trait StepEngine: Send {
         }
         Err(crate::error::EngineError::Batch(
             "this engine keeps no window pools".into(),
+        ))
+    }
+    /// The recurrent-state slots of a model with linear-attention layers (None for others):
+    /// each chunk of a step then names its slot in [`StepBatch::states`].
+    fn state_config(&self) -> Option<crate::state::StateConfig> {
+        None
+    }
+    /// Copies whole state slots `src → dst`, in order, before a step (forks, prefix hits).
+    fn copy_states(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        Err(crate::error::EngineError::Batch(
+            "this engine keeps no recurrent states".into(),
         ))
     }
     /// Bytes of weights a decode step streams (the roofline's numerator).
@@ -181,12 +200,15 @@ impl<B: Backend> Engine<B> {
             (None, Some(f)) if backend.memory_info()?.is_some() => Some(f),
             _ => None,
         };
+        let states = state_config(c, opts);
+        // The state slots come out of the KV budget.
+        let kv_budget = opts
+            .kv_cache_bytes
+            .saturating_sub(states.map_or(0, |s| s.bytes()));
         let num_blocks = match (opts.kv_blocks, device_share) {
             (Some(n), _) => n,
             (None, Some(_)) => warmup::warmup_blocks(opts.max_step),
-            (None, None) => {
-                KvCacheConfig::blocks_for_budget(c, kv_dtype.size(), opts.kv_cache_bytes).max(1)
-            }
+            (None, None) => KvCacheConfig::blocks_for_budget(c, kv_dtype.size(), kv_budget).max(1),
         };
         let cfg = KvCacheConfig::new(c, num_blocks, kv_dtype);
         let kv = match window_pools(c, opts, &backend, device_share.is_some(), cfg) {
@@ -198,6 +220,10 @@ impl<B: Backend> Engine<B> {
                 KvCache::with_window(&backend, cfg, window, local)?
             }
             None => KvCache::new(&backend, cfg)?,
+        };
+        let kv = match states {
+            Some(s) => kv.with_states(&backend, s)?,
+            None => kv,
         };
         let weight_bytes = model.weight_bytes(&backend);
         let mut engine = Engine {
@@ -254,11 +280,16 @@ impl<B: Backend> Engine<B> {
             ..self.kv.cfg
         };
         let window = self.kv.window.take();
+        let states = self.kv.state_cfg;
         self.kv = KvCache::empty(self.kv.cfg);
         self.kv = match window {
             Some((w, local)) => KvCache::with_window(&self.backend, cfg, w, local)?,
             None => KvCache::new(&self.backend, cfg)?,
         };
+        if let Some(s) = states {
+            self.kv = std::mem::replace(&mut self.kv, KvCache::empty(cfg))
+                .with_states(&self.backend, s)?;
+        }
         Ok(())
     }
 
@@ -285,8 +316,14 @@ impl<B: Backend> Engine<B> {
         chunks: &[SeqChunk],
         media: &[crate::batch::ChunkMedia],
         rope_deltas: &[i64],
+        states: &[ChunkState],
     ) -> Result<(BatchLayout, Option<InputEmbeds>)> {
         let mut layout = self.layout(chunks)?;
+        if let Some(cfg) = self.kv.state_cfg {
+            let tokens: Vec<usize> = chunks.iter().map(|c| c.tokens.len()).collect();
+            crate::state::check_states(states, &tokens, cfg.slots)?;
+            layout.states = states.to_vec();
+        }
         if self.model.config.mrope_section.is_some() {
             media::rope_positions(chunks, media, rope_deltas, &mut layout)?;
         }
@@ -328,6 +365,15 @@ impl<B: Backend> Engine<B> {
         self.forward_logits_media(chunks, &[], &[])
     }
 
+    /// [`Self::forward_logits`] for a model with recurrent layers: each chunk's state slot.
+    pub fn forward_logits_states(
+        &mut self,
+        chunks: &[SeqChunk],
+        states: &[ChunkState],
+    ) -> Result<Logits> {
+        self.forward_logits_with(chunks, &[], &[], states)
+    }
+
     /// [`Self::forward_logits`] for a step with media runs and M-RoPE deltas (as
     /// [`StepBatch::media`] and [`StepBatch::rope_deltas`]).
     pub fn forward_logits_media(
@@ -336,7 +382,17 @@ impl<B: Backend> Engine<B> {
         media: &[crate::batch::ChunkMedia],
         rope_deltas: &[i64],
     ) -> Result<Logits> {
-        let (layout, embeds) = self.prepare(chunks, media, rope_deltas)?;
+        self.forward_logits_with(chunks, media, rope_deltas, &[])
+    }
+
+    fn forward_logits_with(
+        &mut self,
+        chunks: &[SeqChunk],
+        media: &[crate::batch::ChunkMedia],
+        rope_deltas: &[i64],
+        states: &[ChunkState],
+    ) -> Result<Logits> {
+        let (layout, embeds) = self.prepare(chunks, media, rope_deltas, states)?;
         let rows_per_seq = layout.logits_per_seq.clone();
         let rows = layout.logits_rows.len();
         let tokens = layout.num_tokens();
@@ -394,7 +450,8 @@ impl<B: Backend> StepEngine for Engine<B> {
     }
 
     fn step(&mut self, batch: &StepBatch<'_>) -> Result<StepOutput> {
-        let (layout, embeds) = self.prepare(batch.chunks, batch.media, batch.rope_deltas)?;
+        let (layout, embeds) =
+            self.prepare(batch.chunks, batch.media, batch.rope_deltas, batch.states)?;
         let work = LogitsWork::new(batch, &layout)?;
         let tokens = layout.num_tokens();
         let layout = self.backend.prepare_layout(layout);
@@ -426,6 +483,14 @@ impl<B: Backend> StepEngine for Engine<B> {
         self.kv.copy_blocks(&self.backend, pairs, true)
     }
 
+    fn state_config(&self) -> Option<crate::state::StateConfig> {
+        self.kv.state_cfg
+    }
+
+    fn copy_states(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
+        self.kv.copy_states(&self.backend, pairs)
+    }
+
     fn encoder_stats(&self) -> EncoderStats {
         self.encoder_stats
     }
@@ -447,6 +512,12 @@ impl<B: Backend> StepEngine for Engine<B> {
     }
 
     fn load_adapter(&mut self, id: u64, weights: &LoraWeights) -> Result<()> {
+        if self.model.config.linear_attn.is_some() {
+            return Err(crate::error::EngineError::Batch(
+                "LoRA adapters on Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next) are not supported yet"
+                    .into(),
+            ));
+        }
         if weights.layers.len() != self.model.config.num_layers {
             return Err(crate::error::EngineError::Batch(format!(
                 "LoRA adapter {id} has {} layers, the model {}",
@@ -510,4 +581,18 @@ fn window_pools<B: Backend>(
         size: w.size,
     };
     Some((window, global_blocks, w.local.clone()))
+}
+
+/// The state slots of a model with linear-attention layers: `state_slots`, else twice the
+/// largest step's sequences (the running ones and as many prefix snapshots), at least 16.
+fn state_config(c: &ModelConfig, opts: &EngineOptions) -> Option<StateConfig> {
+    let l = c.linear_attn.as_ref()?;
+    let slots = opts
+        .state_slots
+        .unwrap_or_else(|| (2 * opts.max_step.seqs).max(16));
+    Some(StateConfig {
+        slots,
+        layers: l.num_linear_layers(),
+        slot_len: l.state_len(),
+    })
 }

@@ -105,12 +105,20 @@ impl<B: Backend> Engine<B> {
             for s in &mut samples {
                 s.allowed = Some(&mask);
             }
+            // A model with recurrent layers: one slot per chunk (as many as it keeps).
+            let states: Vec<crate::state::ChunkState> = match self.state_config() {
+                Some(s) => (0..chunks.len().min(s.slots) as u32)
+                    .map(crate::state::ChunkState::in_slot)
+                    .collect(),
+                None => Vec::new(),
+            };
             self.step(&StepBatch {
                 chunks: &chunks,
                 samples: &samples,
                 prompt_logprobs: &[],
                 media: &[],
                 rope_deltas: &[],
+                states: &states,
             })?;
         }
         self.backend().finish_warmup()?;

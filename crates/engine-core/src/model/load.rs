@@ -5,7 +5,8 @@ use lmi_checkpoint::config::ModelConfig;
 use lmi_checkpoint::dtype::DType;
 use lmi_checkpoint::weights::{GgufWeights, HostData, HostTensor, SafetensorsDir, WeightSource};
 
-use super::{Layer, Mlp, Model};
+use super::linear_attn::LinearAttn;
+use super::{Attention, Layer, Mixer, Mlp, Model};
 use crate::backend::{Backend, Feature};
 use crate::error::{EngineError, Result};
 use crate::moe::{Expert, MoeConfig, MoeLayer, SharedExpert};
@@ -87,12 +88,12 @@ impl<B: Backend> Model<B> {
             Ok(t)
         };
         let gemma = c.architecture.is_gemma();
-        let sinks = c.architecture.has_sinks();
-        // Gemma's RMSNorms multiply by 1 + w: HF checkpoints hold w, llama.cpp's GGUF files
-        // 1 + w (its converter adds the 1). Held as 1 + w, in f32 as HF computes it.
+        let add_one = c.architecture.norms_add_one();
+        // Gemma's and Qwen3.5's RMSNorms multiply by 1 + w: HF checkpoints hold w, llama.cpp's
+        // GGUF files 1 + w (its converter adds the 1). Held as 1 + w, in f32 as HF computes it.
         let norm = |name: &str, len: usize| -> Result<B::Weight> {
             let mut t = st.load(name, &[len], DType::F32)?;
-            if gemma
+            if add_one
                 && !matches!(st, WeightSource::Gguf(_))
                 && let HostData::F32(v) = &mut t.data
             {
@@ -115,31 +116,33 @@ impl<B: Backend> Model<B> {
         };
         let embed = backend.upload_weight(embed_t)?;
         let mut layers = Vec::with_capacity(c.num_layers);
+        let (mut kv_layers, mut state_layers) = (0, 0);
         for i in 0..c.num_layers {
             let p = format!("{lm}.layers.{i}");
-            let a = format!("{p}.self_attn");
-            let qkv = HostTensor::concat_rows(vec![
-                mat(&format!("{a}.q_proj.weight"), &[c.q_size(), h])?,
-                mat(&format!("{a}.k_proj.weight"), &[c.kv_size(), h])?,
-                mat(&format!("{a}.v_proj.weight"), &[c.kv_size(), h])?,
-            ]);
-            let qkv_bias = if c.architecture.has_qkv_bias() {
-                let b = |n: &str, len| st.load(&format!("{a}.{n}.bias"), &[len], DType::F32);
-                Some(backend.upload_weight(HostTensor::concat_rows(vec![
-                    b("q_proj", c.q_size())?,
-                    b("k_proj", c.kv_size())?,
-                    b("v_proj", c.kv_size())?,
-                ]))?)
+            let linear = c.linear_attn.as_ref().is_some_and(|l| l.layers[i]);
+            let mixer = if linear {
+                state_layers += 1;
+                Mixer::Linear(LinearAttn::load(
+                    backend,
+                    c,
+                    st,
+                    &p,
+                    state_layers - 1,
+                    &mat,
+                    dtype,
+                )?)
             } else {
-                None
-            };
-            let (q_norm, k_norm) = if c.architecture.has_qk_norm() {
-                (
-                    Some(norm(&format!("{a}.q_norm.weight"), c.head_dim)?),
-                    Some(norm(&format!("{a}.k_norm.weight"), c.head_dim)?),
-                )
-            } else {
-                (None, None)
+                kv_layers += 1;
+                Mixer::Attention(self_attention(
+                    backend,
+                    c,
+                    st,
+                    &p,
+                    kv_layers - 1,
+                    &mat,
+                    &norm,
+                    dtype,
+                )?)
             };
             let mlp = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
                 Some(moe) => {
@@ -171,30 +174,7 @@ impl<B: Backend> Model<B> {
             };
             layers.push(Layer {
                 input_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
-                qkv: backend.upload_weight(qkv)?,
-                qkv_bias,
-                q_norm,
-                k_norm,
-                o_proj: backend
-                    .upload_weight(mat(&format!("{a}.o_proj.weight"), &[h, c.q_size()])?)?,
-                o_bias: sinks
-                    .then(|| {
-                        backend.upload_weight(st.load(
-                            &format!("{a}.o_proj.bias"),
-                            &[h],
-                            DType::F32,
-                        )?)
-                    })
-                    .transpose()?,
-                sinks: sinks
-                    .then(|| {
-                        backend.upload_weight(st.load(
-                            &format!("{a}.sinks"),
-                            &[c.num_heads],
-                            DType::F32,
-                        )?)
-                    })
-                    .transpose()?,
+                mixer,
                 post_norm: norm(&format!("{p}.{pre_mlp}.weight"), h)?,
                 attn_out_norm: sandwich("post_attention_layernorm")?,
                 mlp_out_norm: sandwich("post_feedforward_layernorm")?,
@@ -254,6 +234,82 @@ impl<B: Backend> Model<B> {
     }
 }
 
+/// Layer `{p}.self_attn`: q, k and v fused, their biases and norms where the architecture has
+/// them, and gated attention's output gate taken out of q's rows (Qwen3.5's `q_proj` holds
+/// each head's q and then its gate).
+#[allow(clippy::too_many_arguments)]
+fn self_attention<B: Backend>(
+    backend: &B,
+    c: &ModelConfig,
+    st: &WeightSource,
+    p: &str,
+    kv: usize,
+    mat: &dyn Fn(&str, &[usize]) -> Result<HostTensor>,
+    norm: &dyn Fn(&str, usize) -> Result<B::Weight>,
+    dtype: DType,
+) -> Result<Attention<B>> {
+    let h = c.hidden_size;
+    let a = format!("{p}.self_attn");
+    let sinks = c.architecture.has_sinks();
+    let (q, gate) = if c.architecture.attn_output_gate() {
+        let both = st
+            .load(
+                &format!("{a}.q_proj.weight"),
+                &[2 * c.q_size(), h],
+                DType::F32,
+            )?
+            .to_f32_vec();
+        let d = c.head_dim;
+        let (mut q, mut g) = (Vec::new(), Vec::new());
+        for (r, row) in both.chunks(h).enumerate() {
+            let to = if r % (2 * d) < d { &mut q } else { &mut g };
+            to.extend_from_slice(row);
+        }
+        let t = |v| HostTensor::f32(vec![c.q_size(), h], v).to_dtype(dtype);
+        (t(q), Some(backend.upload_weight(t(g))?))
+    } else {
+        (mat(&format!("{a}.q_proj.weight"), &[c.q_size(), h])?, None)
+    };
+    let qkv = HostTensor::concat_rows(vec![
+        q,
+        mat(&format!("{a}.k_proj.weight"), &[c.kv_size(), h])?,
+        mat(&format!("{a}.v_proj.weight"), &[c.kv_size(), h])?,
+    ]);
+    let qkv_bias = if c.architecture.has_qkv_bias() {
+        let b = |n: &str, len| st.load(&format!("{a}.{n}.bias"), &[len], DType::F32);
+        Some(backend.upload_weight(HostTensor::concat_rows(vec![
+            b("q_proj", c.q_size())?,
+            b("k_proj", c.kv_size())?,
+            b("v_proj", c.kv_size())?,
+        ]))?)
+    } else {
+        None
+    };
+    let (q_norm, k_norm) = if c.architecture.has_qk_norm() {
+        (
+            Some(norm(&format!("{a}.q_norm.weight"), c.head_dim)?),
+            Some(norm(&format!("{a}.k_norm.weight"), c.head_dim)?),
+        )
+    } else {
+        (None, None)
+    };
+    let f32_opt = |on: bool, name: &str, len: usize| -> Result<Option<B::Weight>> {
+        on.then(|| backend.upload_weight(st.load(&format!("{a}.{name}"), &[len], DType::F32)?))
+            .transpose()
+    };
+    Ok(Attention {
+        qkv: backend.upload_weight(qkv)?,
+        qkv_bias,
+        q_norm,
+        k_norm,
+        o_proj: backend.upload_weight(mat(&format!("{a}.o_proj.weight"), &[h, c.q_size()])?)?,
+        o_bias: f32_opt(sinks, "o_proj.bias", h)?,
+        sinks: f32_opt(sinks, "sinks", c.num_heads)?,
+        gate,
+        kv,
+    })
+}
+
 /// HF's names of a gated MLP's gate, up and down projections (Llama's, Qwen's, Gemma's).
 const QWEN: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 
@@ -293,8 +349,9 @@ fn load_experts<B: Backend>(
     dtype: DType,
 ) -> Result<MoeLayer<B::Weight>> {
     let (h, width) = (c.hidden_size, moe.expert_intermediate_size);
-    if st.contains(&format!("{prefix}.mlp.experts.gate_up_proj"))
-        || st.contains(&format!("{prefix}.mlp.experts.gate_up_proj_blocks"))
+    let stacked = st.contains(&format!("{prefix}.mlp.experts.gate_up_proj"));
+    if c.architecture == lmi_checkpoint::config::Architecture::GptOss
+        && (stacked || st.contains(&format!("{prefix}.mlp.experts.gate_up_proj_blocks")))
     {
         return load_stacked_experts(backend, moe, h, width, prefix, st, dtype);
     }
@@ -329,6 +386,54 @@ fn load_experts<B: Backend>(
         )?)?),
         false => None,
     };
+    // transformers 5's fused experts (Qwen3.5-MoE): `experts.gate_up_proj` `[E, 2 · width,
+    // hidden]`, gate rows then up rows, and `experts.down_proj` `[E, hidden, width]`, each
+    // expert already in the dense MLP's layout.
+    let fused = match stacked {
+        true => Some((
+            mat(
+                &format!("{m}.experts.gate_up_proj"),
+                &[moe.num_experts, 2 * width, h],
+            )?,
+            mat(
+                &format!("{m}.experts.down_proj"),
+                &[moe.num_experts, h, width],
+            )?,
+        )),
+        false => None,
+    };
+    if let Some((gate_up, down)) = fused {
+        let split = |t: HostTensor, rows: usize, cols: usize| -> Vec<HostTensor> {
+            let v = t.to_f32_vec();
+            v.chunks(rows * cols)
+                .map(|x| HostTensor::f32(vec![rows, cols], x.to_vec()).to_dtype(dtype))
+                .collect()
+        };
+        let experts = split(gate_up, 2 * width, h)
+            .into_iter()
+            .zip(split(down, h, width))
+            .map(|(gu, d)| {
+                Ok(Expert {
+                    gate_up: backend.upload_weight(gu)?,
+                    down: backend.upload_weight(d)?,
+                    gate_up_bias: None,
+                    down_bias: None,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        return finish_moe(
+            backend,
+            st,
+            moe,
+            &m,
+            h,
+            width,
+            mat,
+            router,
+            router_bias,
+            experts,
+        );
+    }
     let experts = (0..moe.num_experts)
         .map(|e| {
             let x = format!("{m}.experts.{e}");
@@ -350,8 +455,35 @@ fn load_experts<B: Backend>(
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    // Qwen2-MoE's shared expert: a SwiGLU MLP of its own width, and its gate `[1, hidden]`
-    // (f32, as the router).
+    finish_moe(
+        backend,
+        st,
+        moe,
+        &m,
+        h,
+        width,
+        mat,
+        router,
+        router_bias,
+        experts,
+    )
+}
+
+/// A sparse layer from its router and experts, with Qwen2-MoE's shared expert where the model
+/// has one: a SwiGLU MLP of its own width, and its gate `[1, hidden]` (f32, as the router).
+#[allow(clippy::too_many_arguments)]
+fn finish_moe<B: Backend>(
+    backend: &B,
+    st: &WeightSource,
+    moe: &MoeConfig,
+    m: &str,
+    h: usize,
+    width: usize,
+    mat: &dyn Fn(&str, &[usize]) -> Result<HostTensor>,
+    router: HostTensor,
+    router_bias: Option<B::Weight>,
+    experts: Vec<Expert<B::Weight>>,
+) -> Result<MoeLayer<B::Weight>> {
     let shared = match moe.shared_width {
         Some(sw) => {
             let (gate_up, down) =

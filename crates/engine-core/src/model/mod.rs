@@ -1,6 +1,7 @@
 //! The Llama-family transformer (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2, their mixtures of
 //! experts, and Gemma 3's variations on it), written once against [`Backend`].
 
+mod linear_attn;
 mod load;
 
 use std::collections::HashMap;
@@ -14,20 +15,16 @@ use crate::error::Result;
 use crate::kv::{KvCacheConfig, KvWindow};
 use crate::lora::{LoraAdapter, Target};
 use crate::moe::MoeLayer;
+use crate::state::StateConfig;
+use linear_attn::LinearAttn;
 
 pub use load::LoadOptions;
 
 pub(crate) struct Layer<B: Backend> {
     input_norm: B::Weight,
-    /// q, k and v projections fused into one `[q + 2 kv, hidden]` matrix.
-    qkv: B::Weight,
-    qkv_bias: Option<B::Weight>,
-    q_norm: Option<B::Weight>,
-    k_norm: Option<B::Weight>,
-    o_proj: B::Weight,
-    /// gpt-oss: the output projection's bias and each q head's sink logit.
-    o_bias: Option<B::Weight>,
-    sinks: Option<B::Weight>,
+    /// How the layer mixes tokens: attention over the KV cache, or a linear-attention layer
+    /// over its recurrent state.
+    mixer: Mixer<B>,
     /// The norm before the MLP (HF's `post_attention_layernorm`, Gemma's
     /// `pre_feedforward_layernorm`).
     post_norm: B::Weight,
@@ -37,6 +34,48 @@ pub(crate) struct Layer<B: Backend> {
     /// A local layer: attention over a sliding window, with the local RoPE.
     local: bool,
     mlp: Mlp<B::Weight, B::Experts>,
+}
+
+pub(crate) enum Mixer<B: Backend> {
+    Attention(Attention<B>),
+    Linear(LinearAttn<B>),
+}
+
+pub(crate) struct Attention<B: Backend> {
+    /// q, k and v projections fused into one `[q + 2 kv, hidden]` matrix.
+    qkv: B::Weight,
+    qkv_bias: Option<B::Weight>,
+    q_norm: Option<B::Weight>,
+    k_norm: Option<B::Weight>,
+    o_proj: B::Weight,
+    /// gpt-oss: the output projection's bias and each q head's sink logit.
+    o_bias: Option<B::Weight>,
+    sinks: Option<B::Weight>,
+    /// Gated attention (Qwen3.5): the output gate's projection `[q_size, hidden]`; the
+    /// attention's output is multiplied by its sigmoid before `o_proj`.
+    gate: Option<B::Weight>,
+    /// Which of the cache's K/V pools is this layer's.
+    kv: usize,
+}
+
+impl<B: Backend> Mixer<B> {
+    /// Bytes of the matrices a step reads.
+    fn bytes(&self, w: &impl Fn(&B::Weight) -> usize) -> usize {
+        let opt = |x: &Option<B::Weight>| x.as_ref().map_or(0, w);
+        match self {
+            Mixer::Attention(a) => {
+                w(&a.qkv)
+                    + w(&a.o_proj)
+                    + opt(&a.gate)
+                    + opt(&a.qkv_bias)
+                    + opt(&a.q_norm)
+                    + opt(&a.k_norm)
+                    + opt(&a.o_bias)
+                    + opt(&a.sinks)
+            }
+            Mixer::Linear(l) => l.bytes(w),
+        }
+    }
 }
 
 /// A layer's MLP: one SwiGLU, or a mixture of SwiGLU experts (and what the backend keeps
@@ -109,13 +148,17 @@ pub struct InputEmbeds {
     pub data: Vec<f32>,
 }
 
-/// The paged K/V pools of every layer.
+/// The paged K/V pools of every attention layer, and the linear-attention layers' state
+/// slots beside them.
 pub struct KvCache<B: Backend> {
     /// The pools of every layer, or of the global layers when the local ones have their own.
     pub cfg: KvCacheConfig,
     /// The local (sliding-window) layers' own pools, and which layers those are.
     pub window: Option<(KvWindow, Vec<bool>)>,
     layers: Vec<(B::Kv, B::Kv)>,
+    /// The linear-attention layers' recurrent states, and their slots.
+    pub state_cfg: Option<StateConfig>,
+    states: Vec<B::State>,
 }
 
 impl<B: Backend> KvCache<B> {
@@ -125,7 +168,37 @@ impl<B: Backend> KvCache<B> {
             cfg,
             window: None,
             layers,
+            state_cfg: None,
+            states: Vec::new(),
         })
+    }
+
+    /// Adds state slots for the linear-attention layers (replacing any).
+    pub fn with_states(mut self, backend: &B, cfg: StateConfig) -> Result<Self> {
+        self.states = Vec::new();
+        self.states = backend.alloc_states(&cfg)?;
+        self.state_cfg = Some(cfg);
+        Ok(self)
+    }
+
+    /// Copies whole state slots in every linear-attention layer, in order.
+    pub fn copy_states(&mut self, backend: &B, pairs: &[(u32, u32)]) -> Result<()> {
+        let Some(cfg) = self.state_cfg.filter(|_| !pairs.is_empty()) else {
+            return Ok(());
+        };
+        if let Some(&(s, d)) = pairs
+            .iter()
+            .find(|&&(s, d)| s as usize >= cfg.slots || d as usize >= cfg.slots)
+        {
+            return Err(crate::error::EngineError::Batch(format!(
+                "state copy {s} -> {d} is outside the {} slots",
+                cfg.slots
+            )));
+        }
+        for st in &mut self.states {
+            backend.copy_states(st, &cfg, pairs)?;
+        }
+        Ok(())
     }
 
     /// Pools of `cfg.num_blocks` for the global layers and of `window.blocks` for the layers
@@ -156,6 +229,8 @@ impl<B: Backend> KvCache<B> {
             cfg,
             window: Some((window, local)),
             layers,
+            state_cfg: None,
+            states: Vec::new(),
         })
     }
 
@@ -165,16 +240,19 @@ impl<B: Backend> KvCache<B> {
             cfg,
             window: None,
             layers: Vec::new(),
+            state_cfg: None,
+            states: Vec::new(),
         }
     }
 
-    /// Bytes of every pool.
+    /// Bytes of every pool and state slot.
     pub fn bytes(&self) -> usize {
         let per_block = self.cfg.layer_block_bytes();
         let local = self.local_layers();
         (self.cfg.num_blocks * (self.cfg.num_layers - local)
             + self.window.as_ref().map_or(0, |(w, _)| w.blocks) * local)
             * per_block
+            + self.state_cfg.map_or(0, |c| c.bytes())
     }
 
     /// The global layers' blocks that `budget` bytes hold beside the window pools.
@@ -235,8 +313,7 @@ impl<B: Backend> Model<B> {
             .layers
             .iter()
             .map(|l| {
-                w(&l.qkv)
-                    + w(&l.o_proj)
+                l.mixer.bytes(&w)
                     + w(&l.input_norm)
                     + w(&l.post_norm)
                     + opt(&l.attn_out_norm)
@@ -256,16 +333,10 @@ impl<B: Backend> Model<B> {
             .iter()
             .map(|l| {
                 w(&l.input_norm)
-                    + w(&l.qkv)
-                    + opt(&l.qkv_bias)
-                    + opt(&l.q_norm)
-                    + opt(&l.k_norm)
-                    + w(&l.o_proj)
+                    + l.mixer.bytes(&w)
                     + w(&l.post_norm)
                     + opt(&l.attn_out_norm)
                     + opt(&l.mlp_out_norm)
-                    + opt(&l.o_bias)
-                    + opt(&l.sinks)
                     + l.mlp.bytes(&w, None)
             })
             .sum();
@@ -318,6 +389,13 @@ impl<B: Backend> Model<B> {
         let dense_width = if dense { c.intermediate_size } else { 1 };
         let mut gate_up = backend.alloc(n * 2 * dense_width)?;
         let mut act = backend.alloc_matmul_input(n * dense_width)?;
+        // Gated attention's gates, and the linear-attention layers' scratch.
+        let gated = self
+            .layers
+            .iter()
+            .any(|l| matches!(&l.mixer, Mixer::Attention(a) if a.gate.is_some()));
+        let mut attn_gate = backend.alloc(if gated { n * c.q_size() } else { 1 })?;
+        let mut linear = linear_attn::Scratch::new(backend, c.linear_attn.as_ref(), n)?;
 
         // Adapters used this step, in the order of `layout.adapter_rows` (their groups).
         let mut active: Vec<&LoraAdapter<B>> = Vec::new();
@@ -382,36 +460,60 @@ impl<B: Backend> Model<B> {
                     &mut normed,
                 )?;
             }
-            backend.linear(&normed, n, &layer.qkv, layer.qkv_bias.as_ref(), &mut qkv)?;
-            let w = ql.row_width();
-            lora(i, Target::Q, &normed, h, &mut qkv, w, 0)?;
-            lora(i, Target::K, &normed, h, &mut qkv, w, qs)?;
-            lora(i, Target::V, &normed, h, &mut qkv, w, qs + kvs)?;
-            let qk_norm = match (&layer.q_norm, &layer.k_norm) {
-                (Some(q), Some(k)) => Some(QkNorm { q, k, eps }),
-                _ => None,
-            };
-            // A local layer with pools of its own runs on its own block tables.
-            let attn_step = match &window_step {
-                Some(w) if kv.in_window_pool(i) => w,
-                _ => step,
-            };
-            let (k_cache, v_cache) = &mut kv.layers[i];
-            let rope = match (&self.rope_local, layer.local) {
-                (Some(r), true) => r,
-                _ => &self.rope,
-            };
-            backend.qk_norm_rope_write_kv(
-                &mut qkv, n, attn_step, ql, qk_norm, rope, k_cache, v_cache,
-            )?;
-            let scoring = AttnScoring {
-                scale,
-                window: window.filter(|_| layer.local),
-                sinks: layer.sinks.as_ref(),
-            };
-            backend.attention(&qkv, attn_step, ql, k_cache, v_cache, scoring, &mut attn)?;
-            backend.linear(&attn, n, &layer.o_proj, layer.o_bias.as_ref(), &mut proj)?;
-            lora(i, Target::O, &attn, qs, &mut proj, h, 0)?;
+            match &layer.mixer {
+                Mixer::Linear(l) => {
+                    let d = c.linear_attn.as_ref().ok_or_else(|| {
+                        crate::error::EngineError::Backend("no linear_* config".into())
+                    })?;
+                    l.forward(
+                        backend,
+                        &normed,
+                        n,
+                        step,
+                        kv,
+                        d,
+                        eps,
+                        &mut linear,
+                        &mut proj,
+                    )?;
+                }
+                Mixer::Attention(a) => {
+                    backend.linear(&normed, n, &a.qkv, a.qkv_bias.as_ref(), &mut qkv)?;
+                    let w = ql.row_width();
+                    lora(i, Target::Q, &normed, h, &mut qkv, w, 0)?;
+                    lora(i, Target::K, &normed, h, &mut qkv, w, qs)?;
+                    lora(i, Target::V, &normed, h, &mut qkv, w, qs + kvs)?;
+                    let qk_norm = match (&a.q_norm, &a.k_norm) {
+                        (Some(q), Some(k)) => Some(QkNorm { q, k, eps }),
+                        _ => None,
+                    };
+                    // A local layer with pools of its own runs on its own block tables.
+                    let attn_step = match &window_step {
+                        Some(w) if kv.in_window_pool(a.kv) => w,
+                        _ => step,
+                    };
+                    let (k_cache, v_cache) = &mut kv.layers[a.kv];
+                    let rope = match (&self.rope_local, layer.local) {
+                        (Some(r), true) => r,
+                        _ => &self.rope,
+                    };
+                    backend.qk_norm_rope_write_kv(
+                        &mut qkv, n, attn_step, ql, qk_norm, rope, k_cache, v_cache,
+                    )?;
+                    let scoring = AttnScoring {
+                        scale,
+                        window: window.filter(|_| layer.local),
+                        sinks: a.sinks.as_ref(),
+                    };
+                    backend.attention(&qkv, attn_step, ql, k_cache, v_cache, scoring, &mut attn)?;
+                    if let Some(g) = &a.gate {
+                        backend.linear(&normed, n, g, None, &mut attn_gate)?;
+                        backend.sigmoid_mul(&mut attn, &attn_gate, n * qs)?;
+                    }
+                    backend.linear(&attn, n, &a.o_proj, a.o_bias.as_ref(), &mut proj)?;
+                    lora(i, Target::O, &attn, qs, &mut proj, h, 0)?;
+                }
+            }
             if let Some(w) = &layer.attn_out_norm {
                 backend.rms_norm(&proj, n, w, eps, &mut post)?;
                 std::mem::swap(&mut proj, &mut post);
@@ -448,9 +550,10 @@ impl<B: Backend> Model<B> {
         backend.add(&mut residual, &proj, n * hidden)?;
 
         let rows = layout.logits_rows.len();
-        for b in [normed, qkv, attn, gate_up, act, post] {
+        for b in [normed, qkv, attn, gate_up, act, post, attn_gate] {
             backend.recycle(b);
         }
+        linear.recycle(backend);
         if rows == 0 {
             backend.recycle(residual);
             backend.recycle(proj);

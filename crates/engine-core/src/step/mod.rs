@@ -81,6 +81,9 @@ pub struct StepBatch<'a> {
     /// M-RoPE models: per chunk, how far its first token's rotary position trails its
     /// sequence index because of the media items that end before it (empty: none do).
     pub rope_deltas: &'a [i64],
+    /// Models with recurrent layers ([`crate::engine::StepEngine::state_config`]): one per
+    /// chunk, its state slot and snapshots; empty for the others.
+    pub states: &'a [crate::state::ChunkState],
 }
 
 /// The log-probability of one token and the most likely alternatives at its position.

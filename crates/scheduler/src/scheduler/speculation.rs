@@ -51,6 +51,10 @@ impl Scheduler {
         ) else {
             return 0;
         };
+        // A model with recurrent layers keeps the state before the draft to roll back to.
+        if !self.kv.checkpoint_state(&mut self.running[i].seq.kv) {
+            return 0;
+        }
         self.metrics.spec_proposed[source as usize].fetch_add(draft.len() as u64, Relaxed);
         let e = &mut self.running[i];
         e.spec.draft_len = draft.len();
@@ -87,6 +91,12 @@ impl Scheduler {
                 // This token was the draft's: its K/V were computed in this step.
                 self.running[i].seq.kv.num_computed += 1;
             }
+        }
+        // Recurrent layers cannot take back rejected tokens: their state goes back to before
+        // the draft, and the accepted tokens are computed again in the next step.
+        let kv = &mut self.running[i].seq.kv;
+        if let Some(start) = self.kv.settle_state(kv, accepted == k) {
+            kv.num_computed = kv.num_computed.min(start);
         }
         self.register_full_blocks(i);
         // Blocks that only held rejected draft tokens go back to the pool.

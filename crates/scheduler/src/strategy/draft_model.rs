@@ -124,6 +124,7 @@ impl DraftModel {
                 prompt_logprobs: &[],
                 media: &[],
                 rope_deltas: &[],
+                states: &[],
             };
             let out = match self.engine.step(&batch) {
                 Ok(o) => o,

@@ -67,8 +67,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         dtype: a.dtype,
         gguf: resolved.gguf.clone(),
         kv_blocks: Some(blocks),
-        // One block table, laid out here.
+        // One block table (and state slot), laid out here.
         window_pools: false,
+        state_slots: Some(1),
         ..Default::default()
     };
     let mut engine = lmi_engine::open(a.device, &dir, &opts)?;
@@ -95,6 +96,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         logits: LogitsWanted::Last,
         adapter: None,
     };
+    // A model with recurrent layers keeps the sequence's state in slot 0.
+    let states = match engine.state_config() {
+        Some(_) => vec![lmi_engine::ChunkState::in_slot(0)],
+        None => Vec::new(),
+    };
     while output.len() < a.max_new_tokens {
         let draw = SampleRequest {
             chunk: 0,
@@ -114,6 +120,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             prompt_logprobs: &[],
             media: &[],
             rope_deltas: &[],
+            states: &states,
         })?;
         let tok = out
             .samples
