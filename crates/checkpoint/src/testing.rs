@@ -461,6 +461,28 @@ pub fn write_tiny_tokenizer(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// [`write_tiny_tokenizer`] for a model of `vocab` ids: the ids after the byte-level ones and
+/// the specials are named `<|tN|>` (ordinary added tokens), so every id the model can draw
+/// decodes.
+pub fn write_tiny_tokenizer_for(dir: &Path, vocab: u32) -> Result<()> {
+    write_tiny_tokenizer(dir)?;
+    let path = dir.join("tokenizer.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| CheckpointError::io(&path, e))?;
+    let mut t: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    let first = 256 + TINY_SPECIALS.len() as u32;
+    for id in first..vocab {
+        let content = format!("<|t{id}|>");
+        t["model"]["vocab"][&content] = id.into();
+        if let Some(added) = t["added_tokens"].as_array_mut() {
+            added.push(
+                serde_json::json!({"id": id, "content": content, "single_word": false,
+                "lstrip": false, "rstrip": false, "normalized": false, "special": false}),
+            );
+        }
+    }
+    std::fs::write(&path, t.to_string()).map_err(|e| CheckpointError::io(&path, e))
+}
+
 /// Writes the llama-architecture model in `hf_dir` (from [`write_tiny_model`]) as a GGUF
 /// whose matrices are all `qtype`, laid out as llama.cpp's converter does (GGUF names, Q/K
 /// rows interleaved per head), with the hyper-parameters the engine reads (no tokenizer: the

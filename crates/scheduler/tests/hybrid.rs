@@ -30,22 +30,7 @@ fn model(name: &str) -> tempfile::TempDir {
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(fixture(name).join(f), tmp.path().join(f)).unwrap();
     }
-    lmi_checkpoint::testing::write_tiny_tokenizer(tmp.path()).unwrap();
-    let path = tmp.path().join("tokenizer.json");
-    let mut t: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    for id in 260..320 {
-        let content = format!("<|t{id}|>");
-        t["model"]["vocab"][&content] = id.into();
-        t["added_tokens"]
-            .as_array_mut()
-            .unwrap()
-            .push(serde_json::json!({
-                "id": id, "content": content, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": false
-            }));
-    }
-    std::fs::write(&path, t.to_string()).unwrap();
+    lmi_checkpoint::testing::write_tiny_tokenizer_for(tmp.path(), 320).unwrap();
     tmp
 }
 
