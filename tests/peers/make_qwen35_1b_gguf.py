@@ -53,6 +53,8 @@ def main():
     ap.add_argument("--llama", required=True, type=Path, help="llama.cpp source directory")
     ap.add_argument("--tokenizer", required=True, type=Path, help="a directory with tokenizer.json")
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--keep-hf", action="store_true",
+                    help="also keep the HF directory (bf16 safetensors) as OUT_DIR/qwen35-1b-hf")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
@@ -67,6 +69,8 @@ def main():
             if (a.tokenizer / f).exists():
                 shutil.copy(a.tokenizer / f, hf / f)
         del model
+        if a.keep_hf:
+            shutil.copytree(hf, a.out / "qwen35-1b-hf", dirs_exist_ok=True)
         sys.path[:0] = [str(a.llama), str(a.llama / "gguf-py")]
         import conversion.base as base
 

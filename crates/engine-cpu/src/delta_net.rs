@@ -162,26 +162,8 @@ pub fn gated_delta_net(
             let beta = sigmoid(p[conv_dim + vd + h]);
             let g = decay * softplus(p[conv_dim + vd + nv + h] + w.dt_bias[h]);
             let e = g.exp();
-            sm.iter_mut().for_each(|x| *x *= e);
-            // kv_mem = Sᵀk, then delta = β (v − kv_mem), S += k ⊗ delta, o = Sᵀq.
             let mut delta = vec![0f32; dv];
-            for (i, &ki) in k.iter().enumerate() {
-                let row = &sm[i * dv..(i + 1) * dv];
-                delta.iter_mut().zip(row).for_each(|(m, &r)| *m += r * ki);
-            }
-            delta
-                .iter_mut()
-                .zip(v)
-                .for_each(|(m, &vj)| *m = (vj - *m) * beta);
-            o_row.fill(0.0);
-            for i in 0..dk {
-                let row = &mut sm[i * dv..(i + 1) * dv];
-                let (ki, qi) = (k[i], q[i]);
-                for ((r, &dj), oj) in row.iter_mut().zip(&delta).zip(o_row.iter_mut()) {
-                    *r += ki * dj;
-                    *oj += *r * qi;
-                }
-            }
+            delta_rule(sm, &k, &q, v, e, beta, &mut delta, &mut o_row);
             // The gated RMSNorm: o / rms(o) · w · silu(z).
             let z = &p[conv_dim + h * dv..conv_dim + (h + 1) * dv];
             let ss: f32 = o_row.iter().map(|x| x * x).sum();
@@ -205,6 +187,78 @@ pub fn gated_delta_net(
         (0..tasks).into_par_iter().for_each(head);
     }
     Ok(())
+}
+
+/// One token's update of one head's state `s` (`dk × dv`, row i for key dimension i), two
+/// passes over it: `u = Sᵀk`, `delta = β (v − e·u)`; then `S ← e·S + k ⊗ delta` and
+/// `o = Sᵀq` from the new rows. (HF decays S first and then reads `Sᵀk`; `e·(Sᵀk)` is the same
+/// value one pass cheaper.) With AVX2 the loops along a row run 8 lanes wide: plain multiplies
+/// and adds in the same order, so the bits are those of the scalar loop.
+#[allow(clippy::too_many_arguments)]
+fn delta_rule(
+    s: &mut [f32],
+    k: &[f32],
+    q: &[f32],
+    v: &[f32],
+    e: f32,
+    beta: f32,
+    delta: &mut [f32],
+    o: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::isa() != crate::simd::Isa::Scalar {
+        // SAFETY: AVX2 was detected (every non-scalar ISA of `simd` has it).
+        unsafe { delta_rule_avx2(s, k, q, v, e, beta, delta, o) };
+        return;
+    }
+    delta_rule_body(s, k, q, v, e, beta, delta, o);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn delta_rule_avx2(
+    s: &mut [f32],
+    k: &[f32],
+    q: &[f32],
+    v: &[f32],
+    e: f32,
+    beta: f32,
+    delta: &mut [f32],
+    o: &mut [f32],
+) {
+    delta_rule_body(s, k, q, v, e, beta, delta, o);
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn delta_rule_body(
+    s: &mut [f32],
+    k: &[f32],
+    q: &[f32],
+    v: &[f32],
+    e: f32,
+    beta: f32,
+    delta: &mut [f32],
+    o: &mut [f32],
+) {
+    let dv = delta.len();
+    delta.fill(0.0);
+    for (row, &ki) in s.chunks_exact(dv).zip(k) {
+        for (d, &r) in delta.iter_mut().zip(row) {
+            *d += r * ki;
+        }
+    }
+    for (d, &vj) in delta.iter_mut().zip(v) {
+        *d = (vj - e * *d) * beta;
+    }
+    o.fill(0.0);
+    for ((row, &ki), &qi) in s.chunks_exact_mut(dv).zip(k).zip(q) {
+        for ((r, &dj), oj) in row.iter_mut().zip(delta.iter()).zip(o.iter_mut()) {
+            *r = e * *r + ki * dj;
+            *oj += *r * qi;
+        }
+    }
 }
 
 /// The convolution over tokens `rows` of `proj` (their first `conv_dim` values), continuing
