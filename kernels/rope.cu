@@ -5,6 +5,11 @@
 // M-RoPE (Qwen2-VL): with `mpos` set, pair i turns with component comp[i] (0 time, 1 row,
 // 2 column) of the token's three positions mpos[3t .. 3t + 3] instead of positions[t].
 //
+// Partial RoPE (Qwen3.5, Qwen3-Next: a quarter of each head turns): the table has `rot` <=
+// head_dim / 2 frequencies; pair i is (i, i + rot) for i < rot, as the CPU's rope_by pairs
+// them, and dimensions 2·rot .. head_dim are left as they are (but normalized and stored like
+// the rest). With rot = head_dim / 2 this is the full rotation, bit for bit as before.
+//
 // Angles without f64: each frequency comes as its turns per position in 0.64 fixed point,
 // `step = round(frac(inv_freq / 2π) · 2^64)` (host: engine-cuda/src/rope.rs). A position's phase is then
 // `pos · step mod 2^64`, one wrapping integer product: exact whatever the position (the
@@ -16,7 +21,7 @@
 #include "common.cuh"
 #include "kv_cache.cuh"
 
-// Pairs (i, i + half) a lane of a warp holds: head_dim <= 2 · 32 · ROPE_PAIRS = 256.
+// Pairs (i, i + rot) a lane of a warp holds: rot <= 32 · ROPE_PAIRS = 128 (head_dim <= 256).
 #define ROPE_PAIRS 4
 // Warps per block: each takes one head at a time.
 #define ROPE_WARPS 4
@@ -48,47 +53,61 @@ __device__ __forceinline__ void rope_cos_sin(unsigned pos, unsigned long long st
 }
 
 // One head of one token, by one warp, in place at x (or into k_out in bf16): lane holds pairs
-// (i, i + half) for i = lane + 32·j < half. Normalized first when `norm` is set (head_dim
-// weights); rotated by the token's (cos, sin) of each pair, from shared memory.
+// (i, i + rot) for i = lane + 32·j < rot; the unrotated tail 2·rot .. head_dim (partial RoPE)
+// is read from x where it is needed (empty for a full rotation). Normalized first when `norm`
+// is set (head_dim weights); rotated by the token's (cos, sin) of each pair, from shared
+// memory.
 __device__ __forceinline__ void rope_head(float* __restrict__ x, bf16* __restrict__ k_out,
                                           const float* __restrict__ norm, float eps,
-                                          unsigned head_dim, const float* cos_s,
+                                          unsigned head_dim, unsigned rot, const float* cos_s,
                                           const float* sin_s) {
-    const unsigned lane = threadIdx.x & 31u, half = head_dim >> 1;
+    const unsigned lane = threadIdx.x & 31u;
     float a[ROPE_PAIRS], b[ROPE_PAIRS];
 #pragma unroll
     for (int j = 0; j < ROPE_PAIRS; j++) {
         const unsigned i = lane + 32u * j;
-        a[j] = i < half ? x[i] : 0.0f;
-        b[j] = i < half ? x[i + half] : 0.0f;
+        a[j] = i < rot ? x[i] : 0.0f;
+        b[j] = i < rot ? x[i + rot] : 0.0f;
     }
+    float inv = 1.0f;
     if (norm != nullptr) {  // uniform: the same for every lane of the launch
         float ss = 0.0f;
 #pragma unroll
         for (int j = 0; j < ROPE_PAIRS; j++) ss = fmaf(b[j], b[j], fmaf(a[j], a[j], ss));
+        for (unsigned i = 2u * rot + lane; i < head_dim; i += 32u) ss = fmaf(x[i], x[i], ss);
         ss = warp_sum(ss);
-        const float inv = rsqrtf(ss / (float)head_dim + eps);
+        inv = rsqrtf(ss / (float)head_dim + eps);
 #pragma unroll
         for (int j = 0; j < ROPE_PAIRS; j++) {
             const unsigned i = lane + 32u * j;
-            if (i < half) {
+            if (i < rot) {
                 a[j] = a[j] * inv * norm[i];
-                b[j] = b[j] * inv * norm[i + half];
+                b[j] = b[j] * inv * norm[i + rot];
             }
         }
     }
 #pragma unroll
     for (int j = 0; j < ROPE_PAIRS; j++) {
         const unsigned i = lane + 32u * j;
-        if (i >= half) continue;
+        if (i >= rot) continue;
         const float c = cos_s[i], s = sin_s[i];
         const float ra = fmaf(a[j], c, -b[j] * s), rb = fmaf(b[j], c, a[j] * s);
         if (k_out != nullptr) {
             k_out[i] = f32_to_bf16(ra);
-            k_out[i + half] = f32_to_bf16(rb);
+            k_out[i + rot] = f32_to_bf16(rb);
         } else {
             x[i] = ra;
-            x[i + half] = rb;
+            x[i + rot] = rb;
+        }
+    }
+    // The tail: normalized in place or stored (each lane the elements it read above).
+    if (norm == nullptr && k_out == nullptr) return;
+    for (unsigned i = 2u * rot + lane; i < head_dim; i += 32u) {
+        const float v = norm != nullptr ? x[i] * inv * norm[i] : x[i];
+        if (k_out != nullptr) {
+            k_out[i] = f32_to_bf16(v);
+        } else {
+            x[i] = v;
         }
     }
 }
@@ -110,7 +129,8 @@ __device__ __forceinline__ void rope_token(float* __restrict__ qkv, bf16* __rest
                                            const unsigned* __restrict__ comp,
                                            const float* __restrict__ q_norm,
                                            const float* __restrict__ k_norm, float eps,
-                                           unsigned q_heads, unsigned kv_heads, unsigned head_dim) {
+                                           unsigned q_heads, unsigned kv_heads, unsigned head_dim,
+                                           unsigned rot) {
     __shared__ float cos_s[ROPE_PAIRS * 32], sin_s[ROPE_PAIRS * 32];
     const unsigned t = blockIdx.x;
     const unsigned slot = KV ? slots[t] : 0u;
@@ -118,10 +138,9 @@ __device__ __forceinline__ void rope_token(float* __restrict__ qkv, bf16* __rest
     const unsigned rotary = q_heads + kv_heads, heads = rotary + (KV ? kv_heads : 0u);
     const unsigned share = (heads + gridDim.y - 1) / gridDim.y;
     const unsigned first = blockIdx.y * share, end = min(first + share, heads);
-    const unsigned half = head_dim >> 1;
     if (first < rotary) {  // block-uniform
         const unsigned pos = positions[t];
-        for (unsigned i = threadIdx.x; i < half; i += blockDim.x) {
+        for (unsigned i = threadIdx.x; i < rot; i += blockDim.x) {
             const unsigned p = mpos != nullptr ? mpos[3u * t + comp[i]] : pos;
             rope_cos_sin(p, steps[i], &cos_s[i], &sin_s[i]);
         }
@@ -133,12 +152,12 @@ __device__ __forceinline__ void rope_token(float* __restrict__ qkv, bf16* __rest
     for (unsigned h = first + (threadIdx.x >> 5); h < end; h += blockDim.x >> 5) {
         float* x = row + h * head_dim;
         if (h < q_heads) {
-            rope_head(x, nullptr, q_norm, eps, head_dim, cos_s, sin_s);
+            rope_head(x, nullptr, q_norm, eps, head_dim, rot, cos_s, sin_s);
         } else if (!KV) {
-            rope_head(x, nullptr, nullptr, 0.0f, head_dim, cos_s, sin_s);
+            rope_head(x, nullptr, nullptr, 0.0f, head_dim, rot, cos_s, sin_s);
         } else if (h < rotary) {
             bf16* k = k_cache + kv_row(slot, kv_heads, h - q_heads, head_dim);
-            rope_head(x, k, k_norm, eps, head_dim, cos_s, sin_s);
+            rope_head(x, k, k_norm, eps, head_dim, rot, cos_s, sin_s);
         } else {
             bf16* v = v_cache + kv_row(slot, kv_heads, h - rotary, head_dim);
             for (unsigned i = lane; i < head_dim; i += 32u) v[i] = f32_to_bf16(x[i]);
@@ -148,7 +167,7 @@ __device__ __forceinline__ void rope_token(float* __restrict__ qkv, bf16* __rest
 
 // Backend::qk_norm_rope_write_kv: grid (tokens, blocks per token), ROPE_WARPS warps.
 // q_norm and k_norm are both null for models without q/k norms; mpos and comp null but for
-// M-RoPE.
+// M-RoPE; rot pairs turn (head_dim / 2 but for partial RoPE).
 extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
     qk_norm_rope_write_kv(float* __restrict__ qkv, bf16* __restrict__ k_cache,
                           bf16* __restrict__ v_cache, const unsigned* __restrict__ positions,
@@ -156,18 +175,19 @@ extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
                           const unsigned long long* __restrict__ steps,
                           const unsigned* __restrict__ mpos, const unsigned* __restrict__ comp,
                           const float* __restrict__ q_norm, const float* __restrict__ k_norm,
-                          float eps, unsigned q_heads, unsigned kv_heads, unsigned head_dim) {
+                          float eps, unsigned q_heads, unsigned kv_heads, unsigned head_dim,
+                          unsigned rot) {
     rope_token<true>(qkv, k_cache, v_cache, positions, slots, steps, mpos, comp, q_norm, k_norm,
-                     eps, q_heads, kv_heads, head_dim);
+                     eps, q_heads, kv_heads, head_dim, rot);
 }
 
-// Backend::rope: q and k heads rotated in place; grid (tokens, blocks per token), ROPE_WARPS
-// warps.
+// Backend::rope: q and k heads rotated in place (rot pairs each); grid (tokens, blocks per
+// token), ROPE_WARPS warps.
 extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS)
     rope(float* __restrict__ qkv, const unsigned* __restrict__ positions,
          const unsigned long long* __restrict__ steps, const unsigned* __restrict__ mpos,
          const unsigned* __restrict__ comp, unsigned q_heads, unsigned kv_heads,
-         unsigned head_dim) {
+         unsigned head_dim, unsigned rot) {
     rope_token<false>(qkv, nullptr, nullptr, positions, nullptr, steps, mpos, comp, nullptr,
-                      nullptr, 0.0f, q_heads, kv_heads, head_dim);
+                      nullptr, 0.0f, q_heads, kv_heads, head_dim, rot);
 }

@@ -5,7 +5,7 @@
 #   tests     (carry .gpu/b) the model assembled and checked; (1) every CUDA test binary with
 #             real launches only (LMI_TEST_DEVICE_ONLY=1, LMI_REQUIRE_GPU=1), the NVRTC check
 #   sanitize  (2) compute-sanitizer: memcheck and initcheck over the test binaries, racecheck on
-#             attention and the sampler, synccheck
+#             attention, the sampler and the delta rule, synccheck
 #   agree     (3) CPU vs CUDA on the default model's real weights (greedy 32 tokens on >= 95%
 #             of prompts, logprobs within 0.1, a seeded request identical run after run); a request served
 #             by `lmi serve --device cuda`
@@ -88,7 +88,7 @@ need_hf_model() {
         "$BIN/lmi" convert "$MODEL" "$WORK/smollm2" --dtype bf16 >>"$LOG" 2>&1
 }
 
-tests_with() { for t in cuda_ops cuda_attention cuda_sampling cuda_engine cuda_qwen_vl cuda_gemma3 cuda_moe; do [ -x "$BIN/$t" ] && echo "$t"; done; }
+tests_with() { for t in cuda_ops cuda_attention cuda_sampling cuda_engine cuda_qwen_vl cuda_gemma3 cuda_moe cuda_delta_net cuda_hybrid; do [ -x "$BIN/$t" ] && echo "$t"; done; }
 
 case $step in
 unpack)
@@ -111,7 +111,7 @@ sanitize)
         skip compute-sanitizer "not installed here"
     else
         cs() { timeout "$1" compute-sanitizer --error-exitcode 99 --print-limit 20 "${@:2}"; }
-        for t in cuda_ops cuda_attention cuda_engine; do
+        for t in cuda_ops cuda_attention cuda_engine cuda_delta_net; do
             check "memcheck $t" "ERROR SUMMARY|test result" cs 100 --tool memcheck "$BIN/$t" --test-threads=1
         done
         check "memcheck cuda_sampling (128k, masks, ties)" "ERROR SUMMARY|test result" \
@@ -122,6 +122,9 @@ sanitize)
             cs 60 --tool racecheck "$BIN/cuda_attention" --test-threads=1 decode_contexts tensor_core_tiling
         check "racecheck sampler" "RACECHECK SUMMARY|ERROR SUMMARY|test result" \
             cs 60 --tool racecheck "$BIN/cuda_sampling" --test-threads=1 greedy masked_draws_match
+        # The delta rule's shared-memory staging and cross-warp sums (kernels/delta_net.cu).
+        check "racecheck delta_net" "RACECHECK SUMMARY|ERROR SUMMARY|test result" \
+            cs 60 --tool racecheck "$BIN/cuda_delta_net" --test-threads=1 gated_delta_net
         check "synccheck attention" "ERROR SUMMARY|test result" \
             cs 30 --tool synccheck "$BIN/cuda_attention" --test-threads=1 split_contexts
     fi

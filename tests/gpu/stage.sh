@@ -15,7 +15,7 @@ cp target/release/lmi .gpu/bin/lmi
 # The CUDA test binaries (test profile, optimized), found through cargo's JSON messages.
 cargo test -p lmi-engine -p lmi-cuda --no-run --message-format=json \
     --test cuda_ops --test cuda_attention --test cuda_sampling --test cuda_engine --test cuda_qwen_vl \
-    --test cuda_gemma3 --test cuda_moe \
+    --test cuda_gemma3 --test cuda_moe --test cuda_delta_net --test cuda_hybrid \
     --test nvrtc_compile 2>/dev/null |
     python3 -c '
 import json, shutil, sys

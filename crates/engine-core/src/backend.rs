@@ -536,7 +536,8 @@ pub trait Backend: Send + Sync + 'static {
 /// A Gated DeltaNet layer's weights besides its projections, for [`Backend::gated_delta_net`].
 pub struct DeltaNet<'a, B: Backend + ?Sized> {
     pub dims: &'a lmi_checkpoint::config::linear_attn::LinearAttnConfig,
-    /// The depthwise convolution `[conv_dim, conv_kernel]` (f32).
+    /// The depthwise convolution: `conv_dim` rows of `conv_kernel` taps, f32, uploaded flat
+    /// (1-D) so that no backend rounds it as a matrix.
     pub conv: &'a B::Weight,
     /// Per value head: `A_log` and `dt_bias` (the decay `exp(-exp(A_log) · softplus(a + dt_bias))`).
     pub a_log: &'a B::Weight,

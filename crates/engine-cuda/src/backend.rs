@@ -12,19 +12,20 @@ use lmi_checkpoint::dtype::DType;
 use lmi_checkpoint::weights::{HostData, HostTensor};
 use lmi_cuda::{Arg, DevPtr, Device, DeviceExt, ElemType, Function, Gemm, LaunchConfig};
 use lmi_engine_core::backend::{
-    AttnScoring, Backend, Feature, LoraGroup, LoraPairs, LoraRegistration, LoraSite, QkNorm,
-    QkvLayout,
+    AttnScoring, Backend, DeltaNet, Feature, LoraGroup, LoraPairs, LoraRegistration, LoraSite,
+    QkNorm, QkvLayout,
 };
 use lmi_engine_core::batch::BatchLayout;
 use lmi_engine_core::error::{EngineError, Result};
 use lmi_engine_core::kv::KvCacheConfig;
+use lmi_engine_core::state::StateConfig;
 use lmi_engine_core::step::{LogitsOutput, LogitsWork};
 
 use super::graphs::{Captured, GraphCache, Plan};
 use super::memory::{Arena, DeviceBox, cuda_err};
 use super::rope::{self, CudaRope, u32_arg};
 use super::step::{self, CudaStep, Packed};
-use super::{attention, lora, moe, sampler};
+use super::{attention, delta_net, lora, moe, sampler};
 
 /// Every kernel the backend launches; all are resolved when it starts, so a missing one is
 /// an error at load time, never in a step.
@@ -97,13 +98,23 @@ struct StepBuffers<D: Device> {
     epoch: u64,
 }
 
-/// The copy-on-write pairs last uploaded, in the arena: every layer's K and V pool copies
-/// the same pairs before the step that needs them, so one upload serves them all.
+/// The copy pairs last uploaded, in the arena: every layer's K and V pool (or state slots)
+/// copies the same pairs before the step that needs them, so one upload serves them all.
 struct CopyPairs {
     host: Vec<(u32, u32)>,
     ptr: DevPtr,
     /// `steps` when they were uploaded (the arena is reset by the next upload).
     step: u64,
+}
+
+impl Default for CopyPairs {
+    fn default() -> Self {
+        CopyPairs {
+            host: Vec::new(),
+            ptr: DevPtr::NULL,
+            step: u64::MAX,
+        }
+    }
 }
 
 pub struct CudaBackend<D: Device> {
@@ -115,6 +126,8 @@ pub struct CudaBackend<D: Device> {
     /// Registered LoRA adapters' device slots (shared with their registrations).
     lora: Arc<Mutex<lora::LoraTable<D>>>,
     copy_pairs: Mutex<CopyPairs>,
+    /// The same for the linear-attention layers' state slots.
+    state_pairs: Mutex<CopyPairs>,
     /// Steps uploaded so far.
     steps_uploaded: std::sync::atomic::AtomicU64,
     pub(super) sampler: sampler::Sampler<D>,
@@ -195,6 +208,7 @@ impl<D: Device> CudaBackend<D> {
             .chain(attention::KERNELS)
             .chain(lora::KERNELS)
             .chain(moe::KERNELS)
+            .chain(delta_net::KERNELS)
             .chain(sampler::KERNELS);
         for &name in all {
             let f = dev
@@ -212,11 +226,8 @@ impl<D: Device> CudaBackend<D> {
             }),
             graphs: Mutex::new(GraphCache::new(graphs)),
             lora: Arc::new(Mutex::new(lora::LoraTable::new(&dev))),
-            copy_pairs: Mutex::new(CopyPairs {
-                host: Vec::new(),
-                ptr: DevPtr::NULL,
-                step: u64::MAX,
-            }),
+            copy_pairs: Mutex::new(CopyPairs::default()),
+            state_pairs: Mutex::new(CopyPairs::default()),
             steps_uploaded: Default::default(),
             sampler: sampler::Sampler::new(&dev),
             fused_down_rows: FUSED_DOWN_MAX_ROWS.into(),
@@ -255,6 +266,31 @@ impl<D: Device> CudaBackend<D> {
     pub(super) fn arena_alloc(&self, len: usize, dtype: ElemType) -> Result<CudaBuf> {
         let ptr = lock(&self.arena).alloc(len * dtype.size())?;
         Ok(CudaBuf { ptr, len, dtype })
+    }
+
+    /// `pairs` as `[src, dst]` u32s in the arena, uploaded once for every layer's copies
+    /// between two steps (`cache` remembers the last upload).
+    fn upload_pairs(&self, cache: &Mutex<CopyPairs>, pairs: &[(u32, u32)]) -> Result<DevPtr> {
+        let mut cp = lock(cache);
+        let step = self
+            .steps_uploaded
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if cp.step != step || cp.host != pairs {
+            let flat: Vec<u32> = pairs.iter().flat_map(|&(s, d)| [s, d]).collect();
+            let buf = self.arena_alloc(flat.len(), ElemType::F32)?;
+            self.dev.htod_slice(&flat, buf.ptr).map_err(cuda_err)?;
+            *cp = CopyPairs {
+                host: pairs.to_vec(),
+                ptr: buf.ptr,
+                step,
+            };
+        }
+        Ok(cp.ptr)
+    }
+
+    /// [`Self::upload_pairs`] for the state slots' copies.
+    pub(super) fn state_pairs(&self, pairs: &[(u32, u32)]) -> Result<DevPtr> {
+        self.upload_pairs(&self.state_pairs, pairs)
     }
 
     /// `x` as bf16: itself, or converted into a new arena buffer.
@@ -365,9 +401,8 @@ impl<D: Device> Backend for CudaBackend<D> {
     type Rope = CudaRope<D>;
     type Vision = super::vision::CudaVision<D>;
     type Experts = moe::CudaExperts<D>;
-    /// Gated DeltaNet hybrids are refused at load ([`Feature::LinearAttention`]): no kernels
-    /// for the delta rule here yet.
-    type State = ();
+    /// One linear-attention layer's state slots (kernels/delta_net.cu).
+    type State = delta_net::CudaState<D>;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -805,9 +840,37 @@ impl<D: Device> Backend for CudaBackend<D> {
             Feature::SlidingWindow
             | Feature::Gemma
             | Feature::Experts
-            | Feature::AttentionSinks => true,
-            Feature::LinearAttention => false,
+            | Feature::AttentionSinks
+            | Feature::LinearAttention => true,
         }
+    }
+
+    fn alloc_states(&self, cfg: &StateConfig) -> Result<Vec<delta_net::CudaState<D>>> {
+        delta_net::alloc(self, cfg)
+    }
+
+    fn copy_states(
+        &self,
+        state: &mut delta_net::CudaState<D>,
+        _cfg: &StateConfig,
+        pairs: &[(u32, u32)],
+    ) -> Result<()> {
+        delta_net::copy(self, state, pairs)
+    }
+
+    fn gated_delta_net(
+        &self,
+        proj: &CudaBuf,
+        step: &CudaStep,
+        layer: DeltaNet<'_, Self>,
+        state: &mut delta_net::CudaState<D>,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        delta_net::forward(self, proj, step, &layer, state, out)
+    }
+
+    fn sigmoid_mul(&self, x: &mut CudaBuf, gate: &CudaBuf, len: usize) -> Result<()> {
+        delta_net::sigmoid_mul(self, x, gate, len)
     }
 
     fn index_experts(
@@ -1066,21 +1129,7 @@ impl<D: Device> Backend for CudaBackend<D> {
         if pairs.is_empty() {
             return Ok(());
         }
-        let mut cp = lock(&self.copy_pairs);
-        let step = self
-            .steps_uploaded
-            .load(std::sync::atomic::Ordering::Relaxed);
-        if cp.step != step || cp.host != pairs {
-            let flat: Vec<u32> = pairs.iter().flat_map(|&(s, d)| [s, d]).collect();
-            let buf = self.arena_alloc(flat.len(), ElemType::F32)?;
-            self.dev.htod_slice(&flat, buf.ptr).map_err(cuda_err)?;
-            *cp = CopyPairs {
-                host: pairs.to_vec(),
-                ptr: buf.ptr,
-                step,
-            };
-        }
-        let ptr = cp.ptr;
+        let ptr = self.upload_pairs(&self.copy_pairs, pairs)?;
         let block_elems = cfg.num_kv_heads * lmi_engine_core::kv::BLOCK_SIZE * cfg.head_dim;
         self.launch(
             "copy_blocks",

@@ -5,6 +5,7 @@
 mod attention;
 mod backend;
 pub mod ceilings;
+mod delta_net;
 mod graphs;
 mod lora;
 mod memory;
@@ -18,6 +19,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use backend::{CudaBackend, CudaBuf, CudaKv, CudaWeight};
+pub use delta_net::CudaState;
 use lmi_cuda::{CudaDevice, Device};
 use memory::cuda_err;
 pub use moe::CudaExperts;

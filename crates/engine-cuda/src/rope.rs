@@ -101,23 +101,26 @@ impl<D: Device> CudaRope<D> {
         }
     }
 
-    /// Checks that `layout`'s heads fit the kernels and this table.
-    fn check(&self, layout: QkvLayout) -> Result<()> {
+    /// Checks that `layout`'s heads fit the kernels and this table; returns the pairs that
+    /// turn: every one of a head's (head_dim / 2), or fewer for partial RoPE (Qwen3.5's
+    /// quarter of each head: pair `i` is `(i, i + pairs)`, the rest of the head unturned, as
+    /// the CPU's `rope_by` does).
+    fn check(&self, layout: QkvLayout) -> Result<u32> {
         let d = layout.head_dim;
         if !d.is_multiple_of(2) || d == 0 || d > MAX_HEAD_DIM {
             return Err(EngineError::Backend(format!(
                 "CUDA RoPE takes even head sizes up to {MAX_HEAD_DIM}, not {d}"
             )));
         }
-        if d / 2 != self.pairs {
+        if self.pairs == 0 || self.pairs > d / 2 {
             return Err(EngineError::Backend(format!(
-                "the RoPE table has {} frequencies, head_dim {d} needs {}",
+                "the RoPE table has {} frequencies, head_dim {d} takes 1 to {}",
                 self.pairs,
                 d / 2
             )));
         }
         u32_arg("a QKV row", layout.row_width())?;
-        Ok(())
+        Ok(self.pairs as u32)
     }
 }
 
@@ -204,7 +207,7 @@ fn rotate<D: Device>(
     layout: QkvLayout,
     rope: &CudaRope<D>,
 ) -> Result<()> {
-    rope.check(layout)?;
+    let rot = rope.check(layout)?;
     if tokens == 0 {
         return Ok(());
     }
@@ -221,6 +224,7 @@ fn rotate<D: Device>(
             (layout.q_heads as u32).into(),
             (layout.kv_heads as u32).into(),
             (layout.head_dim as u32).into(),
+            rot.into(),
         ],
     )
 }
@@ -237,7 +241,7 @@ pub(super) fn qk_norm_rope_write_kv<D: Device>(
     k_cache: &CudaKv<D>,
     v_cache: &CudaKv<D>,
 ) -> Result<()> {
-    rope.check(layout)?;
+    let rot = rope.check(layout)?;
     let tokens = step.num_tokens;
     if tokens == 0 {
         return Ok(());
@@ -283,6 +287,7 @@ pub(super) fn qk_norm_rope_write_kv<D: Device>(
             (layout.q_heads as u32).into(),
             (layout.kv_heads as u32).into(),
             (layout.head_dim as u32).into(),
+            rot.into(),
         ],
     )
 }

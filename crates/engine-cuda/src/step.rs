@@ -6,6 +6,7 @@ use lmi_cuda::DevPtr;
 
 use lmi_engine_core::batch::BatchLayout;
 use lmi_engine_core::error::{EngineError, Result};
+use lmi_engine_core::state::ChunkState;
 
 /// Batch sizes decode steps are padded to; each (size, block-table width, adapters or not)
 /// gets its own graph.
@@ -102,6 +103,9 @@ pub fn pad_decode(mut l: BatchLayout) -> BatchLayout {
         l.logits_per_seq.push(1);
         if !l.rope_positions.is_empty() {
             l.rope_positions.extend([0, 0, 0]);
+        }
+        if !l.states.is_empty() {
+            l.states.push(ChunkState::default());
         }
     }
     l
@@ -263,7 +267,22 @@ pub struct CudaStep {
     pub lora: Option<LoraRows>,
     /// The sliding-window layers' addressing in their own pools (`BatchLayout::window`).
     pub window: Option<WindowRows>,
+    /// The recurrent layers' state slots (`BatchLayout::states`).
+    pub states: StateRows,
     pub graph_key: Option<GraphKey>,
+}
+
+/// A step's [`ChunkState`]s on the device, packed after every other array so that a graph
+/// key's arrays keep their addresses whatever snapshots a step takes (kernels/delta_net.cu).
+#[derive(Debug, Clone, Copy)]
+pub struct StateRows {
+    /// Per sequence, its slot (`u32`; [`lmi_engine_core::state::NO_SLOT`] for padding, and
+    /// for every sequence of a step that names no states: the load-time graph capture's).
+    pub slots: DevPtr,
+    /// Per sequence, its first snapshot (`num_seqs + 1` entries, `u32`).
+    pub snap_start: DevPtr,
+    /// `(tokens, slot)` pairs (`u32`), every sequence's in turn.
+    pub snaps: DevPtr,
 }
 
 /// A step's [`lmi_engine_core::batch::WindowTables`] on the device.
@@ -330,7 +349,31 @@ pub fn pack(l: &BatchLayout, lora: Option<&LoraEntries>, p: &mut Packed) -> Vec<
         p.push(&w.slot_mapping);
         p.push(&w.block_tables);
     }
+    push_states(l, p);
     tiles
+}
+
+/// The three arrays of [`StateRows`]. Always packed, so that a step of a hybrid model that
+/// names no states (the load-time graph capture) still has a slot per sequence: none.
+fn push_states(l: &BatchLayout, p: &mut Packed) {
+    let seqs = l.num_seqs();
+    let state = |s: usize| l.states.get(s);
+    let slots: Vec<u32> = (0..seqs)
+        .map(|s| state(s).map_or(lmi_engine_core::state::NO_SLOT, |c| c.slot))
+        .collect();
+    let mut starts = Vec::with_capacity(seqs + 1);
+    let mut snaps = Vec::new();
+    starts.push(0);
+    for s in 0..seqs {
+        if let Some(c) = state(s) {
+            snaps.extend(c.snapshots.iter().flat_map(|&(t, slot)| [t, slot]));
+        }
+        starts.push((snaps.len() / 2) as u32);
+    }
+    p.push(&slots);
+    p.push(&starts);
+    // Last: its length varies from step to step.
+    p.push(&snaps);
 }
 
 /// The device view of a layout packed by [`pack`] and uploaded at `base`.
@@ -342,6 +385,8 @@ pub fn view(
     base: DevPtr,
 ) -> CudaStep {
     let at = |i: usize| base.offset(p.offsets[i]);
+    // After the adapter rows' two arrays and the window's two, when the step has them.
+    let states = 11 + 2 * usize::from(lora.is_some()) + 2 * usize::from(l.window.is_some());
     CudaStep {
         num_tokens: l.num_tokens(),
         num_seqs: l.num_seqs(),
@@ -373,6 +418,11 @@ pub fn view(
                 block_stride: w.max_blocks,
             }
         }),
+        states: StateRows {
+            slots: at(states),
+            snap_start: at(states + 1),
+            snaps: at(states + 2),
+        },
         lora: lora.map(|e| LoraRows {
             rows: at(11),
             slots: at(12),
@@ -552,6 +602,59 @@ mod tests {
         let big = pad_decode(decode(300));
         assert_eq!(big.num_seqs(), 300);
         assert_eq!(graph_key(&big), None);
+    }
+
+    /// Each sequence's state slot and snapshots go up after every other array; padding
+    /// sequences, and every sequence of a step that names no states, have no slot; a graph
+    /// key's state arrays keep their addresses whatever snapshots a step takes.
+    #[test]
+    fn state_slots_pack_last_and_padding_has_none() {
+        let read = |p: &Packed, base: u64, ptr: DevPtr, n: usize| -> Vec<u32> {
+            let o = (ptr.0 - base) as usize;
+            p.bytes[o..o + 4 * n]
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+                .collect()
+        };
+        let with_states = |snaps: Vec<(u32, u32)>| {
+            let mut l = decode(3);
+            l.states = vec![
+                ChunkState::in_slot(5),
+                ChunkState {
+                    slot: 6,
+                    snapshots: snaps,
+                },
+                ChunkState::in_slot(7),
+            ];
+            pad_decode(l)
+        };
+        let base = 0x1000;
+        let (mut p, mut q) = (Packed::default(), Packed::default());
+        let l = with_states(vec![(1, 9)]);
+        let tiles = pack(&l, None, &mut p);
+        let v = view(&l, &p, &tiles, None, DevPtr(base));
+        let none = lmi_engine_core::state::NO_SLOT;
+        assert_eq!(read(&p, base, v.states.slots, 4), vec![5, 6, 7, none]);
+        assert_eq!(read(&p, base, v.states.snap_start, 5), vec![0, 0, 1, 1, 1]);
+        assert_eq!(read(&p, base, v.states.snaps, 2), vec![1, 9]);
+        let last = *p.offsets.last().unwrap();
+        assert_eq!((v.states.snaps.0 - base) as usize, last, "snapshots last");
+
+        let other = with_states(Vec::new());
+        let tiles = pack(&other, None, &mut q);
+        let w = view(&other, &q, &tiles, None, DevPtr(base));
+        assert_eq!(graph_key(&other), graph_key(&l));
+        assert_eq!(
+            (w.states.slots, w.states.snap_start, w.states.snaps),
+            (v.states.slots, v.states.snap_start, v.states.snaps)
+        );
+
+        // The load-time capture's steps name no states: no sequence has a slot.
+        let bare = pad_decode(decode(3));
+        let tiles = pack(&bare, None, &mut q);
+        let b = view(&bare, &q, &tiles, None, DevPtr(base));
+        assert_eq!(read(&q, base, b.states.slots, 4), vec![none; 4]);
+        assert_eq!(read(&q, base, b.states.snap_start, 5), vec![0; 5]);
     }
 
     #[test]

@@ -193,6 +193,35 @@ fn check_head_norm_and_rope<D: Device>(g: &CudaBackend<D>) {
             .unwrap();
         assert_close("rope", &to_host(g, &got), &want, 2e-6, 2e-6);
     }
+    // Partial RoPE: 12 of the 32 pairs turn; the rest of every head is left as it was.
+    let l = layout(None);
+    let qkv = random(l.num_tokens() * ql.row_width(), 10, 2.0);
+    let partial = partial_freqs(12);
+    let mut want = qkv.clone();
+    c.rope(
+        &mut want,
+        &c.upload_step(&l).unwrap(),
+        ql,
+        &c.rope_table(&partial).unwrap(),
+    )
+    .unwrap();
+    let step = g.upload_step(&l).unwrap();
+    let mut got = g.upload_f32(&qkv).unwrap();
+    g.rope(&mut got, &step, ql, &g.rope_table(&partial).unwrap())
+        .unwrap();
+    let got = to_host(g, &got);
+    assert_close("partial rope", &got, &want, 2e-6, 2e-6);
+    let (row, hd) = (ql.row_width(), ql.head_dim);
+    for t in 0..l.num_tokens() {
+        for h in 0..ql.q_heads + 2 * ql.kv_heads {
+            let tail = t * row + h * hd + 24..t * row + (h + 1) * hd;
+            assert_eq!(
+                got[tail.clone()],
+                qkv[tail],
+                "token {t} head {h}: unturned dims"
+            );
+        }
+    }
 }
 
 fn pools(cfg: &KvCacheConfig, c: &CpuKv) -> Vec<u16> {
@@ -278,15 +307,21 @@ fn read_pool<D: Device>(g: &CudaBackend<D>, p: lmi_cuda::DevPtr, elems: usize) -
 /// The fused op of the CUDA backend (one launch) against the CPU's separate ops (the trait's
 /// default: head norms, RoPE, K/V write): the q heads in `qkv` and both pools. `pad` runs the
 /// GPU on the layout padded as a graph's (rows of slot NO_SLOT that must write nothing).
+/// `inv_freq`: the table, `head_dim / 2` frequencies or fewer (partial RoPE).
 fn fused_case<D: Device>(
     g: &CudaBackend<D>,
     ql: QkvLayout,
     norm: bool,
     l: &BatchLayout,
     pad: bool,
+    inv_freq: &[f64],
 ) {
     let c = cpu();
-    let what = format!("{ql:?}, q/k norms {norm}, padded {pad}");
+    let what = format!(
+        "{ql:?}, {} of {} pairs turn, q/k norms {norm}, padded {pad}",
+        inv_freq.len(),
+        ql.head_dim / 2
+    );
     let cfg = KvCacheConfig {
         num_blocks: 8,
         num_layers: 1,
@@ -294,7 +329,6 @@ fn fused_case<D: Device>(
         head_dim: ql.head_dim,
         dtype: DType::BF16,
     };
-    let inv_freq = rope_freqs(ql.head_dim);
     let n = l.num_tokens();
     let w = ql.row_width();
     let qkv = random(n * w, 21 + ql.head_dim as u64, 3.0);
@@ -321,7 +355,7 @@ fn fused_case<D: Device>(
         &c.upload_step(l).unwrap(),
         ql,
         cnorm,
-        &c.rope_table(&inv_freq).unwrap(),
+        &c.rope_table(inv_freq).unwrap(),
         &mut ck,
         &mut cv,
     )
@@ -348,7 +382,7 @@ fn fused_case<D: Device>(
         k: &gk_w,
         eps: 1e-6,
     });
-    let rope = g.rope_table(&inv_freq).unwrap();
+    let rope = g.rope_table(inv_freq).unwrap();
     let launches = launch_count(g);
     g.qk_norm_rope_write_kv(&mut got, gn, &step, ql, gnorm, &rope, &mut gk, &mut gv)
         .unwrap();
@@ -418,12 +452,37 @@ fn check_fused_qk_norm_rope_write_kv<D: Device>(g: &CudaBackend<D>) {
             kv_heads,
             head_dim,
         };
+        let inv_freq = rope_freqs(head_dim);
         for norm in [false, true] {
-            fused_case(g, ql, norm, &near, false);
-            fused_case(g, ql, norm, &far, false);
-            fused_case(g, ql, norm, &decode, true);
+            fused_case(g, ql, norm, &near, false, &inv_freq);
+            fused_case(g, ql, norm, &far, false, &inv_freq);
+            fused_case(g, ql, norm, &decode, true, &inv_freq);
         }
     }
+    // Partial RoPE (Qwen3.5, Qwen3-Next: a quarter of each head turns, pairing i with
+    // i + pairs; the rest normalized and stored but not turned): their published head of 256
+    // with 32 pairs, the fixtures' 32 with 4, and 64 with 24 (a tail that is not a multiple
+    // of the warp).
+    for (q_heads, kv_heads, head_dim, pairs) in [(8, 2, 256, 32), (4, 2, 32, 4), (6, 2, 64, 24)] {
+        let ql = QkvLayout {
+            q_heads,
+            kv_heads,
+            head_dim,
+        };
+        let inv_freq = partial_freqs(pairs);
+        for norm in [false, true] {
+            fused_case(g, ql, norm, &near, false, &inv_freq);
+            fused_case(g, ql, norm, &decode, true, &inv_freq);
+        }
+    }
+}
+
+/// `pairs` frequencies of a rotary dimension of `2 · pairs` (θ 10,000), as a config with a
+/// `partial_rotary_factor` makes them.
+fn partial_freqs(pairs: usize) -> Vec<f64> {
+    (0..pairs)
+        .map(|i| 1.0 / 10_000f64.powf(i as f64 / pairs as f64))
+        .collect()
 }
 
 /// cos and sin as the kernels compute them (q = [1…1 | 0…0] rotated by the fused op) against

@@ -13,7 +13,7 @@ mod hf_fixture;
 
 use std::path::{Path, PathBuf};
 
-use hf_fixture::{BF16_TOL, F32_TOL, argmax, blocks, chunk, rel_diff};
+use hf_fixture::{BF16_TOL, F32_TOL, argmax, blocks, chunk, hybrid_refs as refs, rel_diff};
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::{ChunkState, DType, Engine, LogitsWanted};
 
@@ -24,56 +24,6 @@ const BF16_MOE_TOL: f32 = 1e-1;
 
 fn fixture(name: &str) -> PathBuf {
     hf_fixture::fixture("hybrid", name)
-}
-
-/// Six prompts, their greedy continuations and transformers' logits.
-struct Refs {
-    prompts: Vec<Vec<u32>>,
-    greedies: Vec<Vec<u32>>,
-    prompt_logits: Vec<Vec<Vec<f32>>>,
-    full_logits: Vec<Vec<Vec<f32>>>,
-}
-
-fn refs(dir: &Path) -> Refs {
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-            .unwrap();
-    let lists = |k: &str| -> Vec<Vec<u32>> {
-        json[k]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| {
-                p.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_u64().unwrap() as u32)
-                    .collect()
-            })
-            .collect()
-    };
-    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let rows = |k: &str| -> Vec<Vec<f32>> {
-        let t = st.tensor(k).unwrap();
-        let vocab = t.shape()[1];
-        let v: Vec<f32> = t
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        v.chunks(vocab).map(<[f32]>::to_vec).collect()
-    };
-    let prompts = lists("prompts");
-    let n = prompts.len();
-    Refs {
-        greedies: lists("greedies"),
-        prompt_logits: (0..n)
-            .map(|i| rows(&format!("prompt_logits_{i}")))
-            .collect(),
-        full_logits: (0..n).map(|i| rows(&format!("full_logits_{i}"))).collect(),
-        prompts,
-    }
 }
 
 fn load(dir: &Path, dtype: DType) -> Engine<lmi_engine::cpu::CpuBackend> {
@@ -252,8 +202,8 @@ fn a_prefix_snapshot_resumes_exactly() {
                 &[ChunkState::in_slot(4)],
             )
             .unwrap();
-        for t in 16..p.len() {
-            assert_eq!(out.row(t - 16), &cold[t][..], "{name}: position {t}");
+        for (t, want) in cold.iter().enumerate().skip(16) {
+            assert_eq!(out.row(t - 16), &want[..], "{name}: position {t}");
         }
     }
 }

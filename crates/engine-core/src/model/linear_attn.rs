@@ -15,7 +15,7 @@ use crate::error::{EngineError, Result};
 pub(crate) struct LinearAttn<B: Backend> {
     /// `[q k v | z | b | a]` rows: [`LinearAttnConfig::proj_dim`] × hidden.
     proj: B::Weight,
-    /// The depthwise convolution, `[conv_dim, conv_kernel]`, f32.
+    /// The depthwise convolution, `conv_dim × conv_kernel` f32 values, flat.
     conv: B::Weight,
     a_log: B::Weight,
     dt_bias: B::Weight,
@@ -138,7 +138,9 @@ impl<B: Backend> LinearAttn<B> {
             &[d.conv_dim(), 1, d.conv_kernel],
             DType::F32,
         )?;
-        let conv = HostTensor::f32(vec![d.conv_dim(), d.conv_kernel], conv.to_f32_vec());
+        // Flat, so that every backend keeps it in f32 (the CUDA backend rounds matrices to
+        // bf16): the CPU's and the device's convolutions then use the same taps.
+        let conv = HostTensor::f32(vec![d.conv_dim() * d.conv_kernel], conv.to_f32_vec());
         Ok(LinearAttn {
             proj: backend.upload_weight(proj)?,
             conv: backend.upload_weight(conv)?,

@@ -376,7 +376,6 @@ impl<B: Backend> Model<B> {
         let mut residual = backend.alloc(n * hidden)?;
         let mut normed = backend.alloc_matmul_input(n * hidden)?;
         let mut qkv = backend.alloc(n * ql.row_width())?;
-        let mut attn = backend.alloc_matmul_input(n * ql.q_heads * ql.head_dim)?;
         let mut proj = backend.alloc(n * hidden)?;
         // Gemma's output norms write here, then trade places with `proj`.
         let sandwich = self.layers.iter().any(|l| l.attn_out_norm.is_some());
@@ -395,6 +394,13 @@ impl<B: Backend> Model<B> {
             .iter()
             .any(|l| matches!(&l.mixer, Mixer::Attention(a) if a.gate.is_some()));
         let mut attn_gate = backend.alloc(if gated { n * c.q_size() } else { 1 })?;
+        // Attention's output only feeds the output projection, unless a gate multiplies it
+        // first: then it stays f32 until the product rounds it, once, as on the CPU.
+        let attn_len = n * ql.q_heads * ql.head_dim;
+        let mut attn = match gated {
+            true => backend.alloc(attn_len)?,
+            false => backend.alloc_matmul_input(attn_len)?,
+        };
         let mut linear = linear_attn::Scratch::new(backend, c.linear_attn.as_ref(), n)?;
 
         // Adapters used this step, in the order of `layout.adapter_rows` (their groups).

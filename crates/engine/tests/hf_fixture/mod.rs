@@ -98,6 +98,59 @@ pub fn reference(dir: &Path) -> Reference {
     }
 }
 
+/// A hybrid fixture's six prompts (`tests/fixtures/hybrid`), their greedy continuations and
+/// transformers' logits.
+pub struct HybridRefs {
+    pub prompts: Vec<Vec<u32>>,
+    pub greedies: Vec<Vec<u32>>,
+    /// Per prompt, one forward over it: `[len, vocab]`.
+    pub prompt_logits: Vec<Vec<Vec<f32>>>,
+    /// Per prompt, one forward over it and its greedy tokens: `[len + 32, vocab]`.
+    pub full_logits: Vec<Vec<Vec<f32>>>,
+}
+
+pub fn hybrid_refs(dir: &Path) -> HybridRefs {
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let lists = |k: &str| -> Vec<Vec<u32>> {
+        json[k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                p.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_u64().unwrap() as u32)
+                    .collect()
+            })
+            .collect()
+    };
+    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let rows = |k: &str| -> Vec<Vec<f32>> {
+        let t = st.tensor(k).unwrap();
+        let vocab = t.shape()[1];
+        let v: Vec<f32> = t
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        v.chunks(vocab).map(<[f32]>::to_vec).collect()
+    };
+    let prompts = lists("prompts");
+    let n = prompts.len();
+    HybridRefs {
+        greedies: lists("greedies"),
+        prompt_logits: (0..n)
+            .map(|i| rows(&format!("prompt_logits_{i}")))
+            .collect(),
+        full_logits: (0..n).map(|i| rows(&format!("full_logits_{i}"))).collect(),
+        prompts,
+    }
+}
+
 pub fn load(dir: &Path, dtype: DType) -> Engine<lmi_engine::cpu::CpuBackend> {
     let opts = EngineOptions {
         dtype: Some(dtype),
