@@ -445,3 +445,74 @@ fn llama_cpp_gguf_files_match_transformers() {
         );
     }
 }
+
+/// A published file's multi-token-prediction block, as llama.cpp's converter writes it (one
+/// more block past the model's, `nextn_predict_layers` 1, its `blk.N.nextn.*` tensors and a
+/// full-attention layer with experts): skipped, the logits those of the file without it.
+#[test]
+fn a_gguf_mtp_block_is_skipped() {
+    use lmi_checkpoint::gguf::writer::{TensorOut, write};
+    use lmi_checkpoint::gguf::{GgmlType, GgufFile, GgufValue};
+    let dir = fixture("qwen3_5_moe");
+    let r = refs(&dir);
+    let gguf = dir.join("model.f32.gguf");
+    let g = GgufFile::open(&gguf).unwrap();
+    let arch = "qwen35moe";
+    let mut meta: Vec<(String, GgufValue)> = g
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (k, v) in meta.iter_mut() {
+        if k == &format!("{arch}.block_count") {
+            *v = GgufValue::U32(5);
+        }
+        if k == &format!("{arch}.attention.recurrent_layers") {
+            let flags = [true, true, true, false, false].map(GgufValue::Bool);
+            *v = GgufValue::Array(flags.to_vec());
+        }
+    }
+    meta.push((format!("{arch}.nextn_predict_layers"), GgufValue::U32(1)));
+    let mut tensors: Vec<TensorOut> = g
+        .tensors
+        .iter()
+        .map(|t| TensorOut {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ggml_type: t.ggml_type,
+            data: g.tensor_data(t).unwrap().to_vec(),
+        })
+        .collect();
+    // The MTP layer: layer 3's tensors again as block 4, and its own.
+    let copies: Vec<TensorOut> = tensors
+        .iter()
+        .filter(|t| t.name.starts_with("blk.3."))
+        .map(|t| TensorOut {
+            name: t.name.replacen("blk.3.", "blk.4.", 1),
+            dims: t.dims.clone(),
+            ggml_type: t.ggml_type,
+            data: t.data.clone(),
+        })
+        .collect();
+    tensors.extend(copies);
+    let f32s = |name: &str, dims: Vec<u64>| TensorOut {
+        name: name.into(),
+        data: vec![0; 4 * dims.iter().product::<u64>() as usize],
+        dims,
+        ggml_type: GgmlType::F32,
+    };
+    tensors.push(f32s("blk.4.nextn.eh_proj.weight", vec![128, 64]));
+    for n in ["enorm", "hnorm", "shared_head_norm"] {
+        tensors.push(f32s(&format!("blk.4.nextn.{n}.weight"), vec![64]));
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let with_mtp = tmp.path().join("mtp.gguf");
+    write(&with_mtp, &meta, &tensors).unwrap();
+    let (_a, mut plain) = load_gguf(&gguf, Some(DType::F32));
+    let (_b, mut mtp) = load_gguf(&with_mtp, Some(DType::F32));
+    assert_eq!(mtp.model_config().num_layers, 4);
+    assert_eq!(
+        prompt_logits(&mut mtp, &r.prompts[0]),
+        prompt_logits(&mut plain, &r.prompts[0])
+    );
+}

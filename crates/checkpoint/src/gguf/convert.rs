@@ -168,7 +168,14 @@ fn plan_tensors<'a>(
         let (name, qk) = match tensor_names::map_in(&info.name, h) {
             Some(Mapped::Hf { name, qk }) => (name, qk),
             Some(Mapped::Skip) => continue,
-            Some(Mapped::Experts { .. } | Mapped::Rearranged(_)) if !weights => continue,
+            Some(Mapped::Experts { .. }) if !weights => continue,
+            Some(Mapped::Rearranged(_)) if !weights => {
+                // A block type lmi cannot read is refused now, not when the engine loads.
+                if !info.ggml_type.can_dequantize() {
+                    dequantize(&info.name, info.ggml_type, &[], 0)?;
+                }
+                continue;
+            }
             Some(Mapped::Rearranged(_)) => {
                 return Err(CheckpointError::Gguf(format!(
                     "tensor {:?} is rearranged by llama.cpp's converter in a way lmi convert \
