@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The second, independent check of the GGUF fixtures that llama.cpp's converter wrote
-(mixtures of experts, Gemma 3): llama.cpp's llama-server (built by ../shared/peers/setup.sh) loads
-each `tests/fixtures/{moe,gemma3}/*/model.f32.gguf` and decodes greedily from the fixture's prompt
-ids; its 32 tokens must be transformers' (from reference.json), as ours are
-(crates/engine/tests/moe.rs, gemma3.rs).
+(mixtures of experts, Gemma 3, the Gated DeltaNet hybrids): llama.cpp's llama-server (built by
+../shared/peers/setup.sh) loads each `tests/fixtures/{moe,gemma3,hybrid}/*/model.f32.gguf` and
+decodes greedily from the fixture's prompt ids (every prompt of a fixture that lists several,
+`prompts` / `greedies`); its 32 tokens must be transformers' (from reference.json), as ours are
+(crates/engine/tests/moe.rs, gemma3.rs, hybrid.rs).
 
   python3 tests/peers/gguf_fixture_check.py ~/.cache/lmi-peers/llama.cpp/bin/llama-server
 
@@ -26,7 +27,7 @@ KNOWN = {
     # rounding is larger than this fixture's greedy margins (0.03), so probably that.
     "gpt_oss_mxfp4": "differs from token 1 (likely its 8-bit activations)",
 }
-GROUPS = ["moe", "gemma3"]
+GROUPS = ["moe", "gemma3", "hybrid"]
 PORT = 8399
 
 
@@ -64,16 +65,20 @@ def main():
                     break
                 except Exception:
                     time.sleep(0.5)
-            tokens = complete(ref["prompt"], len(ref["greedy"]))
+            cases = list(zip(ref["prompts"], ref["greedies"])) if "prompts" in ref else [(ref["prompt"], ref["greedy"])]
+            results = [(complete(prompt, len(greedy)), greedy) for prompt, greedy in cases]
         finally:
             proc.terminate()
             proc.wait()
-        same = tokens == ref["greedy"]
         known = KNOWN.get(gguf.parent.name)
-        ok &= same or known is not None
-        note = "" if same or known is None else f" (known: {known})"
-        print(f"{gguf.parent.name}: llama.cpp's {len(tokens)} greedy tokens "
-              f"{'equal' if same else 'DIFFER from'} transformers'{note}")
+        for i, (tokens, greedy) in enumerate(results):
+            same = tokens == greedy
+            ok &= same or known is not None
+            note = "" if same or known is None else f" (known: {known})"
+            where = "" if same else f" from token {next(j for j, (a, b) in enumerate(zip(tokens, greedy)) if a != b)}"
+            which = f" prompt {i}" if len(results) > 1 else ""
+            print(f"{gguf.parent.name}{which}: llama.cpp's {len(tokens)} greedy tokens "
+                  f"{'equal' if same else 'DIFFER from'} transformers'{where}{note}")
     sys.exit(0 if ok else 1)
 
 

@@ -153,12 +153,36 @@ fn plan_tensors<'a>(
     dtype: DType,
     weights: bool,
 ) -> Result<BTreeMap<String, TensorPlan<'a>>> {
+    if weights && h.linear.is_some() {
+        // Serving reads these files' rearranged tensors straight from them
+        // (`weights/gguf_source.rs`); writing them out as safetensors is not done yet.
+        return Err(CheckpointError::Gguf(
+            "lmi convert does not write the Gated DeltaNet hybrids (qwen35, qwen35moe, \
+             qwen3next) as safetensors yet: serve the GGUF as it is (lmi serve --model \
+             FILE.gguf)"
+                .into(),
+        ));
+    }
     let mut out = BTreeMap::new();
     for info in &g.tensors {
-        let (name, qk) = match tensor_names::map(&info.name, h.arch) {
+        let (name, qk) = match tensor_names::map_in(&info.name, h) {
             Some(Mapped::Hf { name, qk }) => (name, qk),
             Some(Mapped::Skip) => continue,
             Some(Mapped::Experts { .. }) if !weights => continue,
+            Some(Mapped::Rearranged(_)) if !weights => {
+                // A block type lmi cannot read is refused now, not when the engine loads.
+                if !info.ggml_type.can_dequantize() {
+                    dequantize(&info.name, info.ggml_type, &[], 0)?;
+                }
+                continue;
+            }
+            Some(Mapped::Rearranged(_)) => {
+                return Err(CheckpointError::Gguf(format!(
+                    "tensor {:?} is rearranged by llama.cpp's converter in a way lmi convert \
+                     does not undo yet: serve the GGUF as it is",
+                    info.name
+                )));
+            }
             Some(Mapped::Experts { .. }) => {
                 return Err(CheckpointError::Gguf(format!(
                     "tensor {:?} holds a mixture of experts' stacked experts, which lmi convert \
@@ -169,7 +193,7 @@ fn plan_tensors<'a>(
             }
             None => {
                 return Err(CheckpointError::Gguf(format!(
-                    "tensor {:?} has no HF equivalent known to lmi; this GGUF is not a llama, qwen2, qwen3, qwen3moe, gemma3 or gpt-oss model",
+                    "tensor {:?} has no HF equivalent known to lmi; this GGUF is not a llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss, qwen35, qwen35moe or qwen3next model",
                     info.name
                 )));
             }

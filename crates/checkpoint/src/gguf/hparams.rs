@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 use crate::dtype::DType;
 use crate::error::{CheckpointError, Result};
 use crate::gguf::dequant::dequantize;
+use crate::gguf::hybrid::{self, LinearHparams};
 use crate::gguf::reader::GgufFile;
 
 /// The GGUF architectures we convert; they differ in Q/K permutation, biases and norms.
@@ -25,6 +26,13 @@ pub enum GgufArch {
     /// gpt-oss: biased attention with sinks, a window on alternate layers (llama.cpp's fixed
     /// pattern: even layers local), YaRN, experts with biases (MXFP4 as published).
     GptOss,
+    /// Qwen3.5 / Qwen3.6 dense: Gated DeltaNet layers beside gated full attention
+    /// (`ssm.*` metadata; the converter's rearrangements are undone in `gguf/hybrid.rs`).
+    Qwen35,
+    /// Qwen3.5 / Qwen3.6 with experts and a shared expert.
+    Qwen35Moe,
+    /// Qwen3-Next: the same hybrid layers (value heads kept in transformers' order), experts.
+    Qwen3Next,
 }
 
 impl GgufArch {
@@ -37,9 +45,13 @@ impl GgufArch {
             "qwen2moe" => Ok(GgufArch::Qwen2Moe),
             "gemma3" => Ok(GgufArch::Gemma3),
             "gpt-oss" => Ok(GgufArch::GptOss),
+            "qwen35" => Ok(GgufArch::Qwen35),
+            "qwen35moe" => Ok(GgufArch::Qwen35Moe),
+            "qwen3next" => Ok(GgufArch::Qwen3Next),
             other => Err(CheckpointError::Gguf(format!(
                 "general.architecture {other:?} is not supported (supported: llama (with or \
-                 without experts), qwen2, qwen2moe, qwen3, qwen3moe, gemma3, gpt-oss)"
+                 without experts), qwen2, qwen2moe, qwen3, qwen3moe, gemma3, gpt-oss, qwen35, \
+                 qwen35moe, qwen3next)"
             ))),
         }
     }
@@ -55,7 +67,39 @@ impl GgufArch {
             GgufArch::Qwen2Moe => ("Qwen2MoeForCausalLM", "qwen2_moe"),
             GgufArch::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
             GgufArch::GptOss => ("GptOssForCausalLM", "gpt_oss"),
+            GgufArch::Qwen35 => ("Qwen3_5ForCausalLM", "qwen3_5_text"),
+            GgufArch::Qwen35Moe => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
+            GgufArch::Qwen3Next => ("Qwen3NextForCausalLM", "qwen3_next"),
         }
+    }
+
+    /// Gated DeltaNet hybrids (linear-attention layers, `ssm.*` metadata).
+    pub fn is_hybrid(self) -> bool {
+        matches!(
+            self,
+            GgufArch::Qwen35 | GgufArch::Qwen35Moe | GgufArch::Qwen3Next
+        )
+    }
+
+    /// Architectures whose files must give an expert count.
+    fn needs_experts(self) -> bool {
+        matches!(
+            self,
+            GgufArch::Qwen3Moe
+                | GgufArch::Qwen2Moe
+                | GgufArch::GptOss
+                | GgufArch::Qwen35Moe
+                | GgufArch::Qwen3Next
+        )
+    }
+
+    /// Qwen3-MoE's expert names in config.json (`num_experts`, `moe_intermediate_size`...),
+    /// not Mixtral's.
+    fn qwen_experts(self) -> bool {
+        matches!(
+            self,
+            GgufArch::Qwen3Moe | GgufArch::Qwen2Moe | GgufArch::Qwen35Moe | GgufArch::Qwen3Next
+        )
     }
 }
 
@@ -65,6 +109,8 @@ pub struct Hparams {
     pub vocab_size: u64,
     pub hidden_size: u64,
     pub intermediate_size: u64,
+    /// Decoder layers the model runs: `block_count` less the multi-token-prediction layers
+    /// llama.cpp's converter appends (`nextn_predict_layers`; their tensors are not read).
     pub num_layers: u64,
     pub num_heads: u64,
     pub num_kv_heads: u64,
@@ -82,6 +128,13 @@ pub struct Hparams {
     pub gemma: Option<GemmaHparams>,
     /// Gemma 3's and gpt-oss's local layers and their window.
     pub windows: Option<Windows>,
+    /// The Gated DeltaNet layers of a hybrid (`ssm.*`).
+    pub linear: Option<LinearHparams>,
+    /// Dimensions of each head that RoPE turns (`rope.dimension_count`), when fewer than
+    /// head_dim (Qwen3.5's partial RoPE).
+    pub rotary_dim: Option<u64>,
+    /// Qwen3.5's M-RoPE sections (`rope.dimension_sections`, the first three).
+    pub mrope_section: Option<[u64; 3]>,
 }
 
 /// Which layers attend over a window, and its size (config.json's `layer_types` and
@@ -151,13 +204,18 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         })
         .ok_or_else(|| CheckpointError::Gguf("cannot tell the vocabulary size".into()))?;
     let context_length = g.get_u64(&key("context_length"))?.unwrap_or(4096);
-    let num_layers = g.require_u64(&key("block_count"))?;
+    let block_count = g.require_u64(&key("block_count"))?;
+    // Qwen3.5's and Qwen3-Next's converter appends the MTP block as layers past the model's.
+    let mtp_layers = g.get_u64(&key("nextn_predict_layers"))?.unwrap_or(0);
+    let num_layers = block_count.checked_sub(mtp_layers).ok_or_else(|| {
+        CheckpointError::Gguf(format!(
+            "{} ({mtp_layers}) exceeds {} ({block_count})",
+            key("nextn_predict_layers"),
+            key("block_count")
+        ))
+    })?;
     let experts = match g.get_u64(&key("expert_count"))?.filter(|&n| n > 0) {
-        None if matches!(
-            arch,
-            GgufArch::Qwen3Moe | GgufArch::Qwen2Moe | GgufArch::GptOss
-        ) =>
-        {
+        None if arch.needs_experts() => {
             return Err(CheckpointError::Gguf(format!(
                 "{} is missing: a {arch_name} file needs its expert count",
                 key("expert_count")
@@ -178,6 +236,9 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
                 GgufArch::Qwen2Moe => {
                     Some(g.require_u64(&key("expert_shared_feed_forward_length"))?)
                 }
+                GgufArch::Qwen35Moe | GgufArch::Qwen3Next => g
+                    .get_u64(&key("expert_shared_feed_forward_length"))?
+                    .filter(|&n| n > 0),
                 _ => None,
             },
         }),
@@ -201,6 +262,27 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         _ => None,
     };
     let windows = windows(g, arch, arch_name, num_layers)?;
+    let linear = match arch.is_hybrid() {
+        true => Some(hybrid::read_linear(g, arch_name, num_layers, block_count)?),
+        false => None,
+    };
+    // Only the hybrids' configs carry partial RoPE (`partial_rotary_factor`).
+    let rotary_dim = match arch.is_hybrid() {
+        true => g
+            .get_u64(&key("rope.dimension_count"))?
+            .filter(|&d| d < head_dim),
+        false => None,
+    };
+    let mrope_section = match (arch, g.get_array(&key("rope.dimension_sections"))?) {
+        (GgufArch::Qwen35 | GgufArch::Qwen35Moe, Some(s)) => {
+            let s: Vec<u64> = s.iter().filter_map(|v| v.as_u64()).collect();
+            match s[..] {
+                [t, h, w, ..] => Some([t, h, w]),
+                _ => None,
+            }
+        }
+        _ => None,
+    };
     Ok(Hparams {
         arch,
         vocab_size,
@@ -212,7 +294,7 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         head_dim,
         rms_norm_eps: g
             .get_f64(&key("attention.layer_norm_rms_epsilon"))?
-            .unwrap_or(1e-5),
+            .map_or(1e-5, as_written),
         rope_theta,
         context_length,
         tie_word_embeddings: output.is_none(),
@@ -222,7 +304,21 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         experts,
         gemma,
         windows,
+        linear,
+        rotary_dim,
+        mrope_section,
     })
+}
+
+/// A value the converter stored as f32 (1e-6 read back as 9.99999997e-7) as the decimal it
+/// was written from, the shortest that rounds to that f32, so that config.json says what the
+/// HF config said.
+fn as_written(x: f64) -> f64 {
+    let f = x as f32;
+    match f64::from(f) == x {
+        true => f.to_string().parse().unwrap_or(x),
+        false => x,
+    }
 }
 
 /// The local layers as llama.cpp reads them: a window when `attention.sliding_window` is
@@ -471,12 +567,12 @@ pub fn config_json(h: &Hparams, dtype: DType) -> Value {
     }
     if let Some(e) = &h.experts {
         c["num_experts_per_tok"] = json!(e.used);
-        if matches!(h.arch, GgufArch::Qwen3Moe | GgufArch::Qwen2Moe) {
-            // llama.cpp renormalizes Qwen3-MoE's top-k weights and not Qwen2-MoE's (each
-            // family's published setting).
+        if h.arch.qwen_experts() {
+            // llama.cpp renormalizes the top-k weights of Qwen3-MoE and the hybrids, not
+            // Qwen2-MoE's (each family's published setting).
             c["num_experts"] = json!(e.count);
             c["moe_intermediate_size"] = json!(e.feed_forward_length);
-            c["norm_topk_prob"] = json!(h.arch == GgufArch::Qwen3Moe);
+            c["norm_topk_prob"] = json!(h.arch != GgufArch::Qwen2Moe);
             c["mlp_only_layers"] = json!(e.dense_layers);
             if let Some(w) = e.shared_feed_forward_length {
                 c["shared_expert_intermediate_size"] = json!(w);
@@ -485,6 +581,9 @@ pub fn config_json(h: &Hparams, dtype: DType) -> Value {
             c["num_local_experts"] = json!(e.count);
             c["intermediate_size"] = json!(e.feed_forward_length);
         }
+    }
+    if let Some(l) = &h.linear {
+        hybrid::config_json(h, l, &mut c);
     }
     c
 }
@@ -537,6 +636,14 @@ mod tests {
         write(&path, &meta, &[embd]).unwrap();
         let h = read(&GgufFile::open(&path).unwrap()).unwrap();
         assert_eq!(h.eos_token_ids, [2, 4], "<|end|> does not end a reply");
+    }
+
+    #[test]
+    fn f32_metadata_reads_as_the_decimal_written() {
+        assert_eq!(as_written(f64::from(1e-6f32)), 1e-6);
+        assert_eq!(as_written(f64::from(1e-5f32)), 1e-5);
+        // A value f32 cannot hold came from an f64 key: as it is.
+        assert_eq!(as_written(0.1), 0.1);
     }
 
     #[test]

@@ -6,6 +6,8 @@ pub mod convert;
 pub mod dequant;
 pub mod ggml_type;
 pub mod hparams;
+pub mod hybrid;
+pub mod layout;
 pub mod pretokenizers;
 pub mod reader;
 pub mod tensor_names;

@@ -1,6 +1,8 @@
 //! GGUF tensor names → HF names, and which tensors llama.cpp permuted.
 
-use super::hparams::GgufArch;
+use super::hparams::{GgufArch, Hparams};
+use super::hybrid;
+use super::layout::Layout;
 
 /// What a GGUF tensor becomes in the HF checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +19,20 @@ pub enum Mapped {
         proj: &'static str,
         suffix: &'static str,
     },
+    /// One or more HF tensors read out of this one through a [`Layout`] (rows picked or
+    /// permuted, columns permuted, a shape or values changed: the hybrids' tensors).
+    Rearranged(Vec<(String, Layout)>),
+}
+
+/// Maps a GGUF tensor name of the file `h` describes: [`map`], after the names of the
+/// hybrids' linear layers and the layers past the model's (MTP blocks, skipped).
+pub fn map_in(gguf: &str, h: &Hparams) -> Option<Mapped> {
+    if let Some(l) = &h.linear
+        && let Some(m) = hybrid::map(gguf, h, l)
+    {
+        return Some(m);
+    }
+    map(gguf, h.arch)
 }
 
 /// The HF name of expert `e`'s slice of a [`Mapped::Experts`] tensor.
@@ -68,11 +84,13 @@ pub fn map(gguf: &str, arch: GgufArch) -> Option<Mapped> {
     }
     let gemma = arch == GgufArch::Gemma3;
     let gpt_oss = arch == GgufArch::GptOss;
+    // The hybrids' norm before the MLP (HF's post_attention_layernorm) has Gemma's name.
+    let post_attention = gemma || gpt_oss || arch.is_hybrid();
     let (hf_part, qk) = match part {
         "attn_norm" => ("input_layernorm", None),
         // Gemma norms the attention's output as well: its HF post_attention_layernorm.
         "ffn_norm" if gemma => ("pre_feedforward_layernorm", None),
-        "post_attention_norm" if gemma || gpt_oss => ("post_attention_layernorm", None),
+        "post_attention_norm" if post_attention => ("post_attention_layernorm", None),
         "ffn_gate_inp" if gpt_oss => ("mlp.router", None),
         "post_ffw_norm" if gemma => ("post_feedforward_layernorm", None),
         "ffn_norm" => ("post_attention_layernorm", None),

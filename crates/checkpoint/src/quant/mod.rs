@@ -196,12 +196,12 @@ impl QMatrix {
         out
     }
 
-    /// These rows, in the order `order` names (llama.cpp's Q/K permutation undone): rows are
-    /// whole blocks, so a permutation moves bytes without touching values.
+    /// The rows `order` names, in that order (llama.cpp's Q/K permutation undone, or some
+    /// rows picked out): rows are whole blocks, so this moves bytes without touching values.
     pub fn permute_rows(&self, order: &[usize]) -> QMatrix {
         let rb = self.row_bytes();
-        let mut data = Vec::with_capacity(self.data.len());
-        let mut row_scale = Vec::with_capacity(self.row_scale.len());
+        let mut data = Vec::with_capacity(order.len() * rb);
+        let mut row_scale = Vec::with_capacity(self.row_scale.len().min(order.len()));
         for &src in order {
             data.extend_from_slice(&self.data[src * rb..(src + 1) * rb]);
             if let Some(&s) = self.row_scale.get(src) {
@@ -209,8 +209,27 @@ impl QMatrix {
             }
         }
         QMatrix {
+            qtype: self.qtype,
+            rows: order.len(),
+            cols: self.cols,
             data,
             row_scale,
+        }
+    }
+
+    /// Every row with its blocks in the order `blocks` names (`blocks[new] = old`, one entry
+    /// per block of a row): columns that move as whole blocks move without touching values
+    /// (an `I8` row keeps its one scale).
+    pub fn permute_col_blocks(&self, blocks: &[usize]) -> QMatrix {
+        let bb = self.qtype.block_bytes();
+        let mut data = Vec::with_capacity(self.data.len());
+        for row in self.data.chunks_exact(self.row_bytes().max(1)) {
+            for &b in blocks {
+                data.extend_from_slice(&row[b * bb..(b + 1) * bb]);
+            }
+        }
+        QMatrix {
+            data,
             ..self.clone()
         }
     }

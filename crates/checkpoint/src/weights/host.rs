@@ -90,6 +90,42 @@ impl HostTensor {
         }
     }
 
+    /// The rows (along dim 0) that `rows` names, in that order. Whole rows move, so a
+    /// quantized tensor stays in its blocks (Qwen3.5's gated attention splits q_proj's query
+    /// rows from its gate rows so).
+    pub fn select_rows(&self, rows: &[usize]) -> HostTensor {
+        let row_len: usize = self.shape[1..].iter().product();
+        let mut shape = self.shape.clone();
+        shape[0] = rows.len();
+        let data = match &self.data {
+            HostData::F32(v) => HostData::F32(pick(v, row_len, rows)),
+            HostData::BF16(v) => HostData::BF16(pick(v, row_len, rows)),
+            HostData::Quant(parts) => {
+                // Each part is a range of rows; a row is found in its part and runs of one
+                // format are kept as one matrix.
+                let mut out: Vec<QMatrix> = Vec::new();
+                for &r in rows {
+                    let (mut part, mut local) = (0, r);
+                    while local >= parts[part].rows {
+                        local -= parts[part].rows;
+                        part += 1;
+                    }
+                    let one = parts[part].permute_rows(&[local]);
+                    match out.last_mut() {
+                        Some(last) if last.qtype == one.qtype => {
+                            last.rows += 1;
+                            last.data.extend_from_slice(&one.data);
+                            last.row_scale.extend_from_slice(&one.row_scale);
+                        }
+                        _ => out.push(one),
+                    }
+                }
+                HostData::Quant(out)
+            }
+        };
+        HostTensor { shape, data }
+    }
+
     /// Concatenates tensors along dim 0 (fusing q/k/v or gate/up projections). All parts
     /// share the trailing dims; the result has the first part's form (quantized parts stay
     /// quantized when every part is).
@@ -146,6 +182,14 @@ impl HostTensor {
     }
 }
 
+fn pick<T: Copy>(v: &[T], row_len: usize, rows: &[usize]) -> Vec<T> {
+    let mut out = Vec::with_capacity(rows.len() * row_len);
+    for &r in rows {
+        out.extend_from_slice(&v[r * row_len..(r + 1) * row_len]);
+    }
+    out
+}
+
 pub(crate) fn f16_bytes_to_f32(bytes: &[u8]) -> Vec<f32> {
     bytes
         .chunks_exact(2)
@@ -165,4 +209,47 @@ pub(crate) fn f32_bytes_to_f32(bytes: &[u8]) -> Vec<f32> {
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::QType;
+
+    #[test]
+    fn selected_rows_keep_their_form() {
+        let x: Vec<f32> = (0..4 * 32).map(|v| (v % 7) as f32 - 3.0).collect();
+        let f = HostTensor::f32(vec![4, 32], x.clone());
+        let rows = [3, 0, 2];
+        let want: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| x[r * 32..(r + 1) * 32].to_vec())
+            .collect();
+        assert_eq!(f.select_rows(&rows).to_f32_vec(), want);
+        let b = f.clone().to_dtype(DType::BF16).select_rows(&rows);
+        assert!(matches!(b.data, HostData::BF16(_)));
+        assert_eq!(b.to_f32_vec(), want);
+        // Rows 0-1 in Q8_0 and 2-3 in Q4_0 (as a fused matrix of a mixed file holds them).
+        let q8 = QMatrix::quantize(QType::Q8_0, 2, 32, &x[..64]).unwrap();
+        let q4 = QMatrix::quantize(QType::Q4_0, 2, 32, &x[64..]).unwrap();
+        let both = HostTensor {
+            shape: vec![4, 32],
+            data: HostData::Quant(vec![q8.clone(), q4.clone()]),
+        };
+        let picked = both.select_rows(&rows);
+        let HostData::Quant(parts) = &picked.data else {
+            panic!("stays quantized")
+        };
+        let kinds: Vec<(QType, usize)> = parts.iter().map(|p| (p.qtype, p.rows)).collect();
+        assert_eq!(
+            kinds,
+            [(QType::Q4_0, 1), (QType::Q8_0, 1), (QType::Q4_0, 1)]
+        );
+        let all = both.to_f32_vec();
+        let want: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| all[r * 32..(r + 1) * 32].to_vec())
+            .collect();
+        assert_eq!(picked.to_f32_vec(), want);
+    }
 }

@@ -141,7 +141,6 @@ impl<B: Backend> Model<B> {
                     kv_layers - 1,
                     &mat,
                     &norm,
-                    dtype,
                 )?)
             };
             let mlp = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
@@ -246,27 +245,19 @@ fn self_attention<B: Backend>(
     kv: usize,
     mat: &dyn Fn(&str, &[usize]) -> Result<HostTensor>,
     norm: &dyn Fn(&str, usize) -> Result<B::Weight>,
-    dtype: DType,
 ) -> Result<Attention<B>> {
     let h = c.hidden_size;
     let a = format!("{p}.self_attn");
     let sinks = c.architecture.has_sinks();
     let (q, gate) = if c.architecture.attn_output_gate() {
-        let both = st
-            .load(
-                &format!("{a}.q_proj.weight"),
-                &[2 * c.q_size(), h],
-                DType::F32,
-            )?
-            .to_f32_vec();
+        // Whole rows picked out, so a quantized q_proj (a GGUF's) keeps its blocks.
+        let both = mat(&format!("{a}.q_proj.weight"), &[2 * c.q_size(), h])?;
         let d = c.head_dim;
-        let (mut q, mut g) = (Vec::new(), Vec::new());
-        for (r, row) in both.chunks(h).enumerate() {
-            let to = if r % (2 * d) < d { &mut q } else { &mut g };
-            to.extend_from_slice(row);
-        }
-        let t = |v| HostTensor::f32(vec![c.q_size(), h], v).to_dtype(dtype);
-        (t(q), Some(backend.upload_weight(t(g))?))
+        let (q, g): (Vec<usize>, Vec<usize>) = (0..2 * c.q_size()).partition(|r| r % (2 * d) < d);
+        (
+            both.select_rows(&q),
+            Some(backend.upload_weight(both.select_rows(&g))?),
+        )
     } else {
         (mat(&format!("{a}.q_proj.weight"), &[c.q_size(), h])?, None)
     };
