@@ -111,9 +111,9 @@ impl Scheduler {
         cfg.max_batch_tokens = cfg.max_batch_tokens.max(1);
         let mut kv = KvManager::with_window(engine.num_blocks(), engine.kv_window());
         if let Some(states) = engine.state_config() {
-            // A running sequence holds a state slot; at most half of them run at once, so
-            // that prefix snapshots have room too.
-            let most = (states.slots / 2).max(1);
+            // A running sequence holds a state slot; a quarter of them (at least one) stay for
+            // prefix snapshots and drafts' backups.
+            let most = states.slots - (states.slots / 4).max(1);
             if cfg.max_batch_size > most {
                 tracing::warn!(
                     "max batch size lowered from {} to {most}: the model's recurrent-state \

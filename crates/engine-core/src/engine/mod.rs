@@ -200,7 +200,11 @@ impl<B: Backend> Engine<B> {
             (None, Some(f)) if backend.memory_info()?.is_some() => Some(f),
             _ => None,
         };
-        let states = state_config(c, opts);
+        let cpu_budget = match (opts.kv_blocks, device_share) {
+            (None, None) => Some(opts.kv_cache_bytes),
+            _ => None,
+        };
+        let states = state_config(c, opts, cpu_budget)?;
         // The state slots come out of the KV budget.
         let kv_budget = opts
             .kv_cache_bytes
@@ -584,15 +588,44 @@ fn window_pools<B: Backend>(
 }
 
 /// The state slots of a model with linear-attention layers: `state_slots`, else twice the
-/// largest step's sequences (the running ones and as many prefix snapshots), at least 16.
-fn state_config(c: &ModelConfig, opts: &EngineOptions) -> Option<StateConfig> {
-    let l = c.linear_attn.as_ref()?;
-    let slots = opts
-        .state_slots
-        .unwrap_or_else(|| (2 * opts.max_step.seqs).max(16));
-    Some(StateConfig {
-        slots,
+/// largest step's sequences (the running ones and as many prefix snapshots), at least 16 —
+/// and, out of a byte budget (the CPU's KV budget), no more than half of it holds. A GPU's
+/// budget is only known after the warm-up: it starts with at most 64 slots, whose bytes the
+/// warm-up takes out of the KV cache's share.
+fn state_config(
+    c: &ModelConfig,
+    opts: &EngineOptions,
+    budget: Option<usize>,
+) -> Result<Option<StateConfig>> {
+    let Some(l) = c.linear_attn.as_ref() else {
+        return Ok(None);
+    };
+    let mut cfg = StateConfig {
+        slots: (2 * opts.max_step.seqs).max(16),
         layers: l.num_linear_layers(),
         slot_len: l.state_len(),
-    })
+    };
+    if let Some(n) = opts.state_slots {
+        cfg.slots = n;
+        return Ok(Some(cfg));
+    }
+    match budget {
+        Some(b) => {
+            let fit = b / 2 / cfg.slot_bytes().max(1);
+            if fit < 2 {
+                return Err(crate::error::EngineError::Backend(format!(
+                    "the KV cache budget ({} MiB) holds fewer than two of this model's \
+                     recurrent states ({} MiB each across its {} linear-attention layers) \
+                     beside its K/V: raise the KV cache size (--kv-cache-bytes, \
+                     option.kv_cache_bytes)",
+                    b >> 20,
+                    cfg.slot_bytes() >> 20,
+                    cfg.layers
+                )));
+            }
+            cfg.slots = cfg.slots.min(fit);
+        }
+        None => cfg.slots = cfg.slots.min(64),
+    }
+    Ok(Some(cfg))
 }

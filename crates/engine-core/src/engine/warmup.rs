@@ -131,7 +131,9 @@ impl<B: Backend> Engine<B> {
         let reserve = MARGIN_BYTES + keys * GRAPH_BYTES;
         let usable = (total as f64 * f64::from(fraction)) as usize;
         let mib = |b: usize| b >> 20;
-        let budget = usable.saturating_sub(engine + reserve);
+        // The recurrent-state slots stay as allocated; the K/V get the rest.
+        let states = self.state_config().map_or(0, |s| s.bytes());
+        let budget = usable.saturating_sub(engine + reserve + states);
         if budget < MIN_KV_BYTES {
             return Err(EngineError::Backend(format!(
                 "the engine takes {} MiB of the device's {} MiB after a step of {} sequences and \
