@@ -17,7 +17,9 @@ mod hf_fixture;
 
 use std::path::{Path, PathBuf};
 
-use hf_fixture::{BF16_TOL, F32_TOL, argmax, blocks, chunk, hybrid_refs as refs, rel_diff};
+use hf_fixture::{
+    BF16_TOL, F32_TOL, HybridRefs as Refs, argmax, blocks, chunk, hybrid_refs as refs, rel_diff,
+};
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::{ChunkState, DType, Engine, LogitsWanted};
 
