@@ -100,7 +100,7 @@ impl LinearAttnConfig {
             head_v_dim: req("linear_value_head_dim")?,
             conv_kernel: int("linear_conv_kernel_dim").unwrap_or(4),
         };
-        if c.num_k_heads == 0 || c.num_v_heads % c.num_k_heads != 0 {
+        if c.num_k_heads == 0 || !c.num_v_heads.is_multiple_of(c.num_k_heads) {
             return Err(format!(
                 "linear_num_value_heads ({}) must be a multiple of linear_num_key_heads ({})",
                 c.num_v_heads, c.num_k_heads

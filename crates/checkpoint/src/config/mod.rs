@@ -445,7 +445,7 @@ impl ModelConfig {
             None => head_dim,
             Some(f) if f > 0.0 && f <= 1.0 => {
                 let d = (head_dim as f64 * f) as usize;
-                if d == 0 || d % 2 != 0 {
+                if d == 0 || !d.is_multiple_of(2) {
                     return Err(format!(
                         "partial_rotary_factor {f} leaves {d} rotary dimensions of {head_dim}: they must be even and > 0"
                     ));
