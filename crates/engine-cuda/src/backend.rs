@@ -449,6 +449,11 @@ impl<D: Device> Backend for CudaBackend<D> {
         &self,
         tower: &lmi_engine_core::vision::VisionTower,
     ) -> Result<Option<super::vision::CudaVision<D>>> {
+        // Qwen3-VL's tower (learned positions, GELU-tanh MLP, DeepStack mergers) has no GPU
+        // kernels yet: it runs on the host, as with `vision_on_host`.
+        if tower.config().variant == lmi_engine_core::vision::VisionVariant::Qwen3Vl {
+            return Ok(None);
+        }
         super::vision::CudaVision::upload(self, tower).map(Some)
     }
 
@@ -465,8 +470,8 @@ impl<D: Device> Backend for CudaBackend<D> {
         }
     }
 
-    fn mrope_table(&self, inv_freq: &[f64], section: [usize; 3]) -> Result<CudaRope<D>> {
-        CudaRope::upload_mrope(&self.dev, inv_freq, section)
+    fn mrope_table(&self, inv_freq: &[f64], components: &[u8]) -> Result<CudaRope<D>> {
+        CudaRope::upload_mrope(&self.dev, inv_freq, components)
     }
 
     /// Uploads the rows and their embeddings into the step arena, then scatters them: host
@@ -806,7 +811,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             | Feature::Gemma
             | Feature::Experts
             | Feature::AttentionSinks => true,
-            Feature::LinearAttention => false,
+            Feature::LinearAttention | Feature::DeepStack => false,
         }
     }
 

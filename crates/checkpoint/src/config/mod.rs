@@ -49,7 +49,8 @@ pub enum Architecture {
 
 /// Every `architectures` name a checkpoint may give, and what it loads as. The multimodal
 /// Gemma 3 checkpoints (gemma-3-4b-it and up) serve their text model (their SigLIP tower is not
-/// read); Qwen2-VL's and Qwen2.5-VL's language model is Qwen2's (with M-RoPE).
+/// read); Qwen2-VL's and Qwen2.5-VL's language model is Qwen2's (with M-RoPE), Qwen3-VL's is
+/// Qwen3's (with interleaved M-RoPE and DeepStack inputs).
 const HF_NAMES: &[(&str, Architecture)] = &[
     ("LlamaForCausalLM", Architecture::Llama),
     ("MistralForCausalLM", Architecture::Mistral),
@@ -63,6 +64,7 @@ const HF_NAMES: &[(&str, Architecture)] = &[
     ("GptOssForCausalLM", Architecture::GptOss),
     ("Qwen2VLForConditionalGeneration", Architecture::Qwen2),
     ("Qwen2_5_VLForConditionalGeneration", Architecture::Qwen2),
+    ("Qwen3VLForConditionalGeneration", Architecture::Qwen3),
     ("Qwen3_5ForConditionalGeneration", Architecture::Qwen35),
     ("Qwen3_5ForCausalLM", Architecture::Qwen35),
     ("Qwen3_5MoeForConditionalGeneration", Architecture::Qwen35),
@@ -109,6 +111,7 @@ impl Architecture {
         match name {
             "Qwen2VLForConditionalGeneration" => Some(VisionVariant::Qwen2Vl),
             "Qwen2_5_VLForConditionalGeneration" => Some(VisionVariant::Qwen25Vl),
+            "Qwen3VLForConditionalGeneration" => Some(VisionVariant::Qwen3Vl),
             _ => None,
         }
     }
@@ -233,6 +236,9 @@ pub struct ModelConfig {
     /// M-RoPE (Qwen-VL): how many of the head's rotary frequencies follow each token's
     /// temporal, height and width position, in that order.
     pub mrope_section: Option<[usize; 3]>,
+    /// M-RoPE's frequencies go to (time, row, column) in turn rather than in three contiguous
+    /// sections (Qwen3-VL, Qwen3.5: [`Self::mrope_components`]).
+    pub mrope_interleaved: bool,
     /// The vision tower of a vision-language model.
     pub vision: Option<VisionConfig>,
     /// Mixture-of-experts MLPs (Qwen3-MoE, Mixtral).
@@ -464,19 +470,23 @@ impl ModelConfig {
                 }
             }
         }
-        let mrope_section = match raw
+        let vision_variant = Architecture::vision_variant(arch_name);
+        // Qwen3-VL's rotary embedding interleaves its sections whatever `mrope_interleaved`
+        // says, and defaults them to [24, 20, 20] when the config gives none (transformers).
+        let interleaved = vision_variant == Some(VisionVariant::Qwen3Vl);
+        let given_section = raw
             .rope_scaling
             .as_ref()
-            .and_then(|r| r.mrope_section.clone())
-        {
+            .and_then(|r| r.mrope_section.clone());
+        let mrope_section = match given_section.or(interleaved.then(|| vec![24, 20, 20])) {
             None => None,
-            Some(s) if s.len() == 3 && s.iter().sum::<usize>() == head_dim / 2 => {
+            Some(s) if s.len() == 3 && s.iter().sum::<usize>() == rotary_dim / 2 => {
                 Some([s[0], s[1], s[2]])
             }
             Some(s) => {
                 return Err(format!(
-                    "rope_scaling.mrope_section {s:?} must be three numbers summing to head_dim / 2 ({})",
-                    head_dim / 2
+                    "rope_scaling.mrope_section {s:?} must be three numbers summing to the rotary dimensions / 2 ({})",
+                    rotary_dim / 2
                 ));
             }
         };
@@ -546,8 +556,8 @@ impl ModelConfig {
                 }
             },
         };
-        let vision = match Architecture::vision_variant(arch_name) {
-            Some(v) => Some(vision::parse(v, &top, hidden_size)?),
+        let vision = match vision_variant {
+            Some(v) => Some(vision::parse(v, &top, hidden_size, None)?),
             None => None,
         };
         if vision.is_some() && mrope_section.is_none() {
@@ -760,6 +770,7 @@ impl ModelConfig {
                 .map(OneOrMany::into_vec)
                 .unwrap_or_default(),
             mrope_section,
+            mrope_interleaved: interleaved && mrope_section.is_some(),
             vision,
             moe,
             activation,
@@ -776,6 +787,28 @@ impl ModelConfig {
                 .linear_attn
                 .as_ref()
                 .map_or(0, LinearAttnConfig::num_linear_layers)
+    }
+
+    /// M-RoPE: which component of a token's (time, row, column) position each rotary
+    /// frequency turns with (0, 1, 2). Contiguous sections (Qwen2-VL), or transformers'
+    /// `apply_interleaved_mrope` (Qwen3-VL): frequency `i` follows the row when `i % 3 == 1`
+    /// and `i < 3 · section[1]`, the column when `i % 3 == 2` and `i < 3 · section[2]`, time
+    /// otherwise (so `section[0]` only counts what is left).
+    pub fn mrope_components(&self) -> Option<Vec<u8>> {
+        let s = self.mrope_section?;
+        let n = self.rotary_dim / 2;
+        Some(
+            (0..n)
+                .map(|i| match self.mrope_interleaved {
+                    true if i % 3 == 1 && i < 3 * s[1] => 1,
+                    true if i % 3 == 2 && i < 3 * s[2] => 2,
+                    true => 0,
+                    false if i < s[0] => 0,
+                    false if i < s[0] + s[1] => 1,
+                    false => 2,
+                })
+                .collect(),
+        )
     }
 
     pub fn q_size(&self) -> usize {
@@ -963,6 +996,53 @@ mod tests {
         ))
         .unwrap_err();
         assert!(e.contains("qkv_bias"), "{e}");
+    }
+
+    /// Qwen3-VL-8B-Instruct's config (text fields nested, transformers 4.57's `rope_scaling`):
+    /// Qwen3's attention, interleaved M-RoPE, the tower with its DeepStack blocks.
+    #[test]
+    fn qwen3_vl_reads_its_tower_and_interleaves_mrope() {
+        let c = ModelConfig::from_json(
+            r#"{"architectures":["Qwen3VLForConditionalGeneration"],"image_token_id":151655,
+            "video_token_id":151656,"vision_start_token_id":151652,"vision_end_token_id":151653,
+            "text_config":{"head_dim":128,"hidden_size":4096,"intermediate_size":12288,
+            "num_attention_heads":32,"num_hidden_layers":36,"num_key_value_heads":8,
+            "rope_scaling":{"mrope_interleaved":true,"mrope_section":[24,20,20],"rope_type":"default"},
+            "rope_theta":5000000,"vocab_size":151936,"tie_word_embeddings":false},
+            "vision_config":{"deepstack_visual_indexes":[8,16,24],"depth":27,"hidden_act":"gelu_pytorch_tanh",
+            "hidden_size":1152,"in_channels":3,"intermediate_size":4304,"num_heads":16,
+            "num_position_embeddings":2304,"out_hidden_size":4096,"patch_size":16,
+            "spatial_merge_size":2,"temporal_patch_size":2}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.architecture, Architecture::Qwen3);
+        let v = c.vision.as_ref().unwrap();
+        assert_eq!(v.variant, VisionVariant::Qwen3Vl);
+        assert_eq!(v.deepstack_visual_indexes, [8, 16, 24]);
+        assert_eq!((v.position_grid_side(), v.output_width()), (48, 4 * 4096));
+        assert_eq!(v.patch_dim(), 3 * 2 * 16 * 16);
+        // transformers' apply_interleaved_mrope: rows at 1, 4, ..., 58, columns at 2, 5,
+        // ..., 59, time at the others (0, 3, ..., 57 and 60..63).
+        let comp = c.mrope_components().unwrap();
+        assert_eq!(comp.len(), 64);
+        assert_eq!(&comp[..7], &[0, 1, 2, 0, 1, 2, 0]);
+        assert_eq!(&comp[57..], &[0, 1, 2, 0, 0, 0, 0]);
+        assert_eq!(comp.iter().filter(|&&x| x == 0).count(), 24);
+        assert_eq!(comp.iter().filter(|&&x| x == 1).count(), 20);
+    }
+
+    #[test]
+    fn qwen2_vl_sections_stay_contiguous() {
+        let c = ModelConfig::from_json(
+            r#"{"architectures":["Qwen2VLForConditionalGeneration"],"image_token_id":5,
+            "vocab_size":10,"hidden_size":32,"intermediate_size":64,"num_hidden_layers":1,
+            "num_attention_heads":2,"rope_scaling":{"type":"mrope","mrope_section":[2,3,3]},
+            "vision_config":{"depth":1,"embed_dim":32,"num_heads":2,"hidden_size":32,"patch_size":14}}"#,
+        )
+        .unwrap();
+        assert!(!c.mrope_interleaved);
+        assert_eq!(c.mrope_components().unwrap(), [0, 0, 1, 1, 1, 2, 2, 2]);
+        assert!(c.vision.unwrap().deepstack_visual_indexes.is_empty());
     }
 
     #[test]

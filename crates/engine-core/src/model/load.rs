@@ -183,8 +183,8 @@ impl<B: Backend> Model<B> {
             });
         }
         let final_norm = norm(&format!("{lm}.norm.weight"), h)?;
-        let rope = match c.mrope_section {
-            Some(section) => backend.mrope_table(&c.rope_inv_freq(), section)?,
+        let rope = match c.mrope_components() {
+            Some(components) => backend.mrope_table(&c.rope_inv_freq(), &components)?,
             None => backend.rope_table(&c.rope_inv_freq())?,
         };
         let rope_local = match c.rope_inv_freq_local() {

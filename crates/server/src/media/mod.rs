@@ -131,7 +131,7 @@ pub fn load_all(
     let setup = setup.ok_or_else(|| {
         ApiError::validation(
             "this model takes no images or video: send text only, or serve a vision-language \
-             model (Qwen2-VL, Qwen2.5-VL)",
+             model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)",
         )
         .with_param("messages")
     })?;
