@@ -15,7 +15,20 @@ pub const OPENAI_CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73]
 #[allow(clippy::excessive_precision)]
 pub const OPENAI_CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_11];
 
-/// How images and videos are turned into vision patches (Qwen2-VL, Qwen2.5-VL).
+/// Which of transformers' Qwen video processors a model uses: they keep, size and lay out
+/// frames differently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VideoProcessor {
+    /// `Qwen2VLVideoProcessor` (Qwen2-VL, Qwen2.5-VL): frames at `fps` a second, an even
+    /// count; each frame's own pixel bounds; the video is one run of placeholders.
+    Qwen2Vl,
+    /// `Qwen3VLVideoProcessor` (Qwen3-VL, Qwen3.5): frames spread evenly (`np.linspace`); a
+    /// pixel budget over all frames; each temporal patch its own run of placeholders after a
+    /// `<t seconds>` timestamp ([`crate::qwen3_video`]).
+    Qwen3Vl,
+}
+
+/// How images and videos are turned into vision patches (Qwen2-VL, Qwen2.5-VL, Qwen3-VL).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProcessorConfig {
     /// Images: the fewest pixels after resizing (`size.shortest_edge`, or `min_pixels`).
@@ -53,6 +66,8 @@ pub struct ProcessorConfig {
     /// Informational: whether the HF video processor samples by itself (`false` for
     /// Qwen2-VL: the caller samples, as the server does with [`crate::sample_frame_indices`]).
     pub do_sample_frames: bool,
+    /// The video processor's rules (from `video_processor_type` or `processor_class`).
+    pub video_processor: VideoProcessor,
 }
 
 /// `Qwen2VLImageProcessor`'s `min_pixels`: 56 * 56.
@@ -63,6 +78,8 @@ const IMAGE_MAX_PIXELS: u64 = 28 * 28 * 1280;
 const VIDEO_MIN_PIXELS: u64 = 128 * 28 * 28;
 /// `Qwen2VLVideoProcessor`'s `size.longest_edge`: 28 * 28 * 768.
 const VIDEO_MAX_PIXELS: u64 = 28 * 28 * 768;
+/// `Qwen3VLVideoProcessor`'s `size`: 128 * 32 * 32 and 32 * 32 * 768 pixels (over all frames).
+const QWEN3_VIDEO_PIXELS: (u64, u64) = (128 * 32 * 32, 32 * 32 * 768);
 
 impl Default for ProcessorConfig {
     /// transformers' defaults for `Qwen2VLImageProcessor` and `Qwen2VLVideoProcessor`.
@@ -87,6 +104,7 @@ impl Default for ProcessorConfig {
             min_frames: 4,
             max_frames: 768,
             do_sample_frames: false,
+            video_processor: VideoProcessor::Qwen2Vl,
         }
     }
 }
@@ -137,6 +155,8 @@ struct RawConfig {
     min_frames: Option<usize>,
     max_frames: Option<usize>,
     do_sample_frames: Option<bool>,
+    video_processor_type: Option<String>,
+    processor_class: Option<String>,
 }
 
 impl RawConfig {
@@ -179,11 +199,25 @@ impl RawConfig {
         c.do_convert_rgb = self.do_convert_rgb.unwrap_or(c.do_convert_rgb);
     }
 
+    /// Whether the file names Qwen3-VL's processors (`Qwen3VLVideoProcessor`, or the
+    /// `Qwen3VLProcessor` that Qwen3-VL's and Qwen3.5's files name).
+    fn names_qwen3(&self) -> bool {
+        self.video_processor_type.as_deref() == Some("Qwen3VLVideoProcessor")
+            || self.processor_class.as_deref() == Some("Qwen3VLProcessor")
+    }
+
     /// The video-only settings over `c`.
     fn apply_video(&self, c: &mut ProcessorConfig) {
+        if self.names_qwen3() {
+            c.video_processor = VideoProcessor::Qwen3Vl;
+        }
         let (min, max) = self.pixels();
-        c.video_min_pixels = min.unwrap_or(VIDEO_MIN_PIXELS);
-        c.video_max_pixels = max.unwrap_or(VIDEO_MAX_PIXELS);
+        let (dmin, dmax) = match c.video_processor {
+            VideoProcessor::Qwen2Vl => (VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS),
+            VideoProcessor::Qwen3Vl => QWEN3_VIDEO_PIXELS,
+        };
+        c.video_min_pixels = min.unwrap_or(dmin);
+        c.video_max_pixels = max.unwrap_or(dmax);
         c.fps = self.fps.unwrap_or(c.fps);
         c.num_frames = self.num_frames.or(c.num_frames);
         c.min_frames = self.min_frames.unwrap_or(c.min_frames);
@@ -335,6 +369,24 @@ mod tests {
             ProcessorConfig::from_json(r#"{"image_mean": 0.5, "image_std": [1, 2, 3]}"#).unwrap();
         assert_eq!(c.image_mean, [0.5; 3]);
         assert_eq!(c.image_std, [1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn qwen3_vl_files_name_their_video_processor() {
+        // Qwen3-VL's video_preprocessor_config.json; without sizes, the class defaults (a
+        // budget over all frames).
+        let c = ProcessorConfig::from_json(
+            r#"{"video_processor_type": "Qwen3VLVideoProcessor", "patch_size": 16}"#,
+        )
+        .unwrap();
+        assert_eq!(c.video_processor, VideoProcessor::Qwen3Vl);
+        assert_eq!((c.video_min_pixels, c.video_max_pixels), QWEN3_VIDEO_PIXELS);
+        // Qwen3.5's preprocessor_config.json names the processor class only.
+        let c = ProcessorConfig::from_json(r#"{"processor_class": "Qwen3VLProcessor"}"#).unwrap();
+        assert_eq!(c.video_processor, VideoProcessor::Qwen3Vl);
+        let c =
+            ProcessorConfig::from_json(r#"{"processor_class": "Qwen2_5_VLProcessor"}"#).unwrap();
+        assert_eq!(c.video_processor, VideoProcessor::Qwen2Vl);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Qwen3-VL served end to end: the tiny random model of tests/fixtures/qwen3_vl (made by HF
 //! transformers 5.25, whose greedy tokens it records) through `/v1/chat/completions` with
-//! `image_url` data URLs and TGI's markdown images, with the prefill cut into chunks: the
-//! prompt lengths and the 32 greedy tokens transformers gives.
+//! `image_url` data URLs, TGI's markdown images and an `lmi infer` batch file, with the prefill
+//! cut into chunks: the prompt lengths and the 32 greedy tokens transformers gives.
 
 mod common;
 
@@ -128,3 +128,72 @@ fn images_through_chat_and_tgi_give_transformers_tokens() {
     }
 }
 
+fn mp4_url() -> String {
+    let bytes = std::fs::read(fixtures().join("../qwen_vl/media/video.mp4")).unwrap();
+    format!(
+        "data:video/mp4;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+/// An MP4 (8 frames at 4 fps) through chat: the server samples it as Qwen3VLVideoProcessor
+/// does (frames 0, 2, 5, 7), sizes it, and writes its two temporal patches after their
+/// timestamps: the prompt transformers' processor makes from the same clip has as many tokens.
+#[test]
+fn a_video_through_chat_takes_the_processors_layout() {
+    let r = reference();
+    let want = &r["video_rules"]["mp4_prompt"];
+    let s = start_qwen3_vl();
+    let messages = json!([{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": mp4_url()}},
+        {"type": "text", "text": "What happens?"}]}]);
+    let body = json!({"messages": messages, "max_tokens": 4, "temperature": 0});
+    let reply = post(s.port, "/v1/chat/completions", &body.to_string());
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let n = want["input_ids"].as_array().unwrap().len();
+    assert_eq!(reply.json()["usage"]["prompt_tokens"], n);
+}
+
+/// `lmi infer` on a seed-000 batch file with an image and an MP4 video (paths relative to the
+/// working directory): the image request gives transformers' greedy text.
+#[test]
+fn lmi_infer_reads_an_image_and_a_video() {
+    let r = reference();
+    let tmp = tempfile::tempdir().unwrap();
+    let user = |items: Value| json!([{"role": "user", "content": items}]);
+    let input = json!({
+        "batch_size": 2,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 1,
+        "max_generate_length": 32,
+        "requests": [
+            {"messages": user(json!([{"type": "image", "image": "media/block.png"},
+                                     {"type": "text", "text": "Describe this image."}]))},
+            {"messages": user(json!([{"type": "video", "video": "../qwen_vl/media/video.mp4"},
+                                     {"type": "text", "text": "What happens?"}]))},
+        ]
+    });
+    let in_path = tmp.path().join("input.json");
+    let out_path = tmp.path().join("out.json");
+    std::fs::write(&in_path, input.to_string()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lmi"))
+        .args(["infer", "--dtype", "f32", "--model"])
+        .arg(fixtures().join("qwen3_vl"))
+        .arg("--input")
+        .arg(&in_path)
+        .arg("--output")
+        .arg(&out_path)
+        .current_dir(fixtures())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out: Value = serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
+    let responses = out["responses"].as_array().unwrap();
+    assert_eq!(responses[0]["output_text"], prompt(&r, 1)["greedy_text"]);
+    assert_eq!(responses[1]["generated_tokens"], 32, "{}", responses[1]);
+}
