@@ -1,21 +1,30 @@
-//! Qwen3-VL against HF transformers 5.25 (tests/fixtures/qwen3_vl, tiny random weights written
-//! by its generate.py): the vision tower's embeddings and DeepStack features from the
-//! processor's patches, interleaved M-RoPE positions against `get_rope_index`, prompt logits
-//! (images, a video between its timestamps, text only) and 32 greedy tokens, in f32.
+//! Qwen3-VL and Qwen3.5 with its vision tower against HF transformers 5.25
+//! (tests/fixtures/qwen3_vl, tiny random weights written by its generate.py): the vision
+//! tower's embeddings and Qwen3-VL's DeepStack features from the processor's patches,
+//! interleaved M-RoPE positions against `get_rope_index`, prompt logits (images, a video
+//! between its timestamps, text only) and 32 greedy tokens, in f32. Qwen3.5's language model
+//! is a Gated DeltaNet hybrid: its steps carry a recurrent-state slot.
 
 mod qwen3_vl_common;
 mod qwen_vl_common;
 
 use lmi_engine::vision::mrope::{RunAt, chunk_positions};
-use lmi_engine::{ChunkMedia, LogitsWanted, SeqChunk};
+use lmi_engine::{ChunkMedia, ChunkState, LogitsWanted, SeqChunk};
 use qwen_vl_common::{argmax, chunk, max_rel_diff};
 use qwen3_vl_common::*;
 
 const MODEL: &str = "qwen3_vl";
 
+const QWEN3_5: &str = "qwen3_5";
+
 #[test]
 fn vision_embeddings_and_deepstack_features_match_hf() {
     check_vision(MODEL, 2);
+}
+
+#[test]
+fn qwen3_5_vision_embeddings_match_hf() {
+    check_vision(QWEN3_5, 0);
 }
 
 fn check_vision(model: &str, deepstack: usize) {
@@ -66,6 +75,7 @@ fn check_vision(model: &str, deepstack: usize) {
 #[test]
 fn interleaved_mrope_positions_match_get_rope_index() {
     check_positions(MODEL);
+    check_positions(QWEN3_5);
 }
 
 fn check_positions(model: &str) {
@@ -109,14 +119,27 @@ fn prompt_logits_and_greedy_tokens_match_hf() {
     check_logits_and_greedy(MODEL);
 }
 
-/// One step of one sequence.
+#[test]
+fn qwen3_5_prompt_logits_and_greedy_tokens_match_hf() {
+    check_logits_and_greedy(QWEN3_5);
+}
+
+/// One step of one sequence; a hybrid model's recurrent state lives in slot 0 (reset by the
+/// step that starts the sequence).
 fn run(
     engine: &mut lmi_engine::Engine<lmi_engine::cpu::CpuBackend>,
     c: SeqChunk,
     media: &[ChunkMedia],
     delta: i64,
 ) -> lmi_engine::engine::Logits {
-    engine.forward_logits_media(&[c], media, &[delta]).unwrap()
+    use lmi_engine::engine::StepEngine;
+    let states = match engine.state_config() {
+        Some(_) => vec![ChunkState::in_slot(0)],
+        None => Vec::new(),
+    };
+    engine
+        .forward_logits_media_states(&[c], media, &[delta], &states)
+        .unwrap()
 }
 
 fn check_logits_and_greedy(model: &str) {

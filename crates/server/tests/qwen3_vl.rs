@@ -197,3 +197,37 @@ fn lmi_infer_reads_an_image_and_a_video() {
     assert_eq!(responses[0]["output_text"], prompt(&r, 1)["greedy_text"]);
     assert_eq!(responses[1]["generated_tokens"], 32, "{}", responses[1]);
 }
+
+/// Qwen3.5 with its vision tower (a Gated DeltaNet hybrid: each sequence's recurrent state in
+/// a slot beside its KV blocks) through chat: transformers' prompt lengths and greedy text,
+/// the prefill in chunks around the images.
+#[test]
+fn qwen3_5_images_through_chat_give_transformers_tokens() {
+    let path = fixtures().join("qwen3_5/reference.json");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut s = start(
+        &fixtures().join("qwen3_5"),
+        &[
+            "--dtype",
+            "f32",
+            "-o",
+            "option.max_rolling_batch_prefill_tokens=24",
+        ],
+    );
+    wait_ready(&mut s, "qwen3_5");
+    for id in [1, 2, 5] {
+        let p = prompt(&r, id);
+        let body = json!({"messages": openai_messages(&p), "max_tokens": 32, "temperature": 0});
+        let reply = post(s.port, "/v1/chat/completions", &body.to_string());
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let reply = reply.json();
+        assert_eq!(
+            reply["usage"]["prompt_tokens"], p["num_tokens"],
+            "prompt {id}"
+        );
+        assert_eq!(
+            reply["choices"][0]["message"]["content"], p["greedy_text"],
+            "prompt {id}"
+        );
+    }
+}

@@ -111,7 +111,9 @@ impl Architecture {
         match name {
             "Qwen2VLForConditionalGeneration" => Some(VisionVariant::Qwen2Vl),
             "Qwen2_5_VLForConditionalGeneration" => Some(VisionVariant::Qwen25Vl),
-            "Qwen3VLForConditionalGeneration" => Some(VisionVariant::Qwen3Vl),
+            "Qwen3VLForConditionalGeneration"
+            | "Qwen3_5ForConditionalGeneration"
+            | "Qwen3_5MoeForConditionalGeneration" => Some(VisionVariant::Qwen3Vl),
             _ => None,
         }
     }
@@ -460,9 +462,10 @@ impl ModelConfig {
             }
             Some(f) => return Err(format!("partial_rotary_factor ({f}) must be in (0, 1]")),
         };
-        if architecture.is_hybrid() {
-            // Text positions turn every M-RoPE section alike: plain RoPE. (Their vision
-            // towers, which would need the sections, are not read yet.)
+        let vision_variant = Architecture::vision_variant(arch_name);
+        if architecture.is_hybrid() && vision_variant.is_none() {
+            // Without a vision tower (Qwen3_5ForCausalLM, Qwen3-Next) every position is a text
+            // position, which turns every M-RoPE section alike: plain RoPE.
             if let Some(rs) = raw.rope_scaling.as_mut() {
                 rs.mrope_section = None;
                 if matches!(rs.rope_type.as_deref(), Some("mrope")) {
@@ -470,15 +473,19 @@ impl ModelConfig {
                 }
             }
         }
-        let vision_variant = Architecture::vision_variant(arch_name);
-        // Qwen3-VL's rotary embedding interleaves its sections whatever `mrope_interleaved`
-        // says, and defaults them to [24, 20, 20] when the config gives none (transformers).
+        // Qwen3-VL's and Qwen3.5's rotary embeddings interleave their sections whatever
+        // `mrope_interleaved` says, and default them ([24, 20, 20]; Qwen3.5 [11, 11, 10]) when
+        // the config gives none (transformers).
         let interleaved = vision_variant == Some(VisionVariant::Qwen3Vl);
+        let default_section = match architecture.is_hybrid() {
+            true => vec![11, 11, 10],
+            false => vec![24, 20, 20],
+        };
         let given_section = raw
             .rope_scaling
             .as_ref()
             .and_then(|r| r.mrope_section.clone());
-        let mrope_section = match given_section.or(interleaved.then(|| vec![24, 20, 20])) {
+        let mrope_section = match given_section.or(interleaved.then_some(default_section)) {
             None => None,
             Some(s) if s.len() == 3 && s.iter().sum::<usize>() == rotary_dim / 2 => {
                 Some([s[0], s[1], s[2]])
@@ -556,8 +563,10 @@ impl ModelConfig {
                 }
             },
         };
+        // Qwen3.5's tower is Qwen3-VL's without DeepStack.
+        let deepstack = architecture.is_hybrid().then(Vec::new);
         let vision = match vision_variant {
-            Some(v) => Some(vision::parse(v, &top, hidden_size, None)?),
+            Some(v) => Some(vision::parse(v, &top, hidden_size, deepstack)?),
             None => None,
         };
         if vision.is_some() && mrope_section.is_none() {
@@ -1029,6 +1038,38 @@ mod tests {
         assert_eq!(&comp[57..], &[0, 1, 2, 0, 0, 0, 0]);
         assert_eq!(comp.iter().filter(|&&x| x == 0).count(), 24);
         assert_eq!(comp.iter().filter(|&&x| x == 1).count(), 20);
+    }
+
+    /// Qwen3.5's configs: with its vision tower (no DeepStack) M-RoPE stays, interleaved over
+    /// the partial rotary pairs; the text-only class turns it into plain RoPE.
+    #[test]
+    fn qwen3_5_reads_its_tower_without_deepstack() {
+        let json = |arch: &str| {
+            format!(
+                r#"{{"architectures":["{arch}"],"image_token_id":248056,
+                "text_config":{{"hidden_size":64,"intermediate_size":96,"num_hidden_layers":4,
+                "num_attention_heads":4,"num_key_value_heads":2,"head_dim":256,"vocab_size":320,
+                "layer_types":["linear_attention","linear_attention","linear_attention","full_attention"],
+                "linear_num_key_heads":2,"linear_num_value_heads":4,"linear_key_head_dim":16,
+                "linear_value_head_dim":16,"linear_conv_kernel_dim":4,
+                "rope_parameters":{{"rope_type":"default","rope_theta":10000000,
+                "partial_rotary_factor":0.25,"mrope_interleaved":true}}}},
+                "vision_config":{{"depth":2,"hidden_size":32,"num_heads":2,"intermediate_size":64,
+                "out_hidden_size":64,"patch_size":16,"num_position_embeddings":64,
+                "deepstack_visual_indexes":[0]}}}}"#
+            )
+        };
+        let c = ModelConfig::from_json(&json("Qwen3_5ForConditionalGeneration")).unwrap();
+        assert_eq!(c.architecture, Architecture::Qwen35);
+        let v = c.vision.as_ref().unwrap();
+        assert_eq!(v.variant, VisionVariant::Qwen3Vl);
+        assert!(v.deepstack_visual_indexes.is_empty());
+        // transformers' default sections for Qwen3.5, over 256 * 0.25 / 2 = 32 pairs.
+        assert_eq!(c.mrope_section, Some([11, 11, 10]));
+        let comp = c.mrope_components().unwrap();
+        assert_eq!((comp.len(), &comp[..4]), (32, &[0, 1, 2, 0][..]));
+        let c = ModelConfig::from_json(&json("Qwen3_5ForCausalLM")).unwrap();
+        assert!(c.vision.is_none() && c.mrope_section.is_none());
     }
 
     #[test]

@@ -393,6 +393,18 @@ impl<B: Backend> Engine<B> {
         self.forward_logits_with(chunks, media, rope_deltas, &[])
     }
 
+    /// [`Self::forward_logits_media`] for a model with recurrent layers: each chunk's state
+    /// slot too (Qwen3.5 with images).
+    pub fn forward_logits_media_states(
+        &mut self,
+        chunks: &[SeqChunk],
+        media: &[crate::batch::ChunkMedia],
+        rope_deltas: &[i64],
+        states: &[ChunkState],
+    ) -> Result<Logits> {
+        self.forward_logits_with(chunks, media, rope_deltas, states)
+    }
+
     fn forward_logits_with(
         &mut self,
         chunks: &[SeqChunk],
