@@ -248,27 +248,39 @@ impl ProcessorConfig {
 
     /// From a model directory: `preprocessor_config.json`, and `video_preprocessor_config.json`
     /// for the video settings when present (which must then agree on the shared settings: patch
-    /// sizes, mean, std, rescaling).
+    /// sizes, mean, std, rescaling). Without them, transformers 5's `processor_config.json`,
+    /// which holds both (`image_processor`, `video_processor`).
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let image_path = dir.join("preprocessor_config.json");
-        let mut c = Self::from_json_at(&read(&image_path)?, Some(&image_path))?;
         let video_path = dir.join("video_preprocessor_config.json");
-        if !video_path.exists() {
+        let combined = dir.join("processor_config.json");
+        let (image, video, image_at, video_at) = if image_path.exists() || !combined.exists() {
+            let video = match video_path.exists() {
+                true => Some(read(&video_path)?),
+                false => None,
+            };
+            (read(&image_path)?, video, image_path, video_path)
+        } else {
+            let (image, video) = split_processor_config(&read(&combined)?, &combined)?;
+            (image, video, combined.clone(), combined)
+        };
+        let mut c = Self::from_json_at(&image, Some(&image_at))?;
+        let Some(video) = video else {
             return Ok(c);
-        }
-        let raw = RawConfig::parse(&read(&video_path)?, Some(&video_path))?;
+        };
+        let raw = RawConfig::parse(&video, Some(&video_at))?;
         let mut shared = c.clone();
         raw.apply_shared(&mut shared);
         if shared != c {
             return Err(MediaError::Config {
-                path: Some(video_path),
+                path: Some(video_at),
                 reason: "its patch sizes, mean, std or rescaling differ from \
                          preprocessor_config.json's; one set of these is supported"
                     .to_string(),
             });
         }
         raw.apply_video(&mut c);
-        c.validate(Some(&video_path))?;
+        c.validate(Some(&video_at))?;
         Ok(c)
     }
 
@@ -323,6 +335,27 @@ impl ProcessorConfig {
         }
         Ok(())
     }
+}
+
+/// transformers 5's `processor_config.json`: its image and video processors' settings as
+/// the JSON of the two older files (each given the file's `processor_class`).
+fn split_processor_config(json: &str, path: &Path) -> Result<(String, Option<String>)> {
+    let bad = |reason: String| MediaError::Config {
+        path: Some(path.to_path_buf()),
+        reason,
+    };
+    let top: serde_json::Map<String, serde_json::Value> = serde_json::from_str(json)
+        .map_err(|e| bad(format!("not a valid processor config: {e}")))?;
+    let part = |key: &str| -> Option<String> {
+        let mut p = top.get(key)?.as_object()?.clone();
+        if let Some(class) = top.get("processor_class") {
+            p.entry("processor_class").or_insert_with(|| class.clone());
+        }
+        Some(serde_json::Value::Object(p).to_string())
+    };
+    let image = part("image_processor")
+        .ok_or_else(|| bad("it has no \"image_processor\" settings".to_string()))?;
+    Ok((image, part("video_processor")))
 }
 
 fn read(path: &Path) -> Result<String> {
@@ -387,6 +420,30 @@ mod tests {
         let c =
             ProcessorConfig::from_json(r#"{"processor_class": "Qwen2_5_VLProcessor"}"#).unwrap();
         assert_eq!(c.video_processor, VideoProcessor::Qwen2Vl);
+    }
+
+    #[test]
+    fn transformers_5s_combined_processor_config_is_read() {
+        let dir = std::env::temp_dir().join(format!("lmi-media-pc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("processor_config.json"),
+            r#"{"processor_class": "Qwen3VLProcessor",
+                "image_processor": {"patch_size": 16, "image_mean": [0.5, 0.5, 0.5],
+                    "image_std": [0.5, 0.5, 0.5], "size": {"shortest_edge": 65536, "longest_edge": 16777216}},
+                "video_processor": {"patch_size": 16, "image_mean": [0.5, 0.5, 0.5],
+                    "image_std": [0.5, 0.5, 0.5], "size": {"shortest_edge": 4096, "longest_edge": 25165824}}}"#,
+        )
+        .unwrap();
+        let c = ProcessorConfig::from_dir(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let c = c.unwrap();
+        assert_eq!(
+            (c.patch_size, c.min_pixels, c.max_pixels),
+            (16, 65536, 16_777_216)
+        );
+        assert_eq!((c.video_min_pixels, c.video_max_pixels), (4096, 25_165_824));
+        assert_eq!(c.video_processor, VideoProcessor::Qwen3Vl);
     }
 
     #[test]
