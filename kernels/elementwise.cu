@@ -49,6 +49,18 @@ extern "C" __global__ void scatter_rows_f32(float* __restrict__ out, const float
     }
 }
 
+// out[rows[i], :] += x[i, :]: host rows (Qwen3-VL's DeepStack features) added to the hidden
+// states of the media tokens; rows are distinct, so no two blocks write one row.
+extern "C" __global__ void scatter_add_rows_f32(float* __restrict__ out, const float* __restrict__ x,
+                                                const unsigned* __restrict__ rows, unsigned width,
+                                                unsigned long long n) {
+    FOR_ROWS(r, width, n) {
+        float* o = out + (unsigned long long)rows[r] * width;
+        const float* src = x + r * width;
+        FOR_COLS(c, width) o[c] += src[c];
+    }
+}
+
 extern "C" __global__ void f32_to_bf16_rows(bf16* __restrict__ out, const float* __restrict__ x,
                                             unsigned long long n) {
     GRID_STRIDE(e, n) out[e] = f32_to_bf16(x[e]);

@@ -173,13 +173,23 @@ pub trait Backend: Send + Sync + 'static {
     /// Bytes a weight occupies on the device.
     fn weight_bytes(&self, w: &Self::Weight) -> usize;
     fn rope_table(&self, inv_freq: &[f64]) -> Result<Self::Rope>;
-    /// M-RoPE (Qwen-VL): frequencies `0..section[0]` turn with a token's temporal position,
-    /// the next `section[1]` with its row, the rest with its column (`BatchLayout::
-    /// rope_positions`). Backends without it refuse at load.
-    fn mrope_table(&self, inv_freq: &[f64], section: [usize; 3]) -> Result<Self::Rope> {
-        let _ = (inv_freq, section);
+    /// M-RoPE (Qwen-VL): frequency `i` turns with component `components[i]` (0 time, 1 row,
+    /// 2 column) of a token's position (`BatchLayout::rope_positions`;
+    /// `ModelConfig::mrope_components`: contiguous sections or Qwen3-VL's interleaving).
+    /// Backends without it refuse at load.
+    fn mrope_table(&self, inv_freq: &[f64], components: &[u8]) -> Result<Self::Rope> {
+        let _ = (inv_freq, components);
         Err(crate::error::EngineError::Backend(format!(
-            "the {} engine does not run M-RoPE (Qwen2-VL, Qwen2.5-VL) yet: use --device cpu",
+            "the {} engine does not run M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) yet: use --device cpu",
+            self.name()
+        )))
+    }
+    /// Adds row `i` of `src` (host data) to row `rows[i]` of `dst` (`width` wide): Qwen3-VL's
+    /// DeepStack features added to the hidden states of a media item's tokens.
+    fn add_rows(&self, dst: &mut Self::Buf, width: usize, rows: &[u32], src: &[f32]) -> Result<()> {
+        let _ = (dst, width, rows, src);
+        Err(crate::error::EngineError::Backend(format!(
+            "the {} engine does not add DeepStack features (Qwen3-VL) yet: use --device cpu",
             self.name()
         )))
     }
@@ -602,6 +612,9 @@ pub enum Feature {
     /// Gated DeltaNet layers and gated attention ([`Backend::gated_delta_net`],
     /// [`Backend::sigmoid_mul`], partial RoPE).
     LinearAttention,
+    /// Qwen3-VL's DeepStack: visual features added to the hidden states of the first layers
+    /// ([`Backend::add_rows`]).
+    DeepStack,
 }
 
 impl Feature {
@@ -623,6 +636,13 @@ impl Feature {
         if config.linear_attn.is_some() {
             out.push(Feature::LinearAttention);
         }
+        if config
+            .vision
+            .as_ref()
+            .is_some_and(|v| !v.deepstack_visual_indexes.is_empty())
+        {
+            out.push(Feature::DeepStack);
+        }
         out
     }
 
@@ -633,6 +653,7 @@ impl Feature {
             Feature::AttentionSinks => "attention sinks (gpt-oss)",
             Feature::Gemma => "Gemma models",
             Feature::LinearAttention => "Gated DeltaNet hybrids (Qwen3.5, Qwen3.6, Qwen3-Next)",
+            Feature::DeepStack => "Qwen3-VL (its DeepStack visual features)",
         }
     }
 }

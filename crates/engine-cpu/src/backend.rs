@@ -250,18 +250,36 @@ impl Backend for CpuBackend {
         vision::forward(tower, input)
     }
 
-    fn mrope_table(&self, inv_freq: &[f64], section: [usize; 3]) -> Result<CpuRope> {
-        let component = (0..inv_freq.len())
-            .map(|f| match f {
-                f if f < section[0] => 0u8,
-                f if f < section[0] + section[1] => 1,
-                _ => 2,
-            })
-            .collect();
+    fn mrope_table(&self, inv_freq: &[f64], components: &[u8]) -> Result<CpuRope> {
+        if components.len() != inv_freq.len() || components.iter().any(|&c| c > 2) {
+            return Err(EngineError::Backend(format!(
+                "M-RoPE components {components:?} do not fit the {} rotary frequencies",
+                inv_freq.len()
+            )));
+        }
         Ok(CpuRope {
             inv_freq: inv_freq.to_vec(),
-            component: Some(component),
+            component: Some(components.to_vec()),
         })
+    }
+
+    fn add_rows(&self, dst: &mut Vec<f32>, width: usize, rows: &[u32], src: &[f32]) -> Result<()> {
+        if src.len() != rows.len() * width
+            || rows.iter().any(|&r| (r as usize + 1) * width > dst.len())
+        {
+            return Err(EngineError::Backend(format!(
+                "{} values to add to rows {rows:?} of {width} in a buffer of {}",
+                src.len(),
+                dst.len()
+            )));
+        }
+        for (&r, s) in rows.iter().zip(src.chunks(width)) {
+            let r = r as usize;
+            for (d, v) in dst[r * width..(r + 1) * width].iter_mut().zip(s) {
+                *d += v;
+            }
+        }
+        Ok(())
     }
 
     fn write_rows(

@@ -1,21 +1,23 @@
-//! The Qwen2-VL / Qwen2.5-VL vision transformer run on the host, in f32, over a tower's host
-//! weights ([`VisionTower`]): patch embedding (the Conv3d as one matrix product), blocks of
-//! non-causal attention with a 2D rotary embedding (per frame, or per window in Qwen2.5-VL's
-//! windowed layers), and the 2x2 patch merger into the language model's width. Matrix
-//! products go through this backend's kernels ([`linear`]).
+//! The Qwen2-VL / Qwen2.5-VL / Qwen3-VL vision transformer run on the host, in f32, over a
+//! tower's host weights ([`VisionTower`]): patch embedding (the Conv3d as one matrix product),
+//! Qwen3-VL's learned position embeddings, blocks of non-causal attention with a 2D rotary
+//! embedding (per frame, or per window in Qwen2.5-VL's windowed layers), the 2x2 patch merger
+//! into the language model's width, and Qwen3-VL's DeepStack mergers. Matrix products go
+//! through this backend's kernels ([`linear`]).
 
 use lmi_engine_core::Result;
-use lmi_engine_core::vision::VisionInput;
 use lmi_engine_core::vision::tower::{
-    Linear, Mlp, NORM_EPS, Norm, VisionTower, permute_units, unwindow,
+    Linear, Merger, Mlp, NORM_EPS, Norm, VisionTower, permute_units, unwindow,
 };
 use lmi_engine_core::vision::window::{frame_segments, patch_rows_cols};
+use lmi_engine_core::vision::{VisionAct, VisionInput, qwen3};
 use rayon::prelude::*;
 
 use crate::linear;
 
-/// The item's embeddings: `[input.tokens(), out_hidden_size]`, in the order of its
-/// placeholder tokens.
+/// The item's embeddings in the order of its placeholder tokens: `[input.tokens(),
+/// cfg.output_width()]`, each token's merger output followed by its DeepStack features
+/// (Qwen3-VL; none for the others).
 pub fn forward(tower: &VisionTower, input: &VisionInput) -> Result<Vec<f32>> {
     let cfg = tower.config();
     let (h, m) = (cfg.hidden_size, cfg.spatial_merge_size);
@@ -25,6 +27,9 @@ pub fn forward(tower: &VisionTower, input: &VisionInput) -> Result<Vec<f32>> {
     let unit = cfg.merge_unit();
     let mut x = vec![0f32; n * h];
     apply_linear(&tower.patch_embed, &input.pixels, n, &mut x);
+    if let Some(table) = &tower.pos_embed {
+        add_positions(&mut x, table, h, grid, m, cfg.position_grid_side());
+    }
     let mut rows_cols = patch_rows_cols(grid, m);
     let full = frame_segments(grid);
     // Qwen2.5-VL groups each window's tokens (their merge units) together.
@@ -33,12 +38,13 @@ pub fn forward(tower: &VisionTower, input: &VisionInput) -> Result<Vec<f32>> {
         x = permute_units(&x, order, unit * h);
         rows_cols = permute_units(&rows_cols, order, unit);
     }
-    let (cos, sin) = rotary(&rows_cols, cfg.head_dim());
+    let (cos, sin) = rotary(&rows_cols, cfg.head_dim(), cfg.rope_theta as f32);
 
     let mut normed = vec![0f32; n * h];
     let mut qkv = vec![0f32; n * 3 * h];
     let mut attn = vec![0f32; n * h];
     let mut proj = vec![0f32; n * h];
+    let mut deepstack = Vec::with_capacity(tower.deepstack.len());
     for (l, b) in tower.blocks.iter().enumerate() {
         let segments = match &windows {
             Some((_, bounds)) if !cfg.fullatt_block_indexes.contains(&l) => bounds,
@@ -53,21 +59,58 @@ pub fn forward(tower: &VisionTower, input: &VisionInput) -> Result<Vec<f32>> {
         apply_norm(&b.norm2, &x, h, &mut normed);
         apply_mlp(&b.mlp, &normed, n, &mut proj);
         add(&mut x, &proj);
+        if let Some(j) = cfg.deepstack_visual_indexes.iter().position(|&d| d == l) {
+            deepstack.push(merge(&tower.deepstack[j], &x, h, unit, true));
+        }
     }
-    apply_norm(&tower.merger_norm, &x, h, &mut normed);
-    let tokens = n / unit;
-    let wide = h * unit;
-    let mut mid = vec![0f32; tokens * wide];
-    apply_linear(&tower.merger_fc1, &normed, tokens, &mut mid);
-    mid.par_iter_mut().for_each(|v| *v = gelu(*v));
     let out_h = cfg.out_hidden_size;
-    let mut out = vec![0f32; tokens * out_h];
-    apply_linear(&tower.merger_fc2, &mid, tokens, &mut out);
+    let main = merge(&tower.merger, &x, h, unit, false);
+    // Each token's row: the merger's output, then its DeepStack features in the order of the
+    // blocks that made them (transformers' list, which the language model's layers take in turn).
+    let width = cfg.output_width();
+    let mut out = vec![0f32; (n / unit) * width];
+    for (k, row) in out.chunks_mut(width).enumerate() {
+        row[..out_h].copy_from_slice(&main[k * out_h..(k + 1) * out_h]);
+        for (d, f) in deepstack.iter().enumerate() {
+            row[(d + 1) * out_h..(d + 2) * out_h].copy_from_slice(&f[k * out_h..(k + 1) * out_h]);
+        }
+    }
     Ok(unwindow(
         out,
         windows.as_ref().map(|(o, _)| o.as_slice()),
-        out_h,
+        width,
     ))
+}
+
+/// A merger over the patches `x` (`[n, h]`): each token's `unit` patches side by side, through
+/// `norm` (per patch, or over the merged row when `merged_norm`: DeepStack's), `fc1`, GELU
+/// (erf) and `fc2`. Returns `[n / unit, out_hidden_size]`.
+fn merge(mg: &Merger, x: &[f32], h: usize, unit: usize, merged_norm: bool) -> Vec<f32> {
+    let tokens = x.len() / h / unit;
+    let wide = h * unit;
+    let mut normed = vec![0f32; x.len()];
+    apply_norm(&mg.norm, x, if merged_norm { wide } else { h }, &mut normed);
+    let mut mid = vec![0f32; tokens * wide];
+    apply_linear(&mg.fc1, &normed, tokens, &mut mid);
+    mid.par_iter_mut().for_each(|v| *v = gelu(*v));
+    let mut out = vec![0f32; tokens * mg.fc2.n];
+    apply_linear(&mg.fc2, &mid, tokens, &mut out);
+    out
+}
+
+/// Adds each patch's learned position embedding: the table resampled bilinearly to the grid
+/// (Qwen3-VL), its four taps summed in f32 in transformers' order.
+fn add_positions(x: &mut [f32], table: &[f32], h: usize, grid: [usize; 3], m: usize, side: usize) {
+    let taps = qwen3::position_taps(grid, m, side);
+    x.par_chunks_mut(h).zip(&taps).for_each(|(row, taps)| {
+        for (j, v) in row.iter_mut().enumerate() {
+            let mut s = 0f32;
+            for &(i, w) in taps {
+                s += table[i as usize * h + j] * w;
+            }
+            *v += s;
+        }
+    });
 }
 
 fn apply_linear(l: &Linear, x: &[f32], rows: usize, out: &mut [f32]) {
@@ -118,7 +161,23 @@ fn apply_mlp(mlp: &Mlp, x: &[f32], rows: usize, out: &mut [f32]) {
                 .for_each(|v| *v = *v / (1.0 + (-1.702 * *v).exp()));
             apply_linear(fc2, &a, rows, out);
         }
+        Mlp::Gelu { fc1, fc2, act } => {
+            let mut a = vec![0f32; rows * fc1.n];
+            apply_linear(fc1, x, rows, &mut a);
+            match act {
+                VisionAct::GeluTanh => a.par_iter_mut().for_each(|v| *v = gelu_tanh(*v)),
+                VisionAct::Gelu => a.par_iter_mut().for_each(|v| *v = gelu(*v)),
+            }
+            apply_linear(fc2, &a, rows, out);
+        }
     }
+}
+
+/// GELU with the tanh approximation (`gelu_pytorch_tanh`), in f64 and rounded.
+fn gelu_tanh(x: f32) -> f32 {
+    let x = f64::from(x);
+    let inner = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+    (0.5 * x * (1.0 + inner.tanh())) as f32
 }
 
 fn add(x: &mut [f32], d: &[f32]) {
@@ -127,10 +186,10 @@ fn add(x: &mut [f32], d: &[f32]) {
 
 /// cos and sin of each patch's rotary angles, `[patches, head_dim / 2]`: the first quarter of
 /// the head's frequencies turn with the patch's row, the second with its column.
-fn rotary(rows_cols: &[(u32, u32)], head_dim: usize) -> (Vec<f32>, Vec<f32>) {
+fn rotary(rows_cols: &[(u32, u32)], head_dim: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
     let dim = head_dim / 2;
     let inv: Vec<f32> = (0..dim / 2)
-        .map(|i| 1.0 / 10000f32.powf((2 * i) as f32 / dim as f32))
+        .map(|i| 1.0 / theta.powf((2 * i) as f32 / dim as f32))
         .collect();
     let mut cos = Vec::with_capacity(rows_cols.len() * dim);
     let mut sin = Vec::with_capacity(rows_cols.len() * dim);

@@ -50,6 +50,7 @@ const KERNELS: &[&str] = &[
     "add_bias_f32",
     "gather_rows_f32",
     "scatter_rows_f32",
+    "scatter_add_rows_f32",
     "layer_norm_f32",
     "quick_gelu_f32",
     "gelu_erf_f32",
@@ -346,6 +347,48 @@ impl<D: Device> CudaBackend<D> {
 }
 
 impl<D: Device> CudaBackend<D> {
+    /// Host rows `src` written over (`scatter_rows_f32`) or added to (`scatter_add_rows_f32`)
+    /// rows `rows` of `dst`: uploaded into the step arena, then one launch.
+    fn scatter_rows(
+        &self,
+        kernel: &'static str,
+        dst: &mut CudaBuf,
+        width: usize,
+        rows: &[u32],
+        src: &[f32],
+    ) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        if src.len() != rows.len() * width {
+            return Err(EngineError::Backend(format!(
+                "{} embedding values for {} rows of {width}",
+                src.len(),
+                rows.len()
+            )));
+        }
+        if let Some(&r) = rows.iter().find(|&&r| (r as usize + 1) * width > dst.len) {
+            return Err(EngineError::Backend(format!(
+                "embedding row {r} is outside a buffer of {} rows",
+                dst.len / width.max(1)
+            )));
+        }
+        let idx = self.arena_alloc(rows.len(), ElemType::F32)?;
+        self.dev.htod_slice(rows, idx.ptr).map_err(cuda_err)?;
+        let data = self.upload_f32(src)?;
+        self.launch(
+            kernel,
+            rows_cols(rows.len(), width)?,
+            &[
+                dst.ptr.into(),
+                data.ptr.into(),
+                idx.ptr.into(),
+                (u32_arg("an embedding row", width)?).into(),
+                (src.len() as u64).into(),
+            ],
+        )
+    }
+
     /// `t` on the device in `dtype` (bf16 rounded to nearest even).
     fn upload_as(&self, t: HostTensor, dtype: ElemType) -> Result<CudaWeight<D>> {
         let shape = t.shape.clone();
@@ -484,6 +527,11 @@ impl<D: Device> Backend for CudaBackend<D> {
         &self,
         tower: &lmi_engine_core::vision::VisionTower,
     ) -> Result<Option<super::vision::CudaVision<D>>> {
+        // Qwen3-VL's tower (learned positions, GELU-tanh MLP, DeepStack mergers) has no GPU
+        // kernels yet: it runs on the host, as with `vision_on_host`.
+        if tower.config().variant == lmi_engine_core::vision::VisionVariant::Qwen3Vl {
+            return Ok(None);
+        }
         super::vision::CudaVision::upload(self, tower).map(Some)
     }
 
@@ -500,44 +548,19 @@ impl<D: Device> Backend for CudaBackend<D> {
         }
     }
 
-    fn mrope_table(&self, inv_freq: &[f64], section: [usize; 3]) -> Result<CudaRope<D>> {
-        CudaRope::upload_mrope(&self.dev, inv_freq, section)
+    fn mrope_table(&self, inv_freq: &[f64], components: &[u8]) -> Result<CudaRope<D>> {
+        CudaRope::upload_mrope(&self.dev, inv_freq, components)
     }
 
     /// Uploads the rows and their embeddings into the step arena, then scatters them: host
     /// copies inside the forward pass, which is why such steps are never graphs
     /// (`BatchLayout::host_embeds`).
     fn write_rows(&self, dst: &mut CudaBuf, width: usize, rows: &[u32], src: &[f32]) -> Result<()> {
-        if rows.is_empty() {
-            return Ok(());
-        }
-        if src.len() != rows.len() * width {
-            return Err(EngineError::Backend(format!(
-                "{} embedding values for {} rows of {width}",
-                src.len(),
-                rows.len()
-            )));
-        }
-        if let Some(&r) = rows.iter().find(|&&r| (r as usize + 1) * width > dst.len) {
-            return Err(EngineError::Backend(format!(
-                "embedding row {r} is outside a buffer of {} rows",
-                dst.len / width.max(1)
-            )));
-        }
-        let idx = self.arena_alloc(rows.len(), ElemType::F32)?;
-        self.dev.htod_slice(rows, idx.ptr).map_err(cuda_err)?;
-        let data = self.upload_f32(src)?;
-        self.launch(
-            "scatter_rows_f32",
-            rows_cols(rows.len(), width)?,
-            &[
-                dst.ptr.into(),
-                data.ptr.into(),
-                idx.ptr.into(),
-                (u32_arg("an embedding row", width)?).into(),
-                (src.len() as u64).into(),
-            ],
-        )
+        self.scatter_rows("scatter_rows_f32", dst, width, rows, src)
+    }
+
+    fn add_rows(&self, dst: &mut CudaBuf, width: usize, rows: &[u32], src: &[f32]) -> Result<()> {
+        self.scatter_rows("scatter_add_rows_f32", dst, width, rows, src)
     }
 
     fn alloc_kv(&self, cfg: &KvCacheConfig) -> Result<CudaKv<D>> {
@@ -841,6 +864,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             | Feature::Gemma
             | Feature::Experts
             | Feature::AttentionSinks
+            | Feature::DeepStack
             | Feature::LinearAttention => true,
         }
     }

@@ -62,26 +62,20 @@ impl<D: Device> CudaRope<D> {
         })
     }
 
-    /// M-RoPE (Qwen2-VL): the first `section[0]` pairs turn with a token's temporal
-    /// position, the next `section[1]` with its row, the rest with its column.
+    /// M-RoPE: pair `i` turns with component `components[i]` (0 time, 1 row, 2 column) of a
+    /// token's position (contiguous sections for Qwen2-VL, interleaved for Qwen3-VL).
     pub(crate) fn upload_mrope(
         dev: &std::sync::Arc<D>,
         inv_freq: &[f64],
-        section: [usize; 3],
+        components: &[u8],
     ) -> Result<Self> {
-        if section.iter().sum::<usize>() != inv_freq.len() {
+        if components.len() != inv_freq.len() || components.iter().any(|&c| c > 2) {
             return Err(EngineError::Backend(format!(
-                "mrope_section {section:?} does not add up to the {} rotary frequencies",
+                "M-RoPE components {components:?} do not fit the {} rotary frequencies",
                 inv_freq.len()
             )));
         }
-        let components: Vec<u32> = (0..inv_freq.len())
-            .map(|i| match i {
-                i if i < section[0] => 0,
-                i if i < section[0] + section[1] => 1,
-                _ => 2,
-            })
-            .collect();
+        let components: Vec<u32> = components.iter().map(|&c| u32::from(c)).collect();
         let mem = DeviceBox::new(dev, components.len().max(1) * 4)?;
         dev.htod_slice(&components, mem.ptr()).map_err(cuda_err)?;
         Ok(CudaRope {

@@ -137,6 +137,13 @@ impl<D: Device> CudaVision<D> {
                         fc1: linear(b, fc1)?,
                         fc2: linear(b, fc2)?,
                     },
+                    tower::Mlp::Gelu { .. } => {
+                        return Err(EngineError::Backend(
+                            "the CUDA vision tower does not run Qwen3-VL's blocks: it stays on \
+                             the host"
+                                .into(),
+                        ));
+                    }
                 };
                 Ok(Block {
                     norm1: norm(b, &blk.norm1)?,
@@ -156,10 +163,10 @@ impl<D: Device> CudaVision<D> {
         Ok(CudaVision {
             patch_embed: linear(b, &t.patch_embed)?,
             blocks,
-            merger_norm: norm(b, &t.merger_norm)?,
-            merger_fc1: linear(b, &t.merger_fc1)?,
-            merger_fc2: linear(b, &t.merger_fc2)?,
-            rotary: CudaRope::upload_mrope(b.device(), &freqs, [dim / 2, dim / 2, 0])?,
+            merger_norm: norm(b, &t.merger.norm)?,
+            merger_fc1: linear(b, &t.merger.fc1)?,
+            merger_fc2: linear(b, &t.merger.fc2)?,
+            rotary: CudaRope::upload_mrope(b.device(), &freqs, &rows_then_columns(dim))?,
         })
     }
 
@@ -400,4 +407,10 @@ fn attention<D: Device>(
             scale.into(),
         ],
     )
+}
+
+/// The tower's 2D rotary table as a two-component M-RoPE: the first half of the pairs turn
+/// with the patch's row, the second half with its column.
+fn rows_then_columns(pairs: usize) -> Vec<u8> {
+    (0..pairs).map(|i| u8::from(i >= pairs / 2)).collect()
 }

@@ -15,7 +15,20 @@ pub const OPENAI_CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73]
 #[allow(clippy::excessive_precision)]
 pub const OPENAI_CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_11];
 
-/// How images and videos are turned into vision patches (Qwen2-VL, Qwen2.5-VL).
+/// Which of transformers' Qwen video processors a model uses: they keep, size and lay out
+/// frames differently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VideoProcessor {
+    /// `Qwen2VLVideoProcessor` (Qwen2-VL, Qwen2.5-VL): frames at `fps` a second, an even
+    /// count; each frame's own pixel bounds; the video is one run of placeholders.
+    Qwen2Vl,
+    /// `Qwen3VLVideoProcessor` (Qwen3-VL, Qwen3.5): frames spread evenly (`np.linspace`); a
+    /// pixel budget over all frames; each temporal patch its own run of placeholders after a
+    /// `<t seconds>` timestamp ([`crate::qwen3_video`]).
+    Qwen3Vl,
+}
+
+/// How images and videos are turned into vision patches (Qwen2-VL, Qwen2.5-VL, Qwen3-VL).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProcessorConfig {
     /// Images: the fewest pixels after resizing (`size.shortest_edge`, or `min_pixels`).
@@ -53,6 +66,8 @@ pub struct ProcessorConfig {
     /// Informational: whether the HF video processor samples by itself (`false` for
     /// Qwen2-VL: the caller samples, as the server does with [`crate::sample_frame_indices`]).
     pub do_sample_frames: bool,
+    /// The video processor's rules (from `video_processor_type` or `processor_class`).
+    pub video_processor: VideoProcessor,
 }
 
 /// `Qwen2VLImageProcessor`'s `min_pixels`: 56 * 56.
@@ -63,6 +78,8 @@ const IMAGE_MAX_PIXELS: u64 = 28 * 28 * 1280;
 const VIDEO_MIN_PIXELS: u64 = 128 * 28 * 28;
 /// `Qwen2VLVideoProcessor`'s `size.longest_edge`: 28 * 28 * 768.
 const VIDEO_MAX_PIXELS: u64 = 28 * 28 * 768;
+/// `Qwen3VLVideoProcessor`'s `size`: 128 * 32 * 32 and 32 * 32 * 768 pixels (over all frames).
+const QWEN3_VIDEO_PIXELS: (u64, u64) = (128 * 32 * 32, 32 * 32 * 768);
 
 impl Default for ProcessorConfig {
     /// transformers' defaults for `Qwen2VLImageProcessor` and `Qwen2VLVideoProcessor`.
@@ -87,6 +104,7 @@ impl Default for ProcessorConfig {
             min_frames: 4,
             max_frames: 768,
             do_sample_frames: false,
+            video_processor: VideoProcessor::Qwen2Vl,
         }
     }
 }
@@ -137,6 +155,8 @@ struct RawConfig {
     min_frames: Option<usize>,
     max_frames: Option<usize>,
     do_sample_frames: Option<bool>,
+    video_processor_type: Option<String>,
+    processor_class: Option<String>,
 }
 
 impl RawConfig {
@@ -179,11 +199,25 @@ impl RawConfig {
         c.do_convert_rgb = self.do_convert_rgb.unwrap_or(c.do_convert_rgb);
     }
 
+    /// Whether the file names Qwen3-VL's processors (`Qwen3VLVideoProcessor`, or the
+    /// `Qwen3VLProcessor` that Qwen3-VL's and Qwen3.5's files name).
+    fn names_qwen3(&self) -> bool {
+        self.video_processor_type.as_deref() == Some("Qwen3VLVideoProcessor")
+            || self.processor_class.as_deref() == Some("Qwen3VLProcessor")
+    }
+
     /// The video-only settings over `c`.
     fn apply_video(&self, c: &mut ProcessorConfig) {
+        if self.names_qwen3() {
+            c.video_processor = VideoProcessor::Qwen3Vl;
+        }
         let (min, max) = self.pixels();
-        c.video_min_pixels = min.unwrap_or(VIDEO_MIN_PIXELS);
-        c.video_max_pixels = max.unwrap_or(VIDEO_MAX_PIXELS);
+        let (dmin, dmax) = match c.video_processor {
+            VideoProcessor::Qwen2Vl => (VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS),
+            VideoProcessor::Qwen3Vl => QWEN3_VIDEO_PIXELS,
+        };
+        c.video_min_pixels = min.unwrap_or(dmin);
+        c.video_max_pixels = max.unwrap_or(dmax);
         c.fps = self.fps.unwrap_or(c.fps);
         c.num_frames = self.num_frames.or(c.num_frames);
         c.min_frames = self.min_frames.unwrap_or(c.min_frames);
@@ -214,27 +248,39 @@ impl ProcessorConfig {
 
     /// From a model directory: `preprocessor_config.json`, and `video_preprocessor_config.json`
     /// for the video settings when present (which must then agree on the shared settings: patch
-    /// sizes, mean, std, rescaling).
+    /// sizes, mean, std, rescaling). Without them, transformers 5's `processor_config.json`,
+    /// which holds both (`image_processor`, `video_processor`).
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let image_path = dir.join("preprocessor_config.json");
-        let mut c = Self::from_json_at(&read(&image_path)?, Some(&image_path))?;
         let video_path = dir.join("video_preprocessor_config.json");
-        if !video_path.exists() {
+        let combined = dir.join("processor_config.json");
+        let (image, video, image_at, video_at) = if image_path.exists() || !combined.exists() {
+            let video = match video_path.exists() {
+                true => Some(read(&video_path)?),
+                false => None,
+            };
+            (read(&image_path)?, video, image_path, video_path)
+        } else {
+            let (image, video) = split_processor_config(&read(&combined)?, &combined)?;
+            (image, video, combined.clone(), combined)
+        };
+        let mut c = Self::from_json_at(&image, Some(&image_at))?;
+        let Some(video) = video else {
             return Ok(c);
-        }
-        let raw = RawConfig::parse(&read(&video_path)?, Some(&video_path))?;
+        };
+        let raw = RawConfig::parse(&video, Some(&video_at))?;
         let mut shared = c.clone();
         raw.apply_shared(&mut shared);
         if shared != c {
             return Err(MediaError::Config {
-                path: Some(video_path),
+                path: Some(video_at),
                 reason: "its patch sizes, mean, std or rescaling differ from \
                          preprocessor_config.json's; one set of these is supported"
                     .to_string(),
             });
         }
         raw.apply_video(&mut c);
-        c.validate(Some(&video_path))?;
+        c.validate(Some(&video_at))?;
         Ok(c)
     }
 
@@ -291,6 +337,27 @@ impl ProcessorConfig {
     }
 }
 
+/// transformers 5's `processor_config.json`: its image and video processors' settings as
+/// the JSON of the two older files (each given the file's `processor_class`).
+fn split_processor_config(json: &str, path: &Path) -> Result<(String, Option<String>)> {
+    let bad = |reason: String| MediaError::Config {
+        path: Some(path.to_path_buf()),
+        reason,
+    };
+    let top: serde_json::Map<String, serde_json::Value> = serde_json::from_str(json)
+        .map_err(|e| bad(format!("not a valid processor config: {e}")))?;
+    let part = |key: &str| -> Option<String> {
+        let mut p = top.get(key)?.as_object()?.clone();
+        if let Some(class) = top.get("processor_class") {
+            p.entry("processor_class").or_insert_with(|| class.clone());
+        }
+        Some(serde_json::Value::Object(p).to_string())
+    };
+    let image = part("image_processor")
+        .ok_or_else(|| bad("it has no \"image_processor\" settings".to_string()))?;
+    Ok((image, part("video_processor")))
+}
+
 fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|source| MediaError::Io {
         path: path.to_path_buf(),
@@ -335,6 +402,48 @@ mod tests {
             ProcessorConfig::from_json(r#"{"image_mean": 0.5, "image_std": [1, 2, 3]}"#).unwrap();
         assert_eq!(c.image_mean, [0.5; 3]);
         assert_eq!(c.image_std, [1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn qwen3_vl_files_name_their_video_processor() {
+        // Qwen3-VL's video_preprocessor_config.json; without sizes, the class defaults (a
+        // budget over all frames).
+        let c = ProcessorConfig::from_json(
+            r#"{"video_processor_type": "Qwen3VLVideoProcessor", "patch_size": 16}"#,
+        )
+        .unwrap();
+        assert_eq!(c.video_processor, VideoProcessor::Qwen3Vl);
+        assert_eq!((c.video_min_pixels, c.video_max_pixels), QWEN3_VIDEO_PIXELS);
+        // Qwen3.5's preprocessor_config.json names the processor class only.
+        let c = ProcessorConfig::from_json(r#"{"processor_class": "Qwen3VLProcessor"}"#).unwrap();
+        assert_eq!(c.video_processor, VideoProcessor::Qwen3Vl);
+        let c =
+            ProcessorConfig::from_json(r#"{"processor_class": "Qwen2_5_VLProcessor"}"#).unwrap();
+        assert_eq!(c.video_processor, VideoProcessor::Qwen2Vl);
+    }
+
+    #[test]
+    fn transformers_5s_combined_processor_config_is_read() {
+        let dir = std::env::temp_dir().join(format!("lmi-media-pc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("processor_config.json"),
+            r#"{"processor_class": "Qwen3VLProcessor",
+                "image_processor": {"patch_size": 16, "image_mean": [0.5, 0.5, 0.5],
+                    "image_std": [0.5, 0.5, 0.5], "size": {"shortest_edge": 65536, "longest_edge": 16777216}},
+                "video_processor": {"patch_size": 16, "image_mean": [0.5, 0.5, 0.5],
+                    "image_std": [0.5, 0.5, 0.5], "size": {"shortest_edge": 4096, "longest_edge": 25165824}}}"#,
+        )
+        .unwrap();
+        let c = ProcessorConfig::from_dir(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let c = c.unwrap();
+        assert_eq!(
+            (c.patch_size, c.min_pixels, c.max_pixels),
+            (16, 65536, 16_777_216)
+        );
+        assert_eq!((c.video_min_pixels, c.video_max_pixels), (4096, 25_165_824));
+        assert_eq!(c.video_processor, VideoProcessor::Qwen3Vl);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Image and video input for vision-language models (Qwen2-VL, Qwen2.5-VL), prepared exactly as
+//! Image and video input for vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL), prepared exactly as
 //! the HuggingFace processor prepares it, so that the model sees the numbers it was trained on.
 //!
 //! - [`decode_image`]: PNG, JPEG, WebP, GIF to RGB8, refusing oversize input from the header
@@ -23,6 +23,7 @@ mod hash;
 mod jpeg;
 mod patches;
 pub mod policy;
+pub mod qwen3_video;
 mod resize;
 mod sampling;
 mod smart_resize;
@@ -30,7 +31,7 @@ mod to_rgb;
 #[cfg(feature = "video")]
 mod video;
 
-pub use config::{OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ProcessorConfig};
+pub use config::{OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ProcessorConfig, VideoProcessor};
 pub use data_url::parse_data_url;
 pub use decode::{ACCEPTED_IMAGE_FORMATS, ImageLimits, RgbImage, decode_image};
 pub use error::{MediaError, Result};

@@ -90,9 +90,22 @@ pub fn preprocess_video(frames: &[RgbImage], cfg: &ProcessorConfig) -> Result<Pa
     }
     let mut resized = Vec::with_capacity(frames.len());
     let mut size = (0, 0);
+    // Qwen3-VL's processor sizes the frames from a budget over all of them.
+    let qwen3 = (cfg.video_processor == crate::config::VideoProcessor::Qwen3Vl && cfg.do_resize)
+        .then(|| crate::qwen3_video::smart_resize(frames.len(), first.height, first.width, cfg))
+        .transpose()?;
     for f in frames {
-        let (frame, height, width) =
-            resize_frame(f, cfg, cfg.video_min_pixels, cfg.video_max_pixels)?;
+        let (frame, height, width) = match qwen3 {
+            Some((h, w)) if (h, w) == (f.height, f.width) => {
+                (std::borrow::Cow::Borrowed(f), h as usize, w as usize)
+            }
+            Some((h, w)) => (
+                std::borrow::Cow::Owned(resize_bicubic(f, w, h)),
+                h as usize,
+                w as usize,
+            ),
+            None => resize_frame(f, cfg, cfg.video_min_pixels, cfg.video_max_pixels)?,
+        };
         size = (height, width);
         resized.push(frame);
     }

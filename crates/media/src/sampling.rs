@@ -1,6 +1,7 @@
 //! Which frames of a video are kept: `Qwen2VLVideoProcessor.sample_frames` (transformers 4.57
 //! and 5.x alike) with the Qwen defaults (2 frames a second, 4 to 768 frames, a multiple of
-//! `temporal_patch_size`).
+//! `temporal_patch_size`), or Qwen3-VL's rule ([`crate::qwen3_video`]) where the config names
+//! its processor.
 
 use crate::config::ProcessorConfig;
 
@@ -21,6 +22,9 @@ pub fn sample_frame_indices(
     video_fps: f32,
     cfg: &ProcessorConfig,
 ) -> Vec<usize> {
+    if cfg.video_processor == crate::config::VideoProcessor::Qwen3Vl {
+        return crate::qwen3_video::sample_frame_indices(total_frames, video_fps, cfg);
+    }
     let t = cfg.temporal_patch_size.max(1);
     let all = || (0..total_frames).collect::<Vec<_>>();
     let num = match cfg.num_frames {

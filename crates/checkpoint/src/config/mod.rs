@@ -49,7 +49,8 @@ pub enum Architecture {
 
 /// Every `architectures` name a checkpoint may give, and what it loads as. The multimodal
 /// Gemma 3 checkpoints (gemma-3-4b-it and up) serve their text model (their SigLIP tower is not
-/// read); Qwen2-VL's and Qwen2.5-VL's language model is Qwen2's (with M-RoPE).
+/// read); Qwen2-VL's and Qwen2.5-VL's language model is Qwen2's (with M-RoPE), Qwen3-VL's is
+/// Qwen3's (with interleaved M-RoPE and DeepStack inputs).
 const HF_NAMES: &[(&str, Architecture)] = &[
     ("LlamaForCausalLM", Architecture::Llama),
     ("MistralForCausalLM", Architecture::Mistral),
@@ -63,6 +64,7 @@ const HF_NAMES: &[(&str, Architecture)] = &[
     ("GptOssForCausalLM", Architecture::GptOss),
     ("Qwen2VLForConditionalGeneration", Architecture::Qwen2),
     ("Qwen2_5_VLForConditionalGeneration", Architecture::Qwen2),
+    ("Qwen3VLForConditionalGeneration", Architecture::Qwen3),
     ("Qwen3_5ForConditionalGeneration", Architecture::Qwen35),
     ("Qwen3_5ForCausalLM", Architecture::Qwen35),
     ("Qwen3_5MoeForConditionalGeneration", Architecture::Qwen35),
@@ -109,6 +111,9 @@ impl Architecture {
         match name {
             "Qwen2VLForConditionalGeneration" => Some(VisionVariant::Qwen2Vl),
             "Qwen2_5_VLForConditionalGeneration" => Some(VisionVariant::Qwen25Vl),
+            "Qwen3VLForConditionalGeneration"
+            | "Qwen3_5ForConditionalGeneration"
+            | "Qwen3_5MoeForConditionalGeneration" => Some(VisionVariant::Qwen3Vl),
             _ => None,
         }
     }
@@ -233,6 +238,9 @@ pub struct ModelConfig {
     /// M-RoPE (Qwen-VL): how many of the head's rotary frequencies follow each token's
     /// temporal, height and width position, in that order.
     pub mrope_section: Option<[usize; 3]>,
+    /// M-RoPE's frequencies go to (time, row, column) in turn rather than in three contiguous
+    /// sections (Qwen3-VL, Qwen3.5: [`Self::mrope_components`]).
+    pub mrope_interleaved: bool,
     /// The vision tower of a vision-language model.
     pub vision: Option<VisionConfig>,
     /// Mixture-of-experts MLPs (Qwen3-MoE, Mixtral).
@@ -454,9 +462,10 @@ impl ModelConfig {
             }
             Some(f) => return Err(format!("partial_rotary_factor ({f}) must be in (0, 1]")),
         };
-        if architecture.is_hybrid() {
-            // Text positions turn every M-RoPE section alike: plain RoPE. (Their vision
-            // towers, which would need the sections, are not read yet.)
+        let vision_variant = Architecture::vision_variant(arch_name);
+        if architecture.is_hybrid() && vision_variant.is_none() {
+            // Without a vision tower (Qwen3_5ForCausalLM, Qwen3-Next) every position is a text
+            // position, which turns every M-RoPE section alike: plain RoPE.
             if let Some(rs) = raw.rope_scaling.as_mut() {
                 rs.mrope_section = None;
                 if matches!(rs.rope_type.as_deref(), Some("mrope")) {
@@ -464,19 +473,27 @@ impl ModelConfig {
                 }
             }
         }
-        let mrope_section = match raw
+        // Qwen3-VL's and Qwen3.5's rotary embeddings interleave their sections whatever
+        // `mrope_interleaved` says, and default them ([24, 20, 20]; Qwen3.5 [11, 11, 10]) when
+        // the config gives none (transformers).
+        let interleaved = vision_variant == Some(VisionVariant::Qwen3Vl);
+        let default_section = match architecture.is_hybrid() {
+            true => vec![11, 11, 10],
+            false => vec![24, 20, 20],
+        };
+        let given_section = raw
             .rope_scaling
             .as_ref()
-            .and_then(|r| r.mrope_section.clone())
-        {
+            .and_then(|r| r.mrope_section.clone());
+        let mrope_section = match given_section.or(interleaved.then_some(default_section)) {
             None => None,
-            Some(s) if s.len() == 3 && s.iter().sum::<usize>() == head_dim / 2 => {
+            Some(s) if s.len() == 3 && s.iter().sum::<usize>() == rotary_dim / 2 => {
                 Some([s[0], s[1], s[2]])
             }
             Some(s) => {
                 return Err(format!(
-                    "rope_scaling.mrope_section {s:?} must be three numbers summing to head_dim / 2 ({})",
-                    head_dim / 2
+                    "rope_scaling.mrope_section {s:?} must be three numbers summing to the rotary dimensions / 2 ({})",
+                    rotary_dim / 2
                 ));
             }
         };
@@ -546,8 +563,10 @@ impl ModelConfig {
                 }
             },
         };
-        let vision = match Architecture::vision_variant(arch_name) {
-            Some(v) => Some(vision::parse(v, &top, hidden_size)?),
+        // Qwen3.5's tower is Qwen3-VL's without DeepStack.
+        let deepstack = architecture.is_hybrid().then(Vec::new);
+        let vision = match vision_variant {
+            Some(v) => Some(vision::parse(v, &top, hidden_size, deepstack)?),
             None => None,
         };
         if vision.is_some() && mrope_section.is_none() {
@@ -760,6 +779,7 @@ impl ModelConfig {
                 .map(OneOrMany::into_vec)
                 .unwrap_or_default(),
             mrope_section,
+            mrope_interleaved: interleaved && mrope_section.is_some(),
             vision,
             moe,
             activation,
@@ -776,6 +796,28 @@ impl ModelConfig {
                 .linear_attn
                 .as_ref()
                 .map_or(0, LinearAttnConfig::num_linear_layers)
+    }
+
+    /// M-RoPE: which component of a token's (time, row, column) position each rotary
+    /// frequency turns with (0, 1, 2). Contiguous sections (Qwen2-VL), or transformers'
+    /// `apply_interleaved_mrope` (Qwen3-VL): frequency `i` follows the row when `i % 3 == 1`
+    /// and `i < 3 · section[1]`, the column when `i % 3 == 2` and `i < 3 · section[2]`, time
+    /// otherwise (so `section[0]` only counts what is left).
+    pub fn mrope_components(&self) -> Option<Vec<u8>> {
+        let s = self.mrope_section?;
+        let n = self.rotary_dim / 2;
+        Some(
+            (0..n)
+                .map(|i| match self.mrope_interleaved {
+                    true if i % 3 == 1 && i < 3 * s[1] => 1,
+                    true if i % 3 == 2 && i < 3 * s[2] => 2,
+                    true => 0,
+                    false if i < s[0] => 0,
+                    false if i < s[0] + s[1] => 1,
+                    false => 2,
+                })
+                .collect(),
+        )
     }
 
     pub fn q_size(&self) -> usize {
@@ -963,6 +1005,85 @@ mod tests {
         ))
         .unwrap_err();
         assert!(e.contains("qkv_bias"), "{e}");
+    }
+
+    /// Qwen3-VL-8B-Instruct's config (text fields nested, transformers 4.57's `rope_scaling`):
+    /// Qwen3's attention, interleaved M-RoPE, the tower with its DeepStack blocks.
+    #[test]
+    fn qwen3_vl_reads_its_tower_and_interleaves_mrope() {
+        let c = ModelConfig::from_json(
+            r#"{"architectures":["Qwen3VLForConditionalGeneration"],"image_token_id":151655,
+            "video_token_id":151656,"vision_start_token_id":151652,"vision_end_token_id":151653,
+            "text_config":{"head_dim":128,"hidden_size":4096,"intermediate_size":12288,
+            "num_attention_heads":32,"num_hidden_layers":36,"num_key_value_heads":8,
+            "rope_scaling":{"mrope_interleaved":true,"mrope_section":[24,20,20],"rope_type":"default"},
+            "rope_theta":5000000,"vocab_size":151936,"tie_word_embeddings":false},
+            "vision_config":{"deepstack_visual_indexes":[8,16,24],"depth":27,"hidden_act":"gelu_pytorch_tanh",
+            "hidden_size":1152,"in_channels":3,"intermediate_size":4304,"num_heads":16,
+            "num_position_embeddings":2304,"out_hidden_size":4096,"patch_size":16,
+            "spatial_merge_size":2,"temporal_patch_size":2}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.architecture, Architecture::Qwen3);
+        let v = c.vision.as_ref().unwrap();
+        assert_eq!(v.variant, VisionVariant::Qwen3Vl);
+        assert_eq!(v.deepstack_visual_indexes, [8, 16, 24]);
+        assert_eq!((v.position_grid_side(), v.output_width()), (48, 4 * 4096));
+        assert_eq!(v.patch_dim(), 3 * 2 * 16 * 16);
+        // transformers' apply_interleaved_mrope: rows at 1, 4, ..., 58, columns at 2, 5,
+        // ..., 59, time at the others (0, 3, ..., 57 and 60..63).
+        let comp = c.mrope_components().unwrap();
+        assert_eq!(comp.len(), 64);
+        assert_eq!(&comp[..7], &[0, 1, 2, 0, 1, 2, 0]);
+        assert_eq!(&comp[57..], &[0, 1, 2, 0, 0, 0, 0]);
+        assert_eq!(comp.iter().filter(|&&x| x == 0).count(), 24);
+        assert_eq!(comp.iter().filter(|&&x| x == 1).count(), 20);
+    }
+
+    /// Qwen3.5's configs: with its vision tower (no DeepStack) M-RoPE stays, interleaved over
+    /// the partial rotary pairs; the text-only class turns it into plain RoPE.
+    #[test]
+    fn qwen3_5_reads_its_tower_without_deepstack() {
+        let json = |arch: &str| {
+            format!(
+                r#"{{"architectures":["{arch}"],"image_token_id":248056,
+                "text_config":{{"hidden_size":64,"intermediate_size":96,"num_hidden_layers":4,
+                "num_attention_heads":4,"num_key_value_heads":2,"head_dim":256,"vocab_size":320,
+                "layer_types":["linear_attention","linear_attention","linear_attention","full_attention"],
+                "linear_num_key_heads":2,"linear_num_value_heads":4,"linear_key_head_dim":16,
+                "linear_value_head_dim":16,"linear_conv_kernel_dim":4,
+                "rope_parameters":{{"rope_type":"default","rope_theta":10000000,
+                "partial_rotary_factor":0.25,"mrope_interleaved":true}}}},
+                "vision_config":{{"depth":2,"hidden_size":32,"num_heads":2,"intermediate_size":64,
+                "out_hidden_size":64,"patch_size":16,"num_position_embeddings":64,
+                "deepstack_visual_indexes":[0]}}}}"#
+            )
+        };
+        let c = ModelConfig::from_json(&json("Qwen3_5ForConditionalGeneration")).unwrap();
+        assert_eq!(c.architecture, Architecture::Qwen35);
+        let v = c.vision.as_ref().unwrap();
+        assert_eq!(v.variant, VisionVariant::Qwen3Vl);
+        assert!(v.deepstack_visual_indexes.is_empty());
+        // transformers' default sections for Qwen3.5, over 256 * 0.25 / 2 = 32 pairs.
+        assert_eq!(c.mrope_section, Some([11, 11, 10]));
+        let comp = c.mrope_components().unwrap();
+        assert_eq!((comp.len(), &comp[..4]), (32, &[0, 1, 2, 0][..]));
+        let c = ModelConfig::from_json(&json("Qwen3_5ForCausalLM")).unwrap();
+        assert!(c.vision.is_none() && c.mrope_section.is_none());
+    }
+
+    #[test]
+    fn qwen2_vl_sections_stay_contiguous() {
+        let c = ModelConfig::from_json(
+            r#"{"architectures":["Qwen2VLForConditionalGeneration"],"image_token_id":5,
+            "vocab_size":10,"hidden_size":32,"intermediate_size":64,"num_hidden_layers":1,
+            "num_attention_heads":2,"rope_scaling":{"type":"mrope","mrope_section":[2,3,3]},
+            "vision_config":{"depth":1,"embed_dim":32,"num_heads":2,"hidden_size":32,"patch_size":14}}"#,
+        )
+        .unwrap();
+        assert!(!c.mrope_interleaved);
+        assert_eq!(c.mrope_components().unwrap(), [0, 0, 1, 1, 1, 2, 2, 2]);
+        assert!(c.vision.unwrap().deepstack_visual_indexes.is_empty());
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The vision tower's part of a Qwen-VL `config.json` (`vision_config` and the media token
-//! ids), for Qwen2-VL and Qwen2.5-VL.
+//! ids), for Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5.
 
 use serde::Deserialize;
 
@@ -11,6 +11,19 @@ pub enum VisionVariant {
     /// Qwen2.5-VL: RMSNorm, a SwiGLU MLP with biases, window attention except in the
     /// `fullatt_block_indexes` layers.
     Qwen25Vl,
+    /// Qwen3-VL (and Qwen3.5's tower, which has no DeepStack): patches of 16 with a biased
+    /// patch embedding, learned position embeddings interpolated to each grid, LayerNorm, a
+    /// GELU (tanh) MLP, full attention per frame, and DeepStack mergers on some blocks.
+    Qwen3Vl,
+}
+
+/// The activation of a Qwen3-VL tower's block MLP (`vision_config.hidden_act`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VisionAct {
+    /// `gelu_pytorch_tanh`: GELU with the tanh approximation (every published Qwen3-VL).
+    GeluTanh,
+    /// `gelu`: GELU with the exact erf.
+    Gelu,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +46,16 @@ pub struct VisionConfig {
     pub fullatt_block_indexes: Vec<usize>,
     /// Qwen2.5-VL: M-RoPE temporal positions per second of video.
     pub tokens_per_second: f32,
+    /// Qwen3-VL: rows of the learned position table (a square grid, interpolated to each
+    /// item's grid); 0 for the towers without one.
+    pub num_position_embeddings: usize,
+    /// Qwen3-VL: the blocks whose output also goes through a merger of its own, added to the
+    /// language model's hidden states after its first layers (DeepStack), in this order.
+    pub deepstack_visual_indexes: Vec<usize>,
+    /// Qwen3-VL: the block MLP's activation.
+    pub act: VisionAct,
+    /// Base of the 2D rotary embedding's frequencies.
+    pub rope_theta: f64,
     pub image_token_id: u32,
     pub video_token_id: u32,
     pub vision_start_token_id: Option<u32>,
@@ -52,6 +75,17 @@ impl VisionConfig {
     /// Patches merged into one language-model token.
     pub fn merge_unit(&self) -> usize {
         self.spatial_merge_size * self.spatial_merge_size
+    }
+
+    /// Side of the square learned position grid (Qwen3-VL's `num_grid_per_side`).
+    pub fn position_grid_side(&self) -> usize {
+        (self.num_position_embeddings as f64).sqrt() as usize
+    }
+
+    /// Values per token the tower gives: the merger's output, then one more `out_hidden_size`
+    /// of each DeepStack merger (Qwen3-VL), in layer order.
+    pub fn output_width(&self) -> usize {
+        self.out_hidden_size * (1 + self.deepstack_visual_indexes.len())
     }
 }
 
@@ -73,14 +107,26 @@ struct RawVision {
     window_size: Option<usize>,
     fullatt_block_indexes: Option<Vec<usize>>,
     tokens_per_second: Option<f32>,
+    num_position_embeddings: Option<usize>,
+    deepstack_visual_indexes: Option<Vec<usize>>,
+    hidden_act: Option<String>,
+    rope_parameters: Option<RawVisionRope>,
+    rope_theta: Option<f64>,
+}
+
+#[derive(Deserialize)]
+struct RawVisionRope {
+    rope_theta: Option<f64>,
 }
 
 /// Reads the vision tower of a Qwen-VL config; `top` is the whole config.json (text fields
-/// merged), `lm_hidden` the language model's hidden size.
+/// merged), `lm_hidden` the language model's hidden size. `deepstack`: the DeepStack blocks
+/// when the architecture fixes them (Qwen3.5's tower has none, whatever the config says).
 pub(crate) fn parse(
     variant: VisionVariant,
     top: &serde_json::Map<String, serde_json::Value>,
     lm_hidden: usize,
+    deepstack: Option<Vec<usize>>,
 ) -> Result<VisionConfig, String> {
     let raw = top
         .get("vision_config")
@@ -103,7 +149,7 @@ pub(crate) fn parse(
                 v.hidden_size.unwrap_or(lm_hidden),
             )
         }
-        VisionVariant::Qwen25Vl => (
+        VisionVariant::Qwen25Vl | VisionVariant::Qwen3Vl => (
             req(v.hidden_size, "hidden_size")?,
             req(v.intermediate_size, "intermediate_size")?,
             v.out_hidden_size.unwrap_or(lm_hidden),
@@ -121,9 +167,42 @@ pub(crate) fn parse(
         ));
     }
     let image_token_id = id("image_token_id").ok_or("field \"image_token_id\" is missing")?;
+    let depth = req(v.depth, "depth")?;
+    let qwen3 = variant == VisionVariant::Qwen3Vl;
+    // transformers' Qwen3VLVisionConfig defaults (Qwen3.5's config class has no DeepStack).
+    let num_position_embeddings = match qwen3 {
+        true => v.num_position_embeddings.unwrap_or(2304),
+        false => 0,
+    };
+    let side = (num_position_embeddings as f64).sqrt() as usize;
+    if qwen3 && (side < 2 || side * side != num_position_embeddings) {
+        return Err(format!(
+            "vision_config.num_position_embeddings ({num_position_embeddings}) must be a square of at least 4 (the learned position grid)"
+        ));
+    }
+    let deepstack_visual_indexes = match qwen3 {
+        true => deepstack.unwrap_or_else(|| v.deepstack_visual_indexes.clone().unwrap_or_default()),
+        false => Vec::new(),
+    };
+    if let Some(&bad) = deepstack_visual_indexes.iter().find(|&&i| i >= depth) {
+        return Err(format!(
+            "vision_config.deepstack_visual_indexes names block {bad} of a {depth}-block tower"
+        ));
+    }
+    let act = match v.hidden_act.as_deref() {
+        None | Some("gelu_pytorch_tanh" | "gelu_tanh") => VisionAct::GeluTanh,
+        Some("gelu") => VisionAct::Gelu,
+        Some(other) if qwen3 => {
+            return Err(format!(
+                "vision_config.hidden_act {other:?} is not supported (supported: gelu_pytorch_tanh, gelu)"
+            ));
+        }
+        // Qwen2-VL's and Qwen2.5-VL's MLPs are fixed by their variant.
+        Some(_) => VisionAct::GeluTanh,
+    };
     Ok(VisionConfig {
         variant,
-        depth: req(v.depth, "depth")?,
+        depth,
         hidden_size,
         num_heads,
         intermediate_size,
@@ -134,10 +213,19 @@ pub(crate) fn parse(
         spatial_merge_size: v.spatial_merge_size.unwrap_or(2),
         window_size: match variant {
             VisionVariant::Qwen25Vl => v.window_size.unwrap_or(112),
-            VisionVariant::Qwen2Vl => 0,
+            VisionVariant::Qwen2Vl | VisionVariant::Qwen3Vl => 0,
         },
         fullatt_block_indexes: v.fullatt_block_indexes.unwrap_or_default(),
         tokens_per_second: v.tokens_per_second.unwrap_or(2.0),
+        num_position_embeddings,
+        deepstack_visual_indexes,
+        act,
+        rope_theta: v
+            .rope_parameters
+            .as_ref()
+            .and_then(|r| r.rope_theta)
+            .or(v.rope_theta)
+            .unwrap_or(10_000.0),
         image_token_id,
         video_token_id: id("video_token_id").unwrap_or(image_token_id + 1),
         vision_start_token_id: id("vision_start_token_id"),

@@ -23,10 +23,13 @@ pub struct EncoderStats {
 pub type Encode<'a> = &'a dyn Fn(&VisionInput) -> Result<Vec<f32>>;
 
 /// Fills `layout.rope_positions` from the chunks, their media runs and their M-RoPE deltas.
+/// `frame_items`: the model takes a video one temporal patch per item, each with its
+/// timestamp text before it (Qwen3-VL, Qwen3.5), so an item of several is refused.
 pub fn rope_positions(
     chunks: &[SeqChunk],
     media: &[ChunkMedia],
     deltas: &[i64],
+    frame_items: bool,
     layout: &mut BatchLayout,
 ) -> Result<()> {
     let mut pos = Vec::with_capacity(3 * layout.num_tokens());
@@ -36,6 +39,13 @@ pub fn rope_positions(
             .filter(|m| m.chunk == k)
             .map(|m| {
                 let input = m.input.as_deref().ok_or_else(no_patches)?;
+                if frame_items && input.grid_thw[0] != 1 {
+                    return Err(EngineError::Batch(format!(
+                        "this model takes a video one temporal patch at a time (grid {:?} has {}): \
+                         each frame pair is an item of its own, after its timestamp text",
+                        input.grid_thw, input.grid_thw[0]
+                    )));
+                }
                 Ok(RunAt {
                     offset: m.offset,
                     len: m.len,
@@ -52,16 +62,21 @@ pub fn rope_positions(
 }
 
 /// The embeddings of the step's media runs, at their rows of the step; `encode` runs the
-/// vision tower (None: the model has none).
+/// vision tower (None: the model has none). The tower gives `width` values per token: its
+/// `hidden` embedding, then as many DeepStack features (Qwen3-VL) as `width` holds more.
 pub fn media_embeds(
     encode: Option<Encode<'_>>,
     cache: &mut EncoderCache,
     media: &[ChunkMedia],
     layout: &BatchLayout,
-    hidden: usize,
+    (hidden, width): (usize, usize),
     stats: &mut EncoderStats,
 ) -> Result<InputEmbeds> {
-    let mut e = InputEmbeds::default();
+    let extra = (width / hidden.max(1)).saturating_sub(1);
+    let mut e = InputEmbeds {
+        deepstack: vec![Vec::new(); extra],
+        ..Default::default()
+    };
     for m in media {
         let encode = encode.ok_or_else(|| {
             EngineError::Batch("this model has no vision tower: it takes no media items".into())
@@ -81,17 +96,22 @@ pub fn media_embeds(
                 x
             }
         };
-        let (from, to) = (m.item_offset * hidden, (m.item_offset + m.len) * hidden);
+        let (from, to) = (m.item_offset * width, (m.item_offset + m.len) * width);
         if emb.len() < to {
             return Err(EngineError::Batch(format!(
                 "a media item of {} tokens has placeholders up to {}",
-                emb.len() / hidden,
+                emb.len() / width.max(1),
                 m.item_offset + m.len
             )));
         }
         let first = layout.cu_tokens[m.chunk] as usize + m.offset;
         e.rows.extend((first..first + m.len).map(|r| r as u32));
-        e.data.extend_from_slice(&emb[from..to]);
+        for row in emb[from..to].chunks(width) {
+            e.data.extend_from_slice(&row[..hidden]);
+            for (d, f) in e.deepstack.iter_mut().enumerate() {
+                f.extend_from_slice(&row[(d + 1) * hidden..(d + 2) * hidden]);
+            }
+        }
     }
     Ok(e)
 }

@@ -329,7 +329,8 @@ impl<B: Backend> Engine<B> {
             layout.states = states.to_vec();
         }
         if self.model.config.mrope_section.is_some() {
-            media::rope_positions(chunks, media, rope_deltas, &mut layout)?;
+            let frame_items = self.model.config.mrope_interleaved;
+            media::rope_positions(chunks, media, rope_deltas, frame_items, &mut layout)?;
         }
         let embeds = if media.is_empty() {
             None
@@ -342,12 +343,19 @@ impl<B: Backend> Engine<B> {
                 backend.encode_vision(model.vision_device.as_ref(), tower, input)
             };
             let encode: Option<media::Encode<'_>> = model.vision.is_some().then_some(&encode);
+            let hidden = self.model.config.hidden_size;
+            let width = self
+                .model
+                .config
+                .vision
+                .as_ref()
+                .map_or(hidden, |v| v.output_width());
             Some(media::media_embeds(
                 encode,
                 &mut self.encoder_cache,
                 media,
                 &layout,
-                self.model.config.hidden_size,
+                (hidden, width),
                 &mut self.encoder_stats,
             )?)
         };
@@ -387,6 +395,18 @@ impl<B: Backend> Engine<B> {
         rope_deltas: &[i64],
     ) -> Result<Logits> {
         self.forward_logits_with(chunks, media, rope_deltas, &[])
+    }
+
+    /// [`Self::forward_logits_media`] for a model with recurrent layers: each chunk's state
+    /// slot too (Qwen3.5 with images).
+    pub fn forward_logits_media_states(
+        &mut self,
+        chunks: &[SeqChunk],
+        media: &[crate::batch::ChunkMedia],
+        rope_deltas: &[i64],
+        states: &[ChunkState],
+    ) -> Result<Logits> {
+        self.forward_logits_with(chunks, media, rope_deltas, states)
     }
 
     fn forward_logits_with(

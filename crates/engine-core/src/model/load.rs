@@ -26,7 +26,13 @@ pub struct LoadOptions {
 impl<B: Backend> Model<B> {
     /// Loads an HF model directory (config.json + safetensors).
     pub fn load(backend: &B, dir: &Path, opts: &LoadOptions) -> Result<Self> {
-        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let mut config = ModelConfig::from_file(&dir.join("config.json"))?;
+        if opts.gguf.is_some() && config.architecture.is_hybrid() && config.vision.is_some() {
+            // A Qwen3.5 GGUF holds the language model only (llama.cpp keeps the tower in an
+            // mmproj file): it is served as text, as it was before lmi read the tower.
+            tracing::warn!("the GGUF holds no vision tower: serving the language model only");
+            config.vision = None;
+        }
         if let Some(&f) = Feature::needed_by(&config)
             .iter()
             .find(|&&f| !backend.supports(f))
@@ -182,8 +188,8 @@ impl<B: Backend> Model<B> {
             });
         }
         let final_norm = norm(&format!("{lm}.norm.weight"), h)?;
-        let rope = match c.mrope_section {
-            Some(section) => backend.mrope_table(&c.rope_inv_freq(), section)?,
+        let rope = match c.mrope_components() {
+            Some(components) => backend.mrope_table(&c.rope_inv_freq(), &components)?,
             None => backend.rope_table(&c.rope_inv_freq())?,
         };
         let rope_local = match c.rope_inv_freq_local() {

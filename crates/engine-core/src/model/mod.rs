@@ -146,6 +146,9 @@ impl<W, X> Mlp<W, X> {
 pub struct InputEmbeds {
     pub rows: Vec<u32>,
     pub data: Vec<f32>,
+    /// Qwen3-VL's DeepStack: `deepstack[k]` (`[rows.len(), hidden]`) is added to the same
+    /// rows' hidden states after layer `k` (empty for other models).
+    pub deepstack: Vec<Vec<f32>>,
 }
 
 /// The paged K/V pools of every attention layer, and the linear-attention layers' state
@@ -449,11 +452,15 @@ impl<B: Backend> Model<B> {
             backend.scale(&mut residual, n * hidden, s)?;
         }
         // Media embeddings replace rows as the encoder made them (never scaled).
-        if let Some(e) = embeds.filter(|e| !e.rows.is_empty()) {
+        let embeds = embeds.filter(|e| !e.rows.is_empty());
+        if let Some(e) = embeds {
             backend.write_rows(&mut residual, hidden, &e.rows, &e.data)?;
         }
+        let deepstack = embeds.map_or(&[][..], |e| e.deepstack.as_slice());
+        // Whether `proj` holds the previous layer's MLP output, not yet added to `residual`.
+        let mut pending = false;
         for (i, layer) in self.layers.iter().enumerate() {
-            if i == 0 {
+            if !pending {
                 backend.rms_norm(&residual, n, &layer.input_norm, eps, &mut normed)?;
             } else {
                 // The previous layer's MLP output is still in `proj`.
@@ -552,8 +559,17 @@ impl<B: Backend> Model<B> {
                 backend.rms_norm(&proj, n, w, eps, &mut post)?;
                 std::mem::swap(&mut proj, &mut post);
             }
+            pending = true;
+            // DeepStack: the layer's output, then the media rows' visual features added.
+            if let (Some(e), Some(features)) = (embeds, deepstack.get(i)) {
+                backend.add(&mut residual, &proj, n * hidden)?;
+                backend.add_rows(&mut residual, hidden, &e.rows, features)?;
+                pending = false;
+            }
         }
-        backend.add(&mut residual, &proj, n * hidden)?;
+        if pending {
+            backend.add(&mut residual, &proj, n * hidden)?;
+        }
 
         let rows = layout.logits_rows.len();
         for b in [normed, qkv, attn, gate_up, act, post, attn_gate] {

@@ -1,4 +1,4 @@
-//! Vision-language models (Qwen2-VL, Qwen2.5-VL): the vision tower that turns an image's or a
+//! Vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): the vision tower that turns an image's or a
 //! video's patches into language-model embeddings, the encoder cache that keeps them, and
 //! M-RoPE, the three-component positions (time, height, width) the language model rotates by.
 //!
@@ -8,11 +8,12 @@
 
 pub mod cache;
 pub mod mrope;
+pub mod qwen3;
 pub mod tower;
 pub mod window;
 
 pub use cache::EncoderCache;
-pub use lmi_checkpoint::config::vision::{VisionConfig, VisionVariant};
+pub use lmi_checkpoint::config::vision::{VisionAct, VisionConfig, VisionVariant};
 pub use tower::VisionTower;
 
 /// What a media item is.

@@ -1,11 +1,12 @@
-//! A Qwen2-VL / Qwen2.5-VL vision transformer's weights on the host, in f32 (patch embedding,
-//! blocks, the 2x2 patch merger), and its geometry: which patches attend together (frames,
-//! Qwen2.5-VL's windows) and what an item costs. Backends run it
+//! A Qwen2-VL / Qwen2.5-VL / Qwen3-VL vision transformer's weights on the host, in f32 (patch
+//! embedding, Qwen3-VL's learned position table, blocks, the 2x2 patch merger and Qwen3-VL's
+//! DeepStack mergers), and its geometry: which patches attend together (frames, Qwen2.5-VL's
+//! windows) and what an item costs. Backends run it
 //! ([`Backend::encode_vision`](crate::backend::Backend::encode_vision)): the CPU on these
 //! host weights, the GPU on its upload of them.
 
 use lmi_checkpoint::DType;
-use lmi_checkpoint::config::vision::{VisionConfig, VisionVariant};
+use lmi_checkpoint::config::vision::{VisionAct, VisionConfig, VisionVariant};
 use lmi_checkpoint::weights::WeightSource;
 
 use super::VisionInput;
@@ -14,7 +15,7 @@ use crate::error::{EngineError, Result};
 
 pub const NORM_EPS: f32 = 1e-6;
 
-/// A norm: RMSNorm (Qwen2.5-VL) or LayerNorm with a bias (Qwen2-VL).
+/// A norm: RMSNorm (Qwen2.5-VL) or LayerNorm with a bias (Qwen2-VL, Qwen3-VL).
 pub struct Norm {
     pub weight: Vec<f32>,
     pub bias: Option<Vec<f32>>,
@@ -36,6 +37,21 @@ pub enum Mlp {
     },
     /// `fc2(quick_gelu(fc1(x)))`
     QuickGelu { fc1: Linear, fc2: Linear },
+    /// `fc2(gelu(fc1(x)))`, GELU as `act` says (Qwen3-VL: tanh).
+    Gelu {
+        fc1: Linear,
+        fc2: Linear,
+        act: VisionAct,
+    },
+}
+
+/// A patch merger: `fc2(gelu(fc1(x)))` over each token's `merge²` patches side by side, after
+/// `norm` — over each patch (the main merger: `norm` is `hidden` wide) or over the merged row
+/// (Qwen3-VL's DeepStack mergers: `merge² · hidden` wide).
+pub struct Merger {
+    pub norm: Norm,
+    pub fc1: Linear,
+    pub fc2: Linear,
 }
 
 pub struct Block {
@@ -49,13 +65,36 @@ pub struct Block {
 pub struct VisionTower {
     cfg: VisionConfig,
     pub patch_embed: Linear,
+    /// Qwen3-VL: the learned position table, `[num_position_embeddings, hidden]`, resampled
+    /// to each item's grid ([`super::qwen3::position_taps`]) and added after the patch
+    /// embedding.
+    pub pos_embed: Option<Vec<f32>>,
     pub blocks: Vec<Block>,
-    pub merger_norm: Norm,
-    pub merger_fc1: Linear,
-    pub merger_fc2: Linear,
+    pub merger: Merger,
+    /// Qwen3-VL: one merger per `deepstack_visual_indexes` entry, run on that block's output.
+    pub deepstack: Vec<Merger>,
 }
 
 impl VisionTower {
+    /// A tower from its parts.
+    pub(super) fn assemble(
+        cfg: &VisionConfig,
+        patch_embed: Linear,
+        blocks: Vec<Block>,
+        merger: Merger,
+        deepstack: Vec<Merger>,
+        pos_embed: Option<Vec<f32>>,
+    ) -> Self {
+        VisionTower {
+            cfg: cfg.clone(),
+            patch_embed,
+            pos_embed,
+            blocks,
+            merger,
+            deepstack,
+        }
+    }
+
     /// Loads the tower's weights (`visual.*`, or `model.visual.*` as newer transformers save).
     pub fn load(cfg: &VisionConfig, st: &WeightSource) -> Result<Self> {
         let prefix = if st.contains("visual.patch_embed.proj.weight") {
@@ -63,6 +102,9 @@ impl VisionTower {
         } else {
             "model.visual"
         };
+        if cfg.variant == VisionVariant::Qwen3Vl {
+            return super::qwen3::load(cfg, st, prefix);
+        }
         let t = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
             Ok(st
                 .load(&format!("{prefix}.{name}"), shape, DType::F32)?
@@ -109,7 +151,7 @@ impl VisionTower {
                     up: lin(&format!("{b}.mlp.up_proj"), inter, h, true)?,
                     down: lin(&format!("{b}.mlp.down_proj"), h, inter, true)?,
                 },
-                VisionVariant::Qwen2Vl => Mlp::QuickGelu {
+                VisionVariant::Qwen2Vl | VisionVariant::Qwen3Vl => Mlp::QuickGelu {
                     fc1: lin(&format!("{b}.mlp.fc1"), inter, h, true)?,
                     fc2: lin(&format!("{b}.mlp.fc2"), h, inter, true)?,
                 },
@@ -123,14 +165,19 @@ impl VisionTower {
             });
         }
         let wide = h * cfg.merge_unit();
-        Ok(VisionTower {
-            cfg: cfg.clone(),
+        let merger = Merger {
+            norm: norm("merger.ln_q", h)?,
+            fc1: lin("merger.mlp.0", wide, wide, true)?,
+            fc2: lin("merger.mlp.2", cfg.out_hidden_size, wide, true)?,
+        };
+        Ok(Self::assemble(
+            cfg,
             patch_embed,
             blocks,
-            merger_norm: norm("merger.ln_q", h)?,
-            merger_fc1: lin("merger.mlp.0", wide, wide, true)?,
-            merger_fc2: lin("merger.mlp.2", cfg.out_hidden_size, wide, true)?,
-        })
+            merger,
+            Vec::new(),
+            None,
+        ))
     }
 
     /// A tower of `cfg`'s shape with deterministic random weights (benchmarks of full-size
@@ -154,12 +201,13 @@ impl VisionTower {
             k,
         };
         let h = cfg.hidden_size;
-        let layer_norm = cfg.variant == VisionVariant::Qwen2Vl;
+        let layer_norm = cfg.variant != VisionVariant::Qwen25Vl;
         let norm = |len: usize| Norm {
             weight: vec![1.0; len],
             bias: layer_norm.then(|| vec![0.0; len]),
         };
-        let patch_embed = lin(h, cfg.patch_dim(), false);
+        let qwen3 = cfg.variant == VisionVariant::Qwen3Vl;
+        let patch_embed = lin(h, cfg.patch_dim(), qwen3);
         let inter = cfg.intermediate_size;
         let blocks = (0..cfg.depth)
             .map(|_| Block {
@@ -177,18 +225,28 @@ impl VisionTower {
                         fc1: lin(inter, h, true),
                         fc2: lin(h, inter, true),
                     },
+                    VisionVariant::Qwen3Vl => Mlp::Gelu {
+                        fc1: lin(inter, h, true),
+                        fc2: lin(h, inter, true),
+                        act: cfg.act,
+                    },
                 },
             })
             .collect();
         let wide = h * cfg.merge_unit();
-        VisionTower {
-            cfg: cfg.clone(),
-            patch_embed,
-            blocks,
-            merger_norm: norm(h),
-            merger_fc1: lin(wide, wide, true),
-            merger_fc2: lin(cfg.out_hidden_size, wide, true),
-        }
+        let mut merger = |norm_len: usize| Merger {
+            norm: norm(norm_len),
+            fc1: lin(wide, wide, true),
+            fc2: lin(cfg.out_hidden_size, wide, true),
+        };
+        let main = merger(h);
+        let deepstack = cfg
+            .deepstack_visual_indexes
+            .iter()
+            .map(|_| merger(wide))
+            .collect();
+        let pos_embed = qwen3.then(|| values(cfg.num_position_embeddings * h, 0.5));
+        Self::assemble(cfg, patch_embed, blocks, main, deepstack, pos_embed)
     }
 
     pub fn config(&self) -> &VisionConfig {
@@ -206,7 +264,7 @@ impl VisionTower {
         );
         let mlp = match self.cfg.variant {
             VisionVariant::Qwen25Vl => 3 * h * i,
-            VisionVariant::Qwen2Vl => 2 * h * i,
+            VisionVariant::Qwen2Vl | VisionVariant::Qwen3Vl => 2 * h * i,
         };
         let wide = h * self.cfg.merge_unit() as u64;
         // q·kᵀ and p·v: 2 · len² · h per segment of `len` patches.
@@ -227,7 +285,7 @@ impl VisionTower {
         n * self.cfg.patch_dim() as u64 * h
             + self.blocks.len() as u64 * n * (4 * h * h + mlp)
             + attention
-            + n / self.cfg.merge_unit() as u64
+            + (1 + self.deepstack.len() as u64) * n / self.cfg.merge_unit() as u64
                 * (wide * wide + wide * self.cfg.out_hidden_size as u64)
     }
 

@@ -5,6 +5,7 @@
 //! change, and nothing is decoded for a request that breaks a limit.
 
 pub mod fetch;
+mod frames;
 pub mod markdown;
 
 use std::path::{Path, PathBuf};
@@ -17,6 +18,8 @@ use lmi_media::{ImageLimits, ProcessorConfig};
 use lmi_scheduler::{MediaSpan, Prompt, Span};
 
 use crate::config::media::MediaOptions;
+use frames::frame_items;
+pub use frames::{FrameItem, FrameLayout};
 
 /// What a vision-language model needs to take media: its processor, its placeholder tokens,
 /// and the server's limits.
@@ -36,6 +39,9 @@ pub struct VisionSetup {
     pub files_from: Option<PathBuf>,
     /// What a markdown image in TGI `inputs` becomes: the chat template's image marker.
     pub image_marker: String,
+    /// Qwen3-VL, Qwen3.5: videos are laid out a temporal patch at a time, each after its
+    /// timestamp (None: a video is one run of placeholders).
+    pub frames: Option<FrameLayout>,
 }
 
 impl VisionSetup {
@@ -54,6 +60,7 @@ impl VisionSetup {
         if let Some(cap) = options.max_pixels {
             processor.max_pixels = processor.max_pixels.min(cap);
         }
+        let video_processor = processor.video_processor;
         Ok(Some(VisionSetup {
             processor,
             image_token: v.image_token_id,
@@ -70,6 +77,20 @@ impl VisionSetup {
             video_positions_per_second: (v.variant == lmi_engine::vision::VisionVariant::Qwen25Vl)
                 .then_some(v.tokens_per_second),
             files_from: None,
+            frames: match (
+                video_processor,
+                v.vision_start_token_id,
+                v.vision_end_token_id,
+            ) {
+                (lmi_media::VideoProcessor::Qwen3Vl, Some(vision_start), Some(vision_end)) => {
+                    Some(FrameLayout {
+                        tokenizer: tokenizer.clone(),
+                        vision_start,
+                        vision_end,
+                    })
+                }
+                _ => None,
+            },
             image_marker: [
                 v.vision_start_token_id,
                 Some(v.image_token_id),
@@ -118,6 +139,9 @@ pub fn refs_of_messages(messages: &[lmi_text::Message]) -> Vec<MediaRef> {
 pub struct LoadedItem {
     pub input: Arc<VisionInput>,
     pub hash: u128,
+    /// A video laid out a temporal patch at a time ([`FrameLayout`]): each patch's timestamp
+    /// tokens and its item (empty otherwise: the item is `input`, one run).
+    pub frames: Vec<FrameItem>,
 }
 
 /// Checks the items against the model and the limits (before reading any), then reads them.
@@ -131,7 +155,7 @@ pub fn load_all(
     let setup = setup.ok_or_else(|| {
         ApiError::validation(
             "this model takes no images or video: send text only, or serve a vision-language \
-             model (Qwen2-VL, Qwen2.5-VL)",
+             model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)",
         )
         .with_param("messages")
     })?;
@@ -258,36 +282,66 @@ fn load(setup: &VisionSetup, r: &MediaRef) -> Result<LoadedItem, ApiError> {
         ApiError::validation(format!("{}: {e}", describe(&r.url))).with_param("messages")
     };
     let hash = lmi_media::content_hash(&bytes);
-    let (patches, t_scale) = match r.kind {
+    match r.kind {
         MediaKind::Image => {
             let img = lmi_media::decode_image(&bytes, &setup.image_limits).map_err(bad)?;
-            (
-                lmi_media::preprocess_image(&img, &setup.processor).map_err(bad)?,
-                1.0,
-            )
+            let patches = lmi_media::preprocess_image(&img, &setup.processor).map_err(bad)?;
+            Ok(LoadedItem {
+                input: Arc::new(VisionInput {
+                    kind: MediaKind::Image,
+                    grid_thw: patches.grid_thw,
+                    pixels: patches.pixels,
+                    merge_size: setup.merge_size,
+                    t_scale: 1.0,
+                }),
+                hash,
+                frames: Vec::new(),
+            })
         }
         MediaKind::Video => {
             // Frames kept at the processor's rate (2 a second by default), as vLLM does.
             let cfg = &setup.processor;
             let v = lmi_media::decode_video_with(&bytes, &setup.video_limits, cfg).map_err(bad)?;
             let patches = lmi_media::preprocess_video(&v.frames, cfg).map_err(bad)?;
-            // Seconds per temporal patch, as the HF processor computes it from its fps.
-            let seconds = cfg.temporal_patch_size as f32 / cfg.fps.max(f32::MIN_POSITIVE);
-            let t_scale = setup
-                .video_positions_per_second
-                .map_or(1.0, |tps| seconds * tps);
-            (patches, t_scale)
+            video_item(setup, patches, &v.frame_indices, v.fps, hash)
         }
+    }
+}
+
+/// A video's item from its patches, the indices of its sampled frames and its frame rate:
+/// one run of placeholders, or (Qwen3-VL) one item per temporal patch after its timestamp.
+pub fn video_item(
+    setup: &VisionSetup,
+    patches: lmi_media::Patches,
+    frame_indices: &[usize],
+    fps: f32,
+    hash: u128,
+) -> Result<LoadedItem, ApiError> {
+    let cfg = &setup.processor;
+    // Qwen2.5-VL: seconds per temporal patch, as the HF processor computes it from its fps.
+    let seconds = cfg.temporal_patch_size as f32 / cfg.fps.max(f32::MIN_POSITIVE);
+    let t_scale = setup
+        .video_positions_per_second
+        .map_or(1.0, |tps| seconds * tps);
+    let input = VisionInput {
+        kind: MediaKind::Video,
+        grid_thw: patches.grid_thw,
+        pixels: patches.pixels,
+        merge_size: setup.merge_size,
+        t_scale,
+    };
+    let frames = match &setup.frames {
+        Some(layout) => {
+            let stamps =
+                lmi_media::qwen3_video::timestamps(frame_indices, fps, cfg.temporal_patch_size);
+            frame_items(layout, &input, &stamps, hash)?
+        }
+        None => Vec::new(),
     };
     Ok(LoadedItem {
-        input: Arc::new(VisionInput {
-            kind: r.kind,
-            grid_thw: patches.grid_thw,
-            pixels: patches.pixels,
-            merge_size: setup.merge_size,
-            t_scale,
-        }),
+        input: Arc::new(input),
         hash,
+        frames,
     })
 }
 
@@ -370,7 +424,8 @@ pub fn expand(
     let mut spans = Vec::new();
     let mut text = Vec::new();
     let mut items = items.into_iter();
-    for t in ids {
+    let mut ids = ids.into_iter().peekable();
+    while let Some(t) = ids.next() {
         if !is_pad(t) {
             text.push(t);
             continue;
@@ -385,6 +440,29 @@ pub fn expand(
                 "the prompt's image and video placeholders are not in the order of its media items",
             )
             .with_param("messages"));
+        }
+        if let (Some(layout), false) = (&setup.frames, item.frames.is_empty()) {
+            // The template's `<|vision_start|>` and `<|vision_end|>` around the placeholder
+            // give way to each temporal patch's own, as the Qwen3-VL processor writes them.
+            if text.last() == Some(&layout.vision_start) {
+                text.pop();
+            }
+            if ids.peek() == Some(&layout.vision_end) {
+                ids.next();
+            }
+            for f in item.frames {
+                text.extend_from_slice(&f.timestamp);
+                text.push(layout.vision_start);
+                spans.push(Span::Text(std::mem::take(&mut text)));
+                spans.push(Span::Media(MediaSpan {
+                    placeholder: t,
+                    len: f.input.tokens(),
+                    hash: f.hash,
+                    input: Some(f.input),
+                }));
+                text.push(layout.vision_end);
+            }
+            continue;
         }
         if !text.is_empty() {
             spans.push(Span::Text(std::mem::take(&mut text)));
