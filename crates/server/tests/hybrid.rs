@@ -23,6 +23,16 @@ fn model(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
         std::fs::copy(fixture(name).join(f), dir.join(f)).unwrap();
     }
     lmi_checkpoint::testing::write_tiny_tokenizer_for(&dir, 320).unwrap();
+    // Qwen3.5's checkpoints come with their tower's image processor (the server reads it at
+    // load); the fixture's tower has patches of 4.
+    let processor = json!({
+        "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen3VLProcessor",
+        "do_convert_rgb": true, "do_normalize": true, "do_rescale": true, "do_resize": true,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 3,
+        "rescale_factor": 1.0 / 255.0, "patch_size": 4, "merge_size": 2,
+        "temporal_patch_size": 2, "size": {"shortest_edge": 64, "longest_edge": 4096}
+    });
+    std::fs::write(dir.join("preprocessor_config.json"), processor.to_string()).unwrap();
     (tmp, dir)
 }
 
