@@ -80,24 +80,7 @@ fn run(s: &mut Scheduler, reqs: Vec<GenerateRequest>, first_id: u64) -> Run {
     }
     assert!(!s.has_work(), "requests did not finish");
     rxs.into_iter()
-        .map(|mut rx| {
-            let mut seqs: Vec<(Vec<u32>, Vec<f32>)> = Vec::new();
-            while let Ok(e) = rx.try_recv() {
-                match e {
-                    Event::Token(t) => {
-                        let i = t.index as usize;
-                        if seqs.len() <= i {
-                            seqs.resize(i + 1, Default::default());
-                        }
-                        seqs[i].0.push(t.id);
-                        seqs[i].1.push(t.logprob);
-                    }
-                    Event::Error(e) => panic!("{e}"),
-                    _ => {}
-                }
-            }
-            seqs
-        })
+        .map(|mut rx| common::drain_tokens(&mut rx))
         .collect()
 }
 

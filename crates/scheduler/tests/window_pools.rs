@@ -14,7 +14,7 @@ use lmi_engine::DType;
 use lmi_engine::engine::EngineOptions;
 use lmi_engine::engine::StepShape;
 use lmi_scheduler::{
-    BeamParams, EarlyStopping, Event, GenerateRequest, NgramLookup, Scheduler, SchedulerConfig,
+    BeamParams, EarlyStopping, GenerateRequest, NgramLookup, Scheduler, SchedulerConfig,
     SpeculativeConfig,
 };
 use lmi_text::Tokenizer;
@@ -108,24 +108,7 @@ fn run_requests(
     assert!(!s.has_work(), "requests did not finish");
     let out = rxs
         .into_iter()
-        .map(|mut rx| {
-            let mut seqs: Vec<(Vec<u32>, Vec<f32>)> = Vec::new();
-            while let Ok(e) = rx.try_recv() {
-                match e {
-                    Event::Token(t) => {
-                        let i = t.index as usize;
-                        if seqs.len() <= i {
-                            seqs.resize(i + 1, Default::default());
-                        }
-                        seqs[i].0.push(t.id);
-                        seqs[i].1.push(t.logprob);
-                    }
-                    Event::Error(e) => panic!("{e}"),
-                    _ => {}
-                }
-            }
-            seqs
-        })
+        .map(|mut rx| common::drain_tokens(&mut rx))
         .collect();
     (out, (most, most_global))
 }

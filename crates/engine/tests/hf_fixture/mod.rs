@@ -66,10 +66,25 @@ pub fn with_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> tem
     tmp
 }
 
+/// The fixture's `reference.json`.
+fn reference_json(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
+}
+
+/// Tensor `k` of a reference.safetensors (`[rows, vocab]` f32) as rows.
+fn logit_rows(st: &safetensors::SafeTensors<'_>, k: &str) -> Vec<Vec<f32>> {
+    let t = st.tensor(k).unwrap();
+    let vocab = t.shape()[1];
+    let v: Vec<f32> = t
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    v.chunks(vocab).map(<[f32]>::to_vec).collect()
+}
+
 pub fn reference(dir: &Path) -> Reference {
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-            .unwrap();
+    let json = reference_json(dir);
     let ids = |k: &str| -> Vec<u32> {
         json[k]
             .as_array()
@@ -80,16 +95,7 @@ pub fn reference(dir: &Path) -> Reference {
     };
     let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let rows = |k: &str| -> Vec<Vec<f32>> {
-        let t = st.tensor(k).unwrap();
-        let vocab = t.shape()[1];
-        let v: Vec<f32> = t
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        v.chunks(vocab).map(<[f32]>::to_vec).collect()
-    };
+    let rows = |k: &str| logit_rows(&st, k);
     Reference {
         prompt: ids("prompt"),
         greedy: ids("greedy"),
@@ -110,9 +116,7 @@ pub struct HybridRefs {
 }
 
 pub fn hybrid_refs(dir: &Path) -> HybridRefs {
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-            .unwrap();
+    let json = reference_json(dir);
     let lists = |k: &str| -> Vec<Vec<u32>> {
         json[k]
             .as_array()
@@ -129,16 +133,7 @@ pub fn hybrid_refs(dir: &Path) -> HybridRefs {
     };
     let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let rows = |k: &str| -> Vec<Vec<f32>> {
-        let t = st.tensor(k).unwrap();
-        let vocab = t.shape()[1];
-        let v: Vec<f32> = t
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        v.chunks(vocab).map(<[f32]>::to_vec).collect()
-    };
+    let rows = |k: &str| logit_rows(&st, k);
     let prompts = lists("prompts");
     let n = prompts.len();
     HybridRefs {

@@ -132,3 +132,24 @@ pub fn request(prompt: Vec<u32>, max_new: usize, seed: Option<u64>) -> GenerateR
     }
     r
 }
+
+/// A finished request's sequences (by index), from the events left on its channel: their
+/// tokens and logprobs. Panics on an error event.
+pub fn drain_tokens(rx: &mut tokio::sync::mpsc::Receiver<Event>) -> Vec<(Vec<u32>, Vec<f32>)> {
+    let mut seqs: Vec<(Vec<u32>, Vec<f32>)> = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        match e {
+            Event::Token(t) => {
+                let i = t.index as usize;
+                if seqs.len() <= i {
+                    seqs.resize(i + 1, Default::default());
+                }
+                seqs[i].0.push(t.id);
+                seqs[i].1.push(t.logprob);
+            }
+            Event::Error(e) => panic!("{e}"),
+            _ => {}
+        }
+    }
+    seqs
+}
