@@ -201,6 +201,7 @@ fn greedy_step(engine: &mut dyn StepEngine, chunks: &[SeqChunk]) -> anyhow::Resu
         media: &[],
         rope_deltas: &[],
         states: &states,
+        pools: &[],
     })?;
     Ok(())
 }

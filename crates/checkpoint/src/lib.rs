@@ -9,6 +9,7 @@ pub mod dtype;
 pub mod error;
 pub mod gguf;
 pub mod peft;
+pub mod pooling;
 pub mod quant;
 #[doc(hidden)]
 pub mod testing;

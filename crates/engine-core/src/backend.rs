@@ -421,6 +421,50 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (gate_up, rows, width, out);
         Err(refused(self.name(), Feature::Gemma))
     }
+    /// `out = (x − mean) / sqrt(var + eps) · w + b` per row of width `w.len()` (an encoder's
+    /// LayerNorm; `out` may be an [`Backend::alloc`] or a matmul-input buffer).
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        w: &Self::Weight,
+        b: &Self::Weight,
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (x, rows, w, b, eps, out);
+        Err(refused(self.name(), Feature::Encoder))
+    }
+    /// GELU in place over `x[..len]`: the erf form (BERT's `gelu`), or with `tanh` the tanh
+    /// approximation (`gelu_new`, `gelu_pytorch_tanh`).
+    fn gelu(&self, x: &mut Self::Buf, len: usize, tanh: bool) -> Result<()> {
+        let _ = (x, len, tanh);
+        Err(refused(self.name(), Feature::Encoder))
+    }
+    /// `out[t] += table[ids[t]]` (converted to f32) for each of `ids`, host ids: an encoder's
+    /// position and token-type embeddings.
+    fn gather_add(&self, table: &Self::Weight, ids: &[u32], out: &mut Self::Buf) -> Result<()> {
+        let _ = (table, ids, out);
+        Err(refused(self.name(), Feature::Encoder))
+    }
+    /// Bidirectional attention within each sequence of a step without a KV cache: sequence
+    /// `s` is rows `cu[s] .. cu[s + 1]` of `qkv`, each row `[q | k | v]` of `heads` heads of
+    /// `head_dim` (as many K/V heads as q heads); every token attends to every token of its
+    /// sequence, scores scaled by `scale`. `out` is `[rows, heads · head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn encoder_attention(
+        &self,
+        qkv: &Self::Buf,
+        cu: &[u32],
+        heads: usize,
+        head_dim: usize,
+        scale: f32,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (qkv, cu, heads, head_dim, scale, out);
+        Err(refused(self.name(), Feature::Encoder))
+    }
     /// Whether the operations a model needs beyond the Llama family's run here; a model
     /// that needs one this backend lacks is refused at load (before its weights are uploaded).
     fn supports(&self, feature: Feature) -> bool {
@@ -615,6 +659,9 @@ pub enum Feature {
     /// Qwen3-VL's DeepStack: visual features added to the hidden states of the first layers
     /// ([`Backend::add_rows`]).
     DeepStack,
+    /// Bidirectional encoders (BERT, XLM-RoBERTa): [`Backend::layer_norm`],
+    /// [`Backend::gelu`], [`Backend::gather_add`], [`Backend::encoder_attention`].
+    Encoder,
 }
 
 impl Feature {
@@ -654,6 +701,7 @@ impl Feature {
             Feature::Gemma => "Gemma models",
             Feature::LinearAttention => "Gated DeltaNet hybrids (Qwen3.5, Qwen3.6, Qwen3-Next)",
             Feature::DeepStack => "Qwen3-VL (its DeepStack visual features)",
+            Feature::Encoder => "encoder models (BERT, XLM-RoBERTa)",
         }
     }
 }

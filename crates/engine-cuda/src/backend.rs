@@ -866,6 +866,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             | Feature::AttentionSinks
             | Feature::DeepStack
             | Feature::LinearAttention => true,
+            Feature::Encoder => false,
         }
     }
 

@@ -82,6 +82,7 @@ fn greedy<E: StepEngine + ?Sized>(e: &mut E, chunks: &[SeqChunk]) -> Vec<u32> {
             media: &[],
             rope_deltas: &[],
             states: &[],
+            pools: &[],
         })
         .unwrap();
     out.samples.iter().map(|s| s.token).collect()
@@ -509,6 +510,7 @@ fn generate<E: StepEngine + ?Sized>(
                 media: &[],
                 rope_deltas: &[],
                 states: &[],
+                pools: &[],
             })
             .unwrap();
         let t = s.samples[0].token;

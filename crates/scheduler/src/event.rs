@@ -74,6 +74,16 @@ pub struct Finished {
     pub rejected_draft_tokens: usize,
 }
 
+/// The output of a pooling request ([`crate::PoolingRequest`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pooled {
+    /// The model's output vector (not normalized): an embedding, or a scoring head's raw
+    /// scores.
+    pub values: Vec<f32>,
+    pub prompt_tokens: usize,
+    pub timings: Timings,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// Prompt logprobs, sent once before the first token when asked for.
@@ -81,6 +91,8 @@ pub enum Event {
     Token(TokenEvent),
     /// One parallel sequence finished; the stream ends after every sequence has.
     Finished(Finished),
+    /// A pooling request's result; nothing follows.
+    Pooled(Pooled),
     /// The request failed; nothing follows.
     Error(String),
 }

@@ -14,7 +14,7 @@ use tokio::sync::mpsc as tmpsc;
 use crate::error::SubmitError;
 use crate::event::Event;
 use crate::metrics::SchedulerMetrics;
-use crate::request::{AdapterId, AdapterRef, GenerateRequest};
+use crate::request::{AdapterId, AdapterRef, GenerateRequest, PoolingRequest};
 use crate::scheduler::{Scheduler, SchedulerConfig, check_request};
 use crate::sequence::RequestId;
 
@@ -22,6 +22,11 @@ enum Command {
     Submit {
         id: RequestId,
         req: Box<GenerateRequest>,
+        tx: tmpsc::Sender<Event>,
+    },
+    SubmitPooling {
+        id: RequestId,
+        req: PoolingRequest,
         tx: tmpsc::Sender<Event>,
     },
     PinAdapter {
@@ -38,6 +43,8 @@ pub struct Limits {
     pub num_blocks: usize,
     pub eos_token_ids: Vec<u32>,
     pub vocab_size: usize,
+    /// An embedding or scoring model's pooling (None: a generative model).
+    pub pooler: Option<lmi_checkpoint::pooling::PoolerInfo>,
 }
 
 /// A cheap, cloneable way to submit requests to the scheduler thread.
@@ -95,6 +102,7 @@ impl Handle {
             num_blocks: scheduler.pool().num_blocks(),
             eos_token_ids: scheduler.eos_token_ids().to_vec(),
             vocab_size: scheduler.engine().model_config().vocab_size,
+            pooler: scheduler.engine().pooler().cloned(),
         });
         let metrics = scheduler.metrics();
         let (tx, rx) = mpsc::channel();
@@ -142,6 +150,21 @@ impl Handle {
                 req: Box::new(req),
                 tx,
             })
+            .map_err(|_| SubmitError::Stopped)?;
+        Ok(RequestStream { id, rx })
+    }
+
+    /// Queues an embedding or scoring request (a model with a pooler); its stream carries
+    /// one [`Event::Pooled`] or an [`Event::Error`].
+    pub fn submit_pooling(&self, req: PoolingRequest) -> Result<RequestStream, SubmitError> {
+        let max_waiting = self.limits.config.max_waiting;
+        if self.metrics.waiting.load(Relaxed) as usize >= max_waiting {
+            return Err(SubmitError::QueueFull(max_waiting));
+        }
+        let (tx, rx) = tmpsc::channel(2);
+        let id = self.next_id.fetch_add(1, Relaxed);
+        self.tx
+            .send(Command::SubmitPooling { id, req, tx })
             .map_err(|_| SubmitError::Stopped)?;
         Ok(RequestStream { id, rx })
     }
@@ -216,6 +239,11 @@ fn handle(s: &mut Scheduler, cmd: Command) {
     match cmd {
         Command::Submit { id, req, tx } => {
             if let Err(e) = s.add(id, *req, tx.clone()) {
+                let _ = tx.try_send(Event::Error(e.to_string()));
+            }
+        }
+        Command::SubmitPooling { id, req, tx } => {
+            if let Err(e) = s.add_pooling(id, req, tx.clone()) {
                 let _ = tx.try_send(Event::Error(e.to_string()));
             }
         }

@@ -26,13 +26,13 @@ mod stop;
 mod strategy;
 
 pub use error::SubmitError;
-pub use event::{Event, FinishReason, Finished, PromptToken, Timings, TokenEvent};
+pub use event::{Event, FinishReason, Finished, Pooled, PromptToken, Timings, TokenEvent};
 pub use handle::{Handle, Limits, RequestStream};
 pub use metrics::{MetricsSnapshot, SchedulerMetrics};
 pub use prompt::{MediaHash, MediaSpan, PlacedMedia, Prompt, Span};
 pub use request::{
     AdapterId, AdapterRef, AdapterWeights, BeamParams, EarlyStopping, GenerateRequest,
-    StoppingParams,
+    PoolingRequest, StoppingParams,
 };
 pub use scheduler::{Scheduler, SchedulerConfig};
 pub use sequence::RequestId;

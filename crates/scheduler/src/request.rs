@@ -169,3 +169,14 @@ impl GenerateRequest {
         self.adapter.as_ref().map(|a| a.id)
     }
 }
+
+/// An embedding or scoring request ([`lmi_checkpoint::pooling::PoolerInfo`]): one input, run
+/// whole in one step as prefill-only work (no chunking, no prefix cache; its blocks are freed
+/// when the step ends). Its stream carries one [`crate::Event::Pooled`] (or an error).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolingRequest {
+    /// The input's token ids, prompt and special tokens included, already truncated.
+    pub tokens: Vec<u32>,
+    /// A BERT pair input: the first token of the second segment (token type 1).
+    pub segment_b: Option<usize>,
+}

@@ -229,6 +229,19 @@ impl Scheduler {
     }
 
     /// Queues a request whose events go to `tx`.
+    /// Queues an embedding or scoring request (prefill only).
+    pub fn add_pooling(
+        &mut self,
+        id: RequestId,
+        req: crate::request::PoolingRequest,
+        tx: Sender<Event>,
+    ) -> Result<(), SubmitError> {
+        let _ = (id, req, tx);
+        Err(SubmitError::InvalidParams(
+            "pooling requests are not scheduled yet".into(),
+        ))
+    }
+
     pub fn add(
         &mut self,
         id: RequestId,
@@ -377,6 +390,7 @@ impl Scheduler {
             media: &media,
             rope_deltas: &rope_deltas,
             states: &states,
+            pools: &[],
         };
         let tf = Instant::now();
         let result = self

@@ -460,6 +460,9 @@ impl Accumulator {
                 None
             }
             Event::Error(m) => Some(StreamItem::Error(ApiError::generation(m))),
+            Event::Pooled(_) => Some(StreamItem::Error(ApiError::generation(
+                "a generation request got a pooled output",
+            ))),
         }
     }
 

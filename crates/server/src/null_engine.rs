@@ -117,6 +117,7 @@ impl StepEngine for NullEngine {
         Ok(StepOutput {
             samples,
             prompt_logprobs,
+            pooled: Vec::new(),
             sample_time: Default::default(),
         })
     }
@@ -170,7 +171,7 @@ mod tests {
                 Event::Token(t) => text.push_str(&t.text),
                 Event::Finished(f) => return (f.text, f.generated_tokens),
                 Event::Error(e) => panic!("{e}"),
-                Event::Prefill(_) => {}
+                Event::Prefill(_) | Event::Pooled(_) => {}
             }
         }
         panic!("stream ended without Finished ({text})")
@@ -235,6 +236,7 @@ mod tests {
                 media: &[],
                 rope_deltas: &[],
                 states: &[],
+                pools: &[],
             })
             .unwrap();
         let tokens: Vec<u32> = out.samples.iter().map(|s| s.token).collect();

@@ -141,6 +141,11 @@ pub trait StepEngine: Send {
             "this engine keeps no recurrent states".into(),
         ))
     }
+    /// An embedding or scoring model's pooling, dense modules and head (None for a
+    /// generative model): its steps then carry [`StepBatch::pools`].
+    fn pooler(&self) -> Option<&lmi_checkpoint::pooling::PoolerInfo> {
+        None
+    }
     /// Bytes of weights a decode step streams (the roofline's numerator).
     fn weight_bytes(&self) -> usize;
     /// Bytes of weights a decode step of `tokens` tokens streams: more than

@@ -119,6 +119,7 @@ impl<B: Backend> Engine<B> {
                 media: &[],
                 rope_deltas: &[],
                 states: &states,
+                pools: &[],
             })?;
         }
         self.backend().finish_warmup()?;

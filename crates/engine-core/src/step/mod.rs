@@ -84,6 +84,20 @@ pub struct StepBatch<'a> {
     /// Models with recurrent layers ([`crate::engine::StepEngine::state_config`]): one per
     /// chunk, its state slot and snapshots; empty for the others.
     pub states: &'a [crate::state::ChunkState],
+    /// Embedding and scoring models ([`crate::engine::StepEngine::pooler`]): the chunks whose
+    /// pooled output the step returns. Such a chunk holds its sequence's whole input (from
+    /// position 0; bidirectional encoders see all of it at once) and wants no logits.
+    pub pools: &'a [PoolRequest],
+}
+
+/// A chunk whose pooled output (an embedding, or a scoring model's scores) the step returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolRequest {
+    /// Index of the chunk in [`StepBatch::chunks`].
+    pub chunk: usize,
+    /// BERT pair inputs (a cross-encoder's query and document): the first token of the second
+    /// segment, whose tokens take token type 1 (None: every token is type 0).
+    pub segment_b: Option<usize>,
 }
 
 /// The log-probability of one token and the most likely alternatives at its position.
@@ -101,6 +115,9 @@ pub struct StepOutput {
     pub samples: Vec<Sampled>,
     /// One per [`StepBatch::prompt_logprobs`], in order, one entry per target.
     pub prompt_logprobs: Vec<Vec<TokenLogprob>>,
+    /// One per [`StepBatch::pools`], in order: the model's output vector (an embedding after
+    /// its pooling and dense modules, not normalized; or the scoring head's raw scores).
+    pub pooled: Vec<Vec<f32>>,
     /// Time spent turning logits into these results (metrics).
     pub sample_time: Duration,
 }
@@ -246,6 +263,7 @@ impl<'a> LogitsWork<'a> {
         StepOutput {
             samples: out.samples,
             prompt_logprobs,
+            pooled: Vec::new(),
             sample_time,
         }
     }

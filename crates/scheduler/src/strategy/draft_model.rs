@@ -125,6 +125,7 @@ impl DraftModel {
                 media: &[],
                 rope_deltas: &[],
                 states: &[],
+                pools: &[],
             };
             let out = match self.engine.step(&batch) {
                 Ok(o) => o,

@@ -93,6 +93,7 @@ pub fn collect(mut s: RequestStream) -> Output {
                 out.seqs[i].finished = Some(f);
             }
             Event::Error(e) => out.error = Some(e),
+            Event::Pooled(p) => out.error = Some(format!("a generation stream got {p:?}")),
         }
     }
     out

@@ -121,6 +121,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             media: &[],
             rope_deltas: &[],
             states: &states,
+            pools: &[],
         })?;
         let tok = out
             .samples

@@ -372,6 +372,7 @@ fn collect(
                 Event::Error(e) => bail!("request {i}: generation failed: {e}"),
                 Event::Token(t) => last = Some(t),
                 Event::Prefill(_) => {}
+                Event::Pooled(_) => bail!("request {i}: got a pooled output, not tokens"),
             }
         }
         let f = finished
