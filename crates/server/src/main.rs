@@ -12,6 +12,7 @@ mod infer;
 mod media;
 mod metrics;
 mod null_engine;
+mod pooling;
 mod reasoning;
 mod reply;
 mod responses_store;
