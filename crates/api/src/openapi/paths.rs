@@ -366,9 +366,12 @@ pub fn paths() -> Map<String, Value> {
             sse(&["StreamResponse", "ErrorResponse"]),
         )],
     );
-    // TEI answers POST / with the model's own route: embed, rerank or predict.
-    root["post"]["requestBody"]["content"][JSON]["schema"] = json!({"anyOf": [
-        r("GenerateRequest"), r("EmbedRequest"), r("TeiRerankRequest"), r("PredictRequest")]});
+    // On an embedding or scoring model TEI's POST / is the model's own route (/embed, /rerank
+    // or /predict, whose bodies are documented there).
+    root["post"]["description"] = json!(
+        "On an embedding model the body and answer are /embed's; on a reranker /rerank's (a \
+         `query`) or /predict's"
+    );
     root["post"]["responses"]["200"]["content"][JSON]["schema"] = json!({"anyOf": [
         r("GenerateResponses"), r("EmbedResponse"), r("TeiRerankResponse"), r("PredictResponse")]});
     root["post"]["responses"]["413"]["content"][JSON] = json!({"schema": r("ErrorResponse")});
