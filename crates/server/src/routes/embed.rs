@@ -13,7 +13,7 @@ use axum::response::Response;
 use axum::routing::post;
 use lmi_api::embed::{self, EmbedInput, Served, Truncate, format};
 use lmi_api::rerank;
-use lmi_api::{ApiError, Schema};
+use lmi_api::{ApiError, ErrorKind, Schema};
 use lmi_checkpoint::pooling::{PoolerInfo, Task};
 use serde_json::Value;
 
@@ -60,6 +60,18 @@ pub(super) fn pooler_for<'a>(
         return Err(embed::wrong_task(route, served(info.task)));
     }
     Ok(info)
+}
+
+/// A pooling service error as the routes answer it: more inputs than the limit is 413 on
+/// every embedding and scoring route (TEI's batch-size code), whatever kind the service gave.
+pub(super) fn service(e: ApiError) -> ApiError {
+    match e.kind {
+        ErrorKind::BatchSizeExceeded => ApiError {
+            kind: ErrorKind::TooManyInputs,
+            ..e
+        },
+        _ => e,
+    }
 }
 
 pub(super) fn truncation(t: Truncate) -> Truncation {
@@ -123,7 +135,11 @@ async fn openai_reply(state: &Arc<AppState>, body: &[u8]) -> Result<String, ApiE
         normalize: None,
         dimensions: req.dimensions,
     };
-    let (vectors, tokens) = split(pooling::embed(state, pool_inputs(req.inputs), &opts).await?);
+    let (vectors, tokens) = split(
+        pooling::embed(state, pool_inputs(req.inputs), &opts)
+            .await
+            .map_err(service)?,
+    );
     let model = req.model.as_deref().unwrap_or(&state.model_name);
     Ok(format::openai_embeddings(
         &vectors,
@@ -150,7 +166,11 @@ async fn tei_embed_reply(state: &Arc<AppState>, body: &Value) -> Result<String, 
         normalize: Some(req.normalize),
         dimensions: req.dimensions,
     };
-    let (vectors, _) = split(pooling::embed(state, pool_inputs(req.inputs), &opts).await?);
+    let (vectors, _) = split(
+        pooling::embed(state, pool_inputs(req.inputs), &opts)
+            .await
+            .map_err(service)?,
+    );
     Ok(format::vectors(&vectors))
 }
 
@@ -181,7 +201,11 @@ async fn similarity_reply(state: &Arc<AppState>, body: &[u8]) -> Result<String, 
         normalize: None,
         dimensions: None,
     };
-    let (vectors, _) = split(pooling::embed(state, inputs, &opts).await?);
+    let (vectors, _) = split(
+        pooling::embed(state, inputs, &opts)
+            .await
+            .map_err(service)?,
+    );
     let Some((source, others)) = vectors.split_first() else {
         return Err(ApiError::internal(
             "the pooling service returned no vectors",
@@ -249,7 +273,11 @@ async fn lmi_reply(
                 dimensions: None,
             };
             let inputs = texts.into_iter().map(PoolInput::Text).collect();
-            let (vectors, _) = split(pooling::embed(state, inputs, &opts).await?);
+            let (vectors, _) = split(
+                pooling::embed(state, inputs, &opts)
+                    .await
+                    .map_err(service)?,
+            );
             Ok(format::vectors(&vectors))
         }
         Task::Score => {

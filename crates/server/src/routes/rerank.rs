@@ -17,7 +17,7 @@ use lmi_checkpoint::pooling::{PoolerInfo, Task};
 use serde_json::Value;
 
 use super::chat_call::unix_time;
-use super::embed::{answer, pooler_for, truncation, vllm_truncation};
+use super::embed::{answer, pooler_for, service, truncation, vllm_truncation};
 use crate::app::{AppState, new_request_id};
 use crate::pooling::{self, EmbedOptions, PoolInput, ScoreOptions, Truncation};
 
@@ -57,7 +57,7 @@ pub(super) async fn score_pairs(
     let mut rows = Vec::with_capacity(pairs.len());
     let mut tokens = 0;
     for r in futures_util::future::join_all(calls).await {
-        for s in r? {
+        for s in r.map_err(service)? {
             tokens += s.prompt_tokens;
             rows.push(s.values);
         }
@@ -85,7 +85,9 @@ async fn pair_scores(
             normalize: None,
             dimensions: None,
         };
-        let out = pooling::embed(state, inputs, &opts).await?;
+        let out = pooling::embed(state, inputs, &opts)
+            .await
+            .map_err(service)?;
         let tokens = out.iter().map(|e| e.prompt_tokens).sum();
         let scores = out
             .chunks(2)
@@ -257,7 +259,9 @@ async fn predict_reply(state: &Arc<AppState>, body: &Value) -> Result<String, Ap
     let mut single_rows = if singles.is_empty() {
         Vec::new()
     } else {
-        pooling::classify(state, singles, &opts).await?
+        pooling::classify(state, singles, &opts)
+            .await
+            .map_err(service)?
     }
     .into_iter()
     .map(|s| s.values);
