@@ -56,6 +56,9 @@ pub struct EngineOptions {
     /// Models with linear-attention layers: recurrent-state slots, one per running sequence
     /// plus the prefix cache's snapshots. None: twice `max_step.seqs`, and at least 16.
     pub state_slots: Option<usize>,
+    /// What the model is served for (LMI's `option.task`), overriding what its files say
+    /// ([`lmi_checkpoint::pooling::PoolerInfo::read`]); None: as they say.
+    pub task: Option<lmi_checkpoint::pooling::Task>,
 }
 
 impl Default for EngineOptions {
@@ -70,6 +73,7 @@ impl Default for EngineOptions {
             vision_on_host: false,
             window_pools: true,
             state_slots: None,
+            task: None,
         }
     }
 }
