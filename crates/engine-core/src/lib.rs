@@ -9,6 +9,7 @@
 
 pub mod backend;
 pub mod batch;
+pub mod encoder;
 pub mod engine;
 pub mod error;
 pub mod kv;
