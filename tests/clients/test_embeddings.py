@@ -8,6 +8,7 @@ says what to fix. Vectors must match sentence-transformers' encode to cosine >= 
 import base64
 import json
 import math
+import os
 import struct
 
 import pytest
@@ -16,7 +17,7 @@ from conftest import extra_server
 from huggingface_hub import InferenceClient
 from openai import BadRequestError, OpenAI
 
-FIXTURES = "tests/fixtures/embed"
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "embed")
 MAX_INPUTS = 32  # option.max_client_batch_size given to the servers below
 
 

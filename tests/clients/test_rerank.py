@@ -5,13 +5,14 @@ transformers computed): the cohere SDK's Client.rerank (v1) and ClientV2.rerank 
 
 import json
 import math
+import os
 
 import cohere
 import pytest
 import requests
 from conftest import extra_server
 
-FIXTURES = "tests/fixtures/embed"
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "embed")
 TOL = 1e-4
 
 

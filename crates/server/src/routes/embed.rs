@@ -19,7 +19,6 @@ use serde_json::Value;
 
 use super::respond;
 use crate::app::AppState;
-use crate::generation;
 use crate::pooling::{self, EmbedOptions, Embedding, PoolInput, Truncation};
 
 pub fn routes() -> Router<Arc<AppState>> {
@@ -53,7 +52,7 @@ pub(super) fn pooler_for<'a>(
     route: &str,
     tasks: &[Task],
 ) -> Result<&'a PoolerInfo, ApiError> {
-    generation::loaded(state)?;
+    state.model().ok_or_else(ApiError::unhealthy)?;
     // Loaded, the pooler is refused only for a generative model.
     let info = pooling::pooler(state).map_err(|_| embed::wrong_task(route, Served::Generation))?;
     if !tasks.contains(&info.task) {

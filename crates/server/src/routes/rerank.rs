@@ -33,8 +33,8 @@ pub fn routes() -> Router<Arc<AppState>> {
 
 const RANKERS: &[Task] = &[Task::Score, Task::Embed];
 
-/// Raw values per pair (one per label), and the prompt tokens, from `score_pairs`; consecutive
-/// pairs with the same query go in one call.
+/// Raw values per pair (one per label), and the prompt tokens, in one call to the service
+/// (so the input limit counts every pair).
 pub(super) async fn score_pairs(
     state: &Arc<AppState>,
     pairs: &[(String, String)],
@@ -44,25 +44,11 @@ pub(super) async fn score_pairs(
         truncation,
         instruction: None,
     };
-    let mut runs: Vec<(&str, Vec<String>)> = Vec::new();
-    for (q, d) in pairs {
-        match runs.last_mut() {
-            Some((last, docs)) if *last == q.as_str() => docs.push(d.clone()),
-            _ => runs.push((q.as_str(), vec![d.clone()])),
-        }
-    }
-    let calls = runs
-        .iter()
-        .map(|(q, docs)| pooling::score_pairs(state, q, docs, &opts));
-    let mut rows = Vec::with_capacity(pairs.len());
-    let mut tokens = 0;
-    for r in futures_util::future::join_all(calls).await {
-        for s in r.map_err(service)? {
-            tokens += s.prompt_tokens;
-            rows.push(s.values);
-        }
-    }
-    Ok((rows, tokens))
+    let out = pooling::classify_pairs(state, pairs.to_vec(), &opts)
+        .await
+        .map_err(service)?;
+    let tokens = out.iter().map(|s| s.prompt_tokens).sum();
+    Ok((out.into_iter().map(|s| s.values).collect(), tokens))
 }
 
 /// One score per pair: a reranker's single value (after the sigmoid when `activate`), or on
@@ -75,9 +61,15 @@ async fn pair_scores(
     activate: bool,
 ) -> Result<(Vec<f32>, usize), ApiError> {
     if info.task == Task::Embed {
-        let inputs = pairs
+        // Each distinct text once (a query against N documents is N + 1 inputs).
+        let mut texts: Vec<&str> = Vec::new();
+        let index: Vec<(usize, usize)> = pairs
             .iter()
-            .flat_map(|(a, b)| [PoolInput::Text(a.clone()), PoolInput::Text(b.clone())])
+            .map(|(a, b)| (intern(&mut texts, a), intern(&mut texts, b)))
+            .collect();
+        let inputs = texts
+            .iter()
+            .map(|t| PoolInput::Text(t.to_string()))
             .collect();
         let opts = EmbedOptions {
             truncation,
@@ -89,12 +81,10 @@ async fn pair_scores(
             .await
             .map_err(service)?;
         let tokens = out.iter().map(|e| e.prompt_tokens).sum();
-        let scores = out
-            .chunks(2)
-            .map(|p| match p {
-                [a, b] => lmi_api::embed::format::cosine(&a.values, &b.values),
-                _ => 0.0,
-            })
+        let vector = |i: usize| out.get(i).map(|e| e.values.as_slice()).unwrap_or(&[]);
+        let scores = index
+            .iter()
+            .map(|&(a, b)| lmi_api::embed::format::cosine(vector(a), vector(b)))
             .collect();
         return Ok((scores, tokens));
     }
@@ -115,6 +105,17 @@ async fn pair_scores(
         return Err(ApiError::generation("the model's score is NaN"));
     }
     Ok((scores, tokens))
+}
+
+/// `t`'s index in `texts`, added if new.
+fn intern<'a>(texts: &mut Vec<&'a str>, t: &'a str) -> usize {
+    match texts.iter().position(|x| *x == t) {
+        Some(i) => i,
+        None => {
+            texts.push(t);
+            texts.len() - 1
+        }
+    }
 }
 
 fn with_query(query: &str, docs: impl Iterator<Item = String>) -> Vec<(String, String)> {
