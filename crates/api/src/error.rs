@@ -34,6 +34,13 @@ pub enum ErrorKind {
     Timeout,
     /// Unknown model, adapter or route.
     NotFound,
+    /// An empty input or list where the route needs text (TEI's `empty`, 400).
+    EmptyInput,
+    /// More inputs in one request than the server takes (413, naming the limit).
+    TooManyInputs,
+    /// A route this model does not serve: a generation route on an embedding or scoring
+    /// model, or the reverse (400, naming the routes it serves).
+    WrongTask,
     /// Anything else on the server side.
     Internal,
 }
@@ -49,8 +56,10 @@ pub enum Schema {
     Tgi,
     /// OpenAI routes (`/v1/chat/completions`, `/v1/completions`); TGI's body shape.
     OpenAi,
-    /// OpenAI's Responses API (`/v1/responses`): OpenAI's own `{"error": {message, type, param,
-    /// code}}`, 400 for a bad request, as the OpenAI SDK expects.
+    /// OpenAI's own `{"error": {message, type, param, code}}`, 400 for a bad request, as the
+    /// OpenAI SDK expects: the Responses API (`/v1/responses`), and the embedding and scoring
+    /// routes in OpenAI's, vLLM's and Cohere's shapes (`/v1/embeddings`, `/v1/rerank`,
+    /// `/v2/rerank`, `/score`).
     Responses,
     /// Anthropic's Messages API (`/v1/messages`): `{"type": "error", "error": {type, message}}`.
     Anthropic,
@@ -131,6 +140,22 @@ impl ApiError {
     pub fn internal(msg: impl Into<String>) -> Self {
         Self::new(ErrorKind::Internal, msg)
     }
+    pub fn empty_input(msg: impl Into<String>) -> Self {
+        Self::new(ErrorKind::EmptyInput, msg)
+    }
+    /// `n` inputs where the server takes at most `max` (`option`: the setting that raises it).
+    pub fn too_many_inputs(n: usize, max: usize, option: &str) -> Self {
+        Self::new(
+            ErrorKind::TooManyInputs,
+            format!(
+                "{n} inputs in one request, over the limit of {max} ({option}): \
+                 split them into several requests"
+            ),
+        )
+    }
+    pub fn wrong_task(msg: impl Into<String>) -> Self {
+        Self::new(ErrorKind::WrongTask, msg)
+    }
 
     fn is_request_error(&self) -> bool {
         matches!(
@@ -142,6 +167,9 @@ impl ApiError {
                 | ErrorKind::SuffixNotSupported
                 | ErrorKind::BatchSizeExceeded
                 | ErrorKind::Template
+                | ErrorKind::EmptyInput
+                | ErrorKind::TooManyInputs
+                | ErrorKind::WrongTask
         )
     }
 
@@ -152,6 +180,10 @@ impl ApiError {
         match schema {
             _ if self.kind == ErrorKind::Unauthorized => 401,
             _ if self.kind == ErrorKind::Timeout => 408,
+            // Only the embedding and scoring routes raise these, with the same codes in every
+            // schema (TEI's 400 `empty` and 413 batch size).
+            _ if self.kind == ErrorKind::TooManyInputs => 413,
+            _ if matches!(self.kind, ErrorKind::WrongTask | ErrorKind::EmptyInput) => 400,
             Schema::Lmi | Schema::LmiDynamicBatch => match self.kind {
                 ErrorKind::Overloaded | ErrorKind::Unhealthy => 503,
                 ErrorKind::NotFound => 404,
@@ -184,7 +216,10 @@ impl ApiError {
             ErrorKind::InvalidJson
             | ErrorKind::InvalidBody
             | ErrorKind::Validation
-            | ErrorKind::NotSupported => "validation",
+            | ErrorKind::NotSupported
+            | ErrorKind::TooManyInputs
+            | ErrorKind::WrongTask => "validation",
+            ErrorKind::EmptyInput => "empty",
             ErrorKind::SuffixNotSupported => "suffix not supported",
             ErrorKind::BatchSizeExceeded => "batch size exceeded",
             ErrorKind::Template => "template_error",
@@ -205,9 +240,12 @@ impl ApiError {
             ErrorKind::InvalidJson => {
                 format!("Failed to parse the request body as JSON: {}", self.message)
             }
-            ErrorKind::InvalidBody | ErrorKind::Validation | ErrorKind::NotSupported => {
-                format!("Input validation error: {}", self.message)
-            }
+            ErrorKind::InvalidBody
+            | ErrorKind::Validation
+            | ErrorKind::NotSupported
+            | ErrorKind::EmptyInput
+            | ErrorKind::TooManyInputs
+            | ErrorKind::WrongTask => format!("Input validation error: {}", self.message),
             ErrorKind::Generation => format!("Request failed during generation: {}", self.message),
             _ => self.message.clone(),
         }

@@ -11,12 +11,16 @@
 //!   [`lmi::parse_lmi_request`], [`tgi::parse_tgi_request`] (+ [`tgi::validate_input_length`]
 //!   after tokenizing), [`openai::parse_chat_request`], [`openai::parse_completion_request`].
 //! - responses: [`lmi::format`], [`tgi::format`], [`tgi::info`], [`openai::format`], [`sse`].
+//! - embeddings and scores: [`embed`] (OpenAI `/v1/embeddings`, TEI `/embed`, `/similarity`,
+//!   LMI's embedding answer) and [`rerank`] (TEI `/rerank`, `/predict`, Cohere / Jina / vLLM
+//!   rerank, vLLM `/score`, LMI's cross-encoder answer).
 //! - errors: [`ApiError`] with `status(Schema)` and `body(Schema)` / per-schema stream variants.
 //! - [`openapi::openapi`] for `/api-doc/openapi.json`.
 #![recursion_limit = "256"] // the OpenAPI document's json! literals
 
 pub mod anthropic;
 pub mod constraint;
+pub mod embed;
 pub mod error;
 mod fields;
 pub mod invocation;
@@ -26,6 +30,7 @@ pub mod openapi;
 pub mod output;
 mod pyjson;
 pub mod reply;
+pub mod rerank;
 pub mod responses;
 pub mod spec;
 pub mod sse;

@@ -20,6 +20,10 @@ pub enum SubmitError {
         tokens: usize,
         available: usize,
     },
+    /// A pooling input that can never run: it exceeds `limit` (which names the option or
+    /// model property that sets it).
+    #[error("the input has {tokens} tokens, more than {limit}: truncate it or send a shorter one")]
+    InputTooLong { tokens: usize, limit: String },
     #[error("invalid parameter: {0}")]
     InvalidParams(String),
     #[error("the queue is full ({0} requests waiting): retry later")]

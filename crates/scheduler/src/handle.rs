@@ -14,6 +14,7 @@ use tokio::sync::mpsc as tmpsc;
 use crate::error::SubmitError;
 use crate::event::Event;
 use crate::metrics::SchedulerMetrics;
+use crate::pooling::check_pooling;
 use crate::request::{AdapterId, AdapterRef, GenerateRequest, PoolingRequest};
 use crate::scheduler::{Scheduler, SchedulerConfig, check_request};
 use crate::sequence::RequestId;
@@ -156,7 +157,17 @@ impl Handle {
 
     /// Queues an embedding or scoring request (a model with a pooler); its stream carries
     /// one [`Event::Pooled`] or an [`Event::Error`].
+    /// Inputs that can never run one step (longer than the step's token budget, the
+    /// model's length or the KV pool) are refused here with the limit named.
     pub fn submit_pooling(&self, req: PoolingRequest) -> Result<RequestStream, SubmitError> {
+        let l = &self.limits;
+        check_pooling(
+            &req,
+            &l.config,
+            (l.num_blocks > 0).then_some(l.num_blocks),
+            l.vocab_size,
+            l.pooler.is_some(),
+        )?;
         let max_waiting = self.limits.config.max_waiting;
         if self.metrics.waiting.load(Relaxed) as usize >= max_waiting {
             return Err(SubmitError::QueueFull(max_waiting));

@@ -14,6 +14,7 @@ mod event;
 mod handle;
 mod kv_manager;
 mod metrics;
+mod pooling;
 mod prefix_hash;
 mod prompt;
 mod request;

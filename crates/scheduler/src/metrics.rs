@@ -58,6 +58,12 @@ pub struct SchedulerMetrics {
     pub encoder_items: AtomicU64,
     pub encoder_cache_hits: AtomicU64,
     pub encoder_nanos: AtomicU64,
+    /// Embedding and scoring requests admitted into a step, and their input tokens (apart
+    /// from `prompt_tokens`, which counts generation prompts); those waiting now (also in
+    /// `waiting`).
+    pub pooling_requests: AtomicU64,
+    pub pooling_prompt_tokens: AtomicU64,
+    pub pooling_waiting: AtomicU64,
     recent_masks: std::sync::Mutex<std::collections::VecDeque<u32>>,
 }
 
@@ -101,6 +107,9 @@ pub struct MetricsSnapshot {
     pub encoder_items: u64,
     pub encoder_cache_hits: u64,
     pub encoder_nanos: u64,
+    pub pooling_requests: u64,
+    pub pooling_prompt_tokens: u64,
+    pub pooling_waiting: u64,
 }
 
 impl MetricsSnapshot {
@@ -194,6 +203,9 @@ impl SchedulerMetrics {
             encoder_items: self.encoder_items.load(Relaxed),
             encoder_cache_hits: self.encoder_cache_hits.load(Relaxed),
             encoder_nanos: self.encoder_nanos.load(Relaxed),
+            pooling_requests: self.pooling_requests.load(Relaxed),
+            pooling_prompt_tokens: self.pooling_prompt_tokens.load(Relaxed),
+            pooling_waiting: self.pooling_waiting.load(Relaxed),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The rolling-batch loop: it plans each step and owns the objects that carry it out (the
 //! engine, the KV manager, the sequences with their strategies' state, the adapter slots).
 //! Admission, chunked prefill, preemption, one engine step, sampling, detokenization, stop
-//! rules and events. Owned by one thread (see `handle.rs`);
+//! rules and events; pooling requests (embeddings, scores) run whole in a step beside them. Owned by one thread (see `handle.rs`);
 //! everything here is synchronous and deterministic for a given order of submissions.
 
 use std::collections::{HashMap, VecDeque};
@@ -21,6 +21,7 @@ use crate::error::SubmitError;
 use crate::event::Event;
 use crate::kv_manager::{BlockCopies, KvManager, SeqBlocks, blocks_for};
 use crate::metrics::SchedulerMetrics;
+use crate::pooling::PoolEntry;
 use crate::request::GenerateRequest;
 use crate::request_state::RequestState;
 use crate::sequence::{RequestId, Sequence};
@@ -38,6 +39,7 @@ mod forks;
 mod lora;
 mod masks;
 mod output;
+mod pooling;
 mod speculation;
 
 #[derive(Debug, Clone)]
@@ -83,6 +85,10 @@ pub struct Scheduler {
     kv: KvManager,
     waiting: VecDeque<SeqEntry>,
     running: Vec<SeqEntry>,
+    /// Pooling requests waiting, and those admitted into the step being planned (empty
+    /// between steps: they finish in the step that runs them).
+    pool_waiting: VecDeque<PoolEntry>,
+    pool_running: Vec<PoolEntry>,
     requests: HashMap<RequestId, RequestState>,
     metrics: Arc<SchedulerMetrics>,
     next_arrival: u64,
@@ -153,6 +159,8 @@ impl Scheduler {
             kv,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            pool_waiting: VecDeque::new(),
+            pool_running: Vec::new(),
             requests: HashMap::new(),
             metrics,
             next_arrival: 0,
@@ -212,7 +220,7 @@ impl Scheduler {
     }
 
     pub fn has_work(&self) -> bool {
-        !self.running.is_empty() || !self.waiting.is_empty()
+        !self.running.is_empty() || !self.waiting.is_empty() || !self.pool_waiting.is_empty()
     }
 
     pub fn num_waiting_requests(&self) -> usize {
@@ -220,6 +228,7 @@ impl Scheduler {
             .iter()
             .filter(|e| e.seq.kv.num_computed == 0)
             .count()
+            + self.pool_waiting.len()
     }
 
     /// Checks that a request fits the pool as it is now (pinned prefixes take blocks for
@@ -229,19 +238,6 @@ impl Scheduler {
     }
 
     /// Queues a request whose events go to `tx`.
-    /// Queues an embedding or scoring request (prefill only).
-    pub fn add_pooling(
-        &mut self,
-        id: RequestId,
-        req: crate::request::PoolingRequest,
-        tx: Sender<Event>,
-    ) -> Result<(), SubmitError> {
-        let _ = (id, req, tx);
-        Err(SubmitError::InvalidParams(
-            "pooling requests are not scheduled yet".into(),
-        ))
-    }
-
     pub fn add(
         &mut self,
         id: RequestId,
@@ -323,6 +319,7 @@ impl Scheduler {
         for id in gone {
             self.drop_request(id);
         }
+        self.reap_cancelled_pooling();
     }
 
     fn drop_request(&mut self, id: RequestId) {
@@ -369,13 +366,21 @@ impl Scheduler {
         self.adapters.load_pinned(self.engine.as_mut(), &busy);
         let mut copies = BlockCopies::default();
         let scheduled = self.schedule(&mut copies);
-        if scheduled.is_empty() {
+        if scheduled.is_empty() && self.pool_running.is_empty() {
             self.update_gauges();
             return false;
         }
-        let (chunks, media, rope_deltas) =
+        let (mut chunks, media, mut rope_deltas) =
             step_plan::chunks(&self.running, &self.requests, &scheduled);
-        let states = step_plan::states(&self.kv, &self.running, &scheduled);
+        let mut states = step_plan::states(&self.kv, &self.running, &scheduled);
+        // Pooling inputs follow the generation chunks, whole.
+        let pools = step_plan::pools(
+            &self.kv,
+            &self.pool_running,
+            &mut chunks,
+            &mut rope_deltas,
+            &mut states,
+        );
         let state_copies = self.kv.take_state_copies();
         // Constrained draws: their masks are computed on the mask workers while the forward
         // pass runs; the engine waits for each right before its draw.
@@ -390,7 +395,7 @@ impl Scheduler {
             media: &media,
             rope_deltas: &rope_deltas,
             states: &states,
-            pools: &[],
+            pools: &pools,
         };
         let tf = Instant::now();
         let result = self
@@ -421,13 +426,15 @@ impl Scheduler {
             m.encoder_nanos.store(e.time.as_nanos() as u64, Relaxed);
         }
         match result {
-            Ok(out) => {
+            Ok(mut out) => {
                 // The engine's step includes sampling; the metric keeps it apart.
                 let sample_ns = out.sample_time.as_nanos() as u64;
                 m.sample_nanos.fetch_add(sample_ns, Relaxed);
                 m.forward_nanos
                     .fetch_sub(sample_ns.min(forward.as_nanos() as u64), Relaxed);
-                self.process(&planned, out)
+                let pooled = std::mem::take(&mut out.pooled);
+                self.process(&planned, out);
+                self.finish_pooling(pooled);
             }
             Err(e) => {
                 tracing::error!("engine step failed: {e}");
@@ -438,6 +445,7 @@ impl Scheduler {
                 for id in ids {
                     self.fail_request(id, format!("generation failed: {e}"));
                 }
+                self.fail_pooling(&format!("the model failed: {e}"));
             }
         }
         self.metrics
@@ -450,7 +458,12 @@ impl Scheduler {
     fn update_gauges(&self) {
         let m = &self.metrics;
         m.running.store(self.running.len() as u64, Relaxed);
-        m.waiting.store(self.waiting.len() as u64, Relaxed);
+        m.waiting.store(
+            (self.waiting.len() + self.pool_waiting.len()) as u64,
+            Relaxed,
+        );
+        m.pooling_waiting
+            .store(self.pool_waiting.len() as u64, Relaxed);
         m.kv_blocks_used
             .store(self.kv.pool().num_used() as u64, Relaxed);
         if let Some(p) = self.kv.window_pool() {

@@ -5,12 +5,14 @@
 use std::collections::HashMap;
 
 use lmi_engine_core::sampling::derive_seed;
+use lmi_engine_core::step::PoolRequest;
 use lmi_engine_core::{
     ChunkMedia, ChunkState, LogitsWanted, PromptLogprobRequest, SampleRequest, SeqChunk, TokenMask,
 };
 
 use crate::entry::SeqEntry;
 use crate::kv_manager::KvManager;
+use crate::pooling::PoolEntry;
 use crate::request_state::RequestState;
 use crate::sequence::{RequestId, Sequence};
 
@@ -116,6 +118,42 @@ pub(crate) fn states(
             let s = &running[i].seq.kv;
             let start = s.num_computed;
             kv.chunk_state(s, start, start + n).unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Appends the step's pooling inputs to `chunks`, each whole from position 0 on the blocks
+/// taken for it, wanting no logits (with a zero M-RoPE delta and its state slot where the
+/// other chunks have them), and returns the engine's [`PoolRequest`]s, in order.
+pub(crate) fn pools(
+    kv: &KvManager,
+    entries: &[PoolEntry],
+    chunks: &mut Vec<SeqChunk>,
+    rope_deltas: &mut Vec<i64>,
+    states: &mut Vec<ChunkState>,
+) -> Vec<PoolRequest> {
+    entries
+        .iter()
+        .map(|p| {
+            let n = p.req.tokens.len();
+            if !rope_deltas.is_empty() {
+                rope_deltas.push(0);
+            }
+            if kv.state_pool().is_some() {
+                states.push(kv.chunk_state(&p.kv, 0, n).unwrap_or_default());
+            }
+            chunks.push(SeqChunk {
+                tokens: p.req.tokens.clone(),
+                start_pos: 0,
+                block_table: p.kv.block_table.clone(),
+                window_table: p.kv.window_table.clone(),
+                logits: LogitsWanted::None,
+                adapter: None,
+            });
+            PoolRequest {
+                chunk: chunks.len() - 1,
+                segment_b: p.req.segment_b,
+            }
         })
         .collect()
 }

@@ -609,7 +609,10 @@ pub fn report(
     });
 }
 
-/// The loaded model, or 503 while loading.
+/// The loaded model, or 503 while loading; on an embedding or scoring model the 400 that
+/// names the routes it serves (every generation route starts here).
 pub fn loaded(state: &Arc<AppState>) -> Result<&LoadedModel, ApiError> {
-    state.model().ok_or_else(ApiError::unhealthy)
+    let model = state.model().ok_or_else(ApiError::unhealthy)?;
+    crate::pooling::require_generative(state).map_err(|e| ApiError::wrong_task(e.message))?;
+    Ok(model)
 }

@@ -80,6 +80,11 @@ pub struct ServerMetrics {
     encoder_items_total: IntCounter,
     encoder_cache_hits_total: IntCounter,
     encoder_seconds_total: Counter,
+    /// Embedding and scoring requests run, their input tokens (not in `lmi_prompt_tokens_total`)
+    /// and those waiting now (also in `tgi_queue_size`).
+    pooling_requests_total: IntCounter,
+    pooling_prompt_tokens_total: IntCounter,
+    pooling_waiting: IntGauge,
     /// Speculative decoding, by draft source: draft tokens proposed, kept, and the share kept.
     spec_draft_tokens: IntCounterVec,
     spec_accepted_tokens: IntCounterVec,
@@ -299,6 +304,18 @@ impl ServerMetrics {
                 "lmi_encoder_seconds_total",
                 "Wall time of the vision encoder (s)"
             )?),
+            pooling_requests_total: reg!(IntCounter::new(
+                "lmi_pooling_requests_total",
+                "Embedding and scoring inputs run (each input of a request counts)"
+            )?),
+            pooling_prompt_tokens_total: reg!(IntCounter::new(
+                "lmi_pooling_prompt_tokens_total",
+                "Tokens of the embedding and scoring inputs run"
+            )?),
+            pooling_waiting: reg!(IntGauge::new(
+                "lmi_pooling_queue_size",
+                "Embedding and scoring inputs waiting for a step"
+            )?),
             spec_draft_tokens: reg!(IntCounterVec::new(
                 Opts::new(
                     "lmi_spec_draft_tokens_total",
@@ -419,6 +436,7 @@ impl ServerMetrics {
         g(&self.state_slots_used, s.state_slots_used);
         g(&self.state_snapshots, s.state_snapshots);
         g(&self.state_slots_total, s.state_slots_total);
+        g(&self.pooling_waiting, s.pooling_waiting);
         self.prefix_hit_rate.set(s.prefix_hit_rate());
         // Monotonic totals: advance the counters to the scheduler's values.
         let c = advance;
@@ -428,6 +446,8 @@ impl ServerMetrics {
         c(&self.computed_tokens_total, s.computed_tokens);
         c(&self.preemptions_total, s.preemptions);
         c(&self.steps_total, s.steps);
+        c(&self.pooling_requests_total, s.pooling_requests);
+        c(&self.pooling_prompt_tokens_total, s.pooling_prompt_tokens);
         for src in lmi_scheduler::DraftSource::ALL {
             let (k, name) = (src as usize, [src.name()]);
             c(
@@ -655,6 +675,9 @@ mod tests {
             prefix_cached_tokens: 25,
             generated_tokens: 9,
             step_nanos: 2_000_000_000,
+            pooling_requests: 12,
+            pooling_prompt_tokens: 340,
+            pooling_waiting: 2,
             ..Default::default()
         });
         let text = m.render();
@@ -696,6 +719,12 @@ mod tests {
         assert_eq!(sample(&text, "lmi_kv_cache_blocks_used "), Some(10.0));
         assert_eq!(sample(&text, "lmi_kv_cache_blocks_total "), Some(64.0));
         assert_eq!(sample(&text, "lmi_prefix_cache_hit_rate "), Some(0.25));
+        assert_eq!(sample(&text, "lmi_pooling_requests_total "), Some(12.0));
+        assert_eq!(
+            sample(&text, "lmi_pooling_prompt_tokens_total "),
+            Some(340.0)
+        );
+        assert_eq!(sample(&text, "lmi_pooling_queue_size "), Some(2.0));
         assert_eq!(
             sample(&text, "lmi_scheduler_step_seconds_total "),
             Some(2.0)

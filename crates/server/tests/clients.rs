@@ -1,5 +1,5 @@
 //! The real Python clients (huggingface_hub InferenceClient, text-generation 0.7, the openai
-//! SDK) and raw HTTP checks (tests/clients/*.py, pytest) against `lmi serve` on the default
+//! SDK, the cohere SDK) and raw HTTP checks (tests/clients/*.py, pytest) against `lmi serve` on the default
 //! model. .ci/run installs tests/clients/requirements.txt.
 
 use std::net::TcpListener;
@@ -35,7 +35,7 @@ fn python_clients_against_the_default_model() {
     let deps = Command::new("python3")
         .args([
             "-c",
-            "import huggingface_hub, text_generation, openai, anthropic, pytest, requests, schemathesis, selenium, lm_eval, transformers",
+            "import huggingface_hub, text_generation, openai, anthropic, cohere, pytest, requests, schemathesis, selenium, lm_eval, transformers",
         ])
         .status()
         .expect("python3");

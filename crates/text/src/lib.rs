@@ -6,6 +6,7 @@ mod detokenizer;
 mod error;
 pub mod harmony;
 mod markers;
+pub mod qwen3_reranker;
 pub mod reasoning;
 mod tokenizer;
 pub mod tools;
@@ -17,7 +18,7 @@ pub use chat::{
 pub use detokenizer::IncrementalDetokenizer;
 pub use error::{Result, TextError};
 pub use reasoning::{ReasoningFormat, ReasoningPiece, ReasoningStream, split_reasoning};
-pub use tokenizer::Tokenizer;
+pub use tokenizer::{Tokenizer, Truncate, TruncationSide};
 pub use tools::{
     ParsedToolCall, ToolCallFormat, ToolStreamParser, ToolStreamPiece, parse_forced_calls,
     parse_tool_calls, prepare_messages, tools_system_prompt,

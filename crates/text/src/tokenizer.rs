@@ -9,6 +9,10 @@ use serde_json::Value;
 
 use crate::error::{Result, TextError};
 
+mod truncation;
+
+pub use truncation::{Truncate, TruncationSide};
+
 /// Cheap to clone and `Send + Sync`: HTTP handlers and the scheduler thread share one.
 #[derive(Clone)]
 pub struct Tokenizer {
@@ -48,7 +52,13 @@ impl Tokenizer {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "file not found"),
             });
         }
-        let hf = tokenizers::Tokenizer::from_file(&path)
+        let mut hf = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| TextError::Tokenizer(format!("{}: {e}", path.display())))?;
+        // sentence-transformers saves its padding and truncation into tokenizer.json
+        // (all-MiniLM-L6-v2's pads every input to 128 tokens): the server pads nothing and
+        // truncates only where a request asks ([`Tokenizer::encode_truncated`]).
+        hf.with_padding(None);
+        hf.with_truncation(None)
             .map_err(|e| TextError::Tokenizer(format!("{}: {e}", path.display())))?;
         let config = read_optional_json(&dir.join("tokenizer_config.json"))?;
         let generation = read_optional_json(&dir.join("generation_config.json"))?;
@@ -111,8 +121,13 @@ impl Tokenizer {
             .encode(text, add_special_tokens)
             .map_err(|e| TextError::Tokenizer(format!("encode: {e}")))?;
         let mut ids = enc.get_ids().to_vec();
-        // transformers honours add_bos_token even when tokenizer.json's post-processor
-        // does not add BOS; mirror it without doubling a BOS that is already there.
+        self.add_bos(&mut ids, add_special_tokens);
+        Ok(ids)
+    }
+
+    /// transformers honours add_bos_token even when tokenizer.json's post-processor does not
+    /// add BOS; mirror it without doubling a BOS that is already there.
+    fn add_bos(&self, ids: &mut Vec<u32>, add_special_tokens: bool) {
         if add_special_tokens
             && self.inner.add_bos_token == Some(true)
             && let Some(bos) = self.bos_token_id()
@@ -120,7 +135,6 @@ impl Tokenizer {
         {
             ids.insert(0, bos);
         }
-        Ok(ids)
     }
 
     /// Decodes ids to text; with `skip_special_tokens` the special added tokens are dropped.

@@ -12,6 +12,7 @@
 mod agents;
 pub mod check;
 mod paths;
+mod pooling;
 mod schemas;
 
 use serde_json::{Value, json};

@@ -208,7 +208,8 @@ fn lmi_route(summary: &str, path_param: bool) -> Value {
          streams are `jsonlines` or `sse` lines of LmiStreamLine (TGI's StreamResponse under \
          tgi_compat, ChatCompletionChunk for `messages`)",
         json!({"anyOf": [r("LmiResponse"), r("DynamicBatchResponse"), r("LmiCompatResponses"),
-                         r("ChatCompletion"), r("TextCompletion")]}),
+                         r("ChatCompletion"), r("TextCompletion"), r("EmbedResponse"),
+                         r("LmiScores")]}),
         &[
             ("application/jsonlines", jsonlines("LmiStreamLine")),
             (
@@ -242,7 +243,20 @@ fn lmi_route(summary: &str, path_param: bool) -> Value {
         );
     }
     guarded("LmiError", &mut responses);
+    // On an embedding model `{"inputs"}` answers vectors; on a reranker the pair forms answer
+    // scores; a body for another task is a 400 naming the routes; too many inputs a 413.
+    responses.insert(
+        "400".into(),
+        response(
+            "A body for a task this model does not serve, or an empty input",
+            JSON,
+            r("LmiError"),
+        ),
+    );
     let mut o = op("LMI", summary, Some("LmiRequest"), responses);
+    o["requestBody"]["content"][JSON]["schema"] =
+        json!({"anyOf": [r("LmiRequest"), r("LmiScoreRequest")]});
+    o["responses"]["413"]["content"][JSON] = json!({"schema": r("LmiError")});
     let mut params = vec![json!({"name": "adapter", "in": "query", "required": false,
         "schema": {"type": "string"}, "description": "LoRA adapter (overrides the body)"})];
     if path_param {
@@ -352,6 +366,15 @@ pub fn paths() -> Map<String, Value> {
             sse(&["StreamResponse", "ErrorResponse"]),
         )],
     );
+    // On an embedding or scoring model TEI's POST / is the model's own route (/embed, /rerank
+    // or /predict, whose bodies are documented there).
+    root["post"]["description"] = json!(
+        "On an embedding model the body and answer are /embed's; on a reranker /rerank's (a \
+         `query`) or /predict's"
+    );
+    root["post"]["responses"]["200"]["content"][JSON]["schema"] = json!({"anyOf": [
+        r("GenerateResponses"), r("EmbedResponse"), r("TeiRerankResponse"), r("PredictResponse")]});
+    root["post"]["responses"]["413"]["content"][JSON] = json!({"schema": r("ErrorResponse")});
     root["get"] = get(
         "TGI",
         "Health check (TGI)",
@@ -475,6 +498,7 @@ pub fn paths() -> Map<String, Value> {
         ),
     );
     agent_routes(&mut p);
+    super::pooling::paths(&mut p);
     for with_model in [true, false] {
         for (path, item) in adapter_ops(with_model) {
             p.insert(path, item);

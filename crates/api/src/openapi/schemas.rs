@@ -523,5 +523,6 @@ pub fn schemas() -> Map<String, Value> {
         "adapters": {"type": "array", "items": r("Adapter")}}}),
     );
     super::agents::schemas(&mut s);
+    super::pooling::schemas(&mut s);
     s
 }

@@ -379,3 +379,68 @@ fn responses_and_messages_conform() {
         }
     }
 }
+
+/// The embedding and scoring routes: every formatter's output and error body validates against
+/// the component the document names, and every request example parses.
+#[test]
+fn pooling_bodies_conform() {
+    use lmi_api::embed::{self, EncodingFormat, format as ef};
+    use lmi_api::rerank::{self, format as rf};
+    let v = vec![vec![0.5f32, -0.25], vec![1.0, 0.0]];
+    for enc in [EncodingFormat::Float, EncodingFormat::Base64] {
+        conforms("EmbeddingList", &ef::openai_embeddings(&v, enc, "m", 3));
+    }
+    conforms("EmbedResponse", &ef::vectors(&v));
+    conforms("SimilarityResponse", &ef::similarities(&[0.5, 0.1]));
+    let texts = vec!["a".to_string(), "b".to_string()];
+    conforms(
+        "TeiRerankResponse",
+        &rf::tei_rerank(&[0.1, 0.9], Some(&texts)),
+    );
+    let req = rerank::parse_rerank(&serde_json::json!({"query": "q",
+        "documents": ["a", {"text": "b", "x": "y"}]}))
+    .unwrap();
+    let meta = rf::RerankMeta {
+        id: "rerank-1",
+        model: "m",
+        prompt_tokens: 4,
+        api_version: "1",
+    };
+    conforms(
+        "RerankResponse",
+        &rf::rerank(&[0.1, 0.9], Some(&req.documents), Some(1), &meta),
+    );
+    conforms(
+        "RerankResponse",
+        &rf::rerank(&[0.1, 0.9], None, None, &meta),
+    );
+    conforms("ScoreResponse", &rf::score(&[0.5], "score-1", 1, "m", 2));
+    let labels = vec!["a".to_string(), "b".to_string()];
+    conforms(
+        "PredictResponse",
+        &rf::predict(&[vec![0.3, 0.7]], &labels, false),
+    );
+    conforms(
+        "PredictResponse",
+        &rf::predict(&[vec![0.3, 0.7], vec![0.6, 0.4]], &labels, true),
+    );
+    conforms("LmiScores", &rf::lmi_scores(&[vec![0.5]], false));
+    conforms("LmiScores", &rf::lmi_scores(&[vec![0.5], vec![0.2]], true));
+    let e = ApiError::too_many_inputs(9, 4, "option.max_client_batch_size");
+    conforms("ResponsesError", &e.body(Schema::Responses));
+    conforms("ErrorResponse", &e.body(Schema::Tgi));
+    conforms("LmiError", &e.body(Schema::Lmi));
+    let e = embed::wrong_task("/embed", embed::Served::Generation);
+    conforms("ErrorResponse", &e.body(Schema::Tgi));
+    conforms("ResponsesError", &e.body(Schema::Responses));
+
+    let d = doc();
+    let example = |name: &str| component(&d, name).unwrap()["example"].clone();
+    assert!(embed::parse_embeddings_request(&example("EmbeddingsRequest")).is_ok());
+    assert!(embed::parse_tei_embed(&example("EmbedRequest")).is_ok());
+    assert!(embed::parse_similarity_request(&example("SimilarityRequest")).is_ok());
+    assert!(rerank::parse_tei_rerank(&example("TeiRerankRequest")).is_ok());
+    assert!(rerank::parse_rerank(&example("RerankRequest")).is_ok());
+    assert!(rerank::parse_score(&example("ScoreRequest")).is_ok());
+    assert!(rerank::parse_predict(&example("PredictRequest")).is_ok());
+}

@@ -15,6 +15,8 @@ impl Scheduler {
     /// Picks this step's (running index, new tokens) pairs: running sequences first (oldest
     /// first), preempting the newest when blocks run out, then waiting ones while blocks, the
     /// token budget and the batch size allow. Records copy-on-write block copies in `copies`.
+    /// Waiting pooling requests are admitted among the waiting ones in arrival order, into
+    /// `pool_running` (they count against the budget and the batch size too).
     pub(super) fn schedule(&mut self, copies: &mut BlockCopies) -> Vec<(usize, usize)> {
         let mut budget = self.cfg.max_batch_tokens;
         let mut out = Vec::new();
@@ -74,7 +76,16 @@ impl Scheduler {
         }
         // Requests whose adapter is loading or finds no engine slot wait; others go ahead.
         let mut held: Vec<SeqEntry> = Vec::new();
-        while budget > 0 && self.running.len() < self.cfg.max_batch_size {
+        while budget > 0 && self.running.len() + self.pool_running.len() < self.cfg.max_batch_size {
+            if self.pooling_is_next() {
+                match self.admit_pooling(budget) {
+                    Some(n) => {
+                        budget -= n;
+                        continue;
+                    }
+                    None => break,
+                }
+            }
             let Some(mut e) = self.waiting.pop_front() else {
                 break;
             };

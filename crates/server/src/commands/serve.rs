@@ -236,6 +236,19 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
         .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
     let chat_template = ChatTemplate::from_model_dir(&dir)
         .with_context(|| format!("loading the chat template of {}", dir.display()))?;
+    // An embedding or scoring model runs each input whole in one step: the step budget must
+    // hold its longest input (sized before the engine, whose step buffers follow it).
+    let step_tokens = match pooler_hint(&dir, config) {
+        Some(max_input) => crate::config::pooling::step_tokens(config, max_input),
+        None => config.max_rolling_batch_prefill_tokens,
+    };
+    if step_tokens != config.max_rolling_batch_prefill_tokens {
+        tracing::info!(
+            "tokens per step raised from {} to {step_tokens}: an embedding or scoring input runs \
+             whole in one step (option.max_rolling_batch_prefill_tokens sets it)",
+            config.max_rolling_batch_prefill_tokens
+        );
+    }
     let (engine, dtype): (Box<dyn StepEngine>, String) = match config.engine_mode {
         EngineMode::Model => {
             let dtype = config.engine_dtype_for(&resolved);
@@ -248,10 +261,11 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
                 gguf: resolved.gguf.clone(),
                 max_step: StepShape {
                     seqs: config.max_rolling_batch_size,
-                    tokens: config.max_rolling_batch_prefill_tokens,
+                    tokens: step_tokens,
                     context: config.max_model_len,
                 },
                 window_pools: config.window_pools,
+                task: config.pooling.task,
                 ..Default::default()
             };
             let engine = lmi_engine::open(config.device, &dir, &opts)
@@ -371,7 +385,7 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
     };
     let scheduler_config = SchedulerConfig {
         max_batch_size: config.max_rolling_batch_size,
-        max_batch_tokens: config.max_rolling_batch_prefill_tokens,
+        max_batch_tokens: step_tokens,
         max_model_len,
         max_waiting: config.job_queue_size,
         max_loras: config.max_loras,
@@ -403,6 +417,16 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
     if let Some(f) = reasoning {
         tracing::info!("replies read for reasoning ({f:?}, `{}`)", f.close_tag());
     }
+    if let Some(p) = &handle.limits().pooler {
+        tracing::info!(
+            "serves {} ({:?} pooling, {} outputs, inputs up to {} tokens): {}",
+            p.task.as_str(),
+            p.pooling,
+            p.dimensions,
+            p.max_input_tokens,
+            crate::pooling::routes_for(p.task)
+        );
+    }
     let vision =
         crate::media::VisionSetup::for_model(&dir, &model_config, &tokenizer, &config.media)?;
     if let Some(v) = &vision {
@@ -429,6 +453,19 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
         max_sequences: config.access.max_sequences_per_request,
         vision,
     })
+}
+
+/// The longest input of the model in `dir` when it is an embedding or scoring model (as
+/// option.task and its files say); None for a generative one, or when its files cannot be
+/// read (loading the engine then says why).
+fn pooler_hint(dir: &Path, config: &ServingConfig) -> Option<usize> {
+    if config.engine_mode == EngineMode::Null {
+        return None;
+    }
+    let model = lmi_checkpoint::config::ModelConfig::from_file(&dir.join("config.json")).ok()?;
+    let pooler =
+        lmi_checkpoint::pooling::PoolerInfo::read(dir, &model, config.pooling.task).ok()??;
+    (pooler.task != lmi_checkpoint::pooling::Task::Generate).then_some(pooler.max_input_tokens)
 }
 
 /// `<model dir>/adapters/<name>/` (directories or .safetensors files), then option.adapters

@@ -32,6 +32,8 @@ const ALIASES: &[(&str, &str)] = &[
     ("HF_MODEL_QUANTIZE", "OPTION_QUANTIZE"),
     ("CUDA_MEMORY_FRACTION", "OPTION_GPU_MEMORY_UTILIZATION"),
     ("ENABLE_CUDA_GRAPHS", "OPTION_ENFORCE_EAGER"),
+    // TGI's and TEI's name.
+    ("MAX_CLIENT_BATCH_SIZE", "OPTION_MAX_CLIENT_BATCH_SIZE"),
 ];
 
 /// One key set from the environment, with the variable it came from.

@@ -10,6 +10,7 @@
 pub mod access;
 pub mod env;
 pub mod media;
+pub mod pooling;
 pub mod properties;
 
 use std::collections::BTreeMap;
@@ -98,6 +99,14 @@ pub struct ServeArgs {
     /// comma-separated (option.api_key; also LMI_API_KEYS, option.api_key_file, LMI_API_KEYS_FILE).
     #[arg(long)]
     pub api_key: Option<String>,
+    /// What the model is served for (option.task): text-generation, text-embedding or rerank;
+    /// default: as its files say.
+    #[arg(long)]
+    pub task: Option<String>,
+    /// Most inputs in one embedding or rerank request (option.max_client_batch_size, default
+    /// 1024; list prompts of the generation routes: 4).
+    #[arg(long)]
+    pub max_client_batch_size: Option<usize>,
     /// Any other key: `-o option.max_loras=8`, `-o max_loras=8`, `-o batch_size=4`.
     #[arg(short = 'o', long = "option", value_name = "KEY=VALUE")]
     pub options: Vec<String>,
@@ -159,6 +168,11 @@ impl ServeArgs {
         set("option.adapters", self.adapters.clone());
         set("option.served_model_name", self.served_model_name.clone());
         set("option.api_key", self.api_key.clone());
+        set("option.task", self.task.clone());
+        set(
+            "option.max_client_batch_size",
+            self.max_client_batch_size.map(|v| v.to_string()),
+        );
         Ok(out)
     }
 }
@@ -302,6 +316,8 @@ pub struct ServingConfig {
     pub responses_store: usize,
     /// API keys, CORS, time and shape limits.
     pub access: AccessConfig,
+    /// Embedding and scoring models: option.task and the inputs one request may carry.
+    pub pooling: pooling::PoolingOptions,
     /// Every key, `option.*` and global, with its winning value and source.
     pub raw: BTreeMap<String, Setting>,
 }
@@ -645,6 +661,7 @@ impl ServingConfig {
             max_client_batch_size: positive(&raw, "option.max_client_batch_size", 4)?,
             responses_store: nonneg(&raw, "option.responses_store", 1024)?,
             access: AccessConfig::load(&raw, env)?,
+            pooling: pooling::parse(&raw)?,
             raw,
         })
     }
@@ -756,6 +773,13 @@ impl ServingConfig {
             ),
             ("max_request_size", self.max_request_size.to_string()),
             ("drain_timeout (s)", self.drain_timeout_secs.to_string()),
+            (
+                "task",
+                self.pooling
+                    .task
+                    .map_or("(the model's)", |t| t.as_str())
+                    .to_string(),
+            ),
         ];
         for (k, v) in lines.into_iter().chain(self.access.summary()) {
             let _ = writeln!(s, "  {k:<34} {v}");

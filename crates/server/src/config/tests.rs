@@ -357,6 +357,7 @@ fn example_serving_properties_load_through_the_real_path() {
         examples,
         [
             "cpu-default.serving.properties",
+            "embedding.serving.properties",
             "gpu-llama3-8b.serving.properties",
             "lora.serving.properties",
             "tgi-compat.serving.properties",
@@ -368,6 +369,11 @@ fn example_serving_properties_load_through_the_real_path() {
     assert_eq!((c.device, c.model_id.as_deref()), (Device::Cpu, None));
     assert_eq!((c.engine_dtype(), c.kv_cache_bytes), (DType::BF16, 1 << 30));
     assert_eq!(c.output_formatter.as_deref(), Some("json"));
+
+    let c = load("embedding.serving.properties");
+    assert_eq!(c.pooling.task, Some(lmi_checkpoint::pooling::Task::Embed));
+    assert_eq!(c.pooling.max_inputs, 256);
+    assert_eq!(c.max_rolling_batch_prefill_tokens, 2048);
 
     let c = load("gpu-llama3-8b.serving.properties");
     assert_eq!(c.device, Device::Cuda(0));
@@ -452,4 +458,59 @@ fn window_pools_are_on_unless_the_hybrid_manager_is_disabled() {
             .unwrap()
             .window_pools
     );
+}
+
+#[test]
+fn pooling_options() {
+    use lmi_checkpoint::pooling::Task;
+    let load =
+        |pairs: &[(&str, &str)], cli: ServeArgs| ServingConfig::load(&cli, &env(pairs), None);
+    let c = load(&[], ServeArgs::default()).unwrap();
+    assert_eq!(c.pooling.task, None);
+    // Embedding requests default to 1024 inputs, list prompts of the generation routes to 4.
+    assert_eq!((c.pooling.max_inputs, c.max_client_batch_size), (1024, 4));
+    let c = load(
+        &[("OPTION_TASK", "rerank"), ("MAX_CLIENT_BATCH_SIZE", "64")],
+        ServeArgs::default(),
+    )
+    .unwrap();
+    assert_eq!(c.pooling.task, Some(Task::Score));
+    assert_eq!((c.pooling.max_inputs, c.max_client_batch_size), (64, 64));
+    let c = load(&[("HF_TASK", "feature-extraction")], ServeArgs::default()).unwrap();
+    assert_eq!(c.pooling.task, Some(Task::Embed));
+    let cli = ServeArgs {
+        task: Some("text-embedding".into()),
+        max_client_batch_size: Some(32),
+        ..Default::default()
+    };
+    let c = load(&[("OPTION_TASK", "rerank")], cli).unwrap();
+    assert_eq!(
+        (c.pooling.task, c.pooling.max_inputs),
+        (Some(Task::Embed), 32)
+    );
+    assert!(c.summary().contains("text-embedding"));
+    let e = load(&[("OPTION_TASK", "translation")], ServeArgs::default()).unwrap_err();
+    assert!(e.to_string().contains("option.task"), "{e}");
+    let e = load(
+        &[("OPTION_MAX_CLIENT_BATCH_SIZE", "0")],
+        ServeArgs::default(),
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("option.max_client_batch_size"),
+        "{e}"
+    );
+
+    // The CPU's default budget (256) grows to hold a 512-token input, up to 8192; a budget
+    // that was set stands.
+    let c = load(&[], ServeArgs::default()).unwrap();
+    assert_eq!(super::pooling::step_tokens(&c, 512), 512);
+    assert_eq!(super::pooling::step_tokens(&c, 128), 256);
+    assert_eq!(super::pooling::step_tokens(&c, 32768), 8192);
+    let c = load(
+        &[("OPTION_MAX_NUM_BATCHED_TOKENS", "300")],
+        ServeArgs::default(),
+    )
+    .unwrap();
+    assert_eq!(super::pooling::step_tokens(&c, 512), 300);
 }

@@ -20,6 +20,12 @@ pub fn shape_of(path: &str) -> Shape {
         Shape::Api(Schema::Responses)
     } else if path == "/v1/messages" || path.starts_with("/v1/messages/") {
         Shape::Api(Schema::Anthropic)
+    } else if matches!(
+        path,
+        "/v1/embeddings" | "/v1/rerank" | "/v2/rerank" | "/score" | "/v1/score"
+    ) {
+        // The embedding and scoring routes in OpenAI's, vLLM's and Cohere's shape.
+        Shape::Api(Schema::Responses)
     } else if path.starts_with("/v1/") {
         Shape::Api(Schema::OpenAi)
     } else if path.starts_with("/models/") || path == "/adapters" || path.starts_with("/adapters/")
@@ -75,6 +81,10 @@ mod tests {
             shape_of("/v1/messages/count_tokens"),
             Shape::Api(Schema::Anthropic)
         );
+        assert_eq!(shape_of("/v1/embeddings"), Shape::Api(Schema::Responses));
+        assert_eq!(shape_of("/v2/rerank"), Shape::Api(Schema::Responses));
+        assert_eq!(shape_of("/score"), Shape::Api(Schema::Responses));
+        assert_eq!(shape_of("/embed"), Shape::Api(Schema::Tgi));
         assert_eq!(shape_of("/generate_stream"), Shape::Api(Schema::Tgi));
         assert_eq!(shape_of("/"), Shape::Api(Schema::Tgi));
         assert_eq!(shape_of("/models/m/adapters"), Shape::Management);

@@ -1,6 +1,7 @@
 //! LMI's routes: POST /invocations and /predictions/{model}. The body decides the schema
 //! (`prompt` → completions, `inputs` → LMI rolling batch or, with a list, dynamic batch,
-//! `messages` → chat); errors are LMI's `{"error", "code": 424}`.
+//! `messages` → chat); errors are LMI's `{"error", "code": 424}`. On an embedding or scoring
+//! model the body is LMI's embedding or cross-encoder request (`routes/embed.rs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -67,6 +68,12 @@ async fn dispatch(
     body: Bytes,
     route: &'static str,
 ) -> Response {
+    // An embedding or scoring model answers LMI's embedding and cross-encoder bodies.
+    if state.model().is_some()
+        && let Ok(info) = crate::pooling::pooler(&state)
+    {
+        return super::embed::lmi(&state, info, &body, route).await;
+    }
     let cfg = LmiConfig {
         tgi_compat: state.config.tgi_compat,
     };

@@ -37,6 +37,10 @@ pub fn limits(state: &AppState, model: &LoadedModel) -> TgiLimits {
 }
 
 async fn compat(State(s): State<Arc<AppState>>, body: Bytes) -> Response {
+    // TEI answers POST / with an embedding or scoring model's own route.
+    if let Some(r) = super::embed::tei_root(&s, &body).await {
+        return r;
+    }
     handle(s, body, TgiRoute::Compat).await
 }
 
