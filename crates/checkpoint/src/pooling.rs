@@ -6,6 +6,12 @@
 
 use std::path::PathBuf;
 
+mod read;
+#[cfg(test)]
+mod tests;
+
+pub use read::yes_no_ids;
+
 /// What a model is served for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Task {

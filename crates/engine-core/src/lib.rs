@@ -9,12 +9,14 @@
 
 pub mod backend;
 pub mod batch;
+pub mod encoder;
 pub mod engine;
 pub mod error;
 pub mod kv;
 pub mod lora;
 pub mod model;
 pub mod moe;
+pub mod pooler;
 pub mod sampling;
 pub mod state;
 pub mod step;
@@ -28,5 +30,6 @@ pub use kv::{BLOCK_SIZE, KvCacheConfig, KvWindow};
 pub use lmi_checkpoint::{Architecture, DType, ModelConfig};
 pub use state::{ChunkState, NO_SLOT, StateConfig};
 pub use step::{
-    PromptLogprobRequest, SampleRequest, StepBatch, StepOutput, TokenLogprob, TokenMask,
+    PoolRequest, PromptLogprobRequest, SampleRequest, StepBatch, StepOutput, TokenLogprob,
+    TokenMask,
 };

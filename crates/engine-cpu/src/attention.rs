@@ -104,7 +104,7 @@ pub fn paged_attention<'a, E: WElem>(
 /// In place: `s = exp(s - max) / Σ exp(s - max)`, with a sink's `exp(sink - max)` in the
 /// sum (and the max) when given. The exponentials vectorize; the sum runs in eight lanes in a
 /// fixed order (it depends on the length only).
-fn softmax(s: &mut [f32], sink: Option<f32>) {
+pub(crate) fn softmax(s: &mut [f32], sink: Option<f32>) {
     #[cfg(target_arch = "x86_64")]
     match super::simd::isa() {
         // SAFETY: the features were detected.

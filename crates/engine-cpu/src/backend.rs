@@ -16,7 +16,9 @@ use lmi_engine_core::step::{LogitsOutput, LogitsWork};
 use crate::attention::{self, Scoring};
 use crate::delta_net::{self, CpuState};
 use crate::kv_pool::KvPool;
-use crate::{amx, linear, lora, moe, ops, qlanes, qlinear, simd, vision};
+use crate::{
+    amx, encoder, encoder_attention, linear, lora, moe, ops, qlanes, qlinear, simd, vision,
+};
 
 /// A weight in CPU memory. bf16 matrices are kept in AMX tile order where the CPU has AMX.
 pub enum CpuWeight {
@@ -498,6 +500,77 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
     ) -> Result<()> {
         ops::silu_mul(gate_up, width, &mut out[..rows * width]);
+        Ok(())
+    }
+
+    fn layer_norm(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        w: &CpuWeight,
+        b: &CpuWeight,
+        eps: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let (w, b) = (w.as_f32(), b.as_f32());
+        let len = rows * w.len();
+        if b.len() != w.len() || x.len() < len || out.len() < len {
+            return Err(EngineError::Backend(format!(
+                "layer_norm: {rows} rows of {} (bias {}) over buffers of {} and {}",
+                w.len(),
+                b.len(),
+                x.len(),
+                out.len()
+            )));
+        }
+        encoder::layer_norm(&x[..len], w, b, eps, &mut out[..len]);
+        Ok(())
+    }
+
+    fn gelu(&self, x: &mut Vec<f32>, len: usize, tanh: bool) -> Result<()> {
+        encoder::gelu(&mut x[..len], tanh);
+        Ok(())
+    }
+
+    fn gather_add(&self, table: &CpuWeight, ids: &[u32], out: &mut Vec<f32>) -> Result<()> {
+        let (rows, width) = (table.shape()[0], table.shape()[1]);
+        if let Some(&id) = ids.iter().find(|&&i| i as usize >= rows) {
+            return Err(EngineError::Batch(format!(
+                "row {id} of a table of {rows} rows (an encoder's positions or token types)"
+            )));
+        }
+        let out = &mut out[..ids.len() * width];
+        match table {
+            CpuWeight::F32 { data, .. } => encoder::gather_add(data, width, ids, out),
+            CpuWeight::BF16 { data, .. } => encoder::gather_add(data, width, ids, out),
+            CpuWeight::Amx { packed, .. } => {
+                let mut row = vec![0.0; width];
+                for (o, &id) in out.chunks_mut(width).zip(ids) {
+                    packed.row_into(id as usize, &mut row);
+                    o.iter_mut().zip(&row).for_each(|(o, v)| *o += v);
+                }
+            }
+            CpuWeight::Quant { w, .. } => {
+                let mut row = vec![0.0; width];
+                for (o, &id) in out.chunks_mut(width).zip(ids) {
+                    w.row_into(id as usize, &mut row);
+                    o.iter_mut().zip(&row).for_each(|(o, v)| *o += v);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn encoder_attention(
+        &self,
+        qkv: &Vec<f32>,
+        cu: &[u32],
+        heads: usize,
+        head_dim: usize,
+        scale: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        encoder_attention::encoder_attention(qkv, cu, heads, head_dim, scale, out);
         Ok(())
     }
 

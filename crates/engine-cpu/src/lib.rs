@@ -1,13 +1,16 @@
 //! The CPU backend ([`CpuBackend`], the engine core's `Backend` on the host): f32
 //! activations and accumulation; f32, bf16 (AMX tiles where the CPU has them) or quantized
 //! weights (ggml's blocks as stored, through the lane or int8 kernels); SIMD kernels with a
-//! fixed reduction order (batch invariant, see `simd.rs`), threads through rayon; and the
-//! host vision tower (`vision.rs`).
+//! fixed reduction order (batch invariant, see `simd.rs`), threads through rayon; the
+//! encoders' ops (`encoder.rs`, `encoder_attention.rs`); and the host vision tower
+//! (`vision.rs`).
 
 mod amx;
 mod attention;
 mod backend;
 mod delta_net;
+mod encoder;
+mod encoder_attention;
 mod kv_pool;
 mod linear;
 mod lora;

@@ -10,4 +10,4 @@ pub use lmi_engine_core::*;
 pub use lmi_engine_cpu as cpu;
 #[cfg(feature = "cuda")]
 pub use lmi_engine_cuda as cuda;
-pub use open::{Device, check_device, load_cpu, open};
+pub use open::{Device, check_device, load_cpu, load_cpu_encoder, open};

@@ -8,6 +8,7 @@ use lmi_engine_core::DType;
 #[cfg(not(feature = "cuda"))]
 use lmi_engine_core::EngineError;
 use lmi_engine_core::Result;
+use lmi_engine_core::encoder::EncoderEngine;
 use lmi_engine_core::engine::{Engine, EngineOptions, StepEngine};
 use lmi_engine_cpu::CpuBackend;
 
@@ -85,12 +86,27 @@ fn no_cuda_build() -> EngineError {
     )
 }
 
-/// Loads the HF model directory `dir` on `device`.
+/// Loads the HF model directory `dir` on `device`: an encoder (BERT, XLM-RoBERTa) on the
+/// encoder engine, any other model on the decoder engine.
 pub fn open(device: Device, dir: &Path, opts: &EngineOptions) -> Result<Box<dyn StepEngine>> {
+    let encoder = is_encoder(dir)?;
     match device {
+        Device::Cpu if encoder => Ok(Box::new(load_cpu_encoder(dir, opts)?)),
         Device::Cpu => Ok(Box::new(load_cpu(dir, opts)?)),
-        Device::Cuda(ordinal) => open_cuda(ordinal, dir, opts),
+        Device::Cuda(ordinal) => open_cuda(ordinal, dir, opts, encoder),
     }
+}
+
+/// Whether `dir/config.json` names an encoder architecture (a config that does not parse is
+/// left to the loader, whose error names the fault).
+fn is_encoder(dir: &Path) -> Result<bool> {
+    let path = dir.join("config.json");
+    Ok(match path.exists() {
+        true => lmi_checkpoint::ModelConfig::from_file(&path)
+            .map(|c| c.architecture.is_encoder())
+            .unwrap_or(false),
+        false => false,
+    })
 }
 
 /// Loads the HF model directory `dir` on the CPU backend, as the engine itself (tests and
@@ -99,13 +115,35 @@ pub fn load_cpu(dir: &Path, opts: &EngineOptions) -> Result<Engine<CpuBackend>> 
     Engine::load(CpuBackend::new(), dir, opts)
 }
 
+/// Loads the encoder in `dir` (BERT, XLM-RoBERTa) on the CPU backend, as the engine itself.
+pub fn load_cpu_encoder(dir: &Path, opts: &EngineOptions) -> Result<EncoderEngine<CpuBackend>> {
+    EncoderEngine::load(CpuBackend::new(), dir, opts)
+}
+
 #[cfg(feature = "cuda")]
-fn open_cuda(ordinal: usize, dir: &Path, opts: &EngineOptions) -> Result<Box<dyn StepEngine>> {
-    lmi_engine_cuda::open(ordinal, dir, opts)
+fn open_cuda(
+    ordinal: usize,
+    dir: &Path,
+    opts: &EngineOptions,
+    encoder: bool,
+) -> Result<Box<dyn StepEngine>> {
+    if !encoder {
+        return lmi_engine_cuda::open(ordinal, dir, opts);
+    }
+    let dev = lmi_cuda::CudaDevice::open(ordinal).map_err(|e| {
+        lmi_engine_core::EngineError::Backend(format!("CUDA device {ordinal}: {e}"))
+    })?;
+    let backend = lmi_engine_cuda::CudaBackend::new(std::sync::Arc::new(dev))?;
+    Ok(Box::new(EncoderEngine::load(backend, dir, opts)?))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn open_cuda(_ordinal: usize, _dir: &Path, _opts: &EngineOptions) -> Result<Box<dyn StepEngine>> {
+fn open_cuda(
+    _ordinal: usize,
+    _dir: &Path,
+    _opts: &EngineOptions,
+    _encoder: bool,
+) -> Result<Box<dyn StepEngine>> {
     Err(no_cuda_build())
 }
 

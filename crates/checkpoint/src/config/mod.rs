@@ -4,6 +4,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+pub mod encoder;
 pub mod linear_attn;
 pub mod moe;
 pub mod quantization;
@@ -11,6 +12,7 @@ mod rope;
 pub mod vision;
 
 use crate::error::{CheckpointError, Result};
+use encoder::EncoderConfig;
 use linear_attn::LinearAttnConfig;
 use moe::{ExpertActivation, MoeConfig, Routing};
 use rope::RawRopeScaling;
@@ -48,6 +50,11 @@ pub enum Architecture {
     /// Qwen3-Next: Qwen3.5's hybrid layers (its linear projections grouped per key head) with
     /// mixtures of experts and a shared expert.
     Qwen3Next,
+    /// BERT encoders (`BertModel`, `BertForSequenceClassification`, ...): bidirectional,
+    /// absolute positions, token types, post-LN layers ([`ModelConfig::encoder`]).
+    Bert,
+    /// XLM-RoBERTa and RoBERTa encoders: BERT's layers, positions from `pad_token_id + 1`.
+    XlmRoberta,
 }
 
 /// Every `architectures` name a checkpoint may give, and what it loads as. The multimodal
@@ -77,14 +84,17 @@ const HF_NAMES: &[(&str, Architecture)] = &[
 
 /// The architecture names that load, for the error that refuses another.
 pub fn supported_architectures() -> String {
-    let names: Vec<&str> = HF_NAMES.iter().map(|&(n, _)| n).collect();
+    let names: Vec<&str> = all_names().map(|&(n, _)| n).collect();
     names.join(", ")
+}
+
+fn all_names() -> impl Iterator<Item = &'static (&'static str, Architecture)> {
+    HF_NAMES.iter().chain(encoder::ENCODER_NAMES)
 }
 
 impl Architecture {
     pub fn from_hf_name(name: &str) -> Result<Self> {
-        HF_NAMES
-            .iter()
+        all_names()
             .find(|&&(n, _)| n == name)
             .map(|&(_, a)| a)
             .ok_or_else(|| CheckpointError::UnknownArchitecture {
@@ -106,7 +116,15 @@ impl Architecture {
             Architecture::GptOss => "GptOssForCausalLM",
             Architecture::Qwen35 => "Qwen3_5ForCausalLM",
             Architecture::Qwen3Next => "Qwen3NextForCausalLM",
+            Architecture::Bert => "BertModel",
+            Architecture::XlmRoberta => "XLMRobertaModel",
         }
+    }
+
+    /// A bidirectional encoder (BERT, XLM-RoBERTa): run by the encoder engine, never
+    /// generating.
+    pub fn is_encoder(self) -> bool {
+        matches!(self, Architecture::Bert | Architecture::XlmRoberta)
     }
 
     /// The vision tower a checkpoint's architecture name implies.
@@ -234,6 +252,8 @@ pub struct ModelConfig {
     /// Attention scores are scaled by `1 / sqrt(this)`: `query_pre_attn_scalar` (Gemma),
     /// else head_dim.
     pub attn_scalar: f64,
+    /// An encoder's own fields (BERT, XLM-RoBERTa); None for decoders.
+    pub encoder: Option<EncoderConfig>,
 }
 
 /// transformers' `Gemma3TextConfig` defaults (4.57), for the fields a Hub config may omit.
@@ -362,6 +382,9 @@ impl ModelConfig {
             .and_then(|a| a.first())
             .ok_or("field \"architectures\" is missing or empty")?;
         let architecture = Architecture::from_hf_name(arch_name).map_err(|e| e.to_string())?;
+        if architecture.is_encoder() {
+            return encoder::parse(&top, arch_name, architecture);
+        }
         fn req(v: Option<usize>, name: &str) -> std::result::Result<usize, String> {
             match v {
                 Some(0) => Err(format!("field {name:?} must be > 0")),
@@ -630,6 +653,7 @@ impl ModelConfig {
             sliding_window,
             linear_attn,
             attn_scalar: raw.query_pre_attn_scalar.unwrap_or(head_dim as f64),
+            encoder: None,
         })
     }
 
@@ -682,7 +706,7 @@ mod tests {
         let e = ModelConfig::from_json(r#"{"architectures":["GPT2LMHeadModel"]}"#).unwrap_err();
         assert!(e.contains("GPT2LMHeadModel"), "{e}");
         // The refusal names every architecture that loads.
-        for &(name, _) in HF_NAMES {
+        for &(name, _) in all_names() {
             assert!(e.contains(name), "{name} missing from: {e}");
         }
     }

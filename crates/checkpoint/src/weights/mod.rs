@@ -37,6 +37,31 @@ impl WeightSource {
         }
     }
 
+    /// Rows `rows` of the 2-D tensor `name` in f32 ([`SafetensorsDir::load_rows`]; a GGUF's
+    /// tensor is read whole, then picked).
+    pub fn load_rows(
+        &self,
+        name: &str,
+        shape: [usize; 2],
+        rows: &[usize],
+    ) -> Result<Vec<Vec<f32>>> {
+        match self {
+            WeightSource::Safetensors(s) => s.load_rows(name, shape, rows),
+            WeightSource::Gguf(g) => {
+                let width = shape[1];
+                let all = g.load(name, &shape, DType::F32)?.to_f32_vec();
+                Ok(rows
+                    .iter()
+                    .map(|&r| {
+                        all.get(r * width..(r + 1) * width)
+                            .unwrap_or_default()
+                            .to_vec()
+                    })
+                    .collect())
+            }
+        }
+    }
+
     pub fn load(&self, name: &str, shape: &[usize], dtype: DType) -> Result<HostTensor> {
         match self {
             WeightSource::Safetensors(s) => s.load(name, shape, dtype),

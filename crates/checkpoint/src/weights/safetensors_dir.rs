@@ -153,6 +153,49 @@ impl SafetensorsDir {
         })
     }
 
+    /// Rows `rows` of the 2-D tensor `name` (`[n, width]`) in f32, the others left unread (an
+    /// LM head's few rows out of its vocabulary).
+    pub fn load_rows(
+        &self,
+        name: &str,
+        shape: [usize; 2],
+        rows: &[usize],
+    ) -> Result<Vec<Vec<f32>>> {
+        let [n, width] = shape;
+        if let Some(&r) = rows.iter().find(|&&r| r >= n) {
+            return Err(CheckpointError::ShapeMismatch {
+                name: format!("{name} (row {r})"),
+                got: vec![n, width],
+                expected: vec![r + 1, width],
+            });
+        }
+        if self.quant.is_some() {
+            let all = self.load(name, &shape, DType::F32)?.to_f32_vec();
+            return Ok(rows
+                .iter()
+                .map(|&r| all[r * width..(r + 1) * width].to_vec())
+                .collect());
+        }
+        self.with_view(name, &shape, |view| {
+            let bytes = view.data();
+            let row = |r: usize, size: usize| &bytes[r * width * size..(r + 1) * width * size];
+            rows.iter()
+                .map(|&r| match view.dtype() {
+                    StDtype::F32 => Ok(f32_bytes_to_f32(row(r, 4))),
+                    StDtype::F16 => Ok(f16_bytes_to_f32(row(r, 2))),
+                    StDtype::BF16 => Ok(bf16_bytes_to_bits(row(r, 2))
+                        .into_iter()
+                        .map(|b| f32::from_bits((b as u32) << 16))
+                        .collect()),
+                    other => Err(CheckpointError::UnsupportedDtype {
+                        name: name.to_string(),
+                        dtype: format!("{other:?}"),
+                    }),
+                })
+                .collect()
+        })
+    }
+
     /// The bytes of a U8 tensor `name` of shape `expected` (MXFP4 blocks and scales).
     pub fn load_u8(&self, name: &str, expected: &[usize]) -> Result<Vec<u8>> {
         self.with_view(name, expected, |view| match view.dtype() {
@@ -239,4 +282,27 @@ fn read_quantization(dir: &Path) -> Result<Option<HfQuant>> {
         path: dir.join("config.json"),
         msg,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_rows_reads_the_rows_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let values: Vec<f32> = (0..12).map(|i| i as f32 * 0.5).collect();
+        let path = dir.path().join("model.safetensors");
+        crate::testing::write_f32_safetensors(&path, vec![("w".into(), vec![4, 3], values)])
+            .unwrap();
+        let st = SafetensorsDir::open(dir.path()).unwrap();
+        let rows = st.load_rows("w", [4, 3], &[3, 1]).unwrap();
+        assert_eq!(rows, [vec![4.5, 5.0, 5.5], vec![1.5, 2.0, 2.5]]);
+        let e = st.load_rows("w", [4, 3], &[4]).unwrap_err().to_string();
+        assert!(e.contains("row 4"), "{e}");
+        assert!(
+            st.load_rows("w", [3, 4], &[0]).is_err(),
+            "the shape is checked"
+        );
+    }
 }

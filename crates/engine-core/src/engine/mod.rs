@@ -20,6 +20,7 @@ use crate::step::{LogitsWork, StepBatch, StepOutput};
 use crate::vision::EncoderCache;
 
 mod media;
+mod pool;
 pub mod warmup;
 
 pub use media::EncoderStats;
@@ -56,6 +57,9 @@ pub struct EngineOptions {
     /// Models with linear-attention layers: recurrent-state slots, one per running sequence
     /// plus the prefix cache's snapshots. None: twice `max_step.seqs`, and at least 16.
     pub state_slots: Option<usize>,
+    /// What the model is served for (LMI's `option.task`), overriding what its files say
+    /// ([`lmi_checkpoint::pooling::PoolerInfo::read`]); None: as they say.
+    pub task: Option<lmi_checkpoint::pooling::Task>,
 }
 
 impl Default for EngineOptions {
@@ -70,6 +74,7 @@ impl Default for EngineOptions {
             vision_on_host: false,
             window_pools: true,
             state_slots: None,
+            task: None,
         }
     }
 }
@@ -188,14 +193,19 @@ pub struct Engine<B: Backend> {
     adapters: HashMap<u64, LoraAdapter<B>>,
     encoder_cache: EncoderCache,
     encoder_stats: EncoderStats,
+    /// An embedding or scoring model's pooler (its host head is the model's).
+    pooler: Option<lmi_checkpoint::pooling::PoolerInfo>,
 }
 
 impl<B: Backend> Engine<B> {
     pub fn load(backend: B, dir: &Path, opts: &EngineOptions) -> Result<Self> {
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let pooler = lmi_checkpoint::pooling::PoolerInfo::read(dir, &config, opts.task)?;
         let load = LoadOptions {
             dtype: opts.dtype,
             gguf: opts.gguf.clone(),
             vision_on_host: opts.vision_on_host,
+            pooler: pooler.clone(),
         };
         let model = Model::load(&backend, dir, &load)?;
         let c = &model.config;
@@ -244,6 +254,7 @@ impl<B: Backend> Engine<B> {
             adapters: HashMap::new(),
             encoder_cache: EncoderCache::new(ENCODER_CACHE_BYTES),
             encoder_stats: EncoderStats::default(),
+            pooler,
         };
         if let Some(fraction) = device_share {
             let blocks = engine.measure_kv_blocks(opts.max_step, fraction)?;
@@ -479,29 +490,54 @@ impl<B: Backend> StepEngine for Engine<B> {
     }
 
     fn step(&mut self, batch: &StepBatch<'_>) -> Result<StepOutput> {
-        let (layout, embeds) =
+        let (mut layout, embeds) =
             self.prepare(batch.chunks, batch.media, batch.rope_deltas, batch.states)?;
+        let pool_rows = pool::layout_pools(batch, &mut layout, self.model.head.as_ref())?;
         let work = LogitsWork::new(batch, &layout)?;
         let tokens = layout.num_tokens();
-        let layout = self.backend.prepare_layout(layout);
+        // A step with pooled sequences runs directly (never padded or replayed from a decode
+        // graph): its pool rows sit past the logits rows a graph would return.
+        let layout = match pool_rows {
+            0 => self.backend.prepare_layout(layout),
+            _ => layout,
+        };
         let (model, backend, kv, adapters) =
             (&self.model, &self.backend, &mut self.kv, &self.adapters);
-        let vocab = model.config.vocab_size;
+        let (vocab, hidden) = (model.config.vocab_size, model.config.hidden_size);
         let rows = layout.logits_rows.len();
-        let (out, sample_time) = backend.run_forward(|| {
+        let (out, states, sample_time) = backend.run_forward(|| {
             let step = backend.upload_step(&layout)?;
-            let logits = backend.run_graph(&step, || {
-                model.forward(backend, &layout, &step, kv, adapters, embeds.as_ref())
-            })?;
+            let embeds = embeds.as_ref();
+            let (logits, pooled) = match pool_rows {
+                0 => {
+                    let logits = backend.run_graph(&step, || {
+                        model.forward(backend, &layout, &step, kv, adapters, embeds)
+                    })?;
+                    (logits, None)
+                }
+                p => model.forward_pooled(backend, &layout, &step, kv, adapters, embeds, p)?,
+            };
             let t = Instant::now();
             let out = match logits {
-                Some(buf) => backend.process_logits(buf, rows, vocab, &work)?,
+                Some(buf) => backend.process_logits(buf, rows - pool_rows, vocab, &work)?,
                 None => Default::default(),
             };
-            Ok::<_, crate::error::EngineError>((out, t.elapsed()))
+            let states = match pooled {
+                Some(buf) => backend.to_host(buf, rows * hidden)?,
+                None => Vec::new(),
+            };
+            Ok::<_, crate::error::EngineError>((out, states, t.elapsed()))
         })?;
         self.tokens_computed += tokens as u64;
-        Ok(LogitsWork::into_step_output(batch, out, sample_time))
+        let mut output = LogitsWork::into_step_output(batch, out, sample_time);
+        if let Some(head) = self.model.head.as_ref().filter(|_| pool_rows > 0) {
+            output.pooled = pool::outputs(head, &states, hidden, pool_rows);
+        }
+        Ok(output)
+    }
+
+    fn pooler(&self) -> Option<&lmi_checkpoint::pooling::PoolerInfo> {
+        self.pooler.as_ref()
     }
 
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {

@@ -10,6 +10,7 @@ use super::{Attention, Layer, Mixer, Mlp, Model};
 use crate::backend::{Backend, Feature};
 use crate::error::{EngineError, Result};
 use crate::moe::{Expert, MoeConfig, MoeLayer, SharedExpert};
+use crate::pooler::{HeadWeights, HostHead};
 use crate::vision::VisionTower;
 
 #[derive(Debug, Clone, Default)]
@@ -21,12 +22,21 @@ pub struct LoadOptions {
     pub gguf: Option<PathBuf>,
     /// Keep a vision tower on the host (`EngineOptions::vision_on_host`).
     pub vision_on_host: bool,
+    /// An embedding or scoring model's pooler: its host head is read with the weights.
+    pub pooler: Option<lmi_checkpoint::pooling::PoolerInfo>,
 }
 
 impl<B: Backend> Model<B> {
     /// Loads an HF model directory (config.json + safetensors).
     pub fn load(backend: &B, dir: &Path, opts: &LoadOptions) -> Result<Self> {
         let mut config = ModelConfig::from_file(&dir.join("config.json"))?;
+        if let Some(e) = &config.encoder {
+            return Err(EngineError::Backend(format!(
+                "{} is an encoder: it loads through lmi_engine::open (the encoder engine), not \
+                 as a decoder",
+                e.hf_name
+            )));
+        }
         if opts.gguf.is_some() && config.architecture.is_hybrid() && config.vision.is_some() {
             // A Qwen3.5 GGUF holds the language model only (llama.cpp keeps the tower in an
             // mmproj file): it is served as text, as it was before lmi read the tower.
@@ -61,7 +71,20 @@ impl<B: Backend> Model<B> {
         } else {
             dtype
         };
+        let head = match &opts.pooler {
+            Some(info) => Some(HostHead::load(
+                info,
+                HeadWeights::Decoder {
+                    st: &st,
+                    head: &lm_head_name(&st, &config),
+                    vocab: config.vocab_size,
+                    hidden: config.hidden_size,
+                },
+            )?),
+            None => None,
+        };
         let mut model = Self::from_tensors(backend, config, &st, dtype)?;
+        model.head = head;
         if let Some(t) = model.vision.as_ref().filter(|_| !opts.vision_on_host) {
             model.vision_device = backend.upload_vision(t)?;
         }
@@ -107,14 +130,8 @@ impl<B: Backend> Model<B> {
             }
             backend.upload_weight(t)
         };
-        // Newer transformers save a vision-language model's text weights under
-        // `model.language_model.`; the published checkpoints under `model.`, or (Gemma 3's)
-        // `language_model.model.`.
-        let lm = ["model", "model.language_model", "language_model.model"]
-            .into_iter()
-            .find(|p| st.contains(&format!("{p}.embed_tokens.weight")))
-            .unwrap_or("model");
-        let embed_t = mat(&format!("{lm}.embed_tokens.weight"), &[c.vocab_size, h])?;
+        let lm = text_prefix(st);
+        let embed_t = mat(&format!("{lm}embed_tokens.weight"), &[c.vocab_size, h])?;
         let lm_head = if st.contains("lm_head.weight") && !c.tie_word_embeddings {
             Some(backend.upload_weight(mat("lm_head.weight", &[c.vocab_size, h])?)?)
         } else {
@@ -124,7 +141,7 @@ impl<B: Backend> Model<B> {
         let mut layers = Vec::with_capacity(c.num_layers);
         let (mut kv_layers, mut state_layers) = (0, 0);
         for i in 0..c.num_layers {
-            let p = format!("{lm}.layers.{i}");
+            let p = format!("{lm}layers.{i}");
             let linear = c.linear_attn.as_ref().is_some_and(|l| l.layers[i]);
             let mixer = if linear {
                 state_layers += 1;
@@ -187,7 +204,7 @@ impl<B: Backend> Model<B> {
                 mlp,
             });
         }
-        let final_norm = norm(&format!("{lm}.norm.weight"), h)?;
+        let final_norm = norm(&format!("{lm}norm.weight"), h)?;
         let rope = match c.mrope_components() {
             Some(components) => backend.mrope_table(&c.rope_inv_freq(), &components)?,
             None => backend.rope_table(&c.rope_inv_freq())?,
@@ -235,7 +252,32 @@ impl<B: Backend> Model<B> {
             embed_scale: gemma.then(|| (h as f32).sqrt()),
             vision,
             vision_device: None,
+            head: None,
         })
+    }
+}
+
+/// Where the text model's tensors sit. Newer transformers save a vision-language model's
+/// text weights under `model.language_model.`; the published checkpoints under `model.`, or
+/// (Gemma 3's) `language_model.model.`; an embedding model saved from the base model
+/// (Qwen3-Embedding) with no prefix.
+fn text_prefix(st: &WeightSource) -> &'static str {
+    [
+        "model.",
+        "model.language_model.",
+        "language_model.model.",
+        "",
+    ]
+    .into_iter()
+    .find(|p| st.contains(&format!("{p}embed_tokens.weight")))
+    .unwrap_or("model.")
+}
+
+/// The tensor the LM head multiplies by: `lm_head.weight`, or the tied embedding.
+fn lm_head_name(st: &WeightSource, c: &ModelConfig) -> String {
+    match st.contains("lm_head.weight") && !c.tie_word_embeddings {
+        true => "lm_head.weight".into(),
+        false => format!("{}embed_tokens.weight", text_prefix(st)),
     }
 }
 

@@ -110,6 +110,8 @@ pub struct Model<B: Backend> {
     pub vision: Option<crate::vision::VisionTower>,
     /// The tower on the backend, where it runs there (CUDA); None runs `vision` on the host.
     pub vision_device: Option<B::Vision>,
+    /// An embedding or scoring model's host head (Dense modules, Qwen3-Reranker's yes/no).
+    pub head: Option<crate::pooler::HostHead>,
 }
 
 impl<W, X> Mlp<W, X> {
@@ -139,6 +141,9 @@ impl<W, X> Mlp<W, X> {
         }
     }
 }
+
+/// A forward pass's logits and pooled states ([`Model::forward_pooled`]).
+pub type PooledForward<B> = (Option<<B as Backend>::Buf>, Option<<B as Backend>::Buf>);
 
 /// Embeddings that replace some tokens' (media placeholders'): `rows` of the step, `data`
 /// `[rows.len(), hidden]` on the host.
@@ -366,6 +371,25 @@ impl<B: Backend> Model<B> {
         adapters: &HashMap<u64, LoraAdapter<B>>,
         embeds: Option<&InputEmbeds>,
     ) -> Result<Option<B::Buf>> {
+        self.forward_pooled(backend, layout, step, kv, adapters, embeds, 0)
+            .map(|(logits, _)| logits)
+    }
+
+    /// [`Self::forward`] for a step whose last `pool_rows` of `logits_rows` are pooled
+    /// sequences' last tokens: the logits of the rows before them, and the final-normed
+    /// hidden states of every logits row, `[logits_rows.len(), hidden]` in f32 (None without
+    /// pool rows). The pool rows get no LM head.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_pooled(
+        &self,
+        backend: &B,
+        layout: &BatchLayout,
+        step: &B::Step,
+        kv: &mut KvCache<B>,
+        adapters: &HashMap<u64, LoraAdapter<B>>,
+        embeds: Option<&InputEmbeds>,
+        pool_rows: usize,
+    ) -> Result<PooledForward<B>> {
         let c = &self.config;
         let n = layout.num_tokens();
         let hidden = c.hidden_size;
@@ -579,19 +603,37 @@ impl<B: Backend> Model<B> {
         if rows == 0 {
             backend.recycle(residual);
             backend.recycle(proj);
-            return Ok(None);
+            return Ok((None, None));
         }
         // Norm and LM head only for the rows whose logits are wanted.
         let mut picked = backend.alloc(rows * hidden)?;
         backend.gather_logit_rows(&residual, step, hidden, &mut picked)?;
-        let mut picked_normed = backend.alloc_matmul_input(rows * hidden)?;
-        backend.rms_norm(&picked, rows, &self.final_norm, eps, &mut picked_normed)?;
-        let mut logits = backend.alloc(rows * c.vocab_size)?;
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        backend.linear(&picked_normed, rows, head, None, &mut logits)?;
-        for b in [residual, proj, picked, picked_normed] {
+        let lm_rows = rows.saturating_sub(pool_rows);
+        let logits = match lm_rows {
+            0 => None,
+            _ => {
+                let mut picked_normed = backend.alloc_matmul_input(lm_rows * hidden)?;
+                backend.rms_norm(&picked, lm_rows, &self.final_norm, eps, &mut picked_normed)?;
+                let mut logits = backend.alloc(lm_rows * c.vocab_size)?;
+                let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+                backend.linear(&picked_normed, lm_rows, head, None, &mut logits)?;
+                backend.recycle(picked_normed);
+                Some(logits)
+            }
+        };
+        // Pooled states in f32 (a matmul input may be rounded), every row normed: a norm
+        // reads only its own row, and the pool rows come last.
+        let pooled = match pool_rows {
+            0 => None,
+            _ => {
+                let mut normed = backend.alloc(rows * hidden)?;
+                backend.rms_norm(&picked, rows, &self.final_norm, eps, &mut normed)?;
+                Some(normed)
+            }
+        };
+        for b in [residual, proj, picked] {
             backend.recycle(b);
         }
-        Ok(Some(logits))
+        Ok((logits, pooled))
     }
 }
