@@ -141,8 +141,9 @@ pub(super) fn gather_add<D: Device>(
     };
     f32_only("the embeddings' output", out)?;
     holds("the embeddings' output", out, ids.len() * width)?;
+    // The request's input (as the CPU backend reports it), not the device's fault.
     if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
-        return Err(err(format!(
+        return Err(EngineError::Batch(format!(
             "embedding id {id} is outside a table of {vocab} rows (a position past the model's \
              max_position_embeddings, or a token type it does not have)"
         )));

@@ -1,14 +1,14 @@
 //! The encoder's ops on the CUDA backend (`layer_norm`, `gelu`, `gather_add`,
 //! `encoder_attention`: kernels/norm.cu, activation.cu, encoder.cu) against plain f64
 //! references written here from the formulas (BERT's LayerNorm, erf and tanh GELU, softmax
-//! attention), through the `Backend` trait, on the CPU emulator in both thread orders and on
-//! the driver's device (a GPU, or the fake driver). Attention runs ragged sequences (1, 7, 33
+//! attention) and against the CPU backend's ops, through the `Backend` trait, on the CPU
+//! emulator in both thread orders and on the driver's device (a GPU, or the fake driver). Attention runs ragged sequences (1, 7, 33
 //! and 128 tokens, an empty one, one of 512) with heads of 8, 20, 32, 64 and 128, into f32 and
 //! bf16 outputs; rows outside every sequence are left as they were.
 
 mod cuda_common;
 
-use cuda_common::{assert_close, bf16_round, random, to_host};
+use cuda_common::{assert_close, bf16_round, cpu, random, to_host};
 use lmi_checkpoint::weights::HostTensor;
 use lmi_cuda::Device;
 use lmi_engine::Backend;
@@ -71,6 +71,19 @@ fn check_layer_norm<D: Device>(g: &CudaBackend<D>) {
         let w = random(width, 12, 1.5);
         let bias = random(width, 13, 0.5);
         let want = layer_norm_ref(&x, width, &w, &bias, 1e-12);
+        // The CPU sums a row in sixteen lanes, the device in a tree: a mean of `offset`
+        // rounds to ~|offset| · 2⁻²⁴ · √width in f32, which (x − mean) carries into every
+        // output (seen on the CPU: 2.6e-5 at offset 100).
+        let cpu_tol = 2e-5 + 1e-6 * offset.abs();
+        let c = cpu();
+        let mut on_cpu = c.alloc(rows * width).unwrap();
+        let (cw, cb) = (
+            c.upload_weight(vector(&w)).unwrap(),
+            c.upload_weight(vector(&bias)).unwrap(),
+        );
+        c.layer_norm(&x, rows, &cw, &cb, 1e-12, &mut on_cpu)
+            .unwrap();
+        assert_close("layer_norm on the CPU", &on_cpu, &want, cpu_tol, 2e-5);
         let (gw, gb) = (
             g.upload_weight(vector(&w)).unwrap(),
             g.upload_weight(vector(&bias)).unwrap(),
@@ -79,14 +92,21 @@ fn check_layer_norm<D: Device>(g: &CudaBackend<D>) {
         let mut out = g.alloc(rows * width).unwrap();
         g.layer_norm(&gx, rows, &gw, &gb, 1e-12, &mut out).unwrap();
         assert_close("layer_norm", &to_host(g, &out), &want, 2e-5, 2e-5);
+        assert_close(
+            "layer_norm against the CPU",
+            &to_host(g, &out),
+            &on_cpu,
+            cpu_tol,
+            2e-5,
+        );
         let mut out16 = g.alloc_matmul_input(rows * width).unwrap();
         g.layer_norm(&gx, rows, &gw, &gb, 1e-12, &mut out16)
             .unwrap();
         assert_close(
             "layer_norm to bf16",
             &to_host(g, &out16),
-            &bf16_round(&want),
-            2e-5,
+            &bf16_round(&on_cpu),
+            cpu_tol,
             1.0 / 128.0,
         );
     }
@@ -127,6 +147,15 @@ fn check_gelu<D: Device>(g: &CudaBackend<D>) {
         let got = to_host(g, &buf);
         let what = if tanh { "gelu (tanh)" } else { "gelu (erf)" };
         assert_close(what, &got[..len], &want[..len], 1e-6, 2e-6);
+        let mut on_cpu = x.clone();
+        cpu().gelu(&mut on_cpu, len, tanh).unwrap();
+        assert_close(
+            &format!("{what} against the CPU"),
+            &got,
+            &on_cpu,
+            2e-6,
+            4e-6,
+        );
         assert_eq!(got[len..], x[len..], "{what}: values past len");
     }
     // The two forms differ by far more than the tolerance (up to ~2e-4 near |x| = 2.4), so
@@ -162,10 +191,20 @@ fn check_gather_add<D: Device>(g: &CudaBackend<D>) {
     // A matrix uploads as bf16 (the values are bf16 already, so exactly); the router's upload
     // keeps f32: both table types.
     let tensor = || HostTensor::f32(vec![rows, width], table.clone());
-    for w in [
-        g.upload_weight(tensor()).unwrap(),
-        g.upload_router(tensor()).unwrap(),
+    let c = cpu();
+    for (on_cpu, w) in [
+        (
+            c.upload_weight(tensor()).unwrap(),
+            g.upload_weight(tensor()).unwrap(),
+        ),
+        (
+            c.upload_router(tensor()).unwrap(),
+            g.upload_router(tensor()).unwrap(),
+        ),
     ] {
+        let mut cpu_out = base.clone();
+        c.gather_add(&on_cpu, &ids, &mut cpu_out).unwrap();
+        assert_eq!(cpu_out, want, "the CPU, {:?} table", w.dtype);
         let mut out = g.upload_f32(&base).unwrap();
         g.gather_add(&w, &ids, &mut out).unwrap();
         assert_eq!(to_host(g, &out), want, "{:?} table", w.dtype);
@@ -252,6 +291,18 @@ fn attention_case<D: Device>(
         }
     }
     assert_close(&what, &got, &expect, 2e-5, 1e-4);
+    let mut on_cpu = vec![sentinel; rows * width];
+    cpu()
+        .encoder_attention(&qkv, &cu, heads, hd, scale, &mut on_cpu)
+        .unwrap();
+    assert_close(&format!("{what}, the CPU"), &on_cpu, &expect, 2e-5, 1e-4);
+    assert_close(
+        &format!("{what}, against the CPU"),
+        &got,
+        &on_cpu,
+        2e-5,
+        1e-4,
+    );
 
     let mut out16 = g.alloc_matmul_input(rows * width).unwrap();
     bf16_fill(g, &out16, sentinel);
@@ -260,7 +311,7 @@ fn attention_case<D: Device>(
     assert_close(
         &format!("{what}, bf16"),
         &to_host(g, &out16),
-        &bf16_round(&expect),
+        &bf16_round(&on_cpu),
         1e-5,
         1.0 / 128.0,
     );
