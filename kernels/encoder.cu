@@ -31,27 +31,28 @@ GATHER_ADD(gather_add_f32, float)
 
 // Bidirectional attention of one tile of queries of one sequence, head blockIdx.y. Tile
 // blockIdx.x is tiles[3 x] = (its first query row, its sequence's first row, the row after
-// the sequence): rows of qkv are [q | k | v], `heads` heads of `head_dim` (<= EA_MAX_HEAD_DIM)
-// each; out rows are [heads · head_dim].
+// the sequence): rows of qkv are [q | k | v], `heads` heads of `head_dim` each (a multiple of
+// 4, at most EA_MAX_HEAD_DIM); out rows are [heads · head_dim].
 //
 // Each warp owns EA_ROWS query rows (scaled q in shared memory). The block stages the
 // sequence's keys and values EA_KEYS at a time; lane j of each warp scores key j against
-// the warp's rows, the warp reduces the chunk's maximum and sum with shuffles (online
-// softmax in f32: earlier sums rescaled by exp(m_old - m_new)), and each lane accumulates
-// its output dimensions (lane + 32 e) over the chunk's keys in order, taking each key's
-// weight from its lane by a shuffle. Every sum has a fixed order, so results do not depend
-// on the launch beyond its shape. Query rows past the sequence are computed on zeros and
-// never stored.
+// the warp's rows (16-byte loads of k and q: four dimensions each), the warp reduces the
+// chunk's maximum and sum with shuffles (online softmax in f32: earlier sums rescaled by
+// exp(m_old - m_new)), and each lane accumulates its output dimensions (lane + 32 e) over
+// the chunk's keys in order, taking each key's weight from its lane by a shuffle. Every sum
+// has a fixed order, so results do not depend on the launch beyond its shape. Query rows
+// past the sequence are computed on zeros and never stored.
 template <typename TOut>
 __device__ __forceinline__ void encoder_attention_tile(TOut* __restrict__ out,
                                                        const float* __restrict__ qkv,
                                                        const unsigned* __restrict__ tiles,
                                                        unsigned heads, unsigned head_dim,
                                                        float scale) {
-    __shared__ float q_s[EA_QUERIES][EA_MAX_HEAD_DIM];
-    // One padding column: lane j reads row j, so a row's stride must not be a multiple of
-    // the 32 banks.
-    __shared__ float k_s[EA_KEYS][EA_MAX_HEAD_DIM + 1];
+    // float4 rows, so that the scores read q and k 16 bytes at a time.
+    __shared__ float4 q_s[EA_QUERIES][EA_MAX_HEAD_DIM / 4];
+    // One float4 of padding: lane j reads row j, and a stride of 4 mod 32 banks keeps each
+    // quarter warp's 16-byte loads on distinct banks.
+    __shared__ float4 k_s[EA_KEYS][EA_MAX_HEAD_DIM / 4 + 1];
     __shared__ float v_s[EA_KEYS][EA_MAX_HEAD_DIM];
     const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     const unsigned q0 = tiles[3 * blockIdx.x], first = tiles[3 * blockIdx.x + 1],
@@ -64,8 +65,9 @@ __device__ __forceinline__ void encoder_attention_tile(TOut* __restrict__ out,
 
     for (unsigned r = warp; r < EA_QUERIES; r += EA_WARPS) {
         const unsigned t = q0 + r;
+        float* q = reinterpret_cast<float*>(q_s[r]);
         for (unsigned i = lane; i < head_dim; i += 32)
-            q_s[r][i] = t < end ? q_base[t * row + i] * scale : 0.0f;
+            q[i] = t < end ? q_base[t * row + i] * scale : 0.0f;
     }
     float m[EA_ROWS], l[EA_ROWS], acc[EA_ROWS][EA_DIMS];
 #pragma unroll
@@ -75,14 +77,14 @@ __device__ __forceinline__ void encoder_attention_tile(TOut* __restrict__ out,
 #pragma unroll
         for (int e = 0; e < EA_DIMS; e++) acc[r][e] = 0.0f;
     }
-    const float* my_q = &q_s[warp * EA_ROWS][0];
     for (unsigned c0 = first; c0 < end; c0 += EA_KEYS) {
         const unsigned n = min(end - c0, (unsigned)EA_KEYS);
         __syncthreads();  // q_s is written; the previous chunk's readers are done
         for (unsigned j = warp; j < n; j += EA_WARPS) {
             const unsigned long long off = (unsigned long long)(c0 + j) * row;
+            float* k = reinterpret_cast<float*>(k_s[j]);
             for (unsigned i = lane; i < head_dim; i += 32) {
-                k_s[j][i] = k_base[off + i];
+                k[i] = k_base[off + i];
                 v_s[j][i] = v_base[off + i];
             }
         }
@@ -91,11 +93,16 @@ __device__ __forceinline__ void encoder_attention_tile(TOut* __restrict__ out,
 #pragma unroll
         for (int r = 0; r < EA_ROWS; r++) s[r] = 0.0f;
         if (lane < n) {
-            for (unsigned i = 0; i < head_dim; i++) {
-                const float k = k_s[lane][i];
+            for (unsigned c = 0; c < head_dim / 4; c++) {
+                const float4 k = k_s[lane][c];
 #pragma unroll
-                for (int r = 0; r < EA_ROWS; r++)
-                    s[r] = fmaf(my_q[r * EA_MAX_HEAD_DIM + i], k, s[r]);
+                for (int r = 0; r < EA_ROWS; r++) {
+                    const float4 q = q_s[warp * EA_ROWS + r][c];
+                    s[r] = fmaf(q.x, k.x, s[r]);
+                    s[r] = fmaf(q.y, k.y, s[r]);
+                    s[r] = fmaf(q.z, k.z, s[r]);
+                    s[r] = fmaf(q.w, k.w, s[r]);
+                }
             }
         }
 #pragma unroll

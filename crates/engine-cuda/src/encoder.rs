@@ -200,10 +200,10 @@ pub(super) fn attention<D: Device>(
     scale: f32,
     out: &CudaBuf,
 ) -> Result<()> {
-    if head_dim == 0 || head_dim > MAX_HEAD_DIM {
+    if head_dim == 0 || head_dim > MAX_HEAD_DIM || !head_dim.is_multiple_of(4) {
         return Err(err(format!(
-            "the CUDA encoder attention takes heads of 1 to {MAX_HEAD_DIM} dimensions, not \
-             {head_dim}: use --device cpu"
+            "the CUDA encoder attention takes heads of 4 to {MAX_HEAD_DIM} dimensions (a \
+             multiple of 4), not {head_dim}: use --device cpu"
         )));
     }
     if heads > GRID_Y {

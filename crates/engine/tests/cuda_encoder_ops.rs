@@ -359,6 +359,10 @@ fn check_attention_refusals<D: Device>(g: &CudaBackend<D>) {
         .unwrap_err();
     assert!(e.to_string().contains("use --device cpu"), "{e}");
     let e = g
+        .encoder_attention(&qkv, &[0, 4], 2, 6, 0.1, &mut out)
+        .unwrap_err();
+    assert!(e.to_string().contains("a multiple of 4"), "{e}");
+    let e = g
         .encoder_attention(&qkv, &[0, 3, 2], 2, 64, 0.1, &mut out)
         .unwrap_err();
     assert!(e.to_string().contains("decrease"), "{e}");
