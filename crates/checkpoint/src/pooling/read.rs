@@ -31,6 +31,8 @@ struct PoolingConfig {
     pooling_mode_weightedmean_tokens: bool,
     #[serde(default)]
     pooling_mode_lasttoken: bool,
+    /// sentence-transformers 6's spelling: `"mean"`, `"cls"`, `"lasttoken"`, ...
+    pooling_mode: Option<serde_json::Value>,
     include_prompt: Option<bool>,
 }
 
@@ -59,6 +61,12 @@ struct StConfig {
 #[derive(Deserialize, Default)]
 struct BertConfig {
     max_seq_length: Option<usize>,
+}
+
+#[derive(Deserialize, Default)]
+struct TokenizerConfig {
+    /// transformers writes a huge number (`VERY_LARGE_INTEGER`, 1e30) when it has none.
+    model_max_length: Option<f64>,
 }
 
 /// What sentence-transformers' files describe.
@@ -117,8 +125,17 @@ impl PoolerInfo {
             read_optional(&dir.join("config_sentence_transformers.json"))?.unwrap_or_default();
         let bert_config: BertConfig =
             read_optional(&dir.join("sentence_bert_config.json"))?.unwrap_or_default();
+        // sentence-transformers' `max_seq_length`, else (as its Transformer module does, and
+        // where sentence-transformers 6 keeps it) the tokenizer's `model_max_length`.
+        let tokenizer_config: TokenizerConfig =
+            read_optional(&dir.join("tokenizer_config.json"))?.unwrap_or_default();
+        let tokenizer_max = tokenizer_config
+            .model_max_length
+            .filter(|m| (1.0..1e9).contains(m))
+            .map(|m| m as usize);
         let max_input_tokens = bert_config
             .max_seq_length
+            .or(tokenizer_max)
             .map_or(config.max_position_embeddings, |m| {
                 m.min(config.max_position_embeddings)
             });
@@ -310,6 +327,24 @@ fn read_pooling(path: &Path) -> Result<Pooling> {
             path,
             "include_prompt: false (pooling without the prompt's tokens) is not supported",
         ));
+    }
+    if let Some(mode) = &c.pooling_mode {
+        let one = match mode {
+            serde_json::Value::String(m) => Some(m.as_str()),
+            serde_json::Value::Array(v) if v.len() == 1 => v[0].as_str(),
+            _ => None,
+        };
+        return match one {
+            Some("cls" | "cls_token") => Ok(Pooling::Cls),
+            Some("mean" | "mean_tokens") => Ok(Pooling::Mean),
+            Some("lasttoken" | "last_token") => Ok(Pooling::Last),
+            _ => Err(config_err(
+                path,
+                format!(
+                    "pooling_mode {mode} is not supported (supported: \"cls\", \"mean\", \"lasttoken\")"
+                ),
+            )),
+        };
     }
     match (
         c.pooling_mode_cls_token,

@@ -277,3 +277,50 @@ fn a_causal_lm_reranks_with_its_yes_and_no_logits() {
         .to_string();
     assert!(e.contains("\"no\""), "{e}");
 }
+
+/// sentence-transformers 6's files: module types under `sentence_transformers.base`,
+/// `pooling_mode` as a string, `max_seq_length` as the tokenizer's `model_max_length`.
+#[test]
+fn sentence_transformers_6_files_are_read() {
+    let (dir, c) = model(BERT);
+    let d = dir.path();
+    write(
+        d,
+        "modules.json",
+        r#"[{"idx":0,"name":"0","path":"","type":"sentence_transformers.base.modules.transformer.Transformer"},
+        {"idx":1,"name":"1","path":"1_Pooling","type":"sentence_transformers.sentence_transformer.modules.pooling.Pooling"},
+        {"idx":2,"name":"2","path":"2_Normalize","type":"sentence_transformers.base.modules.normalize.Normalize"}]"#,
+    );
+    write(
+        d,
+        "1_Pooling/config.json",
+        r#"{"embedding_dimension":384,"pooling_mode":"mean","include_prompt":true}"#,
+    );
+    write(
+        d,
+        "sentence_bert_config.json",
+        r#"{"transformer_task":"feature-extraction"}"#,
+    );
+    write(
+        d,
+        "tokenizer_config.json",
+        r#"{"model_max_length":64,"do_lower_case":true}"#,
+    );
+    let p = PoolerInfo::read(d, &c, None).unwrap().unwrap();
+    assert_eq!(
+        (p.pooling, p.normalize, p.max_input_tokens),
+        (Pooling::Mean, true, 64)
+    );
+    write(d, "1_Pooling/config.json", r#"{"pooling_mode":"max"}"#);
+    let e = PoolerInfo::read(d, &c, None).unwrap_err().to_string();
+    assert!(e.contains("\"max\""), "{e}");
+    // transformers' stand-in for "no limit" leaves the position table's.
+    write(d, "1_Pooling/config.json", r#"{"pooling_mode":"cls"}"#);
+    write(
+        d,
+        "tokenizer_config.json",
+        r#"{"model_max_length":1000000000000000019884624838656}"#,
+    );
+    let p = PoolerInfo::read(d, &c, None).unwrap().unwrap();
+    assert_eq!((p.pooling, p.max_input_tokens), (Pooling::Cls, 512));
+}
