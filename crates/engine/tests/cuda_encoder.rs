@@ -11,18 +11,17 @@
 //! wiring and numerics in a whole model; `cuda_encoder_ops.rs` checks each op at real sizes.
 
 mod cuda_common;
-mod hf_fixture;
+mod pool_common;
 
-use std::path::Path;
 use std::sync::Arc;
 
-use hf_fixture::{blocks, chunk, fixture};
 use lmi_cuda::Device;
+use lmi_engine::DType;
 use lmi_engine::cpu::CpuBackend;
 use lmi_engine::cuda::CudaBackend;
 use lmi_engine::encoder::EncoderEngine;
-use lmi_engine::engine::{EngineOptions, StepEngine};
-use lmi_engine::{Backend, DType, LogitsWanted, PoolRequest, StepBatch};
+use lmi_engine::engine::EngineOptions;
+use pool_common::{Input, cosine, fixture, floats, ids, pool_batch, reference};
 
 /// Embedders (pooled vectors) and cross-encoders (logits), BERT and XLM-RoBERTa each.
 const EMBEDDERS: [&str; 3] = ["bert_mean", "bert_cls_dense", "xlmr_cls"];
@@ -47,53 +46,25 @@ const CPU: Tol = Tol {
     logit: 2e-3,
 };
 
-/// One input of a fixture: its ids, the first token of its second segment (a pair's
-/// document), and the reference's output (an embedding, or a cross-encoder's logits).
-struct Input {
-    ids: Vec<u32>,
-    segment_b: Option<usize>,
-    want: Vec<f32>,
-}
-
-fn floats(v: &serde_json::Value) -> Vec<f32> {
-    v.as_array()
-        .expect("an array")
-        .iter()
-        .map(|x| x.as_f64().expect("a number") as f32)
-        .collect()
-}
-
-fn inputs(name: &str) -> Vec<Input> {
-    let path = fixture("embed", name).join("reference.json");
-    let text = std::fs::read_to_string(&path).expect("reference.json");
-    let r: serde_json::Value = serde_json::from_str(&text).expect("reference.json parses");
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .expect("ids")
-            .iter()
-            .map(|x| x.as_u64().expect("an id") as u32)
-            .collect()
-    };
+/// A fixture's inputs (ids, and a pair's second segment) and the reference's outputs (an
+/// embedding, or a cross-encoder's logits).
+fn inputs(name: &str) -> (Vec<Input>, Vec<Vec<f32>>) {
+    let r = reference(name);
     if let Some(items) = r["inputs"].as_array() {
         return items
             .iter()
-            .map(|i| Input {
-                ids: ids(&i["ids"]),
-                segment_b: None,
-                want: floats(&i["embedding"]),
-            })
-            .collect();
+            .map(|i| (Input::text(ids(&i["ids"])), floats(&i["embedding"])))
+            .unzip();
     }
     r["pairs"]
         .as_array()
         .expect("inputs or pairs")
         .iter()
-        .map(|p| Input {
-            ids: ids(&p["ids"]),
-            segment_b: ids(&p["type_ids"]).iter().position(|&t| t == 1),
-            want: floats(&p["logits"]),
+        .map(|p| {
+            let input = Input::pair(ids(&p["ids"]), &ids(&p["type_ids"]));
+            (input, floats(&p["logits"]))
         })
-        .collect()
+        .unzip()
 }
 
 fn options() -> EngineOptions {
@@ -102,47 +73,6 @@ fn options() -> EngineOptions {
         kv_blocks: Some(64),
         ..Default::default()
     }
-}
-
-/// The pooled outputs of `inputs`, all in one step.
-fn pooled<B: Backend>(e: &mut EncoderEngine<B>, inputs: &[&Input]) -> Vec<Vec<f32>> {
-    let mut next = 0;
-    let chunks: Vec<_> = inputs
-        .iter()
-        .map(|i| {
-            let table = blocks(next, i.ids.len());
-            next += table.len() as u32;
-            chunk(&i.ids, 0, &table, LogitsWanted::None)
-        })
-        .collect();
-    let pools: Vec<_> = inputs
-        .iter()
-        .enumerate()
-        .map(|(chunk, i)| PoolRequest {
-            chunk,
-            segment_b: i.segment_b,
-        })
-        .collect();
-    let out = e
-        .step(&StepBatch {
-            chunks: &chunks,
-            samples: &[],
-            prompt_logprobs: &[],
-            media: &[],
-            rope_deltas: &[],
-            states: &[],
-            pools: &pools,
-        })
-        .unwrap();
-    assert_eq!(out.pooled.len(), inputs.len());
-    out.pooled
-}
-
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len(), "vector lengths");
-    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
-    let norm = |v: &[f32]| v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
-    dot / (norm(a) * norm(b))
 }
 
 /// The largest logit difference relative to max(1, |logit|).
@@ -167,22 +97,20 @@ fn assert_agrees(what: &str, embedding: bool, got: &[f32], want: &[f32], tol: &T
 }
 
 fn check_fixture<D: Device>(dev: &Arc<D>, name: &str, cpu: &[Vec<f32>]) {
-    let dir = fixture("embed", name);
     let embedding = EMBEDDERS.contains(&name);
-    let inputs = inputs(name);
-    let all: Vec<&Input> = inputs.iter().collect();
+    let (inputs, want) = inputs(name);
     let backend = CudaBackend::with_graphs(dev.clone(), true).unwrap();
-    let mut e = EncoderEngine::load(backend, &dir, &options()).unwrap();
-    let got = pooled(&mut e, &all);
-    for (i, ((g, input), c)) in got.iter().zip(&inputs).zip(cpu).enumerate() {
+    let mut e = EncoderEngine::load(backend, &fixture(name), &options()).unwrap();
+    let got = pool_batch(&mut e, &inputs);
+    for (i, (g, input)) in got.iter().zip(&inputs).enumerate() {
         let what = format!("{name} input {i} ({} tokens)", input.ids.len());
         let against = |whom: &str| format!("{what} against the {whom}");
-        assert_agrees(&against("reference"), embedding, g, &input.want, &REFERENCE);
-        assert_agrees(&against("CPU"), embedding, g, c, &CPU);
+        assert_agrees(&against("reference"), embedding, g, &want[i], &REFERENCE);
+        assert_agrees(&against("CPU"), embedding, g, &cpu[i], &CPU);
     }
     let exact = dev.info().emulated || cuda_common::on_fake_driver();
     for (i, input) in inputs.iter().enumerate() {
-        let alone = pooled(&mut e, &[input]);
+        let alone = pool_batch(&mut e, std::slice::from_ref(input));
         let what = format!("{name} input {i} alone");
         match exact {
             true => assert_eq!(alone[0], got[i], "{what}: the bits of the batch"),
@@ -193,13 +121,12 @@ fn check_fixture<D: Device>(dev: &Arc<D>, name: &str, cpu: &[Vec<f32>]) {
 
 /// The CPU engine's outputs in bf16, checked against the reference as the device's are.
 fn cpu_outputs(name: &str) -> Vec<Vec<f32>> {
-    let dir = fixture("embed", name);
-    let inputs = inputs(name);
-    let mut e = EncoderEngine::load(CpuBackend::new(), Path::new(&dir), &options()).unwrap();
-    let out = pooled(&mut e, &inputs.iter().collect::<Vec<_>>());
-    for (i, (o, input)) in out.iter().zip(&inputs).enumerate() {
+    let (inputs, want) = inputs(name);
+    let mut e = EncoderEngine::load(CpuBackend::new(), &fixture(name), &options()).unwrap();
+    let out = pool_batch(&mut e, &inputs);
+    for (i, (o, w)) in out.iter().zip(&want).enumerate() {
         let what = format!("{name} input {i} on the CPU in bf16");
-        assert_agrees(&what, EMBEDDERS.contains(&name), o, &input.want, &REFERENCE);
+        assert_agrees(&what, EMBEDDERS.contains(&name), o, w, &REFERENCE);
     }
     out
 }
