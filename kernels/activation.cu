@@ -1,12 +1,20 @@
 // Gated MLP activations, each input row holding [gate | up]: SwiGLU, out[r, i] =
-// silu(gate[r, i]) * up[r, i], and GeGLU (Gemma), gelu_tanh(gate[r, i]) * up[r, i].
+// silu(gate[r, i]) * up[r, i], and GeGLU (Gemma), gelu_tanh(gate[r, i]) * up[r, i]; and the
+// plain GELUs in place (encoders' MLPs, a vision merger's), erf or tanh form.
 #include "common.cuh"
 #include "rows.cuh"
 
 // gelu_pytorch_tanh: g/2 · (1 + tanh(√(2/π) · (g + 0.044715 g³))) (the CPU backend's formula).
-__device__ __forceinline__ float gelu_tanh_mul_one(float g, float u) {
+__device__ __forceinline__ float gelu_tanh_one(float g) {
     const float t = tanhf(0.7978846f * (g + 0.044715f * g * g * g));
-    return 0.5f * g * (1.0f + t) * u;
+    return 0.5f * g * (1.0f + t);
+}
+
+__device__ __forceinline__ float gelu_tanh_mul_one(float g, float u) { return gelu_tanh_one(g) * u; }
+
+// nn.GELU() / BERT's `gelu`: x/2 · (1 + erf(x / √2)).
+__device__ __forceinline__ float gelu_erf_one(float x) {
+    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
 }
 
 // Rows of `width` outputs, `n` in all: rows in y, columns in x (rows.cuh: no division).
@@ -24,3 +32,13 @@ GATED(silu_mul_f32, float, silu_mul_one)
 GATED(silu_mul_bf16, bf16, silu_mul_one)
 GATED(gelu_tanh_mul_f32, float, gelu_tanh_mul_one)
 GATED(gelu_tanh_mul_bf16, bf16, gelu_tanh_mul_one)
+
+// In place over n values (grid-stride).
+#define GELU_IN_PLACE(NAME, ONE)                                                                 \
+    extern "C" __global__ void NAME(float* __restrict__ x, unsigned long long n) {               \
+        for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;   \
+             i < n; i += (unsigned long long)gridDim.x * blockDim.x)                             \
+            x[i] = ONE(x[i]);                                                                    \
+    }
+GELU_IN_PLACE(gelu_erf_f32, gelu_erf_one)
+GELU_IN_PLACE(gelu_tanh_f32, gelu_tanh_one)

@@ -1,6 +1,6 @@
-// RMSNorm: out = x / sqrt(mean(x²) + eps) * w, per row; the fused residual form; and the
-// per-head form of Qwen3's q_norm / k_norm. One block per row (or per head), the sum of
-// squares reduced in a fixed order.
+// RMSNorm: out = x / sqrt(mean(x²) + eps) * w, per row; the fused residual form; the
+// per-head form of Qwen3's q_norm / k_norm; and LayerNorm with a bias (encoders, vision
+// towers). One block per row (or per head), every sum reduced in a fixed order.
 #include "common.cuh"
 
 template <typename TOut>
@@ -52,3 +52,35 @@ extern "C" __global__ void head_rms_norm(float* __restrict__ x, const float* __r
     const float inv = rsqrtf(ss / (float)head_dim + eps);
     for (unsigned i = threadIdx.x; i < head_dim; i += blockDim.x) h[i] = h[i] * inv * w[i];
 }
+
+// out = (x - mean) / sqrt(var + eps) * w + b per row of `width`; one block per row, f32
+// statistics (two passes over the row: the mean, then the variance about it, which keeps
+// the variance of rows with a large mean exact where E[x²] - mean² would cancel).
+template <typename TOut>
+__device__ __forceinline__ void layer_norm_row(TOut* __restrict__ o, const float* __restrict__ row,
+                                               const float* __restrict__ w,
+                                               const float* __restrict__ b, unsigned width,
+                                               float eps) {
+    __shared__ float scratch[32];
+    float s = 0.0f;
+    for (unsigned i = threadIdx.x; i < width; i += blockDim.x) s += row[i];
+    const float mean = block_sum(s, scratch) / (float)width;
+    float v = 0.0f;
+    for (unsigned i = threadIdx.x; i < width; i += blockDim.x) {
+        const float d = row[i] - mean;
+        v = fmaf(d, d, v);
+    }
+    const float inv = rsqrtf(block_sum(v, scratch) / (float)width + eps);
+    for (unsigned i = threadIdx.x; i < width; i += blockDim.x)
+        store_f32(o, i, fmaf((row[i] - mean) * inv, w[i], b[i]));
+}
+
+#define LAYER_NORM(NAME, TOut)                                                                 \
+    extern "C" __global__ void NAME(TOut* __restrict__ out, const float* __restrict__ x,      \
+                                    const float* __restrict__ w, const float* __restrict__ b, \
+                                    unsigned width, float eps) {                               \
+        const unsigned long long r = blockIdx.x;                                               \
+        layer_norm_row(out + r * width, x + r * width, w, b, width, eps);                      \
+    }
+LAYER_NORM(layer_norm_f32, float)
+LAYER_NORM(layer_norm_bf16, bf16)

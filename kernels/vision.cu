@@ -1,31 +1,9 @@
-// A vision tower's own kernels (Qwen2-VL, Qwen2.5-VL; host code in engine-cuda/src/vision.rs): LayerNorm
-// with a bias, QuickGELU and erf GELU, and non-causal attention inside segments of patches
-// (a frame, or a window). Matrix products, RMSNorm, SwiGLU, residual adds and the 2D rotary
-// embedding reuse the language model's kernels.
+// A vision tower's own kernels (Qwen2-VL, Qwen2.5-VL; host code in engine-cuda/src/vision.rs):
+// QuickGELU and non-causal attention inside segments of patches (a frame, or a window). Matrix
+// products, LayerNorm and RMSNorm (norm.cu), erf GELU (activation.cu), SwiGLU, residual adds
+// and the 2D rotary embedding are the language model's and the encoders' kernels.
 #include "common.cuh"
 #include "rows.cuh"
-
-// out = (x - mean) / sqrt(var + eps) * w + b per row of `width`; one block per row, f32
-// statistics reduced in a fixed order (two passes over the row: mean, then variance).
-extern "C" __global__ void layer_norm_f32(float* __restrict__ out, const float* __restrict__ x,
-                                          const float* __restrict__ w,
-                                          const float* __restrict__ b, unsigned width,
-                                          float eps) {
-    __shared__ float scratch[32];
-    const float* row = x + (unsigned long long)blockIdx.x * width;
-    float* o = out + (unsigned long long)blockIdx.x * width;
-    float s = 0.0f;
-    for (unsigned i = threadIdx.x; i < width; i += blockDim.x) s += row[i];
-    const float mean = block_sum(s, scratch) / (float)width;
-    float v = 0.0f;
-    for (unsigned i = threadIdx.x; i < width; i += blockDim.x) {
-        const float d = row[i] - mean;
-        v = fmaf(d, d, v);
-    }
-    const float inv = rsqrtf(block_sum(v, scratch) / (float)width + eps);
-    for (unsigned i = threadIdx.x; i < width; i += blockDim.x)
-        o[i] = fmaf((row[i] - mean) * inv, w[i], b[i]);
-}
 
 // In place over n values: x · σ(1.702 x) (Qwen2-VL's MLP).
 extern "C" __global__ void quick_gelu_f32(float* __restrict__ x, unsigned long long n) {
@@ -33,15 +11,6 @@ extern "C" __global__ void quick_gelu_f32(float* __restrict__ x, unsigned long l
          i += (unsigned long long)gridDim.x * blockDim.x) {
         const float v = x[i];
         x[i] = v / (1.0f + expf(-1.702f * v));
-    }
-}
-
-// In place over n values: 0.5 x (1 + erf(x / √2)) (nn.GELU(), the patch merger's MLP).
-extern "C" __global__ void gelu_erf_f32(float* __restrict__ x, unsigned long long n) {
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
-         i += (unsigned long long)gridDim.x * blockDim.x) {
-        const float v = x[i];
-        x[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
     }
 }
 

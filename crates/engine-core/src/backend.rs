@@ -125,6 +125,13 @@ pub trait Backend: Send + Sync + 'static {
     fn upload_router(&self, t: HostTensor) -> Result<Self::Weight> {
         self.upload_weight(t)
     }
+    /// A matrix that only ever multiplies whole sequences' rows, never a decode batch (an
+    /// encoder's): a backend may keep it in a layout for large products, whose
+    /// [`Backend::linear`] then has its own canonical order per element (the CPU packs f32
+    /// matrices in panels for an outer-product kernel).
+    fn upload_encoder_weight(&self, t: HostTensor) -> Result<Self::Weight> {
+        self.upload_weight(t)
+    }
     /// Uploads a LoRA pair (`a` `[rank, in]`, `b` `[out, rank]`, scale folded into `b`) in
     /// `dtype`, in whatever layout this backend's `lora` reads.
     fn upload_lora_pair(

@@ -17,7 +17,7 @@ use crate::attention::{self, Scoring};
 use crate::delta_net::{self, CpuState};
 use crate::kv_pool::KvPool;
 use crate::{
-    amx, encoder, encoder_attention, linear, lora, moe, ops, qlanes, qlinear, simd, vision,
+    amx, encoder, encoder_attention, linear, lora, moe, ops, panel, qlanes, qlinear, simd, vision,
 };
 
 /// A weight in CPU memory. bf16 matrices are kept in AMX tile order where the CPU has AMX.
@@ -39,6 +39,11 @@ pub enum CpuWeight {
         w: qlinear::QWeight,
         shape: Vec<usize>,
     },
+    /// An encoder's f32 matrix in panels for the outer-product kernel (`panel.rs`).
+    Panels {
+        w: panel::PanelWeight,
+        shape: Vec<usize>,
+    },
 }
 
 impl CpuWeight {
@@ -47,7 +52,8 @@ impl CpuWeight {
             CpuWeight::F32 { shape, .. }
             | CpuWeight::BF16 { shape, .. }
             | CpuWeight::Amx { shape, .. }
-            | CpuWeight::Quant { shape, .. } => shape,
+            | CpuWeight::Quant { shape, .. }
+            | CpuWeight::Panels { shape, .. } => shape,
         }
     }
 
@@ -58,6 +64,7 @@ impl CpuWeight {
             CpuWeight::BF16 { data, .. } => data.len() * 2,
             CpuWeight::Amx { packed, .. } => packed.bytes(),
             CpuWeight::Quant { w, .. } => w.bytes(),
+            CpuWeight::Panels { w, .. } => w.bytes(),
         }
     }
 
@@ -65,7 +72,10 @@ impl CpuWeight {
     fn as_f32(&self) -> &[f32] {
         match self {
             CpuWeight::F32 { data, .. } => data,
-            CpuWeight::BF16 { .. } | CpuWeight::Amx { .. } | CpuWeight::Quant { .. } => {
+            CpuWeight::BF16 { .. }
+            | CpuWeight::Amx { .. }
+            | CpuWeight::Quant { .. }
+            | CpuWeight::Panels { .. } => {
                 panic!("vector weights are uploaded as f32")
             }
         }
@@ -119,6 +129,7 @@ impl CpuBackend {
             CpuWeight::BF16 { data, .. } => linear::linear(x, rows, k, data, n, bias, out),
             CpuWeight::Amx { packed, .. } => amx::linear(x, rows, packed, bias, out),
             CpuWeight::Quant { w, .. } => qlinear::qlinear(x, rows, w, bias, out),
+            CpuWeight::Panels { w, .. } => panel::linear(x, rows, w, bias, out),
         }
     }
 
@@ -221,6 +232,18 @@ impl Backend for CpuBackend {
                 ));
             }
         })
+    }
+
+    /// f32 matrices in panels (`panel.rs`); other forms as [`Backend::upload_weight`] keeps
+    /// them.
+    fn upload_encoder_weight(&self, t: HostTensor) -> Result<CpuWeight> {
+        match &t.data {
+            HostData::F32(data) if t.shape.len() == 2 => Ok(CpuWeight::Panels {
+                w: panel::PanelWeight::pack(data, t.shape[0], t.shape[1]),
+                shape: t.shape,
+            }),
+            _ => self.upload_weight(t),
+        }
     }
 
     fn upload_lora_pair(
@@ -363,6 +386,11 @@ impl Backend for CpuBackend {
                 }
             }
             CpuWeight::Quant { w, .. } => {
+                for (o, &id) in out.chunks_mut(width).zip(&step.token_ids) {
+                    w.row_into(id as usize, o);
+                }
+            }
+            CpuWeight::Panels { w, .. } => {
                 for (o, &id) in out.chunks_mut(width).zip(&step.token_ids) {
                     w.row_into(id as usize, o);
                 }
@@ -551,6 +579,13 @@ impl Backend for CpuBackend {
                 }
             }
             CpuWeight::Quant { w, .. } => {
+                let mut row = vec![0.0; width];
+                for (o, &id) in out.chunks_mut(width).zip(ids) {
+                    w.row_into(id as usize, &mut row);
+                    o.iter_mut().zip(&row).for_each(|(o, v)| *o += v);
+                }
+            }
+            CpuWeight::Panels { w, .. } => {
                 let mut row = vec![0.0; width];
                 for (o, &id) in out.chunks_mut(width).zip(ids) {
                     w.row_into(id as usize, &mut row);

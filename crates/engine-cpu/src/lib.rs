@@ -16,6 +16,7 @@ mod linear;
 mod lora;
 mod moe;
 mod ops;
+mod panel;
 mod qact;
 pub mod qlanes;
 pub mod qlinear;

@@ -25,7 +25,7 @@ use super::graphs::{Captured, GraphCache, Plan};
 use super::memory::{Arena, DeviceBox, cuda_err};
 use super::rope::{self, CudaRope, u32_arg};
 use super::step::{self, CudaStep, Packed};
-use super::{attention, delta_net, lora, moe, sampler};
+use super::{attention, delta_net, encoder, lora, moe, sampler};
 
 /// Every kernel the backend launches; all are resolved when it starts, so a missing one is
 /// an error at load time, never in a step.
@@ -51,9 +51,7 @@ const KERNELS: &[&str] = &[
     "gather_rows_f32",
     "scatter_rows_f32",
     "scatter_add_rows_f32",
-    "layer_norm_f32",
     "quick_gelu_f32",
-    "gelu_erf_f32",
     "vision_attention",
     "f32_to_bf16_rows",
     "bf16_to_f32_rows",
@@ -210,6 +208,7 @@ impl<D: Device> CudaBackend<D> {
             .chain(lora::KERNELS)
             .chain(moe::KERNELS)
             .chain(delta_net::KERNELS)
+            .chain(encoder::KERNELS)
             .chain(sampler::KERNELS);
         for &name in all {
             let f = dev
@@ -865,9 +864,41 @@ impl<D: Device> Backend for CudaBackend<D> {
             | Feature::Experts
             | Feature::AttentionSinks
             | Feature::DeepStack
-            | Feature::LinearAttention => true,
-            Feature::Encoder => false,
+            | Feature::LinearAttention
+            | Feature::Encoder => true,
         }
+    }
+
+    fn layer_norm(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        w: &CudaWeight<D>,
+        b: &CudaWeight<D>,
+        eps: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        encoder::layer_norm(self, x, rows, w, b, eps, out)
+    }
+
+    fn gelu(&self, x: &mut CudaBuf, len: usize, tanh: bool) -> Result<()> {
+        encoder::gelu(self, x, len, tanh)
+    }
+
+    fn gather_add(&self, table: &CudaWeight<D>, ids: &[u32], out: &mut CudaBuf) -> Result<()> {
+        encoder::gather_add(self, table, ids, out)
+    }
+
+    fn encoder_attention(
+        &self,
+        qkv: &CudaBuf,
+        cu: &[u32],
+        heads: usize,
+        head_dim: usize,
+        scale: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        encoder::attention(self, qkv, cu, heads, head_dim, scale, out)
     }
 
     fn alloc_states(&self, cfg: &StateConfig) -> Result<Vec<delta_net::CudaState<D>>> {

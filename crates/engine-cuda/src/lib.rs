@@ -6,6 +6,7 @@ mod attention;
 mod backend;
 pub mod ceilings;
 mod delta_net;
+mod encoder;
 mod graphs;
 mod lora;
 mod memory;

@@ -54,6 +54,7 @@ impl<B: Backend> Encoder<B> {
         let p = prefix(&st)?;
         let (h, inter) = (config.hidden_size, config.intermediate_size);
         let mat = |name: &str, shape: &[usize]| st.load(name, shape, dtype);
+        let upload = |t: HostTensor| backend.upload_encoder_weight(t);
         let vec = |name: &str, len: usize| -> Result<B::Weight> {
             backend.upload_weight(st.load(name, &[len], DType::F32)?)
         };
@@ -90,19 +91,14 @@ impl<B: Backend> Encoder<B> {
                     .map(|n| st.load(&format!("{a}.self.{n}.bias"), &[h], DType::F32))
                     .collect::<lmi_checkpoint::Result<Vec<_>>>()?;
                 Ok(EncoderLayer {
-                    qkv: backend.upload_weight(HostTensor::concat_rows(qkv))?,
+                    qkv: upload(HostTensor::concat_rows(qkv))?,
                     qkv_bias: backend.upload_weight(HostTensor::concat_rows(qkv_bias))?,
-                    out: backend
-                        .upload_weight(mat(&format!("{a}.output.dense.weight"), &[h, h])?)?,
+                    out: upload(mat(&format!("{a}.output.dense.weight"), &[h, h])?)?,
                     out_bias: vec(&format!("{a}.output.dense.bias"), h)?,
                     attn_norm: norm(&format!("{a}.output.LayerNorm"))?,
-                    up: backend.upload_weight(mat(
-                        &format!("{l}.intermediate.dense.weight"),
-                        &[inter, h],
-                    )?)?,
+                    up: upload(mat(&format!("{l}.intermediate.dense.weight"), &[inter, h])?)?,
                     up_bias: vec(&format!("{l}.intermediate.dense.bias"), inter)?,
-                    down: backend
-                        .upload_weight(mat(&format!("{l}.output.dense.weight"), &[h, inter])?)?,
+                    down: upload(mat(&format!("{l}.output.dense.weight"), &[h, inter])?)?,
                     down_bias: vec(&format!("{l}.output.dense.bias"), h)?,
                     mlp_norm: norm(&format!("{l}.output.LayerNorm"))?,
                 })
