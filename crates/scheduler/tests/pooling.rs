@@ -16,7 +16,13 @@ use lmi_scheduler::{Event, Handle, Pooled, PoolingRequest, RequestStream, Submit
 use lmi_text::Tokenizer;
 
 fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/embed/qwen3_embedding")
+    embed_fixture("qwen3_embedding")
+}
+
+fn embed_fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/embed")
+        .join(name)
 }
 
 fn opts(blocks: usize) -> EngineOptions {
@@ -65,6 +71,10 @@ fn reference() -> Vec<(Vec<u32>, Vec<f32>)> {
 
 /// The engine's own output for `tokens` run alone in one step, without the scheduler.
 fn direct(engine: &mut dyn StepEngine, tokens: &[u32]) -> Vec<f32> {
+    direct_pair(engine, tokens, None)
+}
+
+fn direct_pair(engine: &mut dyn StepEngine, tokens: &[u32], segment_b: Option<usize>) -> Vec<f32> {
     let chunks = [SeqChunk {
         tokens: tokens.to_vec(),
         start_pos: 0,
@@ -75,7 +85,7 @@ fn direct(engine: &mut dyn StepEngine, tokens: &[u32]) -> Vec<f32> {
     }];
     let pools = [PoolRequest {
         chunk: 0,
-        segment_b: None,
+        segment_b,
     }];
     let out = engine
         .step(&StepBatch {
@@ -290,4 +300,59 @@ fn a_generative_model_refuses_pooling_requests() {
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("accepted"),
     }
+}
+
+/// An encoder (a BERT cross-encoder: pairs with token types) through the scheduler: each
+/// pair's logit is the engine's own, bit for bit, with the inputs batched several per step.
+#[test]
+fn encoder_pairs_equal_the_engines_step() {
+    let dir = embed_fixture("bert_cross");
+    let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let pairs: Vec<(Vec<u32>, Option<usize>)> = r["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let types = ids(&p["type_ids"]);
+            (ids(&p["ids"]), types.iter().position(|&t| t == 1))
+        })
+        .collect();
+    let mut engine = lmi_engine::open(lmi_engine::Device::Cpu, &dir, &opts(64)).unwrap();
+    let want: Vec<Vec<f32>> = pairs
+        .iter()
+        .map(|(t, seg)| direct_pair(engine.as_mut(), t, *seg))
+        .collect();
+    // The reference's logits (transformers), to a float tolerance.
+    for ((p, w), (t, _)) in r["pairs"].as_array().unwrap().iter().zip(&want).zip(&pairs) {
+        let logit = p["logits"][0].as_f64().unwrap();
+        assert!(
+            (f64::from(w[0]) - logit).abs() < 1e-4,
+            "{w:?} vs {logit} ({} tokens)",
+            t.len()
+        );
+    }
+    let h = Handle::spawn(engine, Tokenizer::from_dir(&dir).unwrap(), cfg(4, 128));
+    let streams: Vec<_> = (0..3)
+        .flat_map(|_| pairs.iter().enumerate())
+        .map(|(i, (t, seg))| {
+            let req = PoolingRequest {
+                tokens: t.clone(),
+                segment_b: *seg,
+            };
+            (i, h.submit_pooling(req).unwrap())
+        })
+        .collect();
+    for (i, s) in streams {
+        assert_eq!(bits(&pooled(s).values), bits(&want[i]), "pair {i}");
+    }
+    wait_pool_whole(&h, 0);
+    assert!(h.metrics().snapshot().steps > 3, "shared among steps");
 }

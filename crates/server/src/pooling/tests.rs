@@ -286,3 +286,119 @@ async fn a_generative_model_serves_no_pooling_routes() {
     let e = embed(&state, vec![text("a")], &opts()).await.unwrap_err();
     assert!(e.message.contains("option.task"), "{}", e.message);
 }
+
+#[tokio::test]
+async fn encoder_embeddings_match_sentence_transformers() {
+    for name in ["bert_mean", "bert_cls_dense", "xlmr_cls"] {
+        let state = serve(fixture(name), &[]);
+        let r = reference(name);
+        let inputs = r["inputs"].as_array().unwrap();
+        // The inputs of each prompt (and those with none) in one request, cut to
+        // max_seq_length as sentence-transformers cuts them.
+        let mut prompts: Vec<Option<&str>> =
+            inputs.iter().map(|i| i["prompt_name"].as_str()).collect();
+        prompts.sort_unstable();
+        prompts.dedup();
+        let mut checked = 0;
+        for prompt in prompts {
+            let these: Vec<&Value> = inputs
+                .iter()
+                .filter(|i| i["prompt_name"].as_str() == prompt)
+                .collect();
+            let texts = these
+                .iter()
+                .map(|i| text(i["text"].as_str().unwrap()))
+                .collect();
+            let o = EmbedOptions {
+                truncation: Truncation::Right,
+                prompt_name: prompt.map(str::to_string),
+                ..opts()
+            };
+            let got = embed(&state, texts, &o).await.unwrap();
+            assert_eq!(got.len(), these.len());
+            for (input, e) in these.iter().zip(&got) {
+                let c = cosine(&e.values, &floats(&input["embedding"]));
+                assert!(c >= 0.99999, "{name} {:?}: cosine {c}", input["text"]);
+                assert_eq!(e.prompt_tokens, input["ids"].as_array().unwrap().len());
+                checked += 1;
+            }
+        }
+        assert_eq!(
+            checked,
+            inputs.len(),
+            "{name}: each prompt's inputs in a row"
+        );
+        // These models declare no Matryoshka dimensions.
+        let cut = EmbedOptions {
+            dimensions: Some(8),
+            ..opts()
+        };
+        let e = embed(&state, vec![text("a")], &cut).await.unwrap_err();
+        assert!(e.message.contains("Matryoshka"), "{name}: {}", e.message);
+    }
+}
+
+#[tokio::test]
+async fn cross_encoder_and_classifier_logits_match_transformers() {
+    let so = ScoreOptions {
+        truncation: Truncation::Right,
+        instruction: None,
+    };
+    for name in ["bert_cross", "xlmr_rerank"] {
+        let state = serve(fixture(name), &[]);
+        let r = reference(name);
+        assert_eq!(
+            pooler(&state).unwrap().max_input_tokens as u64,
+            r["max_length"].as_u64().unwrap()
+        );
+        let pairs: Vec<(String, String)> = r["pairs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                let s = |k: &str| p[k].as_str().unwrap().to_string();
+                (s("query"), s("document"))
+            })
+            .collect();
+        let got = classify_pairs(&state, pairs.clone(), &so).await.unwrap();
+        for (i, (p, s)) in r["pairs"].as_array().unwrap().iter().zip(&got).enumerate() {
+            let want = floats(&p["logits"]);
+            assert_eq!(s.values.len(), want.len());
+            let d = (s.values[0] - want[0]).abs();
+            assert!(d < 1e-4, "{name} pair {i}: {} vs {}", s.values[0], want[0]);
+            assert_eq!(s.prompt_tokens, p["ids"].as_array().unwrap().len());
+        }
+        // score_pairs: one query against its documents, in order.
+        let (q, _) = &pairs[0];
+        let docs: Vec<String> = pairs.iter().map(|(_, d)| d.clone()).collect();
+        let one = score_pairs(&state, q, &docs[..1], &so).await.unwrap();
+        assert_eq!(one[0], got[0]);
+        let e = score_pairs(&state, "", &docs, &so).await.unwrap_err();
+        assert!(e.message.contains("query"), "{}", e.message);
+        let e = score_pairs(&state, q, &[], &so).await.unwrap_err();
+        assert!(e.message.contains("no documents"), "{}", e.message);
+        let e = require_generative(&state).unwrap_err();
+        assert!(e.message.contains("/rerank"), "{}", e.message);
+    }
+    let name = "bert_classify";
+    let state = serve(fixture(name), &[]);
+    let r = reference(name);
+    let inputs = r["inputs"].as_array().unwrap();
+    let texts = inputs
+        .iter()
+        .map(|i| text(i["text"].as_str().unwrap()))
+        .collect();
+    let got = classify(&state, texts, &so).await.unwrap();
+    assert_eq!(pooler(&state).unwrap().labels.len(), 3);
+    for (i, (input, s)) in inputs.iter().zip(&got).enumerate() {
+        let want = floats(&input["logits"]);
+        assert_eq!(s.values.len(), 3);
+        for (a, b) in s.values.iter().zip(&want) {
+            assert!(
+                (a - b).abs() < 1e-4,
+                "{name} input {i}: {:?} vs {want:?}",
+                s.values
+            );
+        }
+    }
+}
