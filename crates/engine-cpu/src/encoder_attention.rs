@@ -10,7 +10,6 @@ use lmi_engine_core::sampling::fast_exp::exp_nonpositive;
 use rayon::prelude::*;
 
 use crate::panel::{linear_packed, pack_with};
-use crate::simd::{Isa, isa};
 
 /// Query rows scored at once.
 const QUERY_BLOCK: usize = 256;
@@ -112,11 +111,10 @@ pub fn encoder_attention(
 /// that depends on the length only.
 fn softmax(s: &mut [f32], scale: f32) {
     #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx512 {
+    if crate::simd::isa() == crate::simd::Isa::Avx512 {
         // SAFETY: the feature was detected.
         return unsafe { softmax512(s, scale) };
     }
-    let _ = isa;
     for v in s.iter_mut() {
         *v *= scale;
     }
