@@ -44,6 +44,11 @@ pub enum CpuWeight {
         w: panel::PanelWeight,
         shape: Vec<usize>,
     },
+    /// An encoder's bf16 matrix in panels of pairs for `vdpbf16ps` (`panel.rs`).
+    PanelsBf16 {
+        w: panel::PanelWeightBf16,
+        shape: Vec<usize>,
+    },
 }
 
 impl CpuWeight {
@@ -53,7 +58,8 @@ impl CpuWeight {
             | CpuWeight::BF16 { shape, .. }
             | CpuWeight::Amx { shape, .. }
             | CpuWeight::Quant { shape, .. }
-            | CpuWeight::Panels { shape, .. } => shape,
+            | CpuWeight::Panels { shape, .. }
+            | CpuWeight::PanelsBf16 { shape, .. } => shape,
         }
     }
 
@@ -65,6 +71,7 @@ impl CpuWeight {
             CpuWeight::Amx { packed, .. } => packed.bytes(),
             CpuWeight::Quant { w, .. } => w.bytes(),
             CpuWeight::Panels { w, .. } => w.bytes(),
+            CpuWeight::PanelsBf16 { w, .. } => w.bytes(),
         }
     }
 
@@ -75,7 +82,8 @@ impl CpuWeight {
             CpuWeight::BF16 { .. }
             | CpuWeight::Amx { .. }
             | CpuWeight::Quant { .. }
-            | CpuWeight::Panels { .. } => {
+            | CpuWeight::Panels { .. }
+            | CpuWeight::PanelsBf16 { .. } => {
                 panic!("vector weights are uploaded as f32")
             }
         }
@@ -130,6 +138,7 @@ impl CpuBackend {
             CpuWeight::Amx { packed, .. } => amx::linear(x, rows, packed, bias, out),
             CpuWeight::Quant { w, .. } => qlinear::qlinear(x, rows, w, bias, out),
             CpuWeight::Panels { w, .. } => panel::linear(x, rows, w, bias, out),
+            CpuWeight::PanelsBf16 { w, .. } => panel::linear_bf16(x, rows, w, bias, out),
         }
     }
 
@@ -234,14 +243,20 @@ impl Backend for CpuBackend {
         })
     }
 
-    /// f32 matrices in panels (`panel.rs`); other forms as [`Backend::upload_weight`] keeps
-    /// them.
+    /// f32 matrices in panels, bf16 ones in panels of pairs where the CPU has AVX512-BF16
+    /// (`panel.rs`); other forms as [`Backend::upload_weight`] keeps them.
     fn upload_encoder_weight(&self, t: HostTensor) -> Result<CpuWeight> {
         match &t.data {
             HostData::F32(data) if t.shape.len() == 2 => Ok(CpuWeight::Panels {
                 w: panel::PanelWeight::pack(data, t.shape[0], t.shape[1]),
                 shape: t.shape,
             }),
+            HostData::BF16(data) if t.shape.len() == 2 && panel::PanelWeightBf16::available() => {
+                Ok(CpuWeight::PanelsBf16 {
+                    w: panel::PanelWeightBf16::pack(data, t.shape[0], t.shape[1]),
+                    shape: t.shape,
+                })
+            }
             _ => self.upload_weight(t),
         }
     }
@@ -391,6 +406,11 @@ impl Backend for CpuBackend {
                 }
             }
             CpuWeight::Panels { w, .. } => {
+                for (o, &id) in out.chunks_mut(width).zip(&step.token_ids) {
+                    w.row_into(id as usize, o);
+                }
+            }
+            CpuWeight::PanelsBf16 { w, .. } => {
                 for (o, &id) in out.chunks_mut(width).zip(&step.token_ids) {
                     w.row_into(id as usize, o);
                 }
@@ -586,6 +606,13 @@ impl Backend for CpuBackend {
                 }
             }
             CpuWeight::Panels { w, .. } => {
+                let mut row = vec![0.0; width];
+                for (o, &id) in out.chunks_mut(width).zip(ids) {
+                    w.row_into(id as usize, &mut row);
+                    o.iter_mut().zip(&row).for_each(|(o, v)| *o += v);
+                }
+            }
+            CpuWeight::PanelsBf16 { w, .. } => {
                 let mut row = vec![0.0; width];
                 for (o, &id) in out.chunks_mut(width).zip(ids) {
                     w.row_into(id as usize, &mut row);

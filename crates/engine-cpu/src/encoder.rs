@@ -129,7 +129,7 @@ fn gelu_slice(x: &mut [f32], tanh: bool) {
 /// `exp_nonpositive` sixteen at a time: the same operations per lane, so the same bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn exp_nonpositive16(v: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+pub(crate) fn exp_nonpositive16(v: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;

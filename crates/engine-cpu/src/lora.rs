@@ -66,11 +66,12 @@ fn rows(w: &CpuWeight) -> Result<Rows<'_>> {
     match w {
         CpuWeight::F32 { data, .. } => Ok(Rows::F32(data)),
         CpuWeight::BF16 { data, .. } => Ok(Rows::BF16(data)),
-        CpuWeight::Amx { .. } | CpuWeight::Quant { .. } | CpuWeight::Panels { .. } => {
-            Err(EngineError::Backend(
-                "LoRA weights are kept plain on the CPU, not in AMX tiles or quantized".into(),
-            ))
-        }
+        CpuWeight::Amx { .. }
+        | CpuWeight::Quant { .. }
+        | CpuWeight::Panels { .. }
+        | CpuWeight::PanelsBf16 { .. } => Err(EngineError::Backend(
+            "LoRA weights are kept plain on the CPU, not in AMX tiles or quantized".into(),
+        )),
     }
 }
 

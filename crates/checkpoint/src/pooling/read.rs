@@ -127,8 +127,12 @@ impl PoolerInfo {
             read_optional(&dir.join("sentence_bert_config.json"))?.unwrap_or_default();
         // sentence-transformers' `max_seq_length`, else (as its Transformer module does, and
         // where sentence-transformers 6 keeps it) the tokenizer's `model_max_length`.
-        let tokenizer_config: TokenizerConfig =
-            read_optional(&dir.join("tokenizer_config.json"))?.unwrap_or_default();
+        // The tokenizer's own loader reports a broken tokenizer_config.json; here it only
+        // lacks a limit.
+        let tokenizer_config: TokenizerConfig = read_optional(&dir.join("tokenizer_config.json"))
+            .ok()
+            .flatten()
+            .unwrap_or_default();
         let tokenizer_max = tokenizer_config
             .model_max_length
             .filter(|m| (1.0..1e9).contains(m))
