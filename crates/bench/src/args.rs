@@ -48,7 +48,7 @@ impl ModelArgs {
         let r = lmi_store::resolve(self.model.as_deref(), true)?;
         let dtype = self
             .dtype
-            .or_else(|| self.device.auto_dtype(r.gguf.is_some()));
+            .or_else(|| self.device.auto_dtype(&r.dir, r.gguf.is_some()));
         Ok((r.dir, dtype, r.gguf))
     }
 

@@ -39,12 +39,17 @@ impl FromStr for Device {
 }
 
 impl Device {
-    /// The weight dtype `auto` means on this device for a model that is (`gguf`) or is not a
-    /// GGUF: its blocks as stored on the CPU (None); bf16 otherwise (the CUDA engine keeps
-    /// every matrix in bf16).
-    pub fn auto_dtype(self, gguf: bool) -> Option<DType> {
-        match (gguf, self) {
-            (true, Device::Cpu) => None,
+    /// The weight dtype `auto` means on this device for the model in `dir` (a GGUF's when
+    /// `gguf`): on the CPU a GGUF's blocks as stored, and an encoder's (BERT, XLM-R)
+    /// checkpoint dtype, None (its f32 panel kernels are as fast as bf16's there, and exact);
+    /// bf16 otherwise (the CUDA engine keeps every matrix in bf16).
+    pub fn auto_dtype(self, dir: &std::path::Path, gguf: bool) -> Option<DType> {
+        let encoder = || {
+            lmi_checkpoint::ModelConfig::from_file(&dir.join("config.json"))
+                .is_ok_and(|c| c.architecture.is_encoder())
+        };
+        match self {
+            Device::Cpu if gguf || encoder() => None,
             _ => Some(DType::BF16),
         }
     }
@@ -161,9 +166,23 @@ mod tests {
     }
 
     #[test]
-    fn auto_dtype_keeps_gguf_blocks_only_on_the_cpu() {
-        assert_eq!(Device::Cpu.auto_dtype(true), None);
-        assert_eq!(Device::Cpu.auto_dtype(false), Some(DType::BF16));
-        assert_eq!(Device::Cuda(0).auto_dtype(true), Some(DType::BF16));
+    fn auto_dtype_keeps_gguf_blocks_and_encoders_only_on_the_cpu() {
+        let fixtures =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        let (decoder, encoder) = (
+            fixtures.join("hybrid/qwen3_5"),
+            fixtures.join("embed/bert_mean"),
+        );
+        assert_eq!(Device::Cpu.auto_dtype(&decoder, true), None);
+        assert_eq!(Device::Cpu.auto_dtype(&decoder, false), Some(DType::BF16));
+        assert_eq!(Device::Cpu.auto_dtype(&encoder, false), None);
+        assert_eq!(
+            Device::Cuda(0).auto_dtype(&decoder, true),
+            Some(DType::BF16)
+        );
+        assert_eq!(
+            Device::Cuda(0).auto_dtype(&encoder, false),
+            Some(DType::BF16)
+        );
     }
 }

@@ -218,18 +218,23 @@ fn vectors_equal_the_engines_step_alone_and_in_a_busy_batch_beside_generation() 
 #[test]
 fn a_dropped_stream_cancels_a_waiting_pooling_request() {
     let refs = reference();
-    // One sequence at a time: the pooling requests wait behind a long generation.
-    // (The generation's 480 steps outlast the few microseconds before the drop.)
+    // One sequence at a time, admitted in arrival order: the pooling requests wait behind
+    // 32 generations of 480 steps each (about a second), which outlast the drop below even
+    // when this thread is descheduled for a while on a loaded machine (one did not).
     let h = spawn_embedder(64, cfg(1, 256));
-    let long = h.submit(request(prompt(20, 1), 480, None)).unwrap();
+    let longs: Vec<_> = (1..=32)
+        .map(|k| h.submit(request(prompt(20, k), 480, None)).unwrap())
+        .collect();
     let dropped: Vec<_> = refs
         .iter()
         .map(|(ids, _)| h.submit_pooling(pooling(ids)).unwrap())
         .collect();
     let kept = h.submit_pooling(pooling(&refs[0].0)).unwrap();
     drop(dropped);
-    let out = collect(long);
-    assert!(out.error.is_none());
+    for long in longs {
+        let out = collect(long);
+        assert!(out.error.is_none());
+    }
     let p = pooled(kept);
     assert_eq!(p.prompt_tokens, refs[0].0.len());
     wait_pool_whole(&h, 0);

@@ -679,7 +679,7 @@ impl ServingConfig {
     /// decide ([`Device::auto_dtype`]).
     pub fn engine_dtype_for(&self, model: &ResolvedModel) -> Option<DType> {
         match self.dtype {
-            DTypeChoice::Auto => self.device.auto_dtype(model.gguf.is_some()),
+            DTypeChoice::Auto => self.device.auto_dtype(&model.dir, model.gguf.is_some()),
             DTypeChoice::Fixed(d) => Some(d),
         }
     }
