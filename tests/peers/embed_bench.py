@@ -7,8 +7,10 @@ models of published shapes.
   python tests/peers/embed_bench.py make --out ~/.cache/lmi-bench/embed
   # sentence-transformers in this process (torch threads = --threads)
   python tests/peers/embed_bench.py st --dir ~/.cache/lmi-bench/embed --threads 2
-  # a running server: lmi (`/v1/embeddings`, `/rerank`) or llama-server (`/v1/embeddings`)
+  # a running server on minilm/: lmi or llama-server (`/v1/embeddings`)
   python tests/peers/embed_bench.py http --dir ~/.cache/lmi-bench/embed --url http://127.0.0.1:8080
+  # a running server on reranker/ (`/v1/rerank`)
+  python tests/peers/embed_bench.py http --dir ~/.cache/lmi-bench/embed --url ... --rerank
 
 `make` writes `minilm/` (all-MiniLM-L6-v2's shape: BERT, 6 layers, hidden 384, 12 heads,
 intermediate 1536, a 30,522-token WordPiece vocabulary of made-up words, mean pooling and
@@ -156,9 +158,22 @@ def post(url, path, body):
 
 
 def http(d, url, batch, concurrency, rerank):
-    from concurrent.futures import ThreadPoolExecutor
     data = load_data(d)
-    sents = data["sentences"]
+    out = {"url": url}
+    if rerank:
+        body = {"query": data["query"], "documents": data["documents"], "model": "m"}
+        post(url, "/v1/rerank", dict(body, documents=data["documents"][:8]))
+        t = time.perf_counter()
+        r = post(url, "/v1/rerank", body)
+        out["rerank_docs_per_s"] = len(data["documents"]) / (time.perf_counter() - t)
+        assert len(r["results"]) == len(data["documents"]), r
+    else:
+        out.update(http_embed(data["sentences"], url, batch, concurrency))
+    print("RESULT " + json.dumps(out))
+
+
+def http_embed(sents, url, batch, concurrency):
+    from concurrent.futures import ThreadPoolExecutor
 
     def embed(chunk):
         out = post(url, "/v1/embeddings", {"input": chunk, "model": "m"})
@@ -176,16 +191,8 @@ def http(d, url, batch, concurrency, rerank):
         t = time.perf_counter()
         embed([s])
         lat.append(time.perf_counter() - t)
-    out = {"url": url, "batch": batch, "concurrency": concurrency, "sentences_per_s": tput,
-           "latency_ms_median": statistics.median(lat) * 1e3}
-    if rerank:
-        body = {"query": data["query"], "documents": data["documents"], "model": "m"}
-        post(url, "/v1/rerank", dict(body, documents=data["documents"][:8]))
-        t = time.perf_counter()
-        r = post(url, "/v1/rerank", body)
-        out["rerank_docs_per_s"] = len(data["documents"]) / (time.perf_counter() - t)
-        assert len(r["results"]) == len(data["documents"]), r
-    print("RESULT " + json.dumps(out))
+    return {"batch": batch, "concurrency": concurrency, "sentences_per_s": tput,
+            "latency_ms_median": statistics.median(lat) * 1e3}
 
 
 def main():
@@ -202,7 +209,8 @@ def main():
     h.add_argument("--url", required=True)
     h.add_argument("--batch", type=int, default=32)
     h.add_argument("--concurrency", type=int, default=2)
-    h.add_argument("--rerank", action="store_true", help="also POST /v1/rerank (lmi only)")
+    h.add_argument("--rerank", action="store_true",
+                   help="rerank the 100 documents through /v1/rerank (a server on reranker/)")
     a = ap.parse_args()
     if a.cmd == "make":
         make(os.path.expanduser(a.out))
