@@ -2,7 +2,6 @@
 //! vLLM, LMI): inputs tokenized (the model's prompt, pair encodings, truncation), submitted to
 //! the scheduler as pooling requests, their outputs gathered in order. The routes only parse
 //! and format (`routes/embed.rs`, `routes/rerank.rs`).
-#![allow(dead_code)] // The routes that call this land with issue 52's route commit.
 
 use std::collections::VecDeque;
 
@@ -195,24 +194,6 @@ pub async fn embed(
             prompt_tokens: r.prompt_tokens,
         })
         .collect())
-}
-
-/// Scores of (`query`, document) for each of `documents`, in order (cross-encoders and
-/// Qwen3-Reranker).
-pub async fn score_pairs(
-    state: &AppState,
-    query: &str,
-    documents: &[String],
-    opts: &ScoreOptions,
-) -> Result<Vec<Scored>, ApiError> {
-    let pairs = documents
-        .iter()
-        .map(|d| (query.to_string(), d.clone()))
-        .collect::<Vec<_>>();
-    if query.is_empty() {
-        return Err(ApiError::validation("the query is empty: send some text"));
-    }
-    score(state, pairs, opts, "documents").await
 }
 
 /// A sequence classifier's raw outputs for each pair (TEI's `/predict` with pairs, vLLM's
