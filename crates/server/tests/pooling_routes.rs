@@ -223,6 +223,11 @@ fn embedding_routes_on_bert_mean() {
     wait_ready(&mut server, "bert_mean");
     let port = server.port;
 
+    // TGI's /info names the Hub's tag for an embedding model and its input limit.
+    let info = get(port, "/info").json();
+    assert_eq!(info["model_pipeline_tag"], "feature-extraction", "{info}");
+    assert_eq!(info["max_client_batch_size"], 16, "{info}");
+
     let texts: Vec<&str> = inputs.iter().map(|i| i["text"].as_str().unwrap()).collect();
     let r = post_json(
         port,

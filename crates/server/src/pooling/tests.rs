@@ -404,6 +404,9 @@ async fn rerank(
     docs: &[String],
     so: &ScoreOptions,
 ) -> Result<Vec<Scored>, ApiError> {
-    let pairs = docs.iter().map(|d| (query.to_string(), d.clone())).collect();
+    let pairs = docs
+        .iter()
+        .map(|d| (query.to_string(), d.clone()))
+        .collect();
     classify_pairs(state, pairs, so).await
 }

@@ -87,6 +87,15 @@ async fn info(State(s): State<Arc<AppState>>) -> Response {
         // The Hub's tag for models that read images (TGI reports the model card's).
         info.model_pipeline_tag = Some("image-text-to-text".into());
     }
+    if let Ok(p) = crate::pooling::pooler(&s) {
+        // The Hub's tags for embedding and scoring models, and their requests' input limit.
+        let tag = match p.task {
+            lmi_checkpoint::pooling::Task::Embed => "feature-extraction",
+            _ => "text-classification",
+        };
+        info.model_pipeline_tag = Some(tag.into());
+        info.max_client_batch_size = c.pooling.max_inputs;
+    }
     respond_json(lmi_api::tgi::info::info(&info))
 }
 
