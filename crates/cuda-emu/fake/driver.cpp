@@ -159,6 +159,10 @@ CUresult map_device(size_t bytes, bool from_pool, CUdeviceptr* out) {
     return CUDA_SUCCESS;
 }
 
+// Freed ranges kept reserved without access (a few thousand mappings, far below the kernel's
+// vm.max_map_count of 65530; address space only, no memory).
+constexpr size_t kQuarantine = 4096;
+
 // Unmaps the allocation starting at `p`; its bytes go to the pool when it came from there.
 bool unmap_device(uint64_t p) {
     State& S = state();
@@ -168,7 +172,21 @@ bool unmap_device(uint64_t p) {
     S.device.erase(it);
     S.used -= a.len;
     if (a.from_pool) S.pool_reserved += a.len;
-    munmap((void*)a.map_base, a.map_len);
+    // The range stays reserved, without access, while it is among the latest kQuarantine
+    // frees: unmapped at once, a later mmap anywhere in the process (another thread's malloc
+    // arena) could land on it, and a use after free would then touch live memory instead of
+    // faulting (it did, now and then, under load).
+    void* kept = mmap((void*)a.map_base, a.map_len, PROT_NONE,
+                      MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (kept == MAP_FAILED) {
+        munmap((void*)a.map_base, a.map_len);
+        return true;
+    }
+    S.quarantine.emplace_back(a.map_base, a.map_len);
+    if (S.quarantine.size() > kQuarantine) {
+        munmap((void*)S.quarantine.front().first, S.quarantine.front().second);
+        S.quarantine.pop_front();
+    }
     return true;
 }
 

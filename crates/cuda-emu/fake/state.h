@@ -99,6 +99,9 @@ struct State {
     size_t used = 0;           // live device allocations
     size_t pool_reserved = 0;  // freed into the default pool and kept (release threshold)
     std::map<uint64_t, Allocation> device;
+    // The address ranges of the latest frees, still reserved without access (see
+    // unmap_device): (mapping base, length), oldest first.
+    std::deque<std::pair<uintptr_t, size_t>> quarantine;
     std::map<uintptr_t, size_t> pinned;
     FakeContext primary;
     FakePool pool;

@@ -566,6 +566,37 @@ fn fault_child() {
             let f = dev.function("add_f32").unwrap();
             let z = dev.alloc(64 * 4).unwrap();
             dev.free(z);
+            // Once the free has run, mappings made elsewhere in the process (the emulator
+            // maps its threads' stacks as kernels launch) must not land on the freed range,
+            // or the use below would read live memory instead of faulting (it did, now and
+            // then, until freed ranges were kept reserved).
+            dev.synchronize().unwrap();
+            let page = 4096usize;
+            let freed = (z.0 as usize & !(page - 1))..(z.0 as usize + 64 * 4);
+            let probes: Vec<*mut libc::c_void> = (0..64)
+                .map(|_| {
+                    // SAFETY: an anonymous private mapping, unmapped below.
+                    unsafe {
+                        libc::mmap(
+                            std::ptr::null_mut(),
+                            2 * page,
+                            libc::PROT_READ | libc::PROT_WRITE,
+                            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                            -1,
+                            0,
+                        )
+                    }
+                })
+                .collect();
+            for &p in &probes {
+                let r = p as usize..p as usize + 2 * page;
+                assert!(
+                    r.end <= freed.start || r.start >= freed.end,
+                    "a new mapping at {r:x?} reuses the freed allocation {freed:x?}"
+                );
+                // SAFETY: mapped above, not used since.
+                unsafe { libc::munmap(p, 2 * page) };
+            }
             let r = dev.launch(
                 f,
                 &LaunchConfig::linear(1, 64),
