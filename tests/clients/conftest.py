@@ -1,3 +1,4 @@
+import json
 import os
 import socket
 import subprocess
@@ -68,3 +69,24 @@ def extra_server(*args, timeout=300):
         with open(log_path) as f:
             panics = [line for line in f if "panicked" in line]
         assert not panics, f"lmi serve panicked: {panics[:3]}"
+
+
+# The embedding and scoring fixtures (tests/fixtures/embed/: tiny models written by
+# sentence-transformers / transformers, with their reference.json), served by test_embeddings.py
+# and test_rerank.py.
+EMBED_FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "embed")
+EMBED_MAX_INPUTS = 32  # option.max_client_batch_size given to those servers
+
+
+def embed_reference(model):
+    with open(f"{EMBED_FIXTURES}/{model}/reference.json") as f:
+        return json.load(f)
+
+
+def serve_embed_fixture(model, *extra):
+    """`lmi serve` on tests/fixtures/embed/{model} in f32, at most EMBED_MAX_INPUTS inputs a
+    request."""
+    return extra_server(
+        "--model", f"{EMBED_FIXTURES}/{model}", "--dtype", "fp32",
+        "-o", f"option.max_client_batch_size={EMBED_MAX_INPUTS}", *extra,
+    )

@@ -6,24 +6,16 @@ truncation), LMI's /invocations; and the bad inputs each route must refuse with 
 says what to fix. Vectors must match sentence-transformers' encode to cosine >= 0.99999."""
 
 import base64
-import json
 import math
-import os
 import struct
 
 import pytest
 import requests
-from conftest import extra_server
+from conftest import EMBED_MAX_INPUTS as MAX_INPUTS
+from conftest import embed_reference as reference
+from conftest import serve_embed_fixture as serve
 from huggingface_hub import InferenceClient
 from openai import BadRequestError, OpenAI
-
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "embed")
-MAX_INPUTS = 32  # option.max_client_batch_size given to the servers below
-
-
-def reference(model):
-    with open(f"{FIXTURES}/{model}/reference.json") as f:
-        return json.load(f)
 
 
 def cosine(a, b):
@@ -37,13 +29,6 @@ def assert_close(got, want):
     assert len(got) == len(want), (len(got), len(want))
     c = cosine(got, want)
     assert c >= 0.99999, c
-
-
-def serve(model, *extra):
-    return extra_server(
-        "--model", f"{FIXTURES}/{model}", "--dtype", "fp32",
-        "-o", f"option.max_client_batch_size={MAX_INPUTS}", *extra,
-    )
 
 
 @pytest.fixture(scope="module")

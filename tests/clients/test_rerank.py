@@ -3,22 +3,15 @@ and Qwen3-Reranker fixtures (tests/fixtures/embed/, with the scores CrossEncoder
 transformers computed): the cohere SDK's Client.rerank (v1) and ClientV2.rerank (v2), TEI's
 /rerank and /predict, vLLM's /score, LMI's /invocations. Scores must match within 1e-4."""
 
-import json
 import math
-import os
 
 import cohere
 import pytest
 import requests
-from conftest import extra_server
+from conftest import embed_reference as reference
+from conftest import serve_embed_fixture as serve
 
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "embed")
 TOL = 1e-4
-
-
-def reference(model):
-    with open(f"{FIXTURES}/{model}/reference.json") as f:
-        return json.load(f)
 
 
 def by_query(pairs):
@@ -27,10 +20,6 @@ def by_query(pairs):
     for p in pairs:
         out.setdefault(p["query"], []).append(p)
     return out
-
-
-def serve(model, *extra):
-    return extra_server("--model", f"{FIXTURES}/{model}", "--dtype", "fp32", "-o", "option.max_client_batch_size=32", *extra)
 
 
 @pytest.fixture(scope="module")

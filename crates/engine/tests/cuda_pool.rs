@@ -13,8 +13,7 @@ use lmi_checkpoint::pooling::Task;
 use lmi_cuda::Device;
 use lmi_engine::cuda::CudaBackend;
 use lmi_engine::engine::{EngineOptions, StepEngine};
-use lmi_engine::sampling::SamplingParams;
-use lmi_engine::{DType, Engine, LogitsWanted, PoolRequest, SampleRequest, StepBatch};
+use lmi_engine::{DType, Engine, LogitsWanted};
 use pool_common::*;
 
 /// bf16 weights and activations against f32 references.
@@ -34,31 +33,7 @@ fn engine<D: Device>(dev: &Arc<D>, name: &str, task: Option<Task>) -> Engine<Cud
 
 /// `inputs` pooled in one step beside a one-token decode chunk that draws greedily.
 fn beside_decode(e: &mut dyn StepEngine, inputs: &[Input]) -> Vec<Vec<f32>> {
-    let mut all = vec![Input::text(vec![7])];
-    all.extend_from_slice(inputs);
-    let mut chunks = pool_common::chunks(&all, &mut 0);
-    chunks[0].logits = LogitsWanted::Last;
-    let greedy = SamplingParams::default();
-    let samples = SampleRequest::at_each_last_token(&chunks[..1], &greedy);
-    let pools: Vec<PoolRequest> = (1..all.len())
-        .map(|chunk| PoolRequest {
-            chunk,
-            segment_b: None,
-        })
-        .collect();
-    let out = e
-        .step(&StepBatch {
-            chunks: &chunks,
-            samples: &samples,
-            prompt_logprobs: &[],
-            media: &[],
-            rope_deltas: &[],
-            states: &[],
-            pools: &pools,
-        })
-        .unwrap();
-    assert_eq!(out.samples.len(), 1);
-    out.pooled
+    pool_beside_generation(e, &Input::text(vec![7]), inputs).1
 }
 
 fn check_pooling<D: Device>(dev: &Arc<D>) {

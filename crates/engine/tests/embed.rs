@@ -8,7 +8,7 @@ mod pool_common;
 
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::sampling::SamplingParams;
-use lmi_engine::{DType, LogitsWanted, PoolRequest, SampleRequest, SeqChunk, StepBatch};
+use lmi_engine::{DType, PoolRequest, SampleRequest, SeqChunk, StepBatch};
 use pool_common::*;
 
 /// sentence-transformers computes in f32 too, its products summed in other orders.
@@ -206,33 +206,9 @@ fn qwen3_embedding_beside_generation() {
     let (inputs, _) = embed_refs("qwen3_embedding");
     let alone = pool_each(&mut e, &inputs[..3]);
     let prompt = Input::text(inputs[3].ids.clone());
-    let greedy = SamplingParams::default();
     let gen_step = |e: &mut dyn StepEngine, with_pools: bool| {
-        let mut all = vec![prompt.clone()];
-        if with_pools {
-            all.extend_from_slice(&inputs[..3]);
-        }
-        let mut chunks = pool_common::chunks(&all, &mut 0);
-        chunks[0].logits = LogitsWanted::Last;
-        let samples = SampleRequest::at_each_last_token(&chunks[..1], &greedy);
-        let pools: Vec<PoolRequest> = (1..all.len())
-            .map(|chunk| PoolRequest {
-                chunk,
-                segment_b: None,
-            })
-            .collect();
-        let out = e
-            .step(&StepBatch {
-                chunks: &chunks,
-                samples: &samples,
-                prompt_logprobs: &[],
-                media: &[],
-                rope_deltas: &[],
-                states: &[],
-                pools: &pools,
-            })
-            .unwrap();
-        (out.samples[0].token, out.pooled)
+        let pools = if with_pools { &inputs[..3] } else { &[][..] };
+        pool_beside_generation(e, &prompt, pools)
     };
     let (token_alone, none) = gen_step(&mut e, false);
     assert!(none.is_empty());
@@ -241,6 +217,7 @@ fn qwen3_embedding_beside_generation() {
     assert_eq!(bits(&pooled), bits(&alone), "the pooled vectors");
     // A pool chunk cannot also be drawn from.
     let chunks = pool_common::chunks(&inputs[..1], &mut 0);
+    let greedy = SamplingParams::default();
     let samples = SampleRequest::at_each_last_token(&chunks, &greedy);
     let err = e
         .step(&StepBatch {

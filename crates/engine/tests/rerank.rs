@@ -8,8 +8,6 @@ mod pool_common;
 
 use lmi_checkpoint::pooling::{PairInput, ScoreHead, Task};
 use lmi_engine::engine::{EngineOptions, StepEngine};
-use lmi_engine::sampling::SamplingParams;
-use lmi_engine::{LogitsWanted, PoolRequest, SampleRequest, StepBatch};
 use pool_common::*;
 
 /// Logits against transformers' in f32.
@@ -148,31 +146,9 @@ fn qwen3_reranker_scores_its_yes_no_difference() {
     assert_eq!(bits(&pool_batch(&mut e, &inputs)), bits(&alone), "batched");
 
     // Beside a decode-sized generation chunk that wants its next token: the same scores.
-    let greedy = SamplingParams::default();
-    let mut all = vec![Input::text(inputs[0].ids[..9].to_vec())];
-    all.extend_from_slice(&inputs[1..4]);
-    let mut chunks = pool_common::chunks(&all, &mut 0);
-    chunks[0].logits = LogitsWanted::Last;
-    let samples = SampleRequest::at_each_last_token(&chunks[..1], &greedy);
-    let pools: Vec<PoolRequest> = (1..4)
-        .map(|chunk| PoolRequest {
-            chunk,
-            segment_b: None,
-        })
-        .collect();
-    let out = e
-        .step(&StepBatch {
-            chunks: &chunks,
-            samples: &samples,
-            prompt_logprobs: &[],
-            media: &[],
-            rope_deltas: &[],
-            states: &[],
-            pools: &pools,
-        })
-        .unwrap();
-    assert_eq!(out.samples.len(), 1);
-    assert_eq!(bits(&out.pooled), bits(&alone[1..4]), "beside generation");
+    let prompt = Input::text(inputs[0].ids[..9].to_vec());
+    let (_, pooled) = pool_beside_generation(&mut e, &prompt, &inputs[1..4]);
+    assert_eq!(bits(&pooled), bits(&alone[1..4]), "beside generation");
 }
 
 /// option.task=rerank on a model whose vocabulary lacks "yes" / "no" is refused at load.

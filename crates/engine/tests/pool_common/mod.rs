@@ -5,7 +5,9 @@
 
 use std::path::PathBuf;
 
+use lmi_engine::SampleRequest;
 use lmi_engine::engine::StepEngine;
+use lmi_engine::sampling::SamplingParams;
 use lmi_engine::{BLOCK_SIZE, LogitsWanted, PoolRequest, SeqChunk, StepBatch};
 
 /// `tests/fixtures/embed/{name}`.
@@ -80,19 +82,43 @@ pub fn chunks(inputs: &[Input], next: &mut u32) -> Vec<SeqChunk> {
 
 /// The pooled outputs of `inputs`, all in one step.
 pub fn pool_batch(e: &mut dyn StepEngine, inputs: &[Input]) -> Vec<Vec<f32>> {
-    let chunks = chunks(inputs, &mut 0);
-    let pools: Vec<PoolRequest> = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, x)| PoolRequest {
-            chunk: i,
-            segment_b: x.segment_b,
+    pool_step(e, None, inputs).1
+}
+
+/// One step: `prompt` as a generation chunk that draws its next token greedily, then
+/// `inputs` pooled; the drawn token and the pooled outputs.
+pub fn pool_beside_generation(
+    e: &mut dyn StepEngine,
+    prompt: &Input,
+    inputs: &[Input],
+) -> (u32, Vec<Vec<f32>>) {
+    let (token, pooled) = pool_step(e, Some(prompt), inputs);
+    (token.expect("the generation chunk's draw"), pooled)
+}
+
+fn pool_step(
+    e: &mut dyn StepEngine,
+    prompt: Option<&Input>,
+    inputs: &[Input],
+) -> (Option<u32>, Vec<Vec<f32>>) {
+    let all: Vec<Input> = prompt.into_iter().chain(inputs).cloned().collect();
+    let mut chunks = chunks(&all, &mut 0);
+    let first = usize::from(prompt.is_some());
+    if prompt.is_some() {
+        chunks[0].logits = LogitsWanted::Last;
+    }
+    let greedy = SamplingParams::default();
+    let samples = SampleRequest::at_each_last_token(&chunks[..first], &greedy);
+    let pools: Vec<PoolRequest> = (first..all.len())
+        .map(|chunk| PoolRequest {
+            chunk,
+            segment_b: all[chunk].segment_b,
         })
         .collect();
     let out = e
         .step(&StepBatch {
             chunks: &chunks,
-            samples: &[],
+            samples: &samples,
             prompt_logprobs: &[],
             media: &[],
             rope_deltas: &[],
@@ -100,8 +126,9 @@ pub fn pool_batch(e: &mut dyn StepEngine, inputs: &[Input]) -> Vec<Vec<f32>> {
             pools: &pools,
         })
         .unwrap();
+    assert_eq!(out.samples.len(), first);
     assert_eq!(out.pooled.len(), inputs.len());
-    out.pooled
+    (out.samples.first().map(|s| s.token), out.pooled)
 }
 
 /// Each input's pooled output, one step each.
