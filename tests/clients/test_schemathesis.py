@@ -28,7 +28,10 @@ def test_schemathesis_over_the_whole_document(tmp_path):
             "--max-examples", os.environ.get("LMI_SCHEMATHESIS_EXAMPLES", "8"),
             "--phases", "examples,coverage,fuzzing",
             "--seed", "1",
-            "--workers", "2",
+            # One worker: with two threads, hypothesis's ast.parse of its filter lambdas hit
+            # CPython 3.11's "AST constructor recursion depth mismatch" (python/cpython#106905)
+            # now and then, failing the run without a request at fault.
+            "--workers", "1",
             "--request-timeout", "60",
             "--generation-database", "none",
             "--suppress-health-check", "all",
