@@ -86,6 +86,9 @@ done
 by_name=$(curl -fsS "$hub_serve/invocations" -H 'Content-Type: application/json' \
     -d '{"inputs": "The capital of France is", "parameters": {"max_new_tokens": 8, "do_sample": false}}')
 echo "/invocations, HF_MODEL_ID from the Hub: $by_name"
-podman logs "$name-hub" 2>&1 | grep -m 1 "hub, commit" || { echo "no Hub fetch in the log"; exit 1; }
+# The log is read whole first: `podman logs | grep -m 1` under pipefail fails when grep exits
+# before podman has written everything (SIGPIPE), though the line is there.
+hub_log=$(podman logs "$name-hub" 2>&1)
+grep -m 1 "hub, commit" <<<"$hub_log" || { echo "no Hub fetch in the log"; exit 1; }
 [ "$by_name" = "$out" ] || { echo "the model fetched by name answers differently"; exit 1; }
 echo "image: ok"
