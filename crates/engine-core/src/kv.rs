@@ -40,11 +40,8 @@ impl KvCacheConfig {
 
     /// Bytes of one block across all layers, K and V, for `elem_bytes`-sized elements.
     pub fn block_bytes(model: &ModelConfig, elem_bytes: usize) -> usize {
-        2 * model.num_attention_layers()
-            * model.num_kv_heads
-            * model.head_dim
-            * BLOCK_SIZE
-            * elem_bytes
+        // Per layer pool its own width (Gemma 4's global layers are wider).
+        model.kv_elems_per_token() * BLOCK_SIZE * elem_bytes
     }
 
     /// How many blocks fit in `budget_bytes`.

@@ -866,6 +866,9 @@ impl<D: Device> Backend for CudaBackend<D> {
             | Feature::DeepStack
             | Feature::LinearAttention
             | Feature::Encoder => true,
+            // Gemma 4's ops (per-layer inputs, soft-capping, pools of two widths) have no
+            // kernels yet: refused at load.
+            Feature::Gemma4 => false,
         }
     }
 

@@ -196,6 +196,7 @@ pub(super) fn parse(
             pad_token_id: roberta.then_some(pad),
             labels,
         }),
+        gemma4: None,
     })
 }
 
