@@ -145,7 +145,6 @@ pub(super) struct Parsed {
 pub(super) fn parse(
     top: &Map<String, Value>,
     local: &[bool],
-    head_dim: usize,
     num_kv_heads: usize,
 ) -> Result<Parsed, String> {
     let num_layers = local.len();
@@ -183,7 +182,10 @@ pub(super) fn parse(
         false => num_kv_heads,
     };
     let num_heads = usize_of(top, "num_attention_heads").unwrap_or(8);
-    if global_kv_heads == 0 || num_heads % global_kv_heads != 0 || global_head_dim % 2 != 0 {
+    if global_kv_heads == 0
+        || !num_heads.is_multiple_of(global_kv_heads)
+        || !global_head_dim.is_multiple_of(2)
+    {
         return Err(format!(
             "global layers of {global_kv_heads} KV heads of {global_head_dim}: the {num_heads} \
              heads must be a multiple of the KV heads, the width even"
@@ -242,7 +244,6 @@ pub(super) fn parse(
         }
         _ => None,
     };
-    let _ = head_dim;
     Ok(Parsed {
         config: Gemma4Config {
             global_head_dim,

@@ -688,7 +688,7 @@ impl ModelConfig {
         top: &serde_json::Map<String, serde_json::Value>,
     ) -> std::result::Result<(), String> {
         let local = gemma4::local_layers(top, self.num_layers)?;
-        let p = gemma4::parse(top, &local, self.head_dim, self.num_kv_heads)?;
+        let p = gemma4::parse(top, &local, self.num_kv_heads)?;
         let size = self.sliding_window.as_ref().map_or(512, |w| w.size);
         self.sliding_window = Some(SlidingWindow {
             size,

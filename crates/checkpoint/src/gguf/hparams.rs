@@ -48,6 +48,11 @@ impl GgufArch {
             "qwen35" => Ok(GgufArch::Qwen35),
             "qwen35moe" => Ok(GgufArch::Qwen35Moe),
             "qwen3next" => Ok(GgufArch::Qwen3Next),
+            "gemma4" => Err(CheckpointError::Gguf(
+                "Gemma 4 GGUF files (general.architecture \"gemma4\") are not read yet: serve \
+                 the HF checkpoint (config.json and safetensors)"
+                    .into(),
+            )),
             other => Err(CheckpointError::Gguf(format!(
                 "general.architecture {other:?} is not supported (supported: llama (with or \
                  without experts), qwen2, qwen2moe, qwen3, qwen3moe, gemma3, gpt-oss, qwen35, \

@@ -16,6 +16,9 @@ use crate::batch::BatchLayout;
 use crate::error::{EngineError, Result};
 use crate::moe::{Expert, MoeLayer};
 
+/// Per pool of a Gemma 4 cache: its (KV heads, head width), and whether it is local.
+pub type KvPools = (Vec<(usize, usize)>, Vec<bool>);
+
 /// Per-layer embeddings: a token's table row (`[ple_vocab, layers · ple_dim]`) and a
 /// projection of its embedding, normed per layer, each layer gating its own slice.
 pub(crate) struct Ple<W> {
@@ -92,7 +95,7 @@ fn layer_local(c: &ModelConfig, i: usize) -> bool {
 
 impl<B: Backend> Gemma4Layers<B> {
     /// Per pool (layers that keep K/V, in order): its geometry, and whether it is local.
-    pub(crate) fn pools(&self, c: &ModelConfig) -> (Vec<(usize, usize)>, Vec<bool>) {
+    pub(crate) fn pools(&self, c: &ModelConfig) -> KvPools {
         let local = self
             .layers
             .iter()
@@ -585,6 +588,13 @@ impl<B: Backend> Model<B> {
         st: &WeightSource,
         dtype: DType,
     ) -> Result<Self> {
+        if matches!(st, WeightSource::Gguf(_)) {
+            return Err(EngineError::Backend(
+                "Gemma 4 from a GGUF file is not supported yet: serve the HF checkpoint \
+                 (config.json and safetensors)"
+                    .into(),
+            ));
+        }
         let c = &config;
         let h = c.hidden_size;
         let lm = super::load::text_prefix(st);

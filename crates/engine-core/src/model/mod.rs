@@ -392,7 +392,7 @@ impl<B: Backend> Model<B> {
     }
 
     /// Gemma 4's K/V pools: their geometry and which are local (None for other models).
-    pub fn kv_pools(&self) -> Option<(Vec<(usize, usize)>, Vec<bool>)> {
+    pub fn kv_pools(&self) -> Option<gemma4::KvPools> {
         self.gemma4.as_ref().map(|g| g.pools(&self.config))
     }
 
