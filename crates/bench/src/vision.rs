@@ -191,6 +191,7 @@ fn full_size(depth: usize) -> VisionConfig {
         video_token_id: 1,
         vision_start_token_id: None,
         vision_end_token_id: None,
+        gemma4: None,
     }
 }
 

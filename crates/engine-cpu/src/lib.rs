@@ -23,6 +23,7 @@ pub mod qlinear;
 mod qpack;
 pub mod simd;
 pub mod vision;
+pub mod vision_gemma4;
 mod weight_arena;
 
 pub use amx::available as amx_available;

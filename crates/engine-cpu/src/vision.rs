@@ -20,6 +20,9 @@ use crate::linear;
 /// (Qwen3-VL; none for the others).
 pub fn forward(tower: &VisionTower, input: &VisionInput) -> Result<Vec<f32>> {
     let cfg = tower.config();
+    if let Some(g) = &tower.gemma4 {
+        return crate::vision_gemma4::forward(cfg, g, input);
+    }
     let (h, m) = (cfg.hidden_size, cfg.spatial_merge_size);
     let grid = input.grid_thw;
     let n: usize = grid.iter().product();
@@ -174,7 +177,7 @@ fn apply_mlp(mlp: &Mlp, x: &[f32], rows: usize, out: &mut [f32]) {
 }
 
 /// GELU with the tanh approximation (`gelu_pytorch_tanh`), in f64 and rounded.
-fn gelu_tanh(x: f32) -> f32 {
+pub(crate) fn gelu_tanh(x: f32) -> f32 {
     let x = f64::from(x);
     let inner = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
     (0.5 * x * (1.0 + inner.tanh())) as f32
@@ -295,7 +298,7 @@ fn attention(qkv: &[f32], width: usize, heads: usize, bounds: &[usize], out: &mu
 }
 
 /// GELU with the exact erf (`nn.GELU()`), erf to ~1e-7 (Numerical Recipes' erfc).
-fn gelu(x: f32) -> f32 {
+pub(crate) fn gelu(x: f32) -> f32 {
     let z = (x as f64) / std::f64::consts::SQRT_2;
     let t = 1.0 / (1.0 + 0.5 * z.abs());
     let poly = -z * z - 1.26551223

@@ -526,9 +526,13 @@ impl<D: Device> Backend for CudaBackend<D> {
         &self,
         tower: &lmi_engine_core::vision::VisionTower,
     ) -> Result<Option<super::vision::CudaVision<D>>> {
-        // Qwen3-VL's tower (learned positions, GELU-tanh MLP, DeepStack mergers) has no GPU
-        // kernels yet: it runs on the host, as with `vision_on_host`.
-        if tower.config().variant == lmi_engine_core::vision::VisionVariant::Qwen3Vl {
+        // Qwen3-VL's tower (learned positions, GELU-tanh MLP, DeepStack mergers) and Gemma 4's
+        // have no GPU kernels yet: they run on the host, as with `vision_on_host`.
+        if matches!(
+            tower.config().variant,
+            lmi_engine_core::vision::VisionVariant::Qwen3Vl
+                | lmi_engine_core::vision::VisionVariant::Gemma4
+        ) {
             return Ok(None);
         }
         super::vision::CudaVision::upload(self, tower).map(Some)

@@ -68,6 +68,9 @@ pub struct ProcessorConfig {
     pub do_sample_frames: bool,
     /// The video processor's rules (from `video_processor_type` or `processor_class`).
     pub video_processor: VideoProcessor,
+    /// Gemma 4's image processor (`image_processor_type` `Gemma4ImageProcessor`): its own
+    /// resizing and patch order ([`crate::gemma4`]); None for the Qwen processors.
+    pub gemma4: Option<crate::gemma4::Gemma4Image>,
 }
 
 /// `Qwen2VLImageProcessor`'s `min_pixels`: 56 * 56.
@@ -105,6 +108,7 @@ impl Default for ProcessorConfig {
             max_frames: 768,
             do_sample_frames: false,
             video_processor: VideoProcessor::Qwen2Vl,
+            gemma4: None,
         }
     }
 }
@@ -157,6 +161,9 @@ struct RawConfig {
     do_sample_frames: Option<bool>,
     video_processor_type: Option<String>,
     processor_class: Option<String>,
+    image_processor_type: Option<String>,
+    max_soft_tokens: Option<usize>,
+    pooling_kernel_size: Option<usize>,
 }
 
 impl RawConfig {
@@ -206,6 +213,12 @@ impl RawConfig {
             || self.processor_class.as_deref() == Some("Qwen3VLProcessor")
     }
 
+    /// Whether the file names Gemma 4's image processor (or its `Gemma4Processor`).
+    fn names_gemma4(&self) -> bool {
+        let gemma4 = |s: &Option<String>| s.as_deref().is_some_and(|s| s.starts_with("Gemma4"));
+        gemma4(&self.image_processor_type) || gemma4(&self.processor_class)
+    }
+
     /// The video-only settings over `c`.
     fn apply_video(&self, c: &mut ProcessorConfig) {
         if self.names_qwen3() {
@@ -237,6 +250,9 @@ impl ProcessorConfig {
     fn from_json_at(json: &str, path: Option<&Path>) -> Result<Self> {
         let raw = RawConfig::parse(json, path)?;
         let mut c = ProcessorConfig::default();
+        if raw.names_gemma4() {
+            gemma4_defaults(&raw, &mut c, path)?;
+        }
         raw.apply_shared(&mut c);
         let (min, max) = raw.pixels();
         c.min_pixels = min.unwrap_or(IMAGE_MIN_PIXELS);
@@ -335,6 +351,36 @@ impl ProcessorConfig {
         }
         Ok(())
     }
+}
+
+/// `Gemma4ImageProcessor`'s defaults (patches of 16, pooling 3, 280 soft tokens, rescaling
+/// without normalisation) under what the file gives.
+fn gemma4_defaults(raw: &RawConfig, c: &mut ProcessorConfig, path: Option<&Path>) -> Result<()> {
+    let g = crate::gemma4::Gemma4Image {
+        max_soft_tokens: raw.max_soft_tokens.unwrap_or(280),
+        pooling_kernel_size: raw.pooling_kernel_size.unwrap_or(3),
+    };
+    if !crate::gemma4::SUPPORTED_SOFT_TOKENS.contains(&g.max_soft_tokens)
+        || g.pooling_kernel_size == 0
+    {
+        return Err(MediaError::Config {
+            path: path.map(Path::to_path_buf),
+            reason: format!(
+                "max_soft_tokens {} must be one of {:?} and pooling_kernel_size ({}) positive",
+                g.max_soft_tokens,
+                crate::gemma4::SUPPORTED_SOFT_TOKENS,
+                g.pooling_kernel_size
+            ),
+        });
+    }
+    c.patch_size = 16;
+    c.temporal_patch_size = 1;
+    c.merge_size = g.pooling_kernel_size;
+    c.image_mean = [0.0; 3];
+    c.image_std = [1.0; 3];
+    c.do_normalize = false;
+    c.gemma4 = Some(g);
+    Ok(())
 }
 
 /// transformers 5's `processor_config.json`: its image and video processors' settings as

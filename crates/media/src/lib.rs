@@ -19,6 +19,7 @@ mod config;
 mod data_url;
 mod decode;
 mod error;
+pub mod gemma4;
 mod hash;
 mod jpeg;
 mod patches;

@@ -55,9 +55,13 @@ enum Arithmetic {
 
 /// One image as `Qwen2VLImageProcessor` prepares it (the slow, PIL path): resized with
 /// [`smart_resize`] and PIL's bicubic filter, rescaled, normalised, the one frame repeated
-/// `temporal_patch_size` times, cut into patches.
+/// `temporal_patch_size` times, cut into patches. Gemma 4's processor ([`ProcessorConfig::gemma4`]) is
+/// [`crate::gemma4::preprocess`].
 pub fn preprocess_image(img: &RgbImage, cfg: &ProcessorConfig) -> Result<Patches> {
     check_image(img)?;
+    if let Some(g) = cfg.gemma4 {
+        return crate::gemma4::preprocess(img, cfg, g);
+    }
     let (frame, height, width) = resize_frame(img, cfg, cfg.min_pixels, cfg.max_pixels)?;
     patchify(
         &[&frame],

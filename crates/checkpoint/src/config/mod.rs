@@ -6,6 +6,7 @@ use serde::Deserialize;
 
 pub mod encoder;
 pub mod gemma4;
+pub mod gemma4_vision;
 pub mod linear_attn;
 pub mod moe;
 pub mod quantization;
@@ -700,6 +701,7 @@ impl ModelConfig {
         self.attn_scalar = 1.0;
         self.moe = p.moe;
         self.gemma4 = Some(p.config);
+        self.vision = gemma4_vision::parse(top, self.hidden_size)?;
         Ok(())
     }
 

@@ -15,6 +15,33 @@ pub enum VisionVariant {
     /// patch embedding, learned position embeddings interpolated to each grid, LayerNorm, a
     /// GELU (tanh) MLP, full attention per frame, and DeepStack mergers on some blocks.
     Qwen3Vl,
+    /// Gemma 4: patches of 16 with a learned (x, y) position table, 2-D RoPE over q/k-normed
+    /// heads, Gemma RMSNorm sandwiches, a GeGLU MLP, 3x3 average pooling, then the
+    /// multimodal embedder (norm, projection) into the language model ([`Gemma4Vision`]).
+    Gemma4,
+}
+
+/// Gemma 4's tower settings beyond the shared ones
+/// ([`crate::config::gemma4_vision`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gemma4Vision {
+    pub head_dim: usize,
+    pub num_kv_heads: usize,
+    /// Rows of each axis's position table.
+    pub position_embedding_size: usize,
+    /// The pooled features are standardized (`std_bias`, `std_scale`).
+    pub standardize: bool,
+    /// Every projection clamps its input and output (`use_clipped_linears`).
+    pub clipped_linears: bool,
+    pub rms_norm_eps: f64,
+    /// The language model's pad token: an image's soft tokens take its per-layer embedding.
+    pub pad_token_id: u32,
+    /// The tokens around an image's soft tokens.
+    pub boi_token_id: u32,
+    pub eoi_token_id: u32,
+    /// The language model's `use_bidirectional_attention` is "vision" (or "all"): an
+    /// image's tokens attend to each other both ways in the sliding layers.
+    pub bidirectional_images: bool,
 }
 
 /// The activation of a Qwen3-VL tower's block MLP (`vision_config.hidden_act`).
@@ -60,11 +87,16 @@ pub struct VisionConfig {
     pub video_token_id: u32,
     pub vision_start_token_id: Option<u32>,
     pub vision_end_token_id: Option<u32>,
+    /// Gemma 4's own settings (None for the Qwen towers).
+    pub gemma4: Option<Gemma4Vision>,
 }
 
 impl VisionConfig {
     pub fn head_dim(&self) -> usize {
-        self.hidden_size / self.num_heads
+        match &self.gemma4 {
+            Some(g) => g.head_dim,
+            None => self.hidden_size / self.num_heads,
+        }
     }
 
     /// Values per patch: channels × temporal patch × patch × patch.
@@ -149,7 +181,7 @@ pub(crate) fn parse(
                 v.hidden_size.unwrap_or(lm_hidden),
             )
         }
-        VisionVariant::Qwen25Vl | VisionVariant::Qwen3Vl => (
+        VisionVariant::Qwen25Vl | VisionVariant::Qwen3Vl | VisionVariant::Gemma4 => (
             req(v.hidden_size, "hidden_size")?,
             req(v.intermediate_size, "intermediate_size")?,
             v.out_hidden_size.unwrap_or(lm_hidden),
@@ -213,7 +245,7 @@ pub(crate) fn parse(
         spatial_merge_size: v.spatial_merge_size.unwrap_or(2),
         window_size: match variant {
             VisionVariant::Qwen25Vl => v.window_size.unwrap_or(112),
-            VisionVariant::Qwen2Vl | VisionVariant::Qwen3Vl => 0,
+            VisionVariant::Qwen2Vl | VisionVariant::Qwen3Vl | VisionVariant::Gemma4 => 0,
         },
         fullatt_block_indexes: v.fullatt_block_indexes.unwrap_or_default(),
         tokens_per_second: v.tokens_per_second.unwrap_or(2.0),
@@ -230,5 +262,6 @@ pub(crate) fn parse(
         video_token_id: id("video_token_id").unwrap_or(image_token_id + 1),
         vision_start_token_id: id("vision_start_token_id"),
         vision_end_token_id: id("vision_end_token_id"),
+        gemma4: None,
     })
 }

@@ -27,6 +27,10 @@ pub(crate) struct Ple<W> {
     proj: W,
     /// `[ple_dim]`.
     norm: W,
+    /// The table's row of the pad token: an image's soft tokens take it in place of their
+    /// placeholder's (transformers' `Gemma4Model` looks up `pad_token_id` there); None
+    /// without a vision tower.
+    media_row: Option<Vec<f32>>,
 }
 
 /// One layer's per-layer-input gate (`[ple_dim, hidden]`), projection back
@@ -254,6 +258,16 @@ impl<B: Backend> Gemma4Layers<B> {
                         &[all, h],
                     )?)?,
                     norm: norm(&format!("{lm}per_layer_projection_norm.weight"), pd)?,
+                    media_row: match c.vision.as_ref().and_then(|v| v.gemma4.as_ref()) {
+                        Some(v) => st
+                            .load_rows(
+                                &format!("{lm}embed_tokens_per_layer.weight"),
+                                [g.ple_vocab, all],
+                                &[v.pad_token_id as usize],
+                            )?
+                            .pop(),
+                        None => None,
+                    },
                 })
             }
         };
@@ -286,10 +300,9 @@ impl<B: Backend> Gemma4Layers<B> {
                 "LoRA adapters are not supported for Gemma 4 yet".into(),
             ));
         }
-        if embeds.is_some_and(|e| !e.rows.is_empty()) {
-            return Err(EngineError::Batch(
-                "media inputs are not served for Gemma 4 yet".into(),
-            ));
+        let media = embeds.filter(|e| !e.rows.is_empty());
+        if media.is_some() {
+            super::gemma4_media::check(c)?;
         }
         let n = layout.num_tokens();
         let h = c.hidden_size;
@@ -328,17 +341,20 @@ impl<B: Backend> Gemma4Layers<B> {
 
         backend.embedding(&model.embed, step, &mut residual)?;
         backend.scale(&mut residual, n * h, (h as f32).sqrt())?;
+        // An image's embeddings replace its soft tokens' rows (unscaled), before the
+        // per-layer inputs project them.
+        if let Some(e) = media {
+            backend.write_rows(&mut residual, h, &e.rows, &e.data)?;
+        }
         let ple = match (&self.ple, g.ple_dim) {
             (Some(p), pd) if pd > 0 => Some(self.per_layer_inputs(
                 backend,
                 p,
                 &residual,
                 step,
-                n,
-                c.num_layers,
-                pd,
+                (n, c.num_layers, pd, h),
                 eps,
-                h,
+                media,
             )?),
             _ => None,
         };
@@ -483,7 +499,8 @@ impl<B: Backend> Gemma4Layers<B> {
     }
 
     /// The per-layer inputs `[tokens, layers · ple_dim]`: (norm(embeds · W / √hidden) per layer
-    /// + table[token] · √ple_dim) / √2, `embeds` the scaled token embeddings.
+    /// + table[token] · √ple_dim) / √2, `embeds` the scaled token embeddings (an image's
+    /// soft tokens: its embeddings, and the pad token's table row).
     #[allow(clippy::too_many_arguments)]
     fn per_layer_inputs(
         &self,
@@ -491,15 +508,16 @@ impl<B: Backend> Gemma4Layers<B> {
         p: &Ple<B::Weight>,
         embeds: &B::Buf,
         step: &B::Step,
-        n: usize,
-        layers: usize,
-        pd: usize,
+        (n, layers, pd, h): (usize, usize, usize, usize),
         eps: f32,
-        h: usize,
+        media: Option<&super::InputEmbeds>,
     ) -> Result<B::Buf> {
         let all = layers * pd;
         let mut tok = backend.alloc(n * all)?;
         backend.embedding(&p.table, step, &mut tok)?;
+        if let Some(e) = media {
+            super::gemma4_media::pad_rows(backend, &mut tok, all, e, p.media_row.as_deref())?;
+        }
         backend.scale(&mut tok, n * all, (pd as f32).sqrt())?;
         let mut projected = backend.alloc(n * all)?;
         backend.linear(embeds, n, &p.proj, None, &mut projected)?;
@@ -617,6 +635,10 @@ impl<B: Backend> Model<B> {
         let local = c
             .rope_inv_freq_local()
             .ok_or_else(|| EngineError::Backend("Gemma 4 without local layers' RoPE".into()))?;
+        let vision = match &c.vision {
+            Some(v) => Some(crate::vision::VisionTower::load(v, st)?),
+            None => None,
+        };
         Ok(Model {
             weights: dtype.name().to_string(),
             dtype,
@@ -627,7 +649,7 @@ impl<B: Backend> Model<B> {
             rope: backend.rope_table(&local)?,
             rope_local: Some(backend.rope_table(&local)?),
             embed_scale: None,
-            vision: None,
+            vision,
             vision_device: None,
             head: None,
             gemma4: Some(gemma4),

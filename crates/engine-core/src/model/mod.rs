@@ -2,6 +2,7 @@
 //! experts, and Gemma 3's variations on it), written once against [`Backend`].
 
 mod gemma4;
+mod gemma4_media;
 mod linear_attn;
 mod load;
 

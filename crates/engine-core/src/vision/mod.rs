@@ -7,6 +7,7 @@
 //! computes them (`engine/media.rs`, [`crate::model::Model::forward`]'s `inputs`).
 
 pub mod cache;
+pub mod gemma4;
 pub mod mrope;
 pub mod qwen3;
 pub mod tower;

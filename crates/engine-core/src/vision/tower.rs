@@ -73,6 +73,8 @@ pub struct VisionTower {
     pub merger: Merger,
     /// Qwen3-VL: one merger per `deepstack_visual_indexes` entry, run on that block's output.
     pub deepstack: Vec<Merger>,
+    /// Gemma 4's tower: its weights are all here (the fields above stay empty).
+    pub gemma4: Option<Box<super::gemma4::Gemma4Tower>>,
 }
 
 impl VisionTower {
@@ -92,11 +94,31 @@ impl VisionTower {
             blocks,
             merger,
             deepstack,
+            gemma4: None,
         }
     }
 
     /// Loads the tower's weights (`visual.*`, or `model.visual.*` as newer transformers save).
     pub fn load(cfg: &VisionConfig, st: &WeightSource) -> Result<Self> {
+        if cfg.variant == VisionVariant::Gemma4 {
+            let empty = || Linear {
+                w: Vec::new(),
+                b: None,
+                n: 0,
+                k: 0,
+            };
+            let merger = Merger {
+                norm: Norm {
+                    weight: Vec::new(),
+                    bias: None,
+                },
+                fc1: empty(),
+                fc2: empty(),
+            };
+            let mut t = Self::assemble(cfg, empty(), Vec::new(), merger, Vec::new(), None);
+            t.gemma4 = Some(Box::new(super::gemma4::Gemma4Tower::load(cfg, st)?));
+            return Ok(t);
+        }
         let prefix = if st.contains("visual.patch_embed.proj.weight") {
             "visual"
         } else {
@@ -151,10 +173,12 @@ impl VisionTower {
                     up: lin(&format!("{b}.mlp.up_proj"), inter, h, true)?,
                     down: lin(&format!("{b}.mlp.down_proj"), h, inter, true)?,
                 },
-                VisionVariant::Qwen2Vl | VisionVariant::Qwen3Vl => Mlp::QuickGelu {
-                    fc1: lin(&format!("{b}.mlp.fc1"), inter, h, true)?,
-                    fc2: lin(&format!("{b}.mlp.fc2"), h, inter, true)?,
-                },
+                VisionVariant::Qwen2Vl | VisionVariant::Qwen3Vl | VisionVariant::Gemma4 => {
+                    Mlp::QuickGelu {
+                        fc1: lin(&format!("{b}.mlp.fc1"), inter, h, true)?,
+                        fc2: lin(&format!("{b}.mlp.fc2"), h, inter, true)?,
+                    }
+                }
             };
             blocks.push(Block {
                 norm1: norm(&format!("{b}.norm1"), h)?,
@@ -225,7 +249,7 @@ impl VisionTower {
                         fc1: lin(inter, h, true),
                         fc2: lin(h, inter, true),
                     },
-                    VisionVariant::Qwen3Vl => Mlp::Gelu {
+                    VisionVariant::Qwen3Vl | VisionVariant::Gemma4 => Mlp::Gelu {
                         fc1: lin(inter, h, true),
                         fc2: lin(h, inter, true),
                         act: cfg.act,
@@ -257,6 +281,9 @@ impl VisionTower {
     /// matrix products and attention's two products per head.
     pub fn macs(&self, input: &VisionInput) -> u64 {
         let grid = input.grid_thw;
+        if let Some(g) = &self.gemma4 {
+            return g.macs(&self.cfg, grid.iter().product());
+        }
         let n = (grid.iter().product::<usize>()) as u64;
         let (h, i) = (
             self.cfg.hidden_size as u64,
@@ -264,7 +291,7 @@ impl VisionTower {
         );
         let mlp = match self.cfg.variant {
             VisionVariant::Qwen25Vl => 3 * h * i,
-            VisionVariant::Qwen2Vl | VisionVariant::Qwen3Vl => 2 * h * i,
+            VisionVariant::Qwen2Vl | VisionVariant::Qwen3Vl | VisionVariant::Gemma4 => 2 * h * i,
         };
         let wide = h * self.cfg.merge_unit() as u64;
         // q·kᵀ and p·v: 2 · len² · h per segment of `len` patches.

@@ -1,0 +1,278 @@
+//! Gemma 4 with its vision tower on the CPU against HF transformers 5.25
+//! (tests/fixtures/gemma4/vision, a tiny random `Gemma4ForConditionalGeneration` in
+//! gemma-4-E2B's shape with a 2-layer tower, written by generate_vision.py):
+//! - `lmi_media`'s Gemma 4 processor gives `Gemma4ImageProcessorPil`'s patches for two PNGs
+//!   (one enlarged, one shrunk);
+//! - the tower (patch and position embedding, 2-D RoPE, clamped projections, pooling,
+//!   standardization, the multimodal embedder) gives transformers' soft-token features;
+//! - three prompts with images between boi/eoi: every position's logits and 32 greedy tokens
+//!   as transformers', alone, all three in one step, and with the prefill cut inside an image.
+
+mod hf_fixture;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use hf_fixture::{F32_TOL, argmax, blocks, chunk, rel_diff};
+use lmi_engine::vision::{MediaKind, VisionInput};
+use lmi_engine::{ChunkMedia, DType, Engine, LogitsWanted};
+use serde_json::Value;
+
+/// What transformers' features and logits may differ from ours by (relative to the row's
+/// largest value): f32, summed in another order.
+const TOL: f32 = 2e-3;
+
+struct Tensors(Vec<u8>);
+
+impl Tensors {
+    fn open(path: &std::path::Path) -> Self {
+        Tensors(std::fs::read(path).unwrap())
+    }
+
+    fn f32(&self, name: &str) -> Vec<f32> {
+        let st = safetensors::SafeTensors::deserialize(&self.0).unwrap();
+        let t = st
+            .tensor(name)
+            .unwrap_or_else(|_| panic!("no tensor {name}"));
+        t.data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+}
+
+fn dir() -> PathBuf {
+    hf_fixture::fixture("gemma4", "vision")
+}
+
+fn reference() -> (Value, Tensors) {
+    let d = dir();
+    let r = serde_json::from_str(&std::fs::read_to_string(d.join("reference.json")).unwrap());
+    (r.unwrap(), Tensors::open(&d.join("reference.safetensors")))
+}
+
+fn load() -> Engine<lmi_engine::cpu::CpuBackend> {
+    hf_fixture::load(&dir(), DType::F32)
+}
+
+/// Image `i` as the server reads it: the PNG decoded, then the model's processor.
+fn image(i: usize) -> VisionInput {
+    let d = dir();
+    let cfg = lmi_media::ProcessorConfig::from_dir(&d).unwrap();
+    assert!(cfg.gemma4.is_some(), "the processor config names Gemma 4's");
+    let bytes = std::fs::read(d.join(format!("image{i}.png"))).unwrap();
+    let img = lmi_media::decode_image(&bytes, &lmi_media::ImageLimits::default()).unwrap();
+    let p = lmi_media::preprocess_image(&img, &cfg).unwrap();
+    VisionInput {
+        kind: MediaKind::Image,
+        grid_thw: p.grid_thw,
+        pixels: p.pixels,
+        merge_size: cfg.merge_size,
+        t_scale: 1.0,
+    }
+}
+
+fn hash(inp: &VisionInput) -> u128 {
+    let bytes: Vec<u8> = inp.pixels.iter().flat_map(|v| v.to_le_bytes()).collect();
+    lmi_media::content_hash(&bytes)
+}
+
+struct Case {
+    ids: Vec<u32>,
+    /// Where each image's soft tokens start, and the image.
+    media: Vec<(usize, Arc<VisionInput>)>,
+    greedy: Vec<u32>,
+    logits: Vec<f32>,
+}
+
+fn cases() -> Vec<Case> {
+    let (r, t) = reference();
+    let images = [Arc::new(image(0)), Arc::new(image(1))];
+    let token = r["image_token_id"].as_u64().unwrap() as u32;
+    let prompts = r["prompts"].as_array().unwrap();
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(p, ids)| {
+            let ids: Vec<u32> = serde_json::from_value(ids.clone()).unwrap();
+            let which: Vec<usize> = serde_json::from_value(r["prompt_images"][p].clone()).unwrap();
+            let starts: Vec<usize> = (0..ids.len())
+                .filter(|&i| ids[i] == token && (i == 0 || ids[i - 1] != token))
+                .collect();
+            assert_eq!(starts.len(), which.len());
+            let media = starts
+                .iter()
+                .zip(&which)
+                .map(|(&s, &w)| (s, images[w].clone()))
+                .collect();
+            Case {
+                greedy: serde_json::from_value(r["greedies"][p].clone()).unwrap(),
+                logits: t.f32(&format!("prompt_logits_{p}")),
+                ids,
+                media,
+            }
+        })
+        .collect()
+}
+
+impl Case {
+    /// The media runs of `[from, to)` of the prompt, for chunk `chunk` starting at `from`.
+    fn runs(&self, chunk: usize, from: usize, to: usize) -> Vec<ChunkMedia> {
+        self.media
+            .iter()
+            .filter_map(|(s, inp)| {
+                let (a, b) = (*s.max(&from), (s + inp.tokens()).min(to));
+                (a < b).then(|| ChunkMedia {
+                    chunk,
+                    offset: a - from,
+                    len: b - a,
+                    item_offset: a - s,
+                    hash: hash(inp),
+                    input: Some(inp.clone()),
+                })
+            })
+            .collect()
+    }
+
+    fn worst(&self, rows: impl Fn(usize) -> Vec<f32>) -> f32 {
+        let vocab = self.logits.len() / self.ids.len();
+        (0..self.ids.len())
+            .map(|p| rel_diff(&rows(p), &self.logits[p * vocab..(p + 1) * vocab]))
+            .fold(0f32, f32::max)
+    }
+}
+
+#[test]
+fn the_processor_gives_transformers_patches() {
+    let (r, t) = reference();
+    for i in 0..2 {
+        let inp = image(i);
+        let grid: Vec<usize> = serde_json::from_value(r["images"][i]["patches"].clone()).unwrap();
+        assert_eq!(inp.grid_thw, [1, grid[0], grid[1]], "image {i}");
+        let want = t.f32(&format!("image{i}.pixels"));
+        assert_eq!(inp.pixels.len(), want.len());
+        let worst = inp
+            .pixels
+            .iter()
+            .zip(&want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(worst <= 1e-7, "image {i}: pixels differ by {worst}");
+        assert_eq!(
+            inp.tokens(),
+            r["images"][i]["soft_tokens"].as_u64().unwrap() as usize
+        );
+    }
+}
+
+#[test]
+fn the_tower_gives_transformers_features() {
+    let (r, t) = reference();
+    // Clamping moves transformers' features by this much: a tower that skipped it would fail.
+    assert!(r["clip_effect_max_abs"].as_f64().unwrap() > 0.5);
+    let engine = load();
+    let tower = engine.model().vision.as_ref().expect("a vision tower");
+    for i in 0..2 {
+        let inp = image(i);
+        let got = lmi_engine::cpu::vision::forward(tower, &inp).unwrap();
+        let want = t.f32(&format!("image{i}.features"));
+        assert_eq!(got.len(), want.len(), "image {i}");
+        let d = rel_diff(&got, &want);
+        eprintln!("image {i}: features differ from transformers' by {d:.2e} (relative)");
+        assert!(d < F32_TOL, "image {i}: features differ by {d}");
+    }
+}
+
+#[test]
+fn prompt_logits_and_greedy_tokens_match_hf() {
+    for (p, case) in cases().iter().enumerate() {
+        let mut e = load();
+        let n = case.ids.len();
+        let table = blocks(0, n + case.greedy.len());
+        let out = e
+            .forward_logits_media(
+                &[chunk(&case.ids, 0, &table, LogitsWanted::All)],
+                &case.runs(0, 0, n),
+                &[],
+            )
+            .unwrap();
+        let worst = case.worst(|r| out.row(r).to_vec());
+        eprintln!("prompt {p}: logits differ from transformers' by {worst:.2e} (relative)");
+        assert!(worst < TOL, "prompt {p}: logits differ by {worst}");
+        let mut got = vec![argmax(out.row(n - 1))];
+        while got.len() < case.greedy.len() {
+            let pos = n + got.len() - 1;
+            let step = chunk(&[*got.last().unwrap()], pos, &table, LogitsWanted::Last);
+            let l = e.forward_logits(&[step]).unwrap();
+            got.push(argmax(l.row(0)));
+        }
+        assert_eq!(got, case.greedy, "prompt {p}: greedy tokens");
+    }
+}
+
+/// All three prompts in one step, and each cut inside its first image: the logits of each
+/// alone and whole (the same bits on the CPU).
+#[test]
+fn a_batch_and_a_cut_inside_an_image_give_the_same_logits() {
+    let cases = cases();
+    let mut alone = Vec::new();
+    for c in &cases {
+        let mut e = load();
+        let n = c.ids.len();
+        let out = e
+            .forward_logits_media(
+                &[chunk(&c.ids, 0, &blocks(0, n), LogitsWanted::All)],
+                &c.runs(0, 0, n),
+                &[],
+            )
+            .unwrap();
+        alone.push((0..n).map(|r| out.row(r).to_vec()).collect::<Vec<_>>());
+    }
+    let mut e = load();
+    let mut chunks = Vec::new();
+    let mut media = Vec::new();
+    let mut first_block = 0;
+    for (k, c) in cases.iter().enumerate() {
+        let n = c.ids.len();
+        chunks.push(chunk(&c.ids, 0, &blocks(first_block, n), LogitsWanted::All));
+        media.extend(c.runs(k, 0, n));
+        first_block += n.div_ceil(lmi_engine::BLOCK_SIZE) as u32;
+    }
+    let out = e.forward_logits_media(&chunks, &media, &[]).unwrap();
+    let mut row = 0;
+    for (k, rows) in alone.iter().enumerate() {
+        for (p, want) in rows.iter().enumerate() {
+            assert!(
+                out.row(row) == &want[..],
+                "prompt {k} position {p} in a batch"
+            );
+            row += 1;
+        }
+    }
+    for (k, c) in cases.iter().enumerate() {
+        let n = c.ids.len();
+        let cut = c.media[0].0 + 7;
+        let table = blocks(0, n);
+        let mut e = load();
+        let a = e
+            .forward_logits_media(
+                &[chunk(&c.ids[..cut], 0, &table, LogitsWanted::All)],
+                &c.runs(0, 0, cut),
+                &[],
+            )
+            .unwrap();
+        let b = e
+            .forward_logits_media(
+                &[chunk(&c.ids[cut..], cut, &table, LogitsWanted::All)],
+                &c.runs(0, cut, n),
+                &[],
+            )
+            .unwrap();
+        for p in 0..n {
+            let got = if p < cut { a.row(p) } else { b.row(p - cut) };
+            assert!(
+                got == &alone[k][p][..],
+                "prompt {k} cut at {cut}: position {p}"
+            );
+        }
+    }
+}
