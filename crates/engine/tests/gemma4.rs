@@ -236,7 +236,7 @@ fn chunked_prefill_beside_others_gives_the_same_bits() {
 
 /// A prefix-cache hit: a second sequence with the first 32 tokens of the longest prompt
 /// reuses its two K/V blocks (every pool's, the shared layers' readers included) and
-/// prefills only the rest: the cold run's logits, bit for bit.
+/// prefills only the rest: the cold run's logits, bit for bit; and so from copies of them.
 #[test]
 fn a_prefix_cache_hit_gives_the_cold_runs_bits() {
     for name in VARIANTS {
@@ -258,6 +258,18 @@ fn a_prefix_cache_hit_gives_the_cold_runs_bits() {
             .unwrap();
         for t in 32..p.len() {
             assert_eq!(out.row(t - 32), &cold[t][..], "{name}: position {t}");
+        }
+        // The same from copies of the two blocks (copy-on-write: each pool at its own width).
+        e.copy_blocks(&[(10, 20), (11, 21)]).unwrap();
+        let out = e
+            .forward_logits(&[chunk(&p[32..], 32, &[20, 21, 40], LogitsWanted::All)])
+            .unwrap();
+        for t in 32..p.len() {
+            assert_eq!(
+                out.row(t - 32),
+                &cold[t][..],
+                "{name}: copied, position {t}"
+            );
         }
     }
 }
