@@ -256,20 +256,16 @@ fn a_prefix_cache_hit_gives_the_cold_runs_bits() {
         let out = e
             .forward_logits(&[chunk(&p[32..], 32, &table, LogitsWanted::All)])
             .unwrap();
-        for t in 32..p.len() {
-            assert_eq!(out.row(t - 32), &cold[t][..], "{name}: position {t}");
+        for (t, want) in cold.iter().enumerate().skip(32) {
+            assert_eq!(out.row(t - 32), &want[..], "{name}: position {t}");
         }
         // The same from copies of the two blocks (copy-on-write: each pool at its own width).
         e.copy_blocks(&[(10, 20), (11, 21)]).unwrap();
         let out = e
             .forward_logits(&[chunk(&p[32..], 32, &[20, 21, 40], LogitsWanted::All)])
             .unwrap();
-        for t in 32..p.len() {
-            assert_eq!(
-                out.row(t - 32),
-                &cold[t][..],
-                "{name}: copied, position {t}"
-            );
+        for (t, want) in cold.iter().enumerate().skip(32) {
+            assert_eq!(out.row(t - 32), &want[..], "{name}: copied, position {t}");
         }
     }
 }
@@ -303,7 +299,8 @@ fn without_gemma4s_pieces_the_logits_differ() {
     let last = seq.len() - 1;
     let ours = hf_fixture::sequence_logits(&mut load(&dir, DType::F32), &seq);
     assert!(rel_diff(&ours[last], &want[last]) < F32_TOL);
-    let edits: [(&str, fn(&mut serde_json::Value)); 3] = [
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 3] = [
         ("window", |c| {
             c["text_config"]["sliding_window"] = 512.into()
         }),
