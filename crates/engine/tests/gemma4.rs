@@ -461,3 +461,21 @@ fn llama_cpp_gguf_files_match_transformers() {
         );
     }
 }
+
+/// A GGUF served as `lmi serve --model FILE.gguf` does (config.json and tokenizer.json built
+/// from the file's metadata, weights from the file): transformers' prompt logits.
+#[test]
+fn a_gguf_served_alone_gives_transformers_logits() {
+    for name in VARIANTS {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        let (_tmp, mut e) = hf_fixture::load_gguf(&dir.join("model.f32.gguf"), Some(DType::F32));
+        for (p, want) in r.prompts.iter().zip(&r.prompt_logits) {
+            let got = prompt_logits(&mut e, p);
+            for (t, row) in got.iter().enumerate() {
+                let d = rel_diff(row, &want[t]);
+                assert!(d < F32_TOL, "{name}: position {t} differs by {d}");
+            }
+        }
+    }
+}
