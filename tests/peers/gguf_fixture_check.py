@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """The second, independent check of the GGUF fixtures that llama.cpp's converter wrote
-(mixtures of experts, Gemma 3, the Gated DeltaNet hybrids): llama.cpp's llama-server (built by
-../shared/peers/setup.sh) loads each `tests/fixtures/{moe,gemma3,hybrid}/*/model.f32.gguf` and
+(mixtures of experts, Gemma 3, the Gated DeltaNet hybrids, Gemma 4): llama.cpp's llama-server (built by
+../shared/peers/setup.sh) loads each `tests/fixtures/{moe,gemma3,hybrid,gemma4}/*/model.f32.gguf` and
 decodes greedily from the fixture's prompt ids (every prompt of a fixture that lists several,
 `prompts` / `greedies`); its 32 tokens must be transformers' (from reference.json), as ours are
-(crates/engine/tests/moe.rs, gemma3.rs, hybrid.rs).
+(crates/engine/tests/moe.rs, gemma3.rs, hybrid.rs, gemma4.rs).
 
-  python3 tests/peers/gguf_fixture_check.py ~/.cache/lmi-peers/llama.cpp/bin/llama-server
+  python3 tests/peers/gguf_fixture_check.py ~/.cache/lmi-peers/llama.cpp/bin/llama-server [group ...]
 
 Standard library only; exits non-zero on a mismatch.
 """
@@ -26,8 +26,21 @@ KNOWN = {
     # From token 1; not investigated. ggml's MXFP4 dot product takes Q8_0 activations, whose
     # rounding is larger than this fixture's greedy margins (0.03), so probably that.
     "gpt_oss_mxfp4": "differs from token 1 (likely its 8-bit activations)",
+    # Measured 2026-12-06: prompts 0, 2, 4 of 6 differ (from tokens 6, 1, 2), the same with
+    # f32 K/V; e2b (no experts) agrees on all six, as ours do on both (gemma4.rs). Not
+    # investigated; a4b's routers are sharp (smallest 2nd/3rd router-logit gap 1.3e-3) and
+    # ggml's GELU goes through an f16 table, enough to flip an expert, whose change is large
+    # in these random weights (Q8_0 weights move our median by 1.3e-1 the same way).
+    "a4b": "prompts 0, 2, 4 differ (likely expert flips from ggml's rounding)",
 }
-GROUPS = ["moe", "gemma3", "hybrid"]
+GROUPS = ["moe", "gemma3", "hybrid", "gemma4"]
+# llama-server's K/V cache is f16 by default: its rounding (~1e-3) is the size of the a4b
+# fixture's greedy and routing margins (1.0e-3, 1.3e-3), so Gemma 4's run with f32 K/V.
+EXTRA = {"gemma4": ["-ctk", "f32", "-ctv", "f32"]}
+
+
+def group_of(gguf):
+    return gguf.parent.parent.name
 PORT = 8399
 
 
@@ -53,10 +66,11 @@ def complete(prompt, n):
 
 def main():
     server = sys.argv[1]
+    groups = sys.argv[2:] or GROUPS  # e.g. `... llama-server gemma4` for one group
     ok = True
-    for gguf in [g for group in GROUPS for g in sorted((FIXTURES / group).glob("*/model.f32.gguf"))]:
+    for gguf in [g for group in groups for g in sorted((FIXTURES / group).glob("*/model.f32.gguf"))]:
         ref = json.loads((gguf.parent / "reference.json").read_text())
-        proc = subprocess.Popen([server, "-m", str(gguf), "--port", str(PORT), "-t", "2", "-c", "256"],
+        proc = subprocess.Popen([server, "-m", str(gguf), "--port", str(PORT), "-t", "2", "-c", "256"] + EXTRA.get(group_of(gguf), []),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             for _ in range(120):

@@ -26,6 +26,15 @@ const VARIANTS: [&str; 2] = ["e2b", "a4b"];
 /// its logits far more than rounding does (measured 5.0e-2); a wrong weight moves every
 /// position by the logits' own size.
 const BF16_MEDIAN_TOL: f32 = 1e-1;
+/// Q8_0 weights served as stored against transformers in f32, the median position: these
+/// random models amplify weight rounding (the MoE's sharp routers flip experts; as
+/// hybrid.rs's, measured 4.3e-2 e2b, 1.3e-1 a4b); a wrong weight or name moves every position
+/// by the logits' own size.
+const Q8_MEDIAN_TOL: f32 = 2e-1;
+/// Q8_0 as stored against the same Q8_0 weights read into f32 (8-bit activations in the
+/// products, bf16 K/V), the median position (measured 6.0e-3 e2b, 2.5e-2 a4b, whose sharp
+/// routers turn a few activations' rounding into expert flips).
+const Q8_KERNEL_TOL: f32 = 5e-2;
 
 fn fixture(name: &str) -> PathBuf {
     hf_fixture::fixture("gemma4", name)
@@ -236,7 +245,7 @@ fn chunked_prefill_beside_others_gives_the_same_bits() {
 
 /// A prefix-cache hit: a second sequence with the first 32 tokens of the longest prompt
 /// reuses its two K/V blocks (every pool's, the shared layers' readers included) and
-/// prefills only the rest: the cold run's logits, bit for bit.
+/// prefills only the rest: the cold run's logits, bit for bit; and so from copies of them.
 #[test]
 fn a_prefix_cache_hit_gives_the_cold_runs_bits() {
     for name in VARIANTS {
@@ -256,8 +265,16 @@ fn a_prefix_cache_hit_gives_the_cold_runs_bits() {
         let out = e
             .forward_logits(&[chunk(&p[32..], 32, &table, LogitsWanted::All)])
             .unwrap();
-        for t in 32..p.len() {
-            assert_eq!(out.row(t - 32), &cold[t][..], "{name}: position {t}");
+        for (t, want) in cold.iter().enumerate().skip(32) {
+            assert_eq!(out.row(t - 32), &want[..], "{name}: position {t}");
+        }
+        // The same from copies of the two blocks (copy-on-write: each pool at its own width).
+        e.copy_blocks(&[(10, 20), (11, 21)]).unwrap();
+        let out = e
+            .forward_logits(&[chunk(&p[32..], 32, &[20, 21, 40], LogitsWanted::All)])
+            .unwrap();
+        for (t, want) in cold.iter().enumerate().skip(32) {
+            assert_eq!(out.row(t - 32), &want[..], "{name}: copied, position {t}");
         }
     }
 }
@@ -291,7 +308,8 @@ fn without_gemma4s_pieces_the_logits_differ() {
     let last = seq.len() - 1;
     let ours = hf_fixture::sequence_logits(&mut load(&dir, DType::F32), &seq);
     assert!(rel_diff(&ours[last], &want[last]) < F32_TOL);
-    let edits: [(&str, fn(&mut serde_json::Value)); 3] = [
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 3] = [
         ("window", |c| {
             c["text_config"]["sliding_window"] = 512.into()
         }),
@@ -363,4 +381,101 @@ fn the_kv_budget_counts_each_pools_width() {
     };
     let e = lmi_engine::load_cpu(&fixture("e2b"), &opts).unwrap();
     assert_eq!(e.num_blocks(), 100);
+}
+
+/// The fixture's model with its weights read from llama.cpp's GGUF of it (`convert_gguf.py`):
+/// in f32 (`dtype`), or as stored (None).
+fn load_gguf(dir: &Path, gguf: &Path, dtype: Option<DType>) -> Engine<lmi_engine::cpu::CpuBackend> {
+    let opts = EngineOptions {
+        dtype,
+        gguf: Some(gguf.to_path_buf()),
+        kv_blocks: Some(64),
+        ..Default::default()
+    };
+    lmi_engine::load_cpu(dir, &opts).unwrap()
+}
+
+/// llama.cpp's converter's files (`gemma4`): their metadata read back as the fixtures'
+/// config.json (what `lmi convert` writes), and their weights giving transformers' logits at
+/// every position of the six prompts and their greedy tokens in f32; requantized to Q8_0 and
+/// served as stored, within Q8_0's error.
+#[test]
+fn llama_cpp_gguf_files_match_transformers() {
+    for name in VARIANTS {
+        let dir = fixture(name);
+        let gguf = dir.join("model.f32.gguf");
+        let file = lmi_checkpoint::gguf::GgufFile::open(&gguf).unwrap();
+        let h = lmi_checkpoint::gguf::hparams::read(&file).unwrap();
+        let json = lmi_checkpoint::gguf::hparams::config_json(&h, DType::F32);
+        let mut ours = ModelConfig::from_json(&json.to_string()).unwrap();
+        let theirs = config(name);
+        assert_eq!(ours.architecture, theirs.architecture);
+        ours.torch_dtype = theirs.torch_dtype.clone();
+        assert_eq!(
+            ours, theirs,
+            "{name}: the GGUF's metadata read as another config"
+        );
+
+        let r = refs(&dir);
+        let tmp = tempfile::tempdir().unwrap();
+        let q8 = tmp.path().join("q8_0.gguf");
+        lmi_checkpoint::gguf::writer::requantize(&gguf, &q8, lmi_checkpoint::quant::QType::Q8_0)
+            .unwrap();
+        let mut e = load_gguf(&dir, &gguf, Some(DType::F32));
+        let mut q8_stored = load_gguf(&dir, &q8, None);
+        let mut q8_f32 = load_gguf(&dir, &q8, Some(DType::F32));
+        let (mut worst, mut q8_diffs, mut kernel_diffs) = (0f32, Vec::new(), Vec::new());
+        for (i, p) in r.prompts.iter().enumerate() {
+            let seq: Vec<u32> = p.iter().chain(&r.greedies[i]).copied().collect();
+            let got = hf_fixture::sequence_logits(&mut e, &seq);
+            let stored = hf_fixture::sequence_logits(&mut q8_stored, &seq);
+            let in_f32 = hf_fixture::sequence_logits(&mut q8_f32, &seq);
+            for (t, row) in got.iter().enumerate() {
+                worst = worst.max(rel_diff(row, &r.full_logits[i][t]));
+                q8_diffs.push(rel_diff(&stored[t], &r.full_logits[i][t]));
+                kernel_diffs.push(rel_diff(&stored[t], &in_f32[t]));
+                if t + 1 >= p.len() && t + 1 < seq.len() {
+                    assert_eq!(
+                        argmax(row),
+                        seq[t + 1],
+                        "{name} prompt {i}: token {}",
+                        t + 1
+                    );
+                }
+            }
+        }
+        let median = |v: &mut Vec<f32>| {
+            v.sort_by(f32::total_cmp);
+            v[v.len() / 2]
+        };
+        let (q8, kernel) = (median(&mut q8_diffs), median(&mut kernel_diffs));
+        eprintln!(
+            "{name}: f32 GGUF within {worst:.2e} of transformers; Q8_0 as stored median \
+             {q8:.2e} from transformers, {kernel:.2e} from its weights in f32"
+        );
+        assert!(worst < F32_TOL, "{name}: GGUF logits differ by {worst}");
+        assert!(q8 < Q8_MEDIAN_TOL, "{name} Q8_0: median {q8}");
+        assert!(
+            kernel < Q8_KERNEL_TOL,
+            "{name} Q8_0 kernels: median {kernel}"
+        );
+    }
+}
+
+/// A GGUF served as `lmi serve --model FILE.gguf` does (config.json and tokenizer.json built
+/// from the file's metadata, weights from the file): transformers' prompt logits.
+#[test]
+fn a_gguf_served_alone_gives_transformers_logits() {
+    for name in VARIANTS {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        let (_tmp, mut e) = hf_fixture::load_gguf(&dir.join("model.f32.gguf"), Some(DType::F32));
+        for (p, want) in r.prompts.iter().zip(&r.prompt_logits) {
+            let got = prompt_logits(&mut e, p);
+            for (t, row) in got.iter().enumerate() {
+                let d = rel_diff(row, &want[t]);
+                assert!(d < F32_TOL, "{name}: position {t} differs by {d}");
+            }
+        }
+    }
 }

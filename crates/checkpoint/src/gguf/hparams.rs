@@ -33,6 +33,9 @@ pub enum GgufArch {
     Qwen35Moe,
     /// Qwen3-Next: the same hybrid layers (value heads kept in transformers' order), experts.
     Qwen3Next,
+    /// Gemma 4 (`gguf/gemma4.rs`): per-layer head counts and MLP widths, local and global
+    /// layers of their own head widths.
+    Gemma4,
 }
 
 impl GgufArch {
@@ -48,15 +51,11 @@ impl GgufArch {
             "qwen35" => Ok(GgufArch::Qwen35),
             "qwen35moe" => Ok(GgufArch::Qwen35Moe),
             "qwen3next" => Ok(GgufArch::Qwen3Next),
-            "gemma4" => Err(CheckpointError::Gguf(
-                "Gemma 4 GGUF files (general.architecture \"gemma4\") are not read yet: serve \
-                 the HF checkpoint (config.json and safetensors)"
-                    .into(),
-            )),
+            "gemma4" => Ok(GgufArch::Gemma4),
             other => Err(CheckpointError::Gguf(format!(
                 "general.architecture {other:?} is not supported (supported: llama (with or \
-                 without experts), qwen2, qwen2moe, qwen3, qwen3moe, gemma3, gpt-oss, qwen35, \
-                 qwen35moe, qwen3next)"
+                 without experts), qwen2, qwen2moe, qwen3, qwen3moe, gemma3, gemma4, gpt-oss, \
+                 qwen35, qwen35moe, qwen3next)"
             ))),
         }
     }
@@ -75,6 +74,7 @@ impl GgufArch {
             GgufArch::Qwen35 => ("Qwen3_5ForCausalLM", "qwen3_5_text"),
             GgufArch::Qwen35Moe => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
             GgufArch::Qwen3Next => ("Qwen3NextForCausalLM", "qwen3_next"),
+            GgufArch::Gemma4 => ("Gemma4ForCausalLM", "gemma4_text"),
         }
     }
 
@@ -140,6 +140,8 @@ pub struct Hparams {
     pub rotary_dim: Option<u64>,
     /// Qwen3.5's M-RoPE sections (`rope.dimension_sections`, the first three).
     pub mrope_section: Option<[u64; 3]>,
+    /// Gemma 4: config.json's text config whole (`gguf/gemma4.rs`).
+    pub gemma4_config: Option<Value>,
 }
 
 /// Which layers attend over a window, and its size (config.json's `layer_types` and
@@ -179,9 +181,13 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
     let key = |k: &str| format!("{arch_name}.{k}");
     let hidden_size = g.require_u64(&key("embedding_length"))?;
     let num_heads = g.require_u64(&key("attention.head_count"))?;
-    let num_kv_heads = g
-        .get_u64(&key("attention.head_count_kv"))?
-        .unwrap_or(num_heads);
+    // Gemma 4 gives one per layer: the first layer's here (`gemma4::read` reads them all).
+    let num_kv_heads = match first_of_array(g, &key("attention.head_count_kv")) {
+        Some(n) => n,
+        None => g
+            .get_u64(&key("attention.head_count_kv"))?
+            .unwrap_or(num_heads),
+    };
     if num_heads == 0 || num_kv_heads == 0 {
         return Err(CheckpointError::Gguf(format!(
             "{arch_name}: head counts must be > 0"
@@ -249,7 +255,11 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         }),
     };
     // A file whose every layer holds experts may not give a dense width.
-    let intermediate_size = match (&experts, g.get_u64(&key("feed_forward_length"))?) {
+    let dense_width = match first_of_array(g, &key("feed_forward_length")) {
+        Some(n) => Some(n),
+        None => g.get_u64(&key("feed_forward_length"))?,
+    };
+    let intermediate_size = match (&experts, dense_width) {
         (_, Some(n)) => n,
         (Some(e), None) => e.feed_forward_length,
         (None, None) => g.require_u64(&key("feed_forward_length"))?,
@@ -288,7 +298,7 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         }
         _ => None,
     };
-    Ok(Hparams {
+    let h = Hparams {
         arch,
         vocab_size,
         hidden_size,
@@ -312,7 +322,17 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         linear,
         rotary_dim,
         mrope_section,
-    })
+        gemma4_config: None,
+    };
+    match arch {
+        GgufArch::Gemma4 => super::gemma4::read(g, h),
+        _ => Ok(h),
+    }
+}
+
+/// The first entry of an array-valued key (a per-layer list), if it is one.
+fn first_of_array(g: &GgufFile, key: &str) -> Option<u64> {
+    g.get(key)?.as_array()?.first()?.as_u64()
 }
 
 /// A value the converter stored as f32 (1e-6 read back as 9.99999997e-7) as the decimal it
@@ -522,6 +542,11 @@ fn llama3_divisors(dim: f64, theta: f64, factor: f64, low: f64, high: f64, orig:
 }
 
 pub fn config_json(h: &Hparams, dtype: DType) -> Value {
+    if let Some(c) = &h.gemma4_config {
+        let mut c = c.clone();
+        c["torch_dtype"] = json!(dtype.name());
+        return c;
+    }
     let (class, model_type) = h.arch.hf(h.experts.is_some());
     let mut c = json!({
         "architectures": [class],

@@ -606,13 +606,6 @@ impl<B: Backend> Model<B> {
         st: &WeightSource,
         dtype: DType,
     ) -> Result<Self> {
-        if matches!(st, WeightSource::Gguf(_)) {
-            return Err(EngineError::Backend(
-                "Gemma 4 from a GGUF file is not supported yet: serve the HF checkpoint \
-                 (config.json and safetensors)"
-                    .into(),
-            ));
-        }
         let c = &config;
         let h = c.hidden_size;
         let lm = super::load::text_prefix(st);
