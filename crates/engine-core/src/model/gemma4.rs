@@ -191,10 +191,10 @@ impl<B: Backend> Gemma4Layers<B> {
                 let k_norm = norm(&format!("{a}.k_norm.weight"), d)?;
                 (HostTensor::concat_rows(vec![q, k, v]), k_norm, pool_of[i])
             } else {
-                let zeros = HostTensor::f32(vec![2 * kvs, h], vec![0.0; 2 * kvs * h]);
+                let zeros = zero_rows(&q, 2 * kvs, h, dtype);
                 let k_norm = ones(d)?;
                 (
-                    HostTensor::concat_rows(vec![q, zeros.to_dtype(dtype)]),
+                    HostTensor::concat_rows(vec![q, zeros]),
                     k_norm,
                     pool_of[g.kv_source[i]],
                 )
@@ -695,4 +695,21 @@ pub fn geometry_kv<B: Backend>(
     };
     let cfg = crate::kv::KvCacheConfig { num_blocks, ..cfg };
     KvCache::with_geometry(backend, cfg, Some((w, local)), geometry)
+}
+
+/// `rows` zero rows in `like`'s form: its block format where it is quantized (so a GGUF's q
+/// projection stays quantized beside them), else `dtype`.
+fn zero_rows(like: &HostTensor, rows: usize, cols: usize, dtype: DType) -> HostTensor {
+    use lmi_checkpoint::weights::HostData;
+    let zeros = vec![0.0; rows * cols];
+    if let HostData::Quant(parts) = &like.data
+        && let [part] = &parts[..]
+        && let Ok(m) = lmi_checkpoint::quant::QMatrix::quantize(part.qtype, rows, cols, &zeros)
+    {
+        return HostTensor {
+            shape: vec![rows, cols],
+            data: HostData::Quant(vec![m]),
+        };
+    }
+    HostTensor::f32(vec![rows, cols], zeros).to_dtype(dtype)
 }
