@@ -59,7 +59,7 @@ impl KvCacheConfig {
     pub fn global_blocks(&self, budget: usize, window_blocks: usize, local: usize) -> usize {
         let per_block = self.layer_block_bytes().max(1);
         let window = window_blocks * local * per_block;
-        budget.saturating_sub(window) / (per_block * (self.num_layers - local).max(1))
+        budget.saturating_sub(window) / (per_block * self.num_layers.saturating_sub(local).max(1))
     }
 
     /// Elements of one layer's K (or V) pool: `[num_blocks, kv_heads, BLOCK_SIZE, head_dim]`.

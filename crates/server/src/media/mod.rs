@@ -42,6 +42,10 @@ pub struct VisionSetup {
     /// Qwen3-VL, Qwen3.5: videos are laid out a temporal patch at a time, each after its
     /// timestamp (None: a video is one run of placeholders).
     pub frames: Option<FrameLayout>,
+    /// Gemma 4: the (begin, end) tokens an image's soft tokens go between, as its processor
+    /// widens the template's one image token (`Gemma4Processor.replace_image_token`); Gemma 4
+    /// takes no video here.
+    pub image_wrap: Option<(u32, u32)>,
 }
 
 impl VisionSetup {
@@ -91,6 +95,7 @@ impl VisionSetup {
                 }
                 _ => None,
             },
+            image_wrap: v.gemma4.as_ref().map(|g| (g.boi_token_id, g.eoi_token_id)),
             image_marker: [
                 v.vision_start_token_id,
                 Some(v.image_token_id),
@@ -154,9 +159,9 @@ pub fn load_all(
     }
     let setup = setup.ok_or_else(|| {
         ApiError::validation(
-            "this model takes no images or video (Gemma 3's and Gemma 4's vision towers are \
-             not served yet: their language models are): send text only, or serve a \
-             vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5)",
+            "this model takes no images or video (Gemma 3's vision tower is not served yet: its \
+             language model is): send text only, or serve a vision-language model (Qwen2-VL, \
+             Qwen2.5-VL, Qwen3-VL, Qwen3.5, Gemma 4 with its vision_config)",
         )
         .with_param("messages")
     })?;
@@ -299,6 +304,10 @@ fn load(setup: &VisionSetup, r: &MediaRef) -> Result<LoadedItem, ApiError> {
                 frames: Vec::new(),
             })
         }
+        MediaKind::Video if setup.image_wrap.is_some() => Err(ApiError::validation(
+            "videos are not supported for Gemma 4 yet: send its frames as images",
+        )
+        .with_param("messages")),
         MediaKind::Video => {
             // Frames kept at the processor's rate (2 a second by default), as vLLM does.
             let cfg = &setup.processor;
@@ -465,6 +474,12 @@ pub fn expand(
             }
             continue;
         }
+        let wrap = setup
+            .image_wrap
+            .filter(|_| item.input.kind == MediaKind::Image);
+        if let Some((begin, _)) = wrap {
+            text.push(begin);
+        }
         if !text.is_empty() {
             spans.push(Span::Text(std::mem::take(&mut text)));
         }
@@ -474,6 +489,9 @@ pub fn expand(
             hash: item.hash,
             input: Some(item.input),
         }));
+        if let Some((_, end)) = wrap {
+            text.push(end);
+        }
     }
     if !text.is_empty() {
         spans.push(Span::Text(text));

@@ -1,0 +1,89 @@
+//! Gemma 4 with its vision tower served end to end: the tiny random model of
+//! tests/fixtures/gemma4/vision (HF transformers 5.25 recorded its greedy tokens for the chat
+//! case, its `<|image|>` widened to boi, the image's soft tokens, eoi as `Gemma4Processor`
+//! does) through `/v1/chat/completions` with an `image_url` data URL and through TGI's
+//! `/generate` with a markdown image: the prompt length and the 32 greedy tokens.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use common::*;
+use serde_json::{Value, json};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gemma4/vision")
+}
+
+fn png_url() -> String {
+    let bytes = std::fs::read(fixture().join("image0.png")).unwrap();
+    format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+#[test]
+fn an_image_through_chat_and_tgi_gives_transformers_tokens() {
+    let r: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture().join("reference.json")).unwrap())
+            .unwrap();
+    let chat = &r["chat"];
+    let case = chat["prompt"].as_u64().unwrap() as usize;
+    let ids = r["prompts"][case].as_array().unwrap();
+    let greedy: Vec<u64> = serde_json::from_value(r["greedies"][case].clone()).unwrap();
+    let mut s = start(&fixture(), &["--dtype", "f32"]);
+    wait_ready(&mut s, "vision");
+    let models = get(s.port, "/v1/models").json();
+    assert_eq!(
+        models["data"][0]["input_modalities"],
+        json!(["text", "image"])
+    );
+
+    // OpenAI chat: the fixture's user turn with the image as an `image_url` part.
+    let content: Vec<Value> = chat["messages"][0]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|part| match part["type"].as_str().unwrap() {
+            "image" => json!({"type": "image_url", "image_url": {"url": png_url()}}),
+            _ => part.clone(),
+        })
+        .collect();
+    let body = json!({"messages": [{"role": "user", "content": content}], "max_tokens": 32,
+        "temperature": 0});
+    let reply = post(s.port, "/v1/chat/completions", &body.to_string());
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let reply = reply.json();
+    assert_eq!(reply["usage"]["prompt_tokens"], ids.len());
+    assert_eq!(
+        reply["choices"][0]["message"]["content"],
+        chat["greedy_text"]
+    );
+
+    // TGI: the rendered prompt with a markdown image where the template put `<|image|>`.
+    let inputs =
+        chat["text"]
+            .as_str()
+            .unwrap()
+            .replacen("<|image|>", &format!("![]({})", png_url()), 1);
+    let body = json!({"inputs": inputs, "parameters": {"max_new_tokens": 32, "details": true}});
+    let g = post(s.port, "/generate", &body.to_string());
+    assert_eq!(g.status, 200, "{}", g.body);
+    let got: Vec<u64> = g.json()["details"]["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(got, greedy);
+
+    // Video is refused for Gemma 4, saying so.
+    let body = json!({"messages": [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}]}],
+        "max_tokens": 1});
+    let reply = post(s.port, "/v1/chat/completions", &body.to_string());
+    assert_eq!(reply.status, 422, "{}", reply.body);
+    assert!(reply.body.contains("Gemma 4"), "{}", reply.body);
+}
