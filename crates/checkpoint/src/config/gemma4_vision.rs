@@ -49,7 +49,7 @@ pub(crate) fn parse(
     let num_heads = v.num_attention_heads.unwrap_or(12);
     let head_dim = v.head_dim.unwrap_or(64);
     let num_kv_heads = v.num_key_value_heads.unwrap_or(num_heads);
-    if head_dim % 4 != 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+    if !head_dim.is_multiple_of(4) || num_kv_heads == 0 || !num_heads.is_multiple_of(num_kv_heads) {
         return Err(format!(
             "vision_config: head_dim {head_dim} must be a multiple of 4 (2-D RoPE) and \
              num_attention_heads {num_heads} a multiple of num_key_value_heads {num_kv_heads}"

@@ -499,8 +499,9 @@ impl<B: Backend> Gemma4Layers<B> {
     }
 
     /// The per-layer inputs `[tokens, layers · ple_dim]`: (norm(embeds · W / √hidden) per layer
-    /// + table[token] · √ple_dim) / √2, `embeds` the scaled token embeddings (an image's
-    /// soft tokens: its embeddings, and the pad token's table row).
+    /// + table[token] · √ple_dim) / √2, `embeds` the scaled token embeddings.
+    ///
+    /// At an image's soft tokens: its embeddings, and the pad token's table row.
     #[allow(clippy::too_many_arguments)]
     fn per_layer_inputs(
         &self,
