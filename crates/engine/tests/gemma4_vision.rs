@@ -273,3 +273,32 @@ fn a_batch_and_a_cut_inside_an_image_give_the_same_logits() {
         }
     }
 }
+
+/// gemma-4-26B-A4B and 31B set `use_bidirectional_attention: "vision"` (an image's tokens
+/// attend to each other both ways in the sliding layers), which lmi's causal attention does
+/// not do: their images are refused, saying why; their text is served.
+#[test]
+fn images_are_refused_where_image_tokens_attend_both_ways() {
+    let tmp = hf_fixture::with_config(&dir(), |c| {
+        c["text_config"]["use_bidirectional_attention"] = "vision".into();
+    });
+    let mut e = hf_fixture::load(tmp.path(), DType::F32);
+    let case = cases().into_iter().next().unwrap();
+    let n = case.ids.len();
+    let err = e
+        .forward_logits_media(
+            &[chunk(&case.ids, 0, &blocks(0, n), LogitsWanted::All)],
+            &case.runs(0, 0, n),
+            &[],
+        )
+        .expect_err("refused");
+    assert!(
+        err.to_string().contains("use_bidirectional_attention"),
+        "{err}"
+    );
+    let text = [2u32, 17, 250, 3, 99];
+    assert!(
+        e.forward_logits(&[chunk(&text, 0, &blocks(0, 5), LogitsWanted::Last)])
+            .is_ok()
+    );
+}

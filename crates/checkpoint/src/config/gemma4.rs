@@ -148,11 +148,15 @@ pub(super) fn parse(
     num_kv_heads: usize,
 ) -> Result<Parsed, String> {
     let num_layers = local.len();
-    if top
+    // "vision" (26B-A4B, 31B) changes only how an image's tokens attend to each other: text
+    // is causal as without it (images are refused, `model/gemma4_media.rs`).
+    if let Some(v) = top
         .get("use_bidirectional_attention")
-        .is_some_and(|v| !v.is_null())
+        .filter(|v| !v.is_null() && v.as_str() != Some("vision"))
     {
-        return Err("use_bidirectional_attention is not supported for Gemma 4".into());
+        return Err(format!(
+            "use_bidirectional_attention {v} is not supported for Gemma 4 (null and \"vision\" are)"
+        ));
     }
     if top.get("attention_bias").and_then(Value::as_bool) == Some(true) {
         return Err("attention_bias: true is not supported for Gemma 4".into());
