@@ -185,6 +185,7 @@ pub(super) fn parse(
         activation: Activation::Silu,
         sliding_window: None,
         linear_attn: None,
+        mla: None,
         attn_scalar: (hidden_size / num_heads) as f64,
         encoder: Some(EncoderConfig {
             hf_name: name.to_string(),

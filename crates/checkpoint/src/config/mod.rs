@@ -6,6 +6,7 @@ use serde::Deserialize;
 
 pub mod encoder;
 pub mod linear_attn;
+pub mod mla;
 pub mod moe;
 pub mod quantization;
 mod rope;
@@ -14,6 +15,7 @@ pub mod vision;
 use crate::error::{CheckpointError, Result};
 use encoder::EncoderConfig;
 use linear_attn::LinearAttnConfig;
+use mla::MlaConfig;
 use moe::{ExpertActivation, MoeConfig, Routing};
 use rope::RawRopeScaling;
 pub use rope::{Llama3RopeScaling, YarnScaling};
@@ -55,6 +57,11 @@ pub enum Architecture {
     Bert,
     /// XLM-RoBERTa and RoBERTa encoders: BERT's layers, positions from `pad_token_id + 1`.
     XlmRoberta,
+    /// DeepSeek-V3 / Kimi K2 (and DeepSeek-V2-Lite, Moonlight: `q_lora_rank` null):
+    /// multi-head latent attention ([`ModelConfig::mla`]), the first layers dense.
+    DeepseekV3,
+    /// GLM-4.7-Flash: DeepSeek-V3's latent attention and layers (`mlp_layer_types`).
+    Glm4MoeLite,
 }
 
 /// Every `architectures` name a checkpoint may give, and what it loads as. The multimodal
@@ -80,6 +87,8 @@ const HF_NAMES: &[(&str, Architecture)] = &[
     ("Qwen3_5MoeForConditionalGeneration", Architecture::Qwen35),
     ("Qwen3_5MoeForCausalLM", Architecture::Qwen35),
     ("Qwen3NextForCausalLM", Architecture::Qwen3Next),
+    ("DeepseekV3ForCausalLM", Architecture::DeepseekV3),
+    ("Glm4MoeLiteForCausalLM", Architecture::Glm4MoeLite),
 ];
 
 /// The architecture names that load, for the error that refuses another.
@@ -118,6 +127,8 @@ impl Architecture {
             Architecture::Qwen3Next => "Qwen3NextForCausalLM",
             Architecture::Bert => "BertModel",
             Architecture::XlmRoberta => "XLMRobertaModel",
+            Architecture::DeepseekV3 => "DeepseekV3ForCausalLM",
+            Architecture::Glm4MoeLite => "Glm4MoeLiteForCausalLM",
         }
     }
 
@@ -161,6 +172,11 @@ impl Architecture {
                 | Architecture::Qwen35
                 | Architecture::Qwen3Next
         )
+    }
+
+    /// Multi-head latent attention in every layer ([`ModelConfig::mla`]).
+    pub fn is_mla(self) -> bool {
+        matches!(self, Architecture::DeepseekV3 | Architecture::Glm4MoeLite)
     }
 
     /// Linear-attention layers beside the full-attention ones (Gated DeltaNet hybrids).
@@ -249,6 +265,10 @@ pub struct ModelConfig {
     pub sliding_window: Option<SlidingWindow>,
     /// Linear-attention layers (Gated DeltaNet), where the model has them.
     pub linear_attn: Option<LinearAttnConfig>,
+    /// Multi-head latent attention (DeepSeek-V3, GLM-4.7-Flash): then `head_dim` is the
+    /// rotary part's (`qk_rope_head_dim`, as transformers sets it) and the KV cache holds
+    /// [`MlaConfig::cache_width`] values a token and layer.
+    pub mla: Option<MlaConfig>,
     /// Attention scores are scaled by `1 / sqrt(this)`: `query_pre_attn_scalar` (Gemma),
     /// else head_dim.
     pub attn_scalar: f64,
@@ -400,9 +420,15 @@ impl ModelConfig {
                 "num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads ({num_kv_heads})"
             ));
         }
-        let head_dim = match raw.head_dim {
-            Some(d) => d,
-            None => {
+        let mla = match architecture.is_mla() {
+            true => Some(MlaConfig::parse(&top)?),
+            false => None,
+        };
+        let head_dim = match (&mla, raw.head_dim) {
+            // transformers' `head_dim` of a latent-attention model: what its RoPE turns.
+            (Some(m), _) => m.qk_rope_head_dim,
+            (None, Some(d)) => d,
+            (None, None) => {
                 if hidden_size % num_heads != 0 {
                     return Err(format!(
                         "hidden_size ({hidden_size}) is not a multiple of num_attention_heads ({num_heads}) and head_dim is not given"
@@ -527,6 +553,16 @@ impl ModelConfig {
             }),
             _ => None,
         };
+        if mla.is_some() {
+            // GLM-4.7-Flash's default: the first layer dense.
+            let sparse = mla::sparse_layers(&top, num_layers, 1)?;
+            if sparse.iter().any(|&s| s) {
+                return Err(format!(
+                    "{arch_name}'s mixture-of-experts layers (sigmoid routing) are not supported \
+                     yet; only its dense layers are"
+                ));
+            }
+        }
         let gemma = architecture.is_gemma();
         let act_name = raw
             .hidden_activation
@@ -652,6 +688,7 @@ impl ModelConfig {
             activation,
             sliding_window,
             linear_attn,
+            mla,
             attn_scalar: raw.query_pre_attn_scalar.unwrap_or(head_dim as f64),
             encoder: None,
         })

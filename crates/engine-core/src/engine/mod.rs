@@ -280,7 +280,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Bytes of every KV pool.
-    pub(crate) fn kv_bytes(&self) -> usize {
+    pub fn kv_bytes(&self) -> usize {
         self.kv.bytes()
     }
 

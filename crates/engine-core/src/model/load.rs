@@ -6,6 +6,7 @@ use lmi_checkpoint::dtype::DType;
 use lmi_checkpoint::weights::{GgufWeights, HostData, HostTensor, SafetensorsDir, WeightSource};
 
 use super::linear_attn::LinearAttn;
+use super::mla::LatentAttn;
 use super::{Attention, Layer, Mixer, Mlp, Model};
 use crate::backend::{Backend, Feature};
 use crate::error::{EngineError, Result};
@@ -139,6 +140,14 @@ impl<B: Backend> Model<B> {
         };
         let embed = backend.upload_weight(embed_t)?;
         let mut layers = Vec::with_capacity(c.num_layers);
+        if let Some(m) = c.mla.as_ref().filter(|m| m.nextn_layers > 0) {
+            tracing::info!(
+                "skipping {} multi-token-prediction layer(s) after layer {} (no speculative \
+                 draft from them yet)",
+                m.nextn_layers,
+                c.num_layers - 1
+            );
+        }
         let (mut kv_layers, mut state_layers) = (0, 0);
         for i in 0..c.num_layers {
             let p = format!("{lm}layers.{i}");
@@ -153,6 +162,17 @@ impl<B: Backend> Model<B> {
                     state_layers - 1,
                     &mat,
                     dtype,
+                )?)
+            } else if c.mla.is_some() {
+                kv_layers += 1;
+                Mixer::Latent(LatentAttn::load(
+                    backend,
+                    c,
+                    st,
+                    &p,
+                    kv_layers - 1,
+                    &mat,
+                    &norm,
                 )?)
             } else {
                 kv_layers += 1;

@@ -3,6 +3,7 @@
 
 mod linear_attn;
 mod load;
+mod mla;
 
 use std::collections::HashMap;
 
@@ -39,6 +40,8 @@ pub(crate) struct Layer<B: Backend> {
 pub(crate) enum Mixer<B: Backend> {
     Attention(Attention<B>),
     Linear(LinearAttn<B>),
+    /// Multi-head latent attention (DeepSeek-V3, GLM-4.7-Flash).
+    Latent(mla::LatentAttn<B>),
 }
 
 pub(crate) struct Attention<B: Backend> {
@@ -74,6 +77,7 @@ impl<B: Backend> Mixer<B> {
                     + opt(&a.sinks)
             }
             Mixer::Linear(l) => l.bytes(w),
+            Mixer::Latent(l) => l.bytes(w),
         }
     }
 }
@@ -429,6 +433,7 @@ impl<B: Backend> Model<B> {
             false => backend.alloc_matmul_input(attn_len)?,
         };
         let mut linear = linear_attn::Scratch::new(backend, c.linear_attn.as_ref(), n)?;
+        let mut latent = mla::Scratch::new(backend, c, n)?;
 
         // Adapters used this step, in the order of `layout.adapter_rows` (their groups).
         let mut active: Vec<&LoraAdapter<B>> = Vec::new();
@@ -511,6 +516,24 @@ impl<B: Backend> Model<B> {
                         d,
                         eps,
                         &mut linear,
+                        &mut proj,
+                    )?;
+                }
+                Mixer::Latent(l) => {
+                    if !active.is_empty() {
+                        return Err(crate::error::EngineError::Batch(
+                            "LoRA adapters on latent-attention models are not supported".into(),
+                        ));
+                    }
+                    l.forward(
+                        backend,
+                        c,
+                        &normed,
+                        n,
+                        step,
+                        kv,
+                        &self.rope,
+                        &mut latent,
                         &mut proj,
                     )?;
                 }
@@ -600,6 +623,7 @@ impl<B: Backend> Model<B> {
             backend.recycle(b);
         }
         linear.recycle(backend);
+        latent.recycle(backend);
         if rows == 0 {
             backend.recycle(residual);
             backend.recycle(proj);

@@ -1,0 +1,226 @@
+//! Multi-head latent attention (DeepSeek-V3 with and without q's low-rank projection,
+//! GLM-4.7-Flash) on the CPU against HF transformers: tiny random checkpoints and what
+//! transformers computed with them on six prompts (`tests/fixtures/mla/generate.py`).
+//! - Prompt logits within f32 tolerance at every position of every prompt (and in bf16,
+//!   looser); 32 greedy tokens equal to transformers', decoded one token a step for all six
+//!   prompts together.
+//! - Prefilled in chunks that cut every prompt, beside other sequences: the same bits as
+//!   alone and whole; a prefix-cache hit (the first block computed by another sequence)
+//!   gives the cold run's logits exactly.
+//! - The KV cache holds `kv_lora_rank + qk_rope_head_dim` values a token and layer.
+
+mod hf_fixture;
+
+use std::path::{Path, PathBuf};
+
+use hf_fixture::{BF16_TOL, F32_TOL, argmax, blocks, chunk, hybrid_refs as refs, rel_diff};
+use lmi_engine::engine::{EngineOptions, StepEngine};
+use lmi_engine::{DType, Engine, LogitsWanted};
+
+const MODELS: [&str; 3] = ["deepseek_v3", "deepseek_v3_noq", "glm4_moe_lite"];
+const KV_BLOCKS: usize = 96;
+
+fn fixture(name: &str) -> PathBuf {
+    hf_fixture::fixture("mla", name)
+}
+
+fn load(dir: &Path, dtype: DType) -> Engine<lmi_engine::cpu::CpuBackend> {
+    let opts = EngineOptions {
+        dtype: Some(dtype),
+        kv_blocks: Some(KV_BLOCKS),
+        ..Default::default()
+    };
+    lmi_engine::load_cpu(dir, &opts).unwrap()
+}
+
+/// Each prompt's logits at every position, prefilled alone.
+fn prompt_logits(e: &mut Engine<lmi_engine::cpu::CpuBackend>, p: &[u32]) -> Vec<Vec<f32>> {
+    let out = e
+        .forward_logits(&[chunk(p, 0, &blocks(0, p.len()), LogitsWanted::All)])
+        .unwrap();
+    (0..p.len()).map(|t| out.row(t).to_vec()).collect()
+}
+
+#[test]
+fn prompt_logits_match_transformers_in_f32_and_bf16() {
+    for name in MODELS {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        for (dtype, tol) in [(DType::F32, F32_TOL), (DType::BF16, BF16_TOL)] {
+            let mut e = load(&dir, dtype);
+            let mut diffs: Vec<f32> = Vec::new();
+            for (p, theirs) in r.prompts.iter().zip(&r.prompt_logits) {
+                let ours = prompt_logits(&mut e, p);
+                diffs.extend(ours.iter().zip(theirs).map(|(a, b)| rel_diff(a, b)));
+            }
+            diffs.sort_by(f32::total_cmp);
+            let (median, worst) = (diffs[diffs.len() / 2], diffs[diffs.len() - 1]);
+            eprintln!("{name} {dtype}: within {worst:.2e} of transformers (median {median:.2e})");
+            match dtype {
+                DType::F32 => assert!(worst < tol, "{name} f32: prompt logits differ by {worst}"),
+                _ => assert!(median < tol, "{name} bf16: median difference {median}"),
+            }
+        }
+    }
+}
+
+/// Greedy decoding of every prompt at once: one prefill step of all six, then one decode
+/// token per sequence per step; every step's logits within f32 tolerance of transformers'
+/// and the tokens equal to its greedy ones.
+#[test]
+fn greedy_tokens_match_transformers_decoding_all_six_together() {
+    for name in MODELS {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        let mut e = load(&dir, DType::F32);
+        let tables: Vec<Vec<u32>> = (0..r.prompts.len())
+            .map(|i| blocks(16 * i as u32, 16 * 16))
+            .collect();
+        let chunks: Vec<_> = r
+            .prompts
+            .iter()
+            .zip(&tables)
+            .map(|(p, t)| chunk(p, 0, t, LogitsWanted::Last))
+            .collect();
+        let out = e.forward_logits(&chunks).unwrap();
+        let mut next: Vec<u32> = (0..chunks.len()).map(|i| argmax(out.row(i))).collect();
+        let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); chunks.len()];
+        for step in 0..32 {
+            let chunks: Vec<_> = (0..next.len())
+                .map(|i| {
+                    tokens[i].push(next[i]);
+                    let pos = r.prompts[i].len() + step;
+                    chunk(&[next[i]], pos, &tables[i], LogitsWanted::Last)
+                })
+                .collect();
+            let out = e.forward_logits(&chunks).unwrap();
+            for (i, n) in next.iter_mut().enumerate() {
+                let pos = r.prompts[i].len() + step;
+                let d = rel_diff(out.row(i), &r.full_logits[i][pos]);
+                assert!(
+                    d < F32_TOL,
+                    "{name} prompt {i} step {step}: logits differ by {d}"
+                );
+                *n = argmax(out.row(i));
+            }
+        }
+        assert_eq!(tokens, r.greedies, "{name}: greedy tokens differ");
+    }
+}
+
+/// Prefill in chunks of 5 tokens (every prompt cut), beside other sequences: the same bits
+/// as each prompt prefilled alone and whole.
+#[test]
+fn chunked_prefill_beside_others_gives_the_same_bits() {
+    for name in MODELS {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        let mut e = load(&dir, DType::F32);
+        let whole: Vec<Vec<Vec<f32>>> =
+            r.prompts.iter().map(|p| prompt_logits(&mut e, p)).collect();
+        let mut e = load(&dir, DType::F32);
+        let n = r.prompts.len();
+        let tables: Vec<Vec<u32>> = (0..n).map(|i| blocks(16 * i as u32, 64)).collect();
+        let mut cut: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
+        let longest = r.prompts.iter().map(Vec::len).max().unwrap();
+        for start in (0..longest).step_by(5) {
+            let live: Vec<usize> = (0..n).filter(|&i| start < r.prompts[i].len()).collect();
+            let chunks: Vec<_> = live
+                .iter()
+                .map(|&i| {
+                    let p = &r.prompts[i];
+                    let end = (start + 5).min(p.len());
+                    chunk(&p[start..end], start, &tables[i], LogitsWanted::All)
+                })
+                .collect();
+            let out = e.forward_logits(&chunks).unwrap();
+            let mut row = 0;
+            for (&i, c) in live.iter().zip(&chunks) {
+                for _ in 0..c.tokens.len() {
+                    cut[i].push(out.row(row).to_vec());
+                    row += 1;
+                }
+            }
+        }
+        assert_eq!(cut, whole, "{name}: chunked prefill changed the logits");
+    }
+}
+
+/// A prefix-cache hit: another sequence with the same first 16 tokens wrote block 0; the
+/// prompt resumes at 16 on it and gets the cold run's logits, bit for bit.
+#[test]
+fn a_prefix_cache_hit_equals_the_cold_run() {
+    for name in MODELS {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        let p = &r.prompts[5];
+        assert!(p.len() > 32);
+        let mut e = load(&dir, DType::F32);
+        let cold = prompt_logits(&mut e, p);
+        let mut e = load(&dir, DType::F32);
+        let mut other: Vec<u32> = p[..16].to_vec();
+        other.extend([5, 6, 7, 8, 9]);
+        e.forward_logits(&[chunk(&other, 0, &[0, 1], LogitsWanted::Last)])
+            .unwrap();
+        let out = e
+            .forward_logits(&[chunk(&p[16..], 16, &[0, 10, 11], LogitsWanted::All)])
+            .unwrap();
+        for (t, want) in cold.iter().enumerate().skip(16) {
+            assert_eq!(out.row(t - 16), &want[..], "{name}: position {t}");
+        }
+    }
+}
+
+/// The cache holds the latent and the rotary key part a token and layer, as config.json
+/// gives them: 3 layers × (32 + 16) values, 4 bytes each in f32 and 2 in bf16; not the
+/// 2 × 4 heads × (24 + 16) of expanded keys and values.
+#[test]
+fn the_kv_cache_holds_the_latent_and_the_rotary_key_per_token() {
+    for name in MODELS {
+        let dir = fixture(name);
+        let c: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let field = |k: &str| c[k].as_u64().unwrap() as usize;
+        let per_token =
+            field("num_hidden_layers") * (field("kv_lora_rank") + field("qk_rope_head_dim"));
+        assert_eq!(per_token, 3 * 48);
+        for (dtype, elem) in [(DType::F32, 4), (DType::BF16, 2)] {
+            let e = load(&dir, dtype);
+            let tokens = KV_BLOCKS * lmi_engine::BLOCK_SIZE;
+            assert_eq!(e.kv_bytes(), tokens * per_token * elem, "{name} {dtype}");
+            let block = lmi_engine::kv::KvCacheConfig::block_bytes(e.model_config(), elem);
+            assert_eq!(block, lmi_engine::BLOCK_SIZE * per_token * elem);
+        }
+    }
+}
+
+/// The fixtures exercise what they stand for: read as rotate-half (`rope_interleave`
+/// false), or without YaRN's softmax scale (`mscale_all_dim` 0), the same weights give
+/// logits far outside the tolerance.
+#[test]
+fn interleaved_rope_and_yarn_scale_are_live_in_the_fixtures() {
+    let dir = fixture("deepseek_v3");
+    let r = refs(&dir);
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 2] = [
+        ("rope_interleave", |c| c["rope_interleave"] = false.into()),
+        ("mscale_all_dim", |c| {
+            c["rope_scaling"]["mscale_all_dim"] = 0.0.into()
+        }),
+    ];
+    for (what, edit) in edits {
+        let tmp = hf_fixture::with_config(&dir, edit);
+        let mut e = load(tmp.path(), DType::F32);
+        let ours = prompt_logits(&mut e, &r.prompts[0]);
+        let worst = ours
+            .iter()
+            .zip(&r.prompt_logits[0])
+            .map(|(a, b)| rel_diff(a, b))
+            .fold(0f32, f32::max);
+        assert!(
+            worst > 100.0 * F32_TOL,
+            "{what}: only {worst} from transformers"
+        );
+    }
+}
