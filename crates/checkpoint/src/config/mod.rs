@@ -9,6 +9,7 @@ pub mod linear_attn;
 pub mod moe;
 pub mod quantization;
 mod rope;
+mod sigmoe;
 pub mod vision;
 
 use crate::error::{CheckpointError, Result};
@@ -55,6 +56,14 @@ pub enum Architecture {
     Bert,
     /// XLM-RoBERTa and RoBERTa encoders: BERT's layers, positions from `pad_token_id + 1`.
     XlmRoberta,
+    /// GLM-4.5 / 4.6 / 4.7 (`Glm4MoeForCausalLM`): full attention with partial RoPE (half of
+    /// each head by default), q/k/v biases (`attention_bias`) and per-head q/k norms
+    /// (`use_qk_norm`) where the config sets them; DeepSeek-style mixtures
+    /// ([`moe::Routing::SigmoidGroupedTopK`]) after `first_k_dense_replace` dense layers.
+    Glm4Moe,
+    /// MiniMax-M2: full attention with partial RoPE (`rotary_dim`) and one RMSNorm over each
+    /// whole q and k projection (not per head); sigmoid-routed experts in every layer.
+    MiniMaxM2,
 }
 
 /// Every `architectures` name a checkpoint may give, and what it loads as. The multimodal
@@ -80,6 +89,8 @@ const HF_NAMES: &[(&str, Architecture)] = &[
     ("Qwen3_5MoeForConditionalGeneration", Architecture::Qwen35),
     ("Qwen3_5MoeForCausalLM", Architecture::Qwen35),
     ("Qwen3NextForCausalLM", Architecture::Qwen3Next),
+    ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
+    ("MiniMaxM2ForCausalLM", Architecture::MiniMaxM2),
 ];
 
 /// The architecture names that load, for the error that refuses another.
@@ -118,6 +129,8 @@ impl Architecture {
             Architecture::Qwen3Next => "Qwen3NextForCausalLM",
             Architecture::Bert => "BertModel",
             Architecture::XlmRoberta => "XLMRobertaModel",
+            Architecture::Glm4Moe => "Glm4MoeForCausalLM",
+            Architecture::MiniMaxM2 => "MiniMaxM2ForCausalLM",
         }
     }
 
@@ -161,6 +174,19 @@ impl Architecture {
                 | Architecture::Qwen35
                 | Architecture::Qwen3Next
         )
+    }
+
+    /// q/k/v biases and per-head q/k norms are read where the checkpoint holds them: GLM-4.5's
+    /// `attention_bias` and `use_qk_norm` differ between its checkpoints, and transformers
+    /// makes these tensors exactly when the config sets the flag.
+    pub fn optional_qkv_bias_and_norms(self) -> bool {
+        self == Architecture::Glm4Moe
+    }
+
+    /// One RMSNorm over each whole q and k projection (`num_heads · head_dim` and
+    /// `num_kv_heads · head_dim` wide) rather than per head (MiniMax-M2).
+    pub fn has_whole_qk_norm(self) -> bool {
+        self == Architecture::MiniMaxM2
     }
 
     /// Linear-attention layers beside the full-attention ones (Gated DeltaNet hybrids).
@@ -333,6 +359,8 @@ struct RawConfig {
     layer_types: Option<Vec<String>>,
     rope_local_base_freq: Option<f64>,
     partial_rotary_factor: Option<f64>,
+    /// MiniMax-M2's spelling of the rotated dimensions.
+    rotary_dim: Option<usize>,
     swiglu_limit: Option<f64>,
     final_logit_softcapping: Option<f64>,
     attn_logit_softcapping: Option<f64>,
@@ -424,7 +452,12 @@ impl ModelConfig {
             rope_yarn,
         } = rope::parse(
             raw.rope_scaling.take(),
-            raw.partial_rotary_factor,
+            sigmoe::partial_rotary_factor(
+                architecture,
+                raw.partial_rotary_factor,
+                raw.rotary_dim,
+                head_dim,
+            ),
             head_dim,
             architecture,
             vision_variant,
@@ -511,6 +544,8 @@ impl ModelConfig {
                 dense_layers: Vec::new(),
                 shared_width: None,
             }),
+            Architecture::Glm4Moe => Some(moe::parse_deepseek(&top, num_layers)?),
+            Architecture::MiniMaxM2 => Some(moe::parse_minimax_m2(&top)?),
             // The constants of transformers' GptOssExperts.
             Architecture::GptOss => Some(MoeConfig {
                 num_experts: req(raw.num_local_experts, "num_local_experts")?,
