@@ -113,6 +113,13 @@ pub(super) fn index<D: Device>(
     };
     let tensor_cores = sizes(w)?;
     check_matrix(&layer.router, [e, h], ElemType::F32, "the router")?;
+    if let Routing::SigmoidGroupedTopK { .. } = layer.routing {
+        return Err(refuse(
+            "sigmoid routing with a correction bias (DeepSeek-style: GLM-4.5, MiniMax-M2) is not \
+             on the CUDA backend yet; serve this model with the CPU backend"
+                .into(),
+        ));
+    }
     let vector = |v: &Option<CudaWeight<D>>, len: usize, what: &str| -> Result<u64> {
         match v {
             None => Ok(0),
@@ -150,7 +157,10 @@ pub(super) fn index<D: Device>(
     let shared = match &layer.shared {
         Some(s) => {
             let sw = s.width;
-            check_matrix(&s.gate, [1, h], ElemType::F32, "the shared expert's gate")?;
+            let Some(gate) = &s.gate else {
+                return Err(refuse("an ungated shared expert".into()));
+            };
+            check_matrix(gate, [1, h], ElemType::F32, "the shared expert's gate")?;
             check_matrix(
                 &s.gate_up,
                 [2 * sw, h],
@@ -203,6 +213,9 @@ pub(super) fn forward<D: Device>(
         Routing::SoftmaxTopK { renormalize: false } => 0,
         Routing::SoftmaxTopK { renormalize: true } => 1,
         Routing::TopKSoftmax => 2,
+        Routing::SigmoidGroupedTopK { .. } => {
+            return Err(refuse("sigmoid routing".into()));
+        }
     };
     let routed = Group {
         router: &layer.router,
@@ -219,8 +232,11 @@ pub(super) fn forward<D: Device>(
     let (Some(s), Some((table, tc))) = (&layer.shared, &experts.shared) else {
         return Ok(());
     };
+    let Some(gate) = &s.gate else {
+        return Err(refuse("an ungated shared expert".into()));
+    };
     let shared = Group {
-        router: &s.gate,
+        router: gate,
         router_bias: None,
         routing: SIGMOID_GATE,
         table,

@@ -17,7 +17,12 @@ use hf_fixture::{BF16_TOL, F32_TOL, argmax, blocks, chunk, hybrid_refs as refs, 
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::{DType, Engine, LogitsWanted};
 
-const MODELS: [&str; 3] = ["deepseek_v3", "deepseek_v3_noq", "glm4_moe_lite"];
+const MODELS: [&str; 4] = [
+    "deepseek_v3",
+    "deepseek_v3_noq",
+    "deepseek_v3_moe",
+    "glm4_moe_lite",
+];
 const KV_BLOCKS: usize = 96;
 
 fn fixture(name: &str) -> PathBuf {

@@ -10,6 +10,7 @@ pub mod mla;
 pub mod moe;
 pub mod quantization;
 mod rope;
+mod sigmoe;
 pub mod vision;
 
 use crate::error::{CheckpointError, Result};
@@ -62,6 +63,14 @@ pub enum Architecture {
     DeepseekV3,
     /// GLM-4.7-Flash: DeepSeek-V3's latent attention and layers (`mlp_layer_types`).
     Glm4MoeLite,
+    /// GLM-4.5 / 4.6 / 4.7 (`Glm4MoeForCausalLM`): full attention with partial RoPE (half of
+    /// each head by default), q/k/v biases (`attention_bias`) and per-head q/k norms
+    /// (`use_qk_norm`) where the config sets them; DeepSeek-style mixtures
+    /// ([`moe::Routing::SigmoidGroupedTopK`]) after `first_k_dense_replace` dense layers.
+    Glm4Moe,
+    /// MiniMax-M2: full attention with partial RoPE (`rotary_dim`) and one RMSNorm over each
+    /// whole q and k projection (not per head); sigmoid-routed experts in every layer.
+    MiniMaxM2,
 }
 
 /// Every `architectures` name a checkpoint may give, and what it loads as. The multimodal
@@ -89,6 +98,8 @@ const HF_NAMES: &[(&str, Architecture)] = &[
     ("Qwen3NextForCausalLM", Architecture::Qwen3Next),
     ("DeepseekV3ForCausalLM", Architecture::DeepseekV3),
     ("Glm4MoeLiteForCausalLM", Architecture::Glm4MoeLite),
+    ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
+    ("MiniMaxM2ForCausalLM", Architecture::MiniMaxM2),
 ];
 
 /// The architecture names that load, for the error that refuses another.
@@ -129,6 +140,8 @@ impl Architecture {
             Architecture::XlmRoberta => "XLMRobertaModel",
             Architecture::DeepseekV3 => "DeepseekV3ForCausalLM",
             Architecture::Glm4MoeLite => "Glm4MoeLiteForCausalLM",
+            Architecture::Glm4Moe => "Glm4MoeForCausalLM",
+            Architecture::MiniMaxM2 => "MiniMaxM2ForCausalLM",
         }
     }
 
@@ -177,6 +190,19 @@ impl Architecture {
     /// Multi-head latent attention in every layer ([`ModelConfig::mla`]).
     pub fn is_mla(self) -> bool {
         matches!(self, Architecture::DeepseekV3 | Architecture::Glm4MoeLite)
+    }
+
+    /// q/k/v biases and per-head q/k norms are read where the checkpoint holds them: GLM-4.5's
+    /// `attention_bias` and `use_qk_norm` differ between its checkpoints, and transformers
+    /// makes these tensors exactly when the config sets the flag.
+    pub fn optional_qkv_bias_and_norms(self) -> bool {
+        self == Architecture::Glm4Moe
+    }
+
+    /// One RMSNorm over each whole q and k projection (`num_heads · head_dim` and
+    /// `num_kv_heads · head_dim` wide) rather than per head (MiniMax-M2).
+    pub fn has_whole_qk_norm(self) -> bool {
+        self == Architecture::MiniMaxM2
     }
 
     /// Linear-attention layers beside the full-attention ones (Gated DeltaNet hybrids).
@@ -353,6 +379,8 @@ struct RawConfig {
     layer_types: Option<Vec<String>>,
     rope_local_base_freq: Option<f64>,
     partial_rotary_factor: Option<f64>,
+    /// MiniMax-M2's spelling of the rotated dimensions.
+    rotary_dim: Option<usize>,
     swiglu_limit: Option<f64>,
     final_logit_softcapping: Option<f64>,
     attn_logit_softcapping: Option<f64>,
@@ -450,7 +478,12 @@ impl ModelConfig {
             rope_yarn,
         } = rope::parse(
             raw.rope_scaling.take(),
-            raw.partial_rotary_factor,
+            sigmoe::partial_rotary_factor(
+                architecture,
+                raw.partial_rotary_factor,
+                raw.rotary_dim,
+                head_dim,
+            ),
             head_dim,
             architecture,
             vision_variant,
@@ -537,6 +570,8 @@ impl ModelConfig {
                 dense_layers: Vec::new(),
                 shared_width: None,
             }),
+            Architecture::Glm4Moe => Some(moe::parse_deepseek(&top, num_layers)?),
+            Architecture::MiniMaxM2 => Some(moe::parse_minimax_m2(&top)?),
             // The constants of transformers' GptOssExperts.
             Architecture::GptOss => Some(MoeConfig {
                 num_experts: req(raw.num_local_experts, "num_local_experts")?,
@@ -553,16 +588,26 @@ impl ModelConfig {
             }),
             _ => None,
         };
-        if mla.is_some() {
-            // GLM-4.7-Flash's default: the first layer dense.
-            let sparse = mla::sparse_layers(&top, num_layers, 1)?;
-            if sparse.iter().any(|&s| s) {
-                return Err(format!(
-                    "{arch_name}'s mixture-of-experts layers (sigmoid routing) are not supported \
-                     yet; only its dense layers are"
-                ));
+        // DeepSeek-style experts after the dense layers (transformers' defaults: DeepSeek-V3's
+        // first 3, GLM-4.7-Flash's first 1), or none at all.
+        let moe = match &mla {
+            Some(_) => {
+                let default_dense = match architecture {
+                    Architecture::DeepseekV3 => 3,
+                    _ => 1,
+                };
+                let sparse = mla::sparse_layers(&top, num_layers, default_dense)?;
+                match sparse.iter().any(|&s| s) {
+                    false => None,
+                    true => {
+                        let mut m = moe::parse_deepseek(&top, num_layers)?;
+                        m.dense_layers = (0..num_layers).filter(|&i| !sparse[i]).collect();
+                        Some(m)
+                    }
+                }
             }
-        }
+            None => moe,
+        };
         let gemma = architecture.is_gemma();
         let act_name = raw
             .hidden_activation

@@ -139,15 +139,8 @@ impl<B: Backend> Model<B> {
             None
         };
         let embed = backend.upload_weight(embed_t)?;
+        super::sigmoe::note_skipped_mtp(c, st, lm);
         let mut layers = Vec::with_capacity(c.num_layers);
-        if let Some(m) = c.mla.as_ref().filter(|m| m.nextn_layers > 0) {
-            tracing::info!(
-                "skipping {} multi-token-prediction layer(s) after layer {} (no speculative \
-                 draft from them yet)",
-                m.nextn_layers,
-                c.num_layers - 1
-            );
-        }
         let (mut kv_layers, mut state_layers) = (0, 0);
         for i in 0..c.num_layers {
             let p = format!("{lm}layers.{i}");
@@ -334,7 +327,10 @@ fn self_attention<B: Backend>(
         mat(&format!("{a}.k_proj.weight"), &[c.kv_size(), h])?,
         mat(&format!("{a}.v_proj.weight"), &[c.kv_size(), h])?,
     ]);
-    let qkv_bias = if c.architecture.has_qkv_bias() {
+    // GLM-4.5: as the checkpoint holds them (`Architecture::optional_qkv_bias_and_norms`).
+    let held =
+        |n: &str| c.architecture.optional_qkv_bias_and_norms() && st.contains(&format!("{a}.{n}"));
+    let qkv_bias = if c.architecture.has_qkv_bias() || held("q_proj.bias") {
         let b = |n: &str, len| st.load(&format!("{a}.{n}.bias"), &[len], DType::F32);
         Some(backend.upload_weight(HostTensor::concat_rows(vec![
             b("q_proj", c.q_size())?,
@@ -344,7 +340,7 @@ fn self_attention<B: Backend>(
     } else {
         None
     };
-    let (q_norm, k_norm) = if c.architecture.has_qk_norm() {
+    let (q_norm, k_norm) = if c.architecture.has_qk_norm() || held("q_norm.weight") {
         (
             Some(norm(&format!("{a}.q_norm.weight"), c.head_dim)?),
             Some(norm(&format!("{a}.k_norm.weight"), c.head_dim)?),
@@ -529,7 +525,9 @@ fn load_experts<B: Backend>(
 }
 
 /// A sparse layer from its router and experts, with Qwen2-MoE's shared expert where the model
-/// has one: a SwiGLU MLP of its own width, and its gate `[1, hidden]` (f32, as the router).
+/// has one: a SwiGLU MLP of its own width, and its gate `[1, hidden]` (f32, as the router);
+/// or DeepSeek's ungated `shared_experts` and the router's `e_score_correction_bias`
+/// (`{m}.gate.e_score_correction_bias`; MiniMax-M2's `{m}.e_score_correction_bias`).
 #[allow(clippy::too_many_arguments)]
 fn finish_moe<B: Backend>(
     backend: &B,
@@ -544,21 +542,43 @@ fn finish_moe<B: Backend>(
     experts: Vec<Expert<B::Weight>>,
 ) -> Result<MoeLayer<B::Weight>> {
     let shared = match moe.shared_width {
+        Some(sw) if !moe.shared_gated() => {
+            let (gate_up, down) =
+                gated_mlp(backend, mat, &format!("{m}.shared_experts"), QWEN, h, sw)?;
+            Some(SharedExpert {
+                gate_up,
+                down,
+                gate: None,
+                width: sw,
+            })
+        }
         Some(sw) => {
             let (gate_up, down) =
                 gated_mlp(backend, mat, &format!("{m}.shared_expert"), QWEN, h, sw)?;
             Some(SharedExpert {
                 gate_up,
                 down,
-                gate: backend.upload_router(st.load(
+                gate: Some(backend.upload_router(st.load(
                     &format!("{m}.shared_expert_gate.weight"),
                     &[1, h],
                     DType::F32,
-                )?)?,
+                )?)?),
                 width: sw,
             })
         }
         None => None,
+    };
+    let correction_bias = match moe.correction_bias() {
+        true => {
+            let under_gate = format!("{m}.gate.e_score_correction_bias");
+            let name = match st.contains(&under_gate) {
+                true => under_gate,
+                false => format!("{m}.e_score_correction_bias"),
+            };
+            let b = st.load(&name, &[moe.num_experts], DType::F32)?;
+            Some(backend.upload_weight(b)?)
+        }
+        false => None,
     };
     Ok(MoeLayer {
         router: backend.upload_router(router)?,
@@ -569,6 +589,7 @@ fn finish_moe<B: Backend>(
         routing: moe.routing,
         activation: moe.activation,
         shared,
+        correction_bias,
     })
 }
 
@@ -644,6 +665,7 @@ fn load_stacked_experts<B: Backend>(
         routing: moe.routing,
         activation: moe.activation,
         shared: None,
+        correction_bias: None,
     })
 }
 

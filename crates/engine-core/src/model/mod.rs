@@ -4,6 +4,7 @@
 mod linear_attn;
 mod load;
 mod mla;
+mod sigmoe;
 
 use std::collections::HashMap;
 
@@ -136,10 +137,9 @@ impl<W, X> Mlp<W, X> {
                         (all as f64 / e * hit).round() as usize
                     }
                 };
-                let shared = m
-                    .shared
-                    .as_ref()
-                    .map_or(0, |s| w(&s.gate_up) + w(&s.down) + w(&s.gate));
+                let shared = m.shared.as_ref().map_or(0, |s| {
+                    w(&s.gate_up) + w(&s.down) + s.gate.as_ref().map_or(0, w)
+                });
                 w(&m.router) + shared + read
             }
         }
