@@ -13,7 +13,9 @@ mod hf_fixture;
 
 use std::path::{Path, PathBuf};
 
-use hf_fixture::{BF16_TOL, F32_TOL, argmax, blocks, chunk, hybrid_refs as refs, rel_diff};
+use hf_fixture::{
+    BF16_TOL, F32_TOL, HybridRefs as Refs, argmax, blocks, chunk, hybrid_refs as refs, rel_diff,
+};
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::{DType, Engine, LogitsWanted};
 
@@ -229,3 +231,144 @@ fn interleaved_rope_and_yarn_scale_are_live_in_the_fixtures() {
         );
     }
 }
+
+/// A GGUF imported as `lmi serve` imports one: its config and tokenizer converted into a
+/// directory, the weights read from the file (as stored when `dtype` is None).
+fn load_gguf(
+    gguf: &Path,
+    dtype: Option<DType>,
+) -> (tempfile::TempDir, Engine<lmi_engine::cpu::CpuBackend>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("model");
+    lmi_checkpoint::gguf::convert::convert_gguf_with(gguf, &dir, DType::F32, false, false).unwrap();
+    let opts = EngineOptions {
+        dtype,
+        gguf: Some(gguf.to_path_buf()),
+        kv_blocks: Some(KV_BLOCKS),
+        ..Default::default()
+    };
+    let e = lmi_engine::load_cpu(&dir, &opts).unwrap();
+    (tmp, e)
+}
+
+/// The config imported from llama.cpp's file (`deepseek2`) is the fixture's: latent
+/// attention, YaRN and its softmax scale, experts and their routing. What a GGUF does not
+/// carry is set aside: the token ids (the converter's tokenizer has its own), the MTP layer
+/// count (the converter drops them), GLM's architecture name (read as DeepSeek-V3's).
+#[test]
+fn gguf_configs_are_the_hf_configs() {
+    use lmi_checkpoint::config::{Architecture, ModelConfig};
+    for name in MODELS {
+        let dir = fixture(name);
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("model");
+        lmi_checkpoint::gguf::convert::convert_gguf_with(
+            &dir.join("model.f32.gguf"),
+            &out,
+            DType::F32,
+            false,
+            false,
+        )
+        .unwrap();
+        let mut ours = ModelConfig::from_file(&out.join("config.json")).unwrap();
+        let mut theirs = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        assert_eq!(ours.architecture, Architecture::DeepseekV3);
+        assert_eq!(ours.mla.as_ref().unwrap().nextn_layers, 0);
+        ours.architecture = theirs.architecture;
+        ours.bos_token_id = theirs.bos_token_id;
+        ours.eos_token_ids = theirs.eos_token_ids.clone();
+        ours.torch_dtype = theirs.torch_dtype.clone();
+        theirs.mla.as_mut().unwrap().nextn_layers = 0;
+        assert_eq!(ours, theirs, "{name}");
+    }
+}
+
+/// Every prompt followed by its greedy tokens, one forward each: the logits at every
+/// position.
+fn sequence_logits(e: &mut Engine<lmi_engine::cpu::CpuBackend>, r: &Refs) -> Vec<Vec<Vec<f32>>> {
+    (0..r.prompts.len())
+        .map(|i| {
+            let seq: Vec<u32> = r.prompts[i].iter().chain(&r.greedies[i]).copied().collect();
+            hf_fixture::sequence_logits(e, &seq)
+        })
+        .collect()
+}
+
+/// llama.cpp's files (`convert_gguf.py`: kv_b_proj split per head into `attn_k_b`
+/// transposed and `attn_v_b`, the experts stacked) give transformers' logits at every
+/// position of every prompt and its greedy tokens, in f32; served as stored (bf16 matrices),
+/// within bf16's error.
+#[test]
+fn llama_cpp_gguf_files_match_transformers() {
+    for name in MODELS {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        let gguf = dir.join("model.f32.gguf");
+        let (_dir, mut e) = load_gguf(&gguf, Some(DType::F32));
+        let ours = sequence_logits(&mut e, &r);
+        let mut d: Vec<f32> = ours
+            .iter()
+            .zip(&r.full_logits)
+            .flat_map(|(a, b)| a.iter().zip(b).map(|(x, y)| rel_diff(x, y)))
+            .collect();
+        d.sort_by(f32::total_cmp);
+        let worst = d[d.len() - 1];
+        eprintln!(
+            "{name} f32 GGUF: within {worst:.2e} of transformers' ({} positions)",
+            d.len()
+        );
+        assert!(worst < F32_TOL, "{name} f32 GGUF: logits differ by {worst}");
+        for (i, (logits, greedy)) in ours.iter().zip(&r.greedies).enumerate() {
+            let first = r.prompts[i].len() - 1;
+            let picks: Vec<u32> = logits[first..logits.len() - 1]
+                .iter()
+                .map(|l| argmax(l))
+                .collect();
+            assert_eq!(&picks, greedy, "{name} f32 GGUF prompt {i}: greedy tokens");
+        }
+        // Requantized to Q8_0 by `lmi quantize`'s code and served as stored: the median
+        // position close to the same Q8_0 weights read into f32 (the blocks handled right),
+        // and within Q8_0's error of transformers'.
+        let tmp = tempfile::tempdir().unwrap();
+        let q8 = tmp.path().join("q8_0.gguf");
+        lmi_checkpoint::gguf::writer::requantize(&gguf, &q8, lmi_checkpoint::quant::QType::Q8_0)
+            .unwrap();
+        let file = lmi_checkpoint::gguf::GgufFile::open(&q8).unwrap();
+        let kind = |n: &str| file.tensor(n).unwrap().ggml_type.name();
+        assert_eq!(kind("blk.0.attn_kv_a_mqa.weight"), "Q8_0", "{name}");
+        assert_eq!(kind("blk.0.attn_output.weight"), "Q8_0", "{name}");
+        let (_dir, mut e) = load_gguf(&q8, Some(DType::F32));
+        let q8_in_f32 = sequence_logits(&mut e, &r);
+        let (_dir, mut e) = load_gguf(&q8, None);
+        let format = e.weights_format().to_string();
+        assert!(format.contains("q8_0"), "{name}: weights held as {format}");
+        let stored = sequence_logits(&mut e, &r);
+        let median = |a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]| {
+            let mut d: Vec<f32> = a
+                .iter()
+                .zip(b)
+                .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| rel_diff(p, q)))
+                .collect();
+            d.sort_by(f32::total_cmp);
+            d[d.len() / 2]
+        };
+        let (vs_f32, vs_hf) = (median(&stored, &q8_in_f32), median(&stored, &r.full_logits));
+        eprintln!(
+            "{name} Q8_0 as stored ({format}): median {vs_hf:.2e} from transformers', \
+             {vs_f32:.2e} from its weights in f32"
+        );
+        assert!(
+            vs_f32 < Q8_KERNEL_TOL,
+            "{name} Q8_0: {vs_f32} from its weights in f32"
+        );
+        assert!(vs_hf < Q8_TOL, "{name} Q8_0: {vs_hf} from transformers'");
+    }
+}
+
+/// Q8_0 weights served as stored against transformers in f32, the median position (these
+/// random models amplify weight rounding; a wrong weight or head order moves every position
+/// by the logits' own size, 1).
+const Q8_TOL: f32 = 2e-1;
+/// Q8_0 as stored against the same weights read into f32 (12-bit activations in the
+/// products, bf16 K/V), the median position.
+const Q8_KERNEL_TOL: f32 = 3e-2;

@@ -33,6 +33,9 @@ pub enum GgufArch {
     Qwen35Moe,
     /// Qwen3-Next: the same hybrid layers (value heads kept in transformers' order), experts.
     Qwen3Next,
+    /// DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash: latent attention, DeepSeek-style experts
+    /// (`gguf/mla.rs`).
+    Deepseek2,
 }
 
 impl GgufArch {
@@ -48,10 +51,11 @@ impl GgufArch {
             "qwen35" => Ok(GgufArch::Qwen35),
             "qwen35moe" => Ok(GgufArch::Qwen35Moe),
             "qwen3next" => Ok(GgufArch::Qwen3Next),
+            "deepseek2" => Ok(GgufArch::Deepseek2),
             other => Err(CheckpointError::Gguf(format!(
                 "general.architecture {other:?} is not supported (supported: llama (with or \
                  without experts), qwen2, qwen2moe, qwen3, qwen3moe, gemma3, gpt-oss, qwen35, \
-                 qwen35moe, qwen3next)"
+                 qwen35moe, qwen3next, deepseek2)"
             ))),
         }
     }
@@ -70,6 +74,7 @@ impl GgufArch {
             GgufArch::Qwen35 => ("Qwen3_5ForCausalLM", "qwen3_5_text"),
             GgufArch::Qwen35Moe => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
             GgufArch::Qwen3Next => ("Qwen3NextForCausalLM", "qwen3_next"),
+            GgufArch::Deepseek2 => ("DeepseekV3ForCausalLM", "deepseek_v3"),
         }
     }
 
@@ -135,6 +140,8 @@ pub struct Hparams {
     pub rotary_dim: Option<u64>,
     /// Qwen3.5's M-RoPE sections (`rope.dimension_sections`, the first three).
     pub mrope_section: Option<[u64; 3]>,
+    /// A deepseek2 file's latent attention and expert routing.
+    pub mla: Option<crate::gguf::mla::MlaHparams>,
 }
 
 /// Which layers attend over a window, and its size (config.json's `layer_types` and
@@ -283,6 +290,10 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         }
         _ => None,
     };
+    let mla = match arch {
+        GgufArch::Deepseek2 => Some(crate::gguf::mla::read(g, arch_name)?),
+        _ => None,
+    };
     Ok(Hparams {
         arch,
         vocab_size,
@@ -307,13 +318,14 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         linear,
         rotary_dim,
         mrope_section,
+        mla,
     })
 }
 
 /// A value the converter stored as f32 (1e-6 read back as 9.99999997e-7) as the decimal it
 /// was written from, the shortest that rounds to that f32, so that config.json says what the
 /// HF config said.
-fn as_written(x: f64) -> f64 {
+pub(crate) fn as_written(x: f64) -> f64 {
     let f = x as f32;
     match f64::from(f) == x {
         true => f.to_string().parse().unwrap_or(x),
@@ -565,7 +577,7 @@ pub fn config_json(h: &Hparams, dtype: DType) -> Value {
     if h.arch == GgufArch::GptOss {
         c["attention_bias"] = json!(true);
     }
-    if let Some(e) = &h.experts {
+    if let Some(e) = h.experts.as_ref().filter(|_| h.mla.is_none()) {
         c["num_experts_per_tok"] = json!(e.used);
         if h.arch.qwen_experts() {
             // llama.cpp renormalizes the top-k weights of Qwen3-MoE and the hybrids, not
@@ -584,6 +596,9 @@ pub fn config_json(h: &Hparams, dtype: DType) -> Value {
     }
     if let Some(l) = &h.linear {
         hybrid::config_json(h, l, &mut c);
+    }
+    if let Some(m) = &h.mla {
+        crate::gguf::mla::config_json(h, m, &mut c);
     }
     c
 }

@@ -8,6 +8,7 @@ pub mod ggml_type;
 pub mod hparams;
 pub mod hybrid;
 pub mod layout;
+pub mod mla;
 pub mod pretokenizers;
 pub mod reader;
 pub mod tensor_names;

@@ -32,6 +32,11 @@ pub fn map_in(gguf: &str, h: &Hparams) -> Option<Mapped> {
     {
         return Some(m);
     }
+    if h.mla.is_some()
+        && let Some(m) = super::mla::map(gguf)
+    {
+        return Some(m);
+    }
     map(gguf, h.arch)
 }
 

@@ -209,14 +209,28 @@ impl<B: Backend> LatentAttn<B> {
         };
         let kv_rows: Vec<usize> = (0..lora).chain(turn(lora)).collect();
         let kv_a = mat(&format!("{a}.kv_a_proj_with_mqa.weight"), &[lora + rope, h])?;
-        let kv_b = st
-            .load(
-                &format!("{a}.kv_b_proj.weight"),
-                &[heads * (nope + v), lora],
-                DType::F32,
-            )?
-            .to_f32_vec();
-        let (w_uk, w_uv) = split_kv_b(&kv_b, heads, nope, v, lora);
+        let kv_b_name = format!("{a}.kv_b_proj.weight");
+        let (w_uk, w_uv) = match st.contains(&kv_b_name) {
+            true => {
+                let kv_b = st.load(&kv_b_name, &[heads * (nope + v), lora], DType::F32)?;
+                split_kv_b(&kv_b.to_f32_vec(), heads, nope, v, lora)
+            }
+            // llama.cpp's GGUF holds them split already (`attn_k_b`, `attn_v_b`).
+            false => (
+                st.load(
+                    &format!("{a}.k_b_proj.weight"),
+                    &[heads, lora, nope],
+                    DType::F32,
+                )?
+                .to_f32_vec(),
+                st.load(
+                    &format!("{a}.v_b_proj.weight"),
+                    &[heads, v, lora],
+                    DType::F32,
+                )?
+                .to_f32_vec(),
+            ),
+        };
         let flat = |x: Vec<f32>| backend.upload_weight(HostTensor::f32(vec![x.len()], x));
         Ok(LatentAttn {
             q_a,
