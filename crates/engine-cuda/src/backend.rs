@@ -13,7 +13,7 @@ use lmi_checkpoint::weights::{HostData, HostTensor};
 use lmi_cuda::{Arg, DevPtr, Device, DeviceExt, ElemType, Function, Gemm, LaunchConfig};
 use lmi_engine_core::backend::{
     AttnScoring, Backend, DeltaNet, Feature, LoraGroup, LoraPairs, LoraRegistration, LoraSite,
-    QkNorm, QkvLayout,
+    MlaDims, QkNorm, QkvLayout,
 };
 use lmi_engine_core::batch::BatchLayout;
 use lmi_engine_core::error::{EngineError, Result};
@@ -25,7 +25,7 @@ use super::graphs::{Captured, GraphCache, Plan};
 use super::memory::{Arena, DeviceBox, cuda_err};
 use super::rope::{self, CudaRope, u32_arg};
 use super::step::{self, CudaStep, Packed};
-use super::{attention, delta_net, encoder, lora, moe, sampler};
+use super::{attention, delta_net, encoder, lora, mla, moe, sampler};
 
 /// Every kernel the backend launches; all are resolved when it starts, so a missing one is
 /// an error at load time, never in a step.
@@ -208,6 +208,7 @@ impl<D: Device> CudaBackend<D> {
             .chain(lora::KERNELS)
             .chain(moe::KERNELS)
             .chain(delta_net::KERNELS)
+            .chain(mla::KERNELS)
             .chain(encoder::KERNELS)
             .chain(sampler::KERNELS);
         for &name in all {
@@ -865,8 +866,8 @@ impl<D: Device> Backend for CudaBackend<D> {
             | Feature::AttentionSinks
             | Feature::DeepStack
             | Feature::LinearAttention
-            | Feature::Encoder => true,
-            Feature::LatentAttention => false,
+            | Feature::Encoder
+            | Feature::LatentAttention => true,
         }
     }
 
@@ -924,6 +925,35 @@ impl<D: Device> Backend for CudaBackend<D> {
         out: &mut CudaBuf,
     ) -> Result<()> {
         delta_net::forward(self, proj, step, &layer, state, out)
+    }
+
+    fn mla_qkv(
+        &self,
+        q: &CudaBuf,
+        kva: &CudaBuf,
+        step: &CudaStep,
+        dims: MlaDims,
+        kv_norm: &CudaWeight<D>,
+        w_uk: &CudaWeight<D>,
+        eps: f32,
+        rope: &CudaRope<D>,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        mla::qkv(self, q, kva, step, dims, kv_norm, w_uk, eps, rope, out)
+    }
+
+    fn mla_attention(
+        &self,
+        qkv: &CudaBuf,
+        step: &CudaStep,
+        dims: MlaDims,
+        k_cache: &CudaKv<D>,
+        v_cache: &CudaKv<D>,
+        w_uv: &CudaWeight<D>,
+        scale: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        mla::attention(self, qkv, step, dims, k_cache, v_cache, w_uv, scale, out)
     }
 
     fn sigmoid_mul(&self, x: &mut CudaBuf, gate: &CudaBuf, len: usize) -> Result<()> {
