@@ -54,7 +54,7 @@ pub(super) fn qkv<D: Device>(
     }
     flat("kv_a_layernorm", kv_norm, d.kv_lora)?;
     flat("W_UK", w_uk, d.heads * d.kv_lora * d.nope)?;
-    for (what, buf) in [("q", &*q), ("kv_a", kva), ("out", &*out)] {
+    for (what, buf) in [("q", q), ("kv_a", kva), ("out", &*out)] {
         if buf.dtype != ElemType::F32 {
             return Err(EngineError::Backend(format!(
                 "latent attention: {what} must be f32"

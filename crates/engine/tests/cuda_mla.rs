@@ -221,3 +221,19 @@ fn check_chunked<D: Device>(dev: &Arc<D>) {
 fn mla_chunked_prefill_gives_the_whole_prompts_logits() {
     on_every_raw_device!(check_chunked);
 }
+
+/// The fixtures with DeepSeek-style experts load on the CPU (`mla.rs`) and are refused on
+/// CUDA at load, in one line that names what is missing.
+#[test]
+fn mla_mixtures_are_refused_at_load_on_cuda() {
+    let dev = cuda_common::emulator(lmi_cuda_emu::ThreadOrder::Forward);
+    for name in ["deepseek_v3_moe", "glm4_moe_lite"] {
+        let dir = hf_fixture::fixture("mla", name);
+        let backend = CudaBackend::with_graphs(dev.clone(), false).unwrap();
+        let err = match Engine::load(backend, &dir, &options()) {
+            Ok(_) => panic!("{name} loaded on CUDA"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("sigmoid routing"), "{name}: {err}");
+    }
+}
