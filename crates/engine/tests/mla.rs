@@ -372,3 +372,71 @@ const Q8_TOL: f32 = 2e-1;
 /// Q8_0 as stored against the same weights read into f32 (12-bit activations in the
 /// products, bf16 K/V), the median position.
 const Q8_KERNEL_TOL: f32 = 3e-2;
+
+/// DeepSeek-V3's published files hold the multi-token-prediction layer after the model's
+/// (`model.layers.61.*`, `num_nextn_predict_layers` 1, in a shard of its own): such a
+/// checkpoint loads, the layer is not read, and the logits are the model's.
+#[test]
+fn multi_token_prediction_layers_are_skipped_at_load() {
+    use safetensors::tensor::{Dtype, TensorView};
+    let dir = fixture("deepseek_v3");
+    let r = refs(&dir);
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(dir.join(f), tmp.path().join(f)).unwrap();
+    }
+    // Layer 3 (num_hidden_layers 3): the MTP block's own tensors and a decoder layer's.
+    let shapes: [(&str, Vec<usize>); 6] = [
+        ("eh_proj.weight", vec![64, 128]),
+        ("enorm.weight", vec![64]),
+        ("hnorm.weight", vec![64]),
+        ("shared_head.norm.weight", vec![64]),
+        ("self_attn.kv_a_proj_with_mqa.weight", vec![48, 64]),
+        ("mlp.gate_proj.weight", vec![96, 64]),
+    ];
+    let bytes: Vec<Vec<u8>> = shapes
+        .iter()
+        .map(|(_, s)| vec![0u8; 4 * s.iter().product::<usize>()])
+        .collect();
+    let views: Vec<(String, TensorView<'_>)> = shapes
+        .iter()
+        .zip(&bytes)
+        .map(|((n, s), b)| {
+            let view = TensorView::new(Dtype::F32, s.clone(), b).unwrap();
+            (format!("model.layers.3.{n}"), view)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &tmp.path().join("model-mtp.safetensors")).unwrap();
+    let main = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let names = safetensors::SafeTensors::deserialize(&main)
+        .unwrap()
+        .names()
+        .len();
+    let mut map = serde_json::Map::new();
+    for n in safetensors::SafeTensors::deserialize(&main)
+        .unwrap()
+        .names()
+    {
+        map.insert(n.to_string(), "model.safetensors".into());
+    }
+    for (n, _) in &shapes {
+        map.insert(
+            format!("model.layers.3.{n}"),
+            "model-mtp.safetensors".into(),
+        );
+    }
+    assert_eq!(map.len(), names + shapes.len());
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(
+        tmp.path().join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
+    let mut with_mtp = load(tmp.path(), DType::F32);
+    let mut plain = load(&dir, DType::F32);
+    let p = &r.prompts[0];
+    assert_eq!(
+        prompt_logits(&mut with_mtp, p),
+        prompt_logits(&mut plain, p)
+    );
+}
