@@ -1,7 +1,7 @@
 //! Multi-head latent attention on the CPU ([`Backend::mla_qkv`], [`Backend::mla_attention`]):
 //! each token's latent queries and cache record, then its attention over the cached records
-//! in the latent space, the value up-projection applied per head. One token per task, the
-//! same reductions in the same order whatever the batch (batch invariant).
+//! in the latent space, the value up-projection applied per head. One token and head per
+//! task, the same reductions in the same order whatever the batch (batch invariant).
 //!
 //! [`Backend::mla_qkv`]: lmi_engine_core::backend::Backend::mla_qkv
 //! [`Backend::mla_attention`]: lmi_engine_core::backend::Backend::mla_attention
@@ -14,16 +14,15 @@ use rayon::prelude::*;
 use crate::attention::softmax;
 use crate::simd::{WElem, accumulate_rows_shared, dots};
 
-/// Below this many tokens the work stays on the calling thread.
-const PAR_TOKENS: usize = 2;
-
-fn for_tokens(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
-    if out.len() / width.max(1) < PAR_TOKENS {
-        out.chunks_mut(width).enumerate().for_each(|(t, o)| f(t, o));
+/// Runs `f` on each `width`-wide piece of `out` (a token's head), in parallel when there
+/// are several: each piece is computed alone, the same way whatever the batch.
+fn for_pieces(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if out.len() <= width {
+        out.chunks_mut(width).enumerate().for_each(|(i, o)| f(i, o));
     } else {
         out.par_chunks_mut(width)
             .enumerate()
-            .for_each(|(t, o)| f(t, o));
+            .for_each(|(i, o)| f(i, o));
     }
 }
 
@@ -37,7 +36,9 @@ fn turn(x: &[f32], cos: &[f32], sin: &[f32], out: &mut [f32]) {
     }
 }
 
-/// See [`lmi_engine_core::backend::Backend::mla_qkv`]; `tokens` rows of `out`.
+/// See [`lmi_engine_core::backend::Backend::mla_qkv`]; `tokens` rows of `out`, each
+/// `heads + 1` pieces of `cache_width` (a head's query, then the token's record), one task
+/// each.
 #[allow(clippy::too_many_arguments)]
 pub fn qkv(
     q: &[f32],
@@ -53,43 +54,38 @@ pub fn qkv(
     let (cw, lora, half) = (d.cache_width(), d.kv_lora, d.rope / 2);
     let qw = d.nope + d.rope;
     let tokens = positions.len();
-    for_tokens(
-        &mut out[..tokens * d.row_width()],
-        d.row_width(),
-        |t, row| {
-            let (mut cos, mut sin) = (vec![0.0f32; half], vec![0.0f32; half]);
-            for i in 0..half {
-                let (s, c) = (positions[t] as f64 * inv_freq[i]).sin_cos();
-                cos[i] = c as f32 * d.rope_factor;
-                sin[i] = s as f32 * d.rope_factor;
-            }
-            let qt = &q[t * d.heads * qw..(t + 1) * d.heads * qw];
-            for h in 0..d.heads {
-                let qh = &qt[h * qw..(h + 1) * qw];
-                let o = &mut row[h * cw..(h + 1) * cw];
-                let (lat, rot) = o.split_at_mut(lora);
-                dots(
-                    &qh[..d.nope],
-                    &w_uk[h * lora * d.nope..][..lora * d.nope],
-                    lat,
-                );
-                turn(&qh[d.nope..], &cos, &sin, rot);
-            }
-            let kv = &kva[t * cw..(t + 1) * cw];
-            let rec = &mut row[d.heads * cw..];
-            let latent = &kv[..lora];
-            let ss: f64 = latent.iter().map(|&v| (v as f64) * (v as f64)).sum();
-            let inv = (1.0 / (ss / lora as f64 + eps as f64).sqrt()) as f32;
-            for ((o, &v), &g) in rec[..lora].iter_mut().zip(latent).zip(kv_norm) {
-                *o = v * inv * g;
-            }
-            turn(&kv[lora..], &cos, &sin, &mut rec[lora..cw]);
-        },
-    );
+    for_pieces(&mut out[..tokens * d.row_width()], cw, |i, o| {
+        let (t, h) = (i / (d.heads + 1), i % (d.heads + 1));
+        let (mut cos, mut sin) = (vec![0.0f32; half], vec![0.0f32; half]);
+        for f in 0..half {
+            let (s, c) = (positions[t] as f64 * inv_freq[f]).sin_cos();
+            cos[f] = c as f32 * d.rope_factor;
+            sin[f] = s as f32 * d.rope_factor;
+        }
+        let (lat, rot) = o.split_at_mut(lora);
+        if h < d.heads {
+            let qh = &q[(t * d.heads + h) * qw..][..qw];
+            dots(
+                &qh[..d.nope],
+                &w_uk[h * lora * d.nope..][..lora * d.nope],
+                lat,
+            );
+            turn(&qh[d.nope..], &cos, &sin, rot);
+            return;
+        }
+        let kv = &kva[t * cw..(t + 1) * cw];
+        let latent = &kv[..lora];
+        let ss: f64 = latent.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        let inv = (1.0 / (ss / lora as f64 + eps as f64).sqrt()) as f32;
+        for ((o, &v), &g) in lat.iter_mut().zip(latent).zip(kv_norm) {
+            *o = v * inv * g;
+        }
+        turn(&kv[lora..], &cos, &sin, rot);
+    });
 }
 
 /// See [`lmi_engine_core::backend::Backend::mla_attention`]: `k_cache` / `v_cache` hold each
-/// record's halves, `[blocks, BLOCK_SIZE, cache_width / 2]`.
+/// record's halves, `[blocks, BLOCK_SIZE, cache_width / 2]`. One task per token and head.
 #[allow(clippy::too_many_arguments)]
 pub fn attention<E: WElem>(
     qkv: &[f32],
@@ -104,12 +100,13 @@ pub fn attention<E: WElem>(
     let (cw, lora, heads) = (d.cache_width(), d.kv_lora, d.heads);
     let half = cw / 2;
     let n = layout.num_tokens();
-    for_tokens(&mut out[..n * heads * d.v], heads * d.v, |t, o| {
+    for_pieces(&mut out[..n * heads * d.v], d.v, |i, o| {
+        let (t, h) = (i / heads, i % heads);
         let seq = layout.token_seq[t] as usize;
         let ctx = layout.positions[t] as usize + 1;
         let table = layout.block_table(seq);
-        let row = &qkv[t * d.row_width()..][..heads * cw];
-        let mut scores = vec![0.0f32; heads * ctx];
+        let q = &qkv[t * d.row_width() + h * cw..][..cw];
+        let mut scores = vec![0.0f32; ctx];
         let mut second = [0.0f32; BLOCK_SIZE];
         let blocks = ctx.div_ceil(BLOCK_SIZE);
         // Where block `b`'s records start in either pool, and how many it holds.
@@ -119,25 +116,20 @@ pub fn attention<E: WElem>(
         };
         for b in 0..blocks {
             let (start, len) = rows(b);
-            let (keys, tails) = (
-                &k_cache[start..][..len * half],
+            let s = &mut scores[b * BLOCK_SIZE..][..len];
+            dots(&q[..half], &k_cache[start..][..len * half], s);
+            dots(
+                &q[half..],
                 &v_cache[start..][..len * half],
+                &mut second[..len],
             );
-            for h in 0..heads {
-                let q = &row[h * cw..(h + 1) * cw];
-                let s = &mut scores[h * ctx + b * BLOCK_SIZE..][..len];
-                dots(&q[..half], keys, s);
-                dots(&q[half..], tails, &mut second[..len]);
-                for (v, &w) in s.iter_mut().zip(&second[..len]) {
-                    *v = (*v + w) * scale;
-                }
+            for (v, &w) in s.iter_mut().zip(&second[..len]) {
+                *v = (*v + w) * scale;
             }
         }
-        for s in scores.chunks_mut(ctx) {
-            softmax(s, None);
-        }
-        // The weighted sums of both halves of the records, per head.
-        let (mut first, mut last) = (vec![0.0f32; heads * half], vec![0.0f32; heads * half]);
+        softmax(&mut scores, None);
+        // The weighted sums of both halves of the records.
+        let (mut first, mut last) = (vec![0.0f32; half], vec![0.0f32; half]);
         for b in 0..blocks {
             let (start, len) = rows(b);
             let w = &scores[b * BLOCK_SIZE..];
@@ -158,18 +150,12 @@ pub fn attention<E: WElem>(
                 &v_cache[start..][..len * half],
             );
         }
+        // The latent is the record's first `lora` values (the rest is the key's rotary part,
+        // which has no value).
+        let split = half.min(lora);
         let mut latent = vec![0.0f32; lora];
-        for h in 0..heads {
-            // The latent is the record's first `lora` values (the rest is the key's rotary
-            // part, which has no value).
-            let split = half.min(lora);
-            latent[..split].copy_from_slice(&first[h * half..][..split]);
-            latent[split..].copy_from_slice(&last[h * half..][..lora - split]);
-            dots(
-                &latent,
-                &w_uv[h * d.v * lora..][..d.v * lora],
-                &mut o[h * d.v..(h + 1) * d.v],
-            );
-        }
+        latent[..split].copy_from_slice(&first[..split]);
+        latent[split..].copy_from_slice(&last[..lora - split]);
+        dots(&latent, &w_uv[h * d.v * lora..][..d.v * lora], o);
     });
 }
