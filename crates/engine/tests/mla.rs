@@ -440,3 +440,16 @@ fn multi_token_prediction_layers_are_skipped_at_load() {
         prompt_logits(&mut plain, p)
     );
 }
+
+/// LoRA adapters on a latent-attention model are refused when loaded, in one line.
+#[test]
+fn lora_adapters_are_refused_on_latent_attention() {
+    let mut e = load(&fixture("deepseek_v3"), DType::F32);
+    let w = lmi_checkpoint::peft::LoraWeights {
+        rank: 1,
+        layers: (0..3).map(|_| Default::default()).collect(),
+        bytes: 0,
+    };
+    let err = e.load_adapter(7, &w).unwrap_err().to_string();
+    assert!(err.contains("latent-attention"), "{err}");
+}

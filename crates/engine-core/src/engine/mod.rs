@@ -583,6 +583,13 @@ impl<B: Backend> StepEngine for Engine<B> {
                     .into(),
             ));
         }
+        if self.model.config.mla.is_some() {
+            return Err(crate::error::EngineError::Batch(
+                "LoRA adapters on latent-attention models (DeepSeek-V3, GLM-4.7-Flash) are not \
+                 supported yet"
+                    .into(),
+            ));
+        }
         if weights.layers.len() != self.model.config.num_layers {
             return Err(crate::error::EngineError::Batch(format!(
                 "LoRA adapter {id} has {} layers, the model {}",
