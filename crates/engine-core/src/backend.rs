@@ -709,6 +709,9 @@ impl Feature {
         if config.linear_attn.is_some() {
             out.push(Feature::LinearAttention);
         }
+        if config.architecture.qk_norm_whole() {
+            out.push(Feature::SpanNorm);
+        }
         if config
             .vision
             .as_ref()
