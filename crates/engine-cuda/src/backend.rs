@@ -866,6 +866,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             | Feature::DeepStack
             | Feature::LinearAttention
             | Feature::Encoder => true,
+            Feature::SpanNorm => false,
         }
     }
 

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use hf_fixture::{BF16_TOL, F32_TOL, argmax, blocks, chunk, hybrid_refs as refs, rel_diff};
 use lmi_engine::{DType, Engine, LogitsWanted};
 
-const ARCHITECTURES: [&str; 1] = ["glm4_moe"];
+const ARCHITECTURES: [&str; 2] = ["glm4_moe", "minimax_m2"];
 /// bf16 against transformers in f32, the median position: a rounded router score flips a
 /// token between close experts and moves its logits by far more than bf16 itself.
 const BF16_MOE_TOL: f32 = 1e-1;
