@@ -14,6 +14,7 @@ mod hf_fixture;
 use std::path::{Path, PathBuf};
 
 use hf_fixture::{BF16_TOL, F32_TOL, argmax, blocks, chunk, hybrid_refs as refs, rel_diff};
+use lmi_engine::engine::StepEngine;
 use lmi_engine::{DType, Engine, LogitsWanted};
 
 const ARCHITECTURES: [&str; 2] = ["glm4_moe", "minimax_m2"];
@@ -203,5 +204,100 @@ fn every_routing_setting_moves_the_logits() {
             worst > 100.0 * F32_TOL,
             "{field} = {value}: moved only {worst}"
         );
+    }
+}
+
+/// The config imported from llama.cpp's GGUF (`glm4moe`, `minimax-m2` metadata) is the
+/// fixture's, the token ids aside (the converter's tokenizer has its own).
+#[test]
+fn gguf_configs_are_the_hf_configs() {
+    use lmi_checkpoint::config::ModelConfig;
+    for name in ARCHITECTURES {
+        let dir = fixture(name);
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("model");
+        lmi_checkpoint::gguf::convert::convert_gguf_with(
+            &dir.join("model.f32.gguf"),
+            &out,
+            DType::F32,
+            false,
+            false,
+        )
+        .unwrap();
+        let mut ours = ModelConfig::from_file(&out.join("config.json")).unwrap();
+        let theirs = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        ours.bos_token_id = theirs.bos_token_id;
+        ours.eos_token_ids = theirs.eos_token_ids.clone();
+        ours.torch_dtype = theirs.torch_dtype.clone();
+        assert_eq!(ours, theirs, "{name}");
+    }
+}
+
+/// Each prompt and its greedy tokens, one forward each: the logits at every position.
+fn sequence_logits(
+    e: &mut Engine<lmi_engine::cpu::CpuBackend>,
+    r: &hf_fixture::HybridRefs,
+) -> Vec<Vec<Vec<f32>>> {
+    (0..r.prompts.len())
+        .map(|i| {
+            let seq: Vec<u32> = r.prompts[i].iter().chain(&r.greedies[i]).copied().collect();
+            hf_fixture::sequence_logits(e, &seq)
+        })
+        .collect()
+}
+
+/// Each position's [`rel_diff`] of `ours` from `theirs`, sorted ascending.
+fn diffs(ours: &[Vec<Vec<f32>>], theirs: &[Vec<Vec<f32>>]) -> Vec<f32> {
+    let mut d: Vec<f32> = ours
+        .iter()
+        .zip(theirs)
+        .flat_map(|(a, b)| a.iter().zip(b).map(|(x, y)| rel_diff(x, y)))
+        .collect();
+    d.sort_by(f32::total_cmp);
+    d
+}
+
+/// Q8_0 served as stored against the same Q8_0 weights read into f32 (12-bit activations in
+/// the products), the median position; measured 3.1-3.3e-3.
+const Q8_KERNEL_TOL: f32 = 1e-2;
+
+/// llama.cpp's files give transformers' logits at every position of every prompt and its
+/// greedy tokens in f32, and its greedy tokens; requantized to Q8_0 (`lmi quantize`'s code)
+/// and served as stored, the median position close to those Q8_0 weights read into f32.
+#[test]
+fn llama_cpp_gguf_files_match_transformers() {
+    for name in ARCHITECTURES {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        let gguf = dir.join("model.f32.gguf");
+        let (_tmp, mut e) = hf_fixture::load_gguf(&gguf, Some(DType::F32));
+        let ours = sequence_logits(&mut e, &r);
+        let d = diffs(&ours, &r.full_logits);
+        let worst = d[d.len() - 1];
+        eprintln!("{name} f32 GGUF: within {worst:.2e} of transformers");
+        assert!(worst < F32_TOL, "{name} f32 GGUF: logits differ by {worst}");
+        for (i, (logits, greedy)) in ours.iter().zip(&r.greedies).enumerate() {
+            let first = r.prompts[i].len() - 1;
+            let picks: Vec<u32> = logits[first..logits.len() - 1]
+                .iter()
+                .map(|l| argmax(l))
+                .collect();
+            assert_eq!(&picks, greedy, "{name} f32 GGUF prompt {i}: greedy tokens");
+        }
+
+        let tmp = tempfile::tempdir().unwrap();
+        let q8 = tmp.path().join("q8_0.gguf");
+        lmi_checkpoint::gguf::writer::requantize(&gguf, &q8, lmi_checkpoint::quant::QType::Q8_0)
+            .unwrap();
+        let (_d1, mut e) = hf_fixture::load_gguf(&q8, Some(DType::F32));
+        let q8_in_f32 = sequence_logits(&mut e, &r);
+        let (_d2, mut e) = hf_fixture::load_gguf(&q8, None);
+        let format = e.weights_format().to_string();
+        assert!(format.contains("q8_0"), "{name}: weights held as {format}");
+        let stored = sequence_logits(&mut e, &r);
+        let vs_f32 = diffs(&stored, &q8_in_f32);
+        let median = vs_f32[vs_f32.len() / 2];
+        eprintln!("{name} Q8_0 as stored ({format}): median {median:.2e} from its weights in f32");
+        assert!(median < Q8_KERNEL_TOL, "{name} Q8_0: median {median}");
     }
 }

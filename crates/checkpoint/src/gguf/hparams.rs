@@ -33,6 +33,11 @@ pub enum GgufArch {
     Qwen35Moe,
     /// Qwen3-Next: the same hybrid layers (value heads kept in transformers' order), experts.
     Qwen3Next,
+    /// GLM-4.5/4.6/4.7: sigmoid-routed experts with shared ones, partial RoPE, q/k/v biases
+    /// (`gguf/sigmoe.rs`).
+    Glm4Moe,
+    /// MiniMax-M2: sigmoid-routed experts, whole-projection q/k norms, partial RoPE.
+    MiniMaxM2,
 }
 
 impl GgufArch {
@@ -48,10 +53,12 @@ impl GgufArch {
             "qwen35" => Ok(GgufArch::Qwen35),
             "qwen35moe" => Ok(GgufArch::Qwen35Moe),
             "qwen3next" => Ok(GgufArch::Qwen3Next),
+            "glm4moe" => Ok(GgufArch::Glm4Moe),
+            "minimax-m2" => Ok(GgufArch::MiniMaxM2),
             other => Err(CheckpointError::Gguf(format!(
                 "general.architecture {other:?} is not supported (supported: llama (with or \
                  without experts), qwen2, qwen2moe, qwen3, qwen3moe, gemma3, gpt-oss, qwen35, \
-                 qwen35moe, qwen3next)"
+                 qwen35moe, qwen3next, glm4moe, minimax-m2)"
             ))),
         }
     }
@@ -70,6 +77,8 @@ impl GgufArch {
             GgufArch::Qwen35 => ("Qwen3_5ForCausalLM", "qwen3_5_text"),
             GgufArch::Qwen35Moe => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
             GgufArch::Qwen3Next => ("Qwen3NextForCausalLM", "qwen3_next"),
+            GgufArch::Glm4Moe => ("Glm4MoeForCausalLM", "glm4_moe"),
+            GgufArch::MiniMaxM2 => ("MiniMaxM2ForCausalLM", "minimax_m2"),
         }
     }
 
@@ -90,6 +99,8 @@ impl GgufArch {
                 | GgufArch::GptOss
                 | GgufArch::Qwen35Moe
                 | GgufArch::Qwen3Next
+                | GgufArch::Glm4Moe
+                | GgufArch::MiniMaxM2
         )
     }
 
@@ -135,6 +146,8 @@ pub struct Hparams {
     pub rotary_dim: Option<u64>,
     /// Qwen3.5's M-RoPE sections (`rope.dimension_sections`, the first three).
     pub mrope_section: Option<[u64; 3]>,
+    /// GLM-4.5's and MiniMax-M2's DeepSeek-style routing (`gguf/sigmoe.rs`).
+    pub sigmoid: Option<super::sigmoe::SigmoidRouting>,
 }
 
 /// Which layers attend over a window, and its size (config.json's `layer_types` and
@@ -266,8 +279,8 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         true => Some(hybrid::read_linear(g, arch_name, num_layers, block_count)?),
         false => None,
     };
-    // Only the hybrids' configs carry partial RoPE (`partial_rotary_factor`).
-    let rotary_dim = match arch.is_hybrid() {
+    // Only the hybrids' and GLM's / MiniMax-M2's configs carry partial RoPE.
+    let rotary_dim = match arch.is_hybrid() || super::sigmoe::is_sigmoid_moe(arch) {
         true => g
             .get_u64(&key("rope.dimension_count"))?
             .filter(|&d| d < head_dim),
@@ -307,6 +320,7 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         linear,
         rotary_dim,
         mrope_section,
+        sigmoid: super::sigmoe::read(g, arch, arch_name)?,
     })
 }
 
@@ -565,7 +579,9 @@ pub fn config_json(h: &Hparams, dtype: DType) -> Value {
     if h.arch == GgufArch::GptOss {
         c["attention_bias"] = json!(true);
     }
-    if let Some(e) = &h.experts {
+    if let Some(r) = &h.sigmoid {
+        super::sigmoe::config_json(h, r, &mut c);
+    } else if let Some(e) = &h.experts {
         c["num_experts_per_tok"] = json!(e.used);
         if h.arch.qwen_experts() {
             // llama.cpp renormalizes the top-k weights of Qwen3-MoE and the hybrids, not

@@ -382,6 +382,7 @@ mod tests {
             linear: Some(l),
             rotary_dim: Some(2),
             mrope_section: None,
+            sigmoid: None,
         }
     }
 }

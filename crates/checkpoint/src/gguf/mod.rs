@@ -10,6 +10,7 @@ pub mod hybrid;
 pub mod layout;
 pub mod pretokenizers;
 pub mod reader;
+pub mod sigmoe;
 pub mod tensor_names;
 pub mod tokenizer;
 pub mod writer;

@@ -32,6 +32,9 @@ pub fn map_in(gguf: &str, h: &Hparams) -> Option<Mapped> {
     {
         return Some(m);
     }
+    if let Some(m) = super::sigmoe::map(gguf, h) {
+        return Some(m);
+    }
     map(gguf, h.arch)
 }
 
