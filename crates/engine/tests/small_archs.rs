@@ -286,3 +286,48 @@ fn each_fixtures_feature_decides_its_logits() {
         assert!(worst < F32_TOL, "{name}: {worst}");
     }
 }
+
+/// The config imported from llama.cpp's GGUF (`smollm3`, `olmo2`; OLMo 3 is `olmo2` with a
+/// window) is the fixture's, but for the token ids (the converter's tokenizer has its own),
+/// the dtype and what the GGUF spells otherwise to the same effect.
+#[test]
+fn gguf_configs_are_the_hf_configs() {
+    for name in ARCHITECTURES {
+        let dir = fixture(name);
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("model");
+        lmi_checkpoint::gguf::convert::convert_gguf_with(
+            &dir.join("model.f32.gguf"),
+            &out,
+            DType::F32,
+            false,
+            false,
+        )
+        .unwrap();
+        let mut ours = ModelConfig::from_file(&out.join("config.json")).unwrap();
+        let theirs = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        ours.bos_token_id = theirs.bos_token_id;
+        ours.eos_token_ids = theirs.eos_token_ids.clone();
+        ours.torch_dtype = theirs.torch_dtype.clone();
+        // The attention factor as the file's f32 holds it.
+        if let (Some(a), Some(b)) = (ours.rope_yarn.as_mut(), theirs.rope_yarn) {
+            assert!((a.attention_factor - b.attention_factor).abs() < 1e-6);
+            a.attention_factor = b.attention_factor;
+        }
+        assert_eq!(ours, theirs, "{name}");
+    }
+}
+
+/// llama.cpp's files, imported as `lmi serve` imports a GGUF: transformers' logits at every
+/// position of every prompt and its greedy tokens, in f32.
+#[test]
+fn llama_cpp_gguf_files_match_transformers() {
+    for name in ARCHITECTURES {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        let (_tmp, mut e) = hf_fixture::load_gguf(&dir.join("model.f32.gguf"), Some(DType::F32));
+        let (worst, median) = sequence_diffs(&mut e, &r);
+        eprintln!("{name} gguf f32: within {worst:.2e} of transformers (median {median:.2e})");
+        assert!(worst < F32_TOL, "{name}: the GGUF's logits differ by {worst}");
+    }
+}
