@@ -277,7 +277,8 @@ fn each_fixtures_feature_decides_its_logits() {
         let dir = fixture(name);
         let r = refs(&dir);
         let tmp = with_config(&dir, edit);
-        let (worst, _) = sequence_diffs(&mut load(tmp.path(), DType::F32), &r);
+        let (worst, median) = sequence_diffs(&mut load(tmp.path(), DType::F32), &r);
+        eprintln!("{name} with {what}: within {worst:.2e} (median {median:.2e})");
         assert!(
             worst > 1e-2,
             "{name} with {what}: changed nothing ({worst})"
@@ -328,6 +329,9 @@ fn llama_cpp_gguf_files_match_transformers() {
         let (_tmp, mut e) = hf_fixture::load_gguf(&dir.join("model.f32.gguf"), Some(DType::F32));
         let (worst, median) = sequence_diffs(&mut e, &r);
         eprintln!("{name} gguf f32: within {worst:.2e} of transformers (median {median:.2e})");
-        assert!(worst < F32_TOL, "{name}: the GGUF's logits differ by {worst}");
+        assert!(
+            worst < F32_TOL,
+            "{name}: the GGUF's logits differ by {worst}"
+        );
     }
 }

@@ -355,7 +355,10 @@ fn windows(g: &GgufFile, arch: GgufArch, name: &str, num_layers: u64) -> Result<
         GgufArch::GptOss => (0..num_layers).map(|i| i % 2 == 0).collect(),
         // OLMo 3 (`llama_model_olmo2::load_arch_hparams`): only with a window; every fourth
         // layer global when the flags are absent.
-        GgufArch::Olmo2 if g.get_u64(&key("attention.sliding_window"))?.is_some_and(|w| w > 0) => {
+        GgufArch::Olmo2
+            if g.get_u64(&key("attention.sliding_window"))?
+                .is_some_and(|w| w > 0) =>
+        {
             local_layers(g, &key("attention.sliding_window_pattern"), num_layers, 4)?
         }
         _ => return Ok(None),
@@ -367,12 +370,7 @@ fn windows(g: &GgufFile, arch: GgufArch, name: &str, num_layers: u64) -> Result<
 }
 
 /// Per-layer flags, or every `every`-th layer global (the key a number, or absent).
-fn local_layers(
-    g: &GgufFile,
-    pattern_key: &str,
-    num_layers: u64,
-    every: u64,
-) -> Result<Vec<bool>> {
+fn local_layers(g: &GgufFile, pattern_key: &str, num_layers: u64, every: u64) -> Result<Vec<bool>> {
     Ok(match g.get_array(pattern_key).ok().flatten() {
         Some(flags) => {
             let v: Vec<bool> = flags.iter().filter_map(|f| f.as_bool()).collect();
