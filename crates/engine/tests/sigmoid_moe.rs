@@ -301,3 +301,130 @@ fn llama_cpp_gguf_files_match_transformers() {
         assert!(median < Q8_KERNEL_TOL, "{name} Q8_0: median {median}");
     }
 }
+
+/// GLM's multi-token-prediction layer as the published checkpoints hold it, skipped with a
+/// log line: in safetensors as `model.layers.{num_hidden_layers}.*` (here layer 2's tensors
+/// again as layer 3, and `eh_proj`, `enorm`, `hnorm`, `shared_head.norm`), and in a GGUF as
+/// llama.cpp's converter writes it (one more block, `nextn_predict_layers` 1, its
+/// `blk.N.nextn.*` tensors). Both load to the logits of the files without it.
+#[test]
+fn glm_mtp_layers_are_skipped() {
+    use lmi_checkpoint::gguf::writer::{TensorOut, write};
+    use lmi_checkpoint::gguf::{GgmlType, GgufFile, GgufValue};
+    use safetensors::tensor::{Dtype, TensorView};
+    let dir = fixture("glm4_moe");
+    let r = refs(&dir);
+    let p = &r.prompts[0];
+    let mut plain = load(&dir, DType::F32);
+    let want = prompt_logits(&mut plain, p);
+
+    // Safetensors: config.json says 1 MTP layer, the file holds it.
+    let tmp = hf_fixture::with_config(&dir, |c| c["num_nextn_predict_layers"] = 1.into());
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut owned: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| (n, t.shape().to_vec(), t.data().to_vec()))
+        .collect();
+    let copies: Vec<_> = owned
+        .iter()
+        .filter(|(n, ..)| n.starts_with("model.layers.2."))
+        .map(|(n, s, d)| {
+            (
+                n.replacen("layers.2.", "layers.3.", 1),
+                s.clone(),
+                d.clone(),
+            )
+        })
+        .collect();
+    owned.extend(copies);
+    owned.push((
+        "model.layers.3.eh_proj.weight".into(),
+        vec![64, 128],
+        vec![0; 4 * 64 * 128],
+    ));
+    for n in ["enorm", "hnorm", "shared_head.norm"] {
+        owned.push((
+            format!("model.layers.3.{n}.weight"),
+            vec![64],
+            vec![0; 4 * 64],
+        ));
+    }
+    let views: Vec<(String, TensorView<'_>)> = owned
+        .iter()
+        .map(|(n, s, d)| {
+            (
+                n.clone(),
+                TensorView::new(Dtype::F32, s.clone(), d).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &tmp.path().join("model.safetensors")).unwrap();
+    let mut mtp = load(tmp.path(), DType::F32);
+    assert_eq!(
+        prompt_logits(&mut mtp, p),
+        want,
+        "safetensors with an MTP layer"
+    );
+
+    // GGUF.
+    let gguf = dir.join("model.f32.gguf");
+    let g = GgufFile::open(&gguf).unwrap();
+    let arch = "glm4moe";
+    let mut meta: Vec<(String, GgufValue)> = g
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (k, v) in meta.iter_mut() {
+        if k == &format!("{arch}.block_count") {
+            *v = GgufValue::U32(4);
+        }
+        if k == &format!("{arch}.nextn_predict_layers") {
+            *v = GgufValue::U32(1);
+        }
+    }
+    let mut tensors: Vec<TensorOut> = g
+        .tensors
+        .iter()
+        .map(|t| TensorOut {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ggml_type: t.ggml_type,
+            data: g.tensor_data(t).unwrap().to_vec(),
+        })
+        .collect();
+    let copies: Vec<TensorOut> = tensors
+        .iter()
+        .filter(|t| t.name.starts_with("blk.2."))
+        .map(|t| TensorOut {
+            name: t.name.replacen("blk.2.", "blk.3.", 1),
+            dims: t.dims.clone(),
+            ggml_type: t.ggml_type,
+            data: t.data.clone(),
+        })
+        .collect();
+    tensors.extend(copies);
+    let f32s = |name: &str, dims: Vec<u64>| TensorOut {
+        name: name.into(),
+        data: vec![0; 4 * dims.iter().product::<u64>() as usize],
+        dims,
+        ggml_type: GgmlType::F32,
+    };
+    tensors.push(f32s("blk.3.nextn.eh_proj.weight", vec![128, 64]));
+    for n in ["enorm", "hnorm", "shared_head_norm"] {
+        tensors.push(f32s(&format!("blk.3.nextn.{n}.weight"), vec![64]));
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let with_mtp = tmp.path().join("mtp.gguf");
+    write(&with_mtp, &meta, &tensors).unwrap();
+    let (_a, mut plain) = hf_fixture::load_gguf(&gguf, Some(DType::F32));
+    let (_b, mut mtp) = hf_fixture::load_gguf(&with_mtp, Some(DType::F32));
+    assert_eq!(mtp.model_config().num_layers, 3);
+    assert_eq!(
+        prompt_logits(&mut mtp, p),
+        prompt_logits(&mut plain, p),
+        "GGUF with an MTP block"
+    );
+}
