@@ -313,6 +313,22 @@ pub trait Backend: Send + Sync + 'static {
         w: &Self::Weight,
         eps: f32,
     ) -> Result<()>;
+    /// RMSNorm in place over the columns `offset .. offset + w.len()` of each of `rows` rows
+    /// of `x`, rows `row_width` wide: q/k norms over a whole projection, every head at once
+    /// (OLMo 2, OLMo 3, MiniMax-M2), on their span of a fused QKV row
+    /// ([`Feature::SpanNorm`]).
+    fn span_rms_norm(
+        &self,
+        x: &mut Self::Buf,
+        rows: usize,
+        row_width: usize,
+        offset: usize,
+        w: &Self::Weight,
+        eps: f32,
+    ) -> Result<()> {
+        let _ = (x, rows, row_width, offset, w, eps);
+        Err(refused(self.name(), Feature::SpanNorm))
+    }
     /// Rotate-half RoPE on the q and k heads of every QKV row, at each token's position.
     fn rope(
         &self,
@@ -750,6 +766,9 @@ pub enum Feature {
     /// Bidirectional encoders (BERT, XLM-RoBERTa): [`Backend::layer_norm`],
     /// [`Backend::gelu`], [`Backend::gather_add`], [`Backend::encoder_attention`].
     Encoder,
+    /// RMSNorm over a span of each row, [`Backend::span_rms_norm`]: q/k norms over the whole
+    /// projection (OLMo 2, OLMo 3, MiniMax-M2).
+    SpanNorm,
 }
 
 impl Feature {
@@ -774,6 +793,9 @@ impl Feature {
         if config.mla.is_some() {
             out.push(Feature::LatentAttention);
         }
+        if config.architecture.qk_norm_whole() {
+            out.push(Feature::SpanNorm);
+        }
         if config
             .vision
             .as_ref()
@@ -796,6 +818,7 @@ impl Feature {
             Feature::LatentAttention => {
                 "multi-head latent attention (DeepSeek-V3, Kimi K2, GLM-4.7-Flash)"
             }
+            Feature::SpanNorm => "q/k norms over the whole projection (OLMo 2, OLMo 3, MiniMax-M2)",
         }
     }
 }

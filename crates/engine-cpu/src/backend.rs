@@ -489,6 +489,26 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn span_rms_norm(
+        &self,
+        x: &mut Vec<f32>,
+        rows: usize,
+        row_width: usize,
+        offset: usize,
+        w: &CpuWeight,
+        eps: f32,
+    ) -> Result<()> {
+        let w = w.as_f32();
+        if offset + w.len() > row_width {
+            return Err(EngineError::Backend(format!(
+                "span_rms_norm: columns {offset}..{} of rows {row_width} wide",
+                offset + w.len()
+            )));
+        }
+        ops::span_rms_norm(&mut x[..rows * row_width], row_width, offset, w, eps);
+        Ok(())
+    }
+
     fn rope(
         &self,
         qkv: &mut Vec<f32>,

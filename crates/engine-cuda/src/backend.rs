@@ -36,6 +36,7 @@ const KERNELS: &[&str] = &[
     "add_rms_norm_f32",
     "add_rms_norm_bf16",
     "head_rms_norm",
+    "span_rms_norm",
     "rope",
     "qk_norm_rope_write_kv",
     "write_kv",
@@ -748,6 +749,42 @@ impl<D: Device> Backend for CudaBackend<D> {
         )
     }
 
+    fn span_rms_norm(
+        &self,
+        x: &mut CudaBuf,
+        rows: usize,
+        row_width: usize,
+        offset: usize,
+        w: &CudaWeight<D>,
+        eps: f32,
+    ) -> Result<()> {
+        let width = w.shape[0];
+        if offset + width > row_width || x.dtype != ElemType::F32 || x.len < rows * row_width {
+            return Err(EngineError::Backend(format!(
+                "span_rms_norm: columns {offset}..{} of {rows} f32 rows {row_width} wide \
+                 (the buffer: {} {:?})",
+                offset + width,
+                x.len,
+                x.dtype
+            )));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        self.launch(
+            "span_rms_norm",
+            LaunchConfig::linear(rows as u32, row_threads(width)),
+            &[
+                x.ptr.into(),
+                w.ptr().into(),
+                (row_width as u32).into(),
+                (offset as u32).into(),
+                (width as u32).into(),
+                eps.into(),
+            ],
+        )
+    }
+
     fn rope(
         &self,
         qkv: &mut CudaBuf,
@@ -868,6 +905,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             | Feature::LinearAttention
             | Feature::Encoder
             | Feature::LatentAttention => true,
+            Feature::SpanNorm => true,
         }
     }
 

@@ -1,7 +1,7 @@
-//! Multi-head latent attention on the CUDA engine (bf16) for the dense fixtures of
-//! `tests/fixtures/mla/` (`mla.rs` holds the CPU's checks; the mixtures' sigmoid routing is
-//! refused on CUDA at load for now), on the CPU emulator in both thread orders and on the
-//! driver's device (a GPU, or the fake driver):
+//! Multi-head latent attention on the CUDA engine (bf16) for the fixtures of
+//! `tests/fixtures/mla/` (`mla.rs` holds the CPU's checks), dense and with DeepSeek-style
+//! experts, on the CPU emulator in both thread orders and on the driver's device (a GPU, or
+//! the fake driver):
 //! - every position of the six prompts, each prefilled alone, against transformers' f32
 //!   logits and the CPU engine in bf16 (the yardstick: the device must be about as close to
 //!   transformers as the CPU is in the same precision, and close to the CPU);
@@ -24,10 +24,22 @@ use lmi_engine::cuda::CudaBackend;
 use lmi_engine::engine::EngineOptions;
 use lmi_engine::{Backend, DType, Engine, LogitsWanted};
 
-const MODELS: [&str; 2] = ["deepseek_v3", "deepseek_v3_noq"];
+const MODELS: [&str; 4] = [
+    "deepseek_v3",
+    "deepseek_v3_noq",
+    "deepseek_v3_moe",
+    "glm4_moe_lite",
+];
 /// The device against the CPU engine in bf16, at the median row: both round at the same
 /// places and differ by summation order.
 const CPU_TOL: f32 = 1e-2;
+/// The same for the mixtures: an order flips a routing decision between close experts now
+/// and then, which moves that token, and through the cache the later ones, by far more.
+const CPU_MOE_TOL: f32 = hf_fixture::BF16_TOL;
+
+fn moe(name: &str) -> bool {
+    name.ends_with("moe") || name.starts_with("glm")
+}
 const SEQ_BLOCKS: usize = 16;
 
 fn options() -> EngineOptions {
@@ -64,7 +76,7 @@ fn median(mut d: Vec<f32>) -> f32 {
 }
 
 /// The device about as close to transformers as the CPU in bf16 is, and close to the CPU.
-fn judge(what: &str, ours: &[Vec<f32>], cpu: &[Vec<f32>], theirs: &[Vec<f32>]) {
+fn judge(what: &str, moe: bool, ours: &[Vec<f32>], cpu: &[Vec<f32>], theirs: &[Vec<f32>]) {
     let diffs = |a: &[Vec<f32>], b: &[Vec<f32>]| {
         median(a.iter().zip(b).map(|(a, b)| rel_diff(a, b)).collect())
     };
@@ -73,10 +85,8 @@ fn judge(what: &str, ours: &[Vec<f32>], cpu: &[Vec<f32>], theirs: &[Vec<f32>]) {
         "{what}: medians CUDA vs transformers {vs_hf:.2e}, CPU bf16 vs transformers \
          {cpu_vs_hf:.2e}, CUDA vs CPU bf16 {vs_cpu:.2e}"
     );
-    assert!(
-        vs_cpu < CPU_TOL,
-        "{what}: CUDA vs the CPU in bf16: {vs_cpu}"
-    );
+    let tol = if moe { CPU_MOE_TOL } else { CPU_TOL };
+    assert!(vs_cpu < tol, "{what}: CUDA vs the CPU in bf16: {vs_cpu}");
     assert!(
         vs_hf <= 1.25 * cpu_vs_hf + 1e-3,
         "{what}: CUDA vs transformers {vs_hf}, the CPU in bf16 {cpu_vs_hf}"
@@ -96,6 +106,7 @@ fn check_prompts<D: Device>(dev: &Arc<D>) {
         }
         judge(
             &format!("{name}, prompt logits"),
+            moe(name),
             &ours,
             &cpu,
             &r.prompt_logits.concat(),
@@ -155,6 +166,7 @@ fn check_decode<D: Device>(dev: &Arc<D>) {
             .collect();
         judge(
             &format!("{name}, decode logits"),
+            moe(name),
             &ours.concat(),
             &cpu.concat(),
             &theirs,
@@ -220,20 +232,4 @@ fn check_chunked<D: Device>(dev: &Arc<D>) {
 #[test]
 fn mla_chunked_prefill_gives_the_whole_prompts_logits() {
     on_every_raw_device!(check_chunked);
-}
-
-/// The fixtures with DeepSeek-style experts load on the CPU (`mla.rs`) and are refused on
-/// CUDA at load, in one line that names what is missing.
-#[test]
-fn mla_mixtures_are_refused_at_load_on_cuda() {
-    let dev = cuda_common::emulator(lmi_cuda_emu::ThreadOrder::Forward);
-    for name in ["deepseek_v3_moe", "glm4_moe_lite"] {
-        let dir = hf_fixture::fixture("mla", name);
-        let backend = CudaBackend::with_graphs(dev.clone(), false).unwrap();
-        let err = match Engine::load(backend, &dir, &options()) {
-            Ok(_) => panic!("{name} loaded on CUDA"),
-            Err(e) => e.to_string(),
-        };
-        assert!(err.contains("sigmoid routing"), "{name}: {err}");
-    }
 }

@@ -71,6 +71,16 @@ pub enum Architecture {
     /// MiniMax-M2: full attention with partial RoPE (`rotary_dim`) and one RMSNorm over each
     /// whole q and k projection (not per head); sigmoid-routed experts in every layer.
     MiniMaxM2,
+    /// SmolLM3: Llama's layers, with no RoPE on the layers `no_rope_layers` marks (every
+    /// fourth by default: [`ModelConfig::no_rope`]).
+    SmolLM3,
+    /// OLMo 2: no norm before attention or the MLP, an RMSNorm of each one's output before
+    /// its residual add; q and k RMS-normalized over the whole projection (every head at
+    /// once) before RoPE.
+    Olmo2,
+    /// OLMo 3: OLMo 2 with sliding-window layers (`layer_types`); its RoPE scaling (YaRN)
+    /// on the full-attention layers only.
+    Olmo3,
 }
 
 /// Every `architectures` name a checkpoint may give, and what it loads as. The multimodal
@@ -100,6 +110,9 @@ const HF_NAMES: &[(&str, Architecture)] = &[
     ("Glm4MoeLiteForCausalLM", Architecture::Glm4MoeLite),
     ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
     ("MiniMaxM2ForCausalLM", Architecture::MiniMaxM2),
+    ("SmolLM3ForCausalLM", Architecture::SmolLM3),
+    ("Olmo2ForCausalLM", Architecture::Olmo2),
+    ("Olmo3ForCausalLM", Architecture::Olmo3),
 ];
 
 /// The architecture names that load, for the error that refuses another.
@@ -142,6 +155,9 @@ impl Architecture {
             Architecture::Glm4MoeLite => "Glm4MoeLiteForCausalLM",
             Architecture::Glm4Moe => "Glm4MoeForCausalLM",
             Architecture::MiniMaxM2 => "MiniMaxM2ForCausalLM",
+            Architecture::SmolLM3 => "SmolLM3ForCausalLM",
+            Architecture::Olmo2 => "Olmo2ForCausalLM",
+            Architecture::Olmo3 => "Olmo3ForCausalLM",
         }
     }
 
@@ -199,10 +215,17 @@ impl Architecture {
         self == Architecture::Glm4Moe
     }
 
-    /// One RMSNorm over each whole q and k projection (`num_heads · head_dim` and
-    /// `num_kv_heads · head_dim` wide) rather than per head (MiniMax-M2).
-    pub fn has_whole_qk_norm(self) -> bool {
-        self == Architecture::MiniMaxM2
+    /// q and k RMS-normalized over their whole projections (one weight of `num_heads ·
+    /// head_dim`, one of `num_kv_heads · head_dim`), not head by head (OLMo 2, OLMo 3,
+    /// MiniMax-M2).
+    pub fn qk_norm_whole(self) -> bool {
+        self.is_olmo() || self == Architecture::MiniMaxM2
+    }
+
+    /// OLMo 2 and 3: norms after attention and after the MLP (before each residual add), none
+    /// before them.
+    pub fn is_olmo(self) -> bool {
+        matches!(self, Architecture::Olmo2 | Architecture::Olmo3)
     }
 
     /// Linear-attention layers beside the full-attention ones (Gated DeltaNet hybrids).
@@ -300,6 +323,9 @@ pub struct ModelConfig {
     pub attn_scalar: f64,
     /// An encoder's own fields (BERT, XLM-RoBERTa); None for decoders.
     pub encoder: Option<EncoderConfig>,
+    /// Per layer, true where it applies no RoPE (SmolLM3's NoPE layers); empty when every
+    /// layer does.
+    pub no_rope: Vec<bool>,
 }
 
 /// transformers' `Gemma3TextConfig` defaults (4.57), for the fields a Hub config may omit.
@@ -384,6 +410,11 @@ struct RawConfig {
     swiglu_limit: Option<f64>,
     final_logit_softcapping: Option<f64>,
     attn_logit_softcapping: Option<f64>,
+    // SmolLM3 (1 where a layer uses RoPE), OLMo.
+    no_rope_layers: Option<Vec<u8>>,
+    no_rope_layer_interval: Option<usize>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
 }
 
 impl ModelConfig {
@@ -639,8 +670,34 @@ impl ModelConfig {
                 | Architecture::Qwen3Moe
                 | Architecture::Qwen2Moe
         );
+        let smollm3 = architecture == Architecture::SmolLM3;
+        let no_rope = match (smollm3, &raw.no_rope_layers) {
+            (false, _) => Vec::new(),
+            (true, Some(v)) if v.len() != num_layers => {
+                return Err(format!(
+                    "no_rope_layers has {} entries for {num_layers} layers",
+                    v.len()
+                ));
+            }
+            (true, Some(v)) => v.iter().map(|&r| r == 0).collect(),
+            // transformers' SmolLM3Config: every `no_rope_layer_interval`-th layer has none.
+            (true, None) => {
+                let every = raw.no_rope_layer_interval.unwrap_or(4).max(1);
+                (0..num_layers).map(|i| (i + 1) % every == 0).collect()
+            }
+        };
+        let olmo = architecture.is_olmo();
+        if (olmo || smollm3) && raw.attention_bias == Some(true) {
+            return Err(format!(
+                "attention_bias: true is not supported for {arch_name}"
+            ));
+        }
+        if smollm3 && raw.mlp_bias == Some(true) {
+            return Err(format!("mlp_bias: true is not supported for {arch_name}"));
+        }
         let windowed = gemma
-            || qwen && raw.use_sliding_window == Some(true)
+            || (qwen || smollm3) && raw.use_sliding_window == Some(true)
+            || architecture == Architecture::Olmo3
             || matches!(
                 architecture,
                 Architecture::GptOss | Architecture::Mistral | Architecture::Mixtral
@@ -669,6 +726,12 @@ impl ModelConfig {
                         let p = p.unwrap_or(6).max(1);
                         (0..num_layers).map(|i| (i + 1) % p != 0).collect()
                     }
+                    // transformers' SmolLM3Config: the NoPE layers slide.
+                    (None, _) if smollm3 => no_rope.clone(),
+                    // transformers' Olmo3Config: every fourth layer is global.
+                    (None, _) if architecture == Architecture::Olmo3 => {
+                        (0..num_layers).map(|i| (i + 1) % 4 != 0).collect()
+                    }
                     // gpt-oss alternates, local first.
                     (None, _) if architecture == Architecture::GptOss => {
                         (0..num_layers).map(|i| i % 2 == 0).collect()
@@ -683,7 +746,16 @@ impl ModelConfig {
                 Some(SlidingWindow {
                     size,
                     local,
-                    rope_theta: gemma.then(|| raw.rope_local_base_freq.unwrap_or(10_000.0)),
+                    rope_theta: match architecture {
+                        _ if gemma => Some(raw.rope_local_base_freq.unwrap_or(10_000.0)),
+                        // OLMo 3's local layers turn by the global base, unscaled.
+                        Architecture::Olmo3 => Some(
+                            raw.rope_local_base_freq
+                                .or(raw.rope_theta)
+                                .unwrap_or(500_000.0),
+                        ),
+                        _ => None,
+                    },
                 })
             }
             _ => None,
@@ -714,7 +786,11 @@ impl ModelConfig {
             head_dim,
             rotary_dim,
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
-            rope_theta: raw.rope_theta.unwrap_or(10000.0),
+            rope_theta: raw.rope_theta.unwrap_or(match architecture {
+                Architecture::Olmo3 => 500_000.0,
+                Architecture::SmolLM3 => 2_000_000.0,
+                _ => 10_000.0,
+            }),
             rope_scaling,
             rope_linear_factor,
             rope_yarn,
@@ -736,6 +812,7 @@ impl ModelConfig {
             mla,
             attn_scalar: raw.query_pre_attn_scalar.unwrap_or(head_dim as f64),
             encoder: None,
+            no_rope,
         })
     }
 

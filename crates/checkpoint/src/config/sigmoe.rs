@@ -107,7 +107,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.architecture, Architecture::MiniMaxM2);
         assert_eq!(c.rotary_dim, 64);
-        assert!(c.architecture.has_whole_qk_norm());
+        assert!(c.architecture.qk_norm_whole());
         let m = c.moe.unwrap();
         assert_eq!(
             (m.num_experts, m.top_k, m.expert_intermediate_size),

@@ -11,6 +11,7 @@ pub mod layout;
 pub mod mla;
 pub mod pretokenizers;
 pub mod reader;
+pub mod sigmoe;
 pub mod tensor_names;
 pub mod tokenizer;
 pub mod writer;

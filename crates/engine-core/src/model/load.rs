@@ -174,7 +174,7 @@ impl<B: Backend> Model<B> {
                     c,
                     st,
                     &p,
-                    kv_layers - 1,
+                    (i, kv_layers - 1),
                     &mat,
                     &norm,
                 )?)
@@ -197,8 +197,9 @@ impl<B: Backend> Model<B> {
                     Mlp::Dense { gate_up, down }
                 }
             };
+            let olmo = c.architecture.is_olmo();
             let sandwich = |n: &str| -> Result<Option<B::Weight>> {
-                gemma
+                (gemma || olmo)
                     .then(|| norm(&format!("{p}.{n}.weight"), h))
                     .transpose()
             };
@@ -208,9 +209,13 @@ impl<B: Backend> Model<B> {
                 "post_attention_layernorm"
             };
             layers.push(Layer {
-                input_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
+                input_norm: (!olmo)
+                    .then(|| norm(&format!("{p}.input_layernorm.weight"), h))
+                    .transpose()?,
                 mixer,
-                post_norm: norm(&format!("{p}.{pre_mlp}.weight"), h)?,
+                post_norm: (!olmo)
+                    .then(|| norm(&format!("{p}.{pre_mlp}.weight"), h))
+                    .transpose()?,
                 attn_out_norm: sandwich("post_attention_layernorm")?,
                 mlp_out_norm: sandwich("post_feedforward_layernorm")?,
                 local: c.sliding_window.as_ref().is_some_and(|w| w.local[i]),
@@ -225,6 +230,10 @@ impl<B: Backend> Model<B> {
         let rope_local = match c.rope_inv_freq_local() {
             Some(f) => Some(backend.rope_table(&f)?),
             None => None,
+        };
+        let rope_none = match c.no_rope.iter().any(|&x| x) {
+            true => Some(backend.rope_table(&vec![0.0; c.rotary_dim / 2])?),
+            false => None,
         };
         let vision = match (&c.vision, st) {
             (None, _) => None,
@@ -260,6 +269,7 @@ impl<B: Backend> Model<B> {
             layers,
             rope,
             rope_local,
+            rope_none,
             // HF multiplies by the scale rounded to the weights' dtype; f32 here (the
             // activations are f32 whatever the weights).
             embed_scale: gemma.then(|| (h as f32).sqrt()),
@@ -303,7 +313,7 @@ fn self_attention<B: Backend>(
     c: &ModelConfig,
     st: &WeightSource,
     p: &str,
-    kv: usize,
+    (layer, kv): (usize, usize),
     mat: &dyn Fn(&str, &[usize]) -> Result<HostTensor>,
     norm: &dyn Fn(&str, usize) -> Result<B::Weight>,
 ) -> Result<Attention<B>> {
@@ -340,7 +350,13 @@ fn self_attention<B: Backend>(
     } else {
         None
     };
-    let (q_norm, k_norm) = if c.architecture.has_qk_norm() || held("q_norm.weight") {
+    let whole = c.architecture.qk_norm_whole();
+    let (q_norm, k_norm) = if whole {
+        (
+            Some(norm(&format!("{a}.q_norm.weight"), c.q_size())?),
+            Some(norm(&format!("{a}.k_norm.weight"), c.kv_size())?),
+        )
+    } else if c.architecture.has_qk_norm() || held("q_norm.weight") {
         (
             Some(norm(&format!("{a}.q_norm.weight"), c.head_dim)?),
             Some(norm(&format!("{a}.k_norm.weight"), c.head_dim)?),
@@ -357,6 +373,8 @@ fn self_attention<B: Backend>(
         qkv_bias,
         q_norm,
         k_norm,
+        qk_norm_whole: whole,
+        no_rope: c.no_rope.get(layer).copied().unwrap_or(false),
         o_proj: backend.upload_weight(mat(&format!("{a}.o_proj.weight"), &[h, c.q_size()])?)?,
         o_bias: f32_opt(sinks, "o_proj.bias", h)?,
         sinks: f32_opt(sinks, "sinks", c.num_heads)?,
