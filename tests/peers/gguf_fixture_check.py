@@ -35,9 +35,10 @@ KNOWN = {
     # The file has no expert_gating_func (GLM's config has no scoring_func): llama.cpp then
     # routes by softmax (DeepSeek-V2's), transformers (and lmi) by sigmoid.
     "glm4_moe_lite": "differs from token 0-1 (llama.cpp routes it by softmax: no expert_gating_func)",
-    # Prompt 0 from its first token, with f32 K/V too (-ctk f32 -ctv f32); the other five
-    # prompts agree, as every prompt of the dense deepseek_v3 does. Not traced further.
-    "deepseek_v3_moe": "prompt 0 differs from token 0 (prompts 1-5 agree); not traced",
+    # Prompt 0 from its first token under llama-server's defaults, also with f32 K/V alone;
+    # with `-ctk f32 -ctv f32 -fa off` all six prompts equal transformers' (2026-12-06): its
+    # flash attention moves a routing choice or a near tie.
+    "deepseek_v3_moe": "prompt 0 differs under the default flash attention (f32 K/V and -fa off: all equal)",
     # Prompt 4 from token 14 (measured 2026-12-06), where transformers' top two logits are
     # 3.0e-3 apart (3.0080 for 92, 3.0051 for 34; llama.cpp picks 34), with an f32 K/V cache
     # too; its other five prompts agree, so its NoPE layers are right. Not investigated
