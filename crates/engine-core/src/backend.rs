@@ -444,6 +444,27 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (gate_up, rows, width, out);
         Err(refused(self.name(), Feature::Gemma))
     }
+    /// `x[r, j] = gelu_tanh(x[r, j]) · other[r · stride + offset + j]` for `rows` rows of
+    /// `width` (Gemma 4's per-layer input gate times its layer's slice of the per-layer
+    /// inputs).
+    #[allow(clippy::too_many_arguments)]
+    fn gelu_tanh_mul_slice(
+        &self,
+        x: &mut Self::Buf,
+        other: &Self::Buf,
+        rows: usize,
+        width: usize,
+        stride: usize,
+        offset: usize,
+    ) -> Result<()> {
+        let _ = (x, other, rows, width, stride, offset);
+        Err(refused(self.name(), Feature::Gemma4))
+    }
+    /// `x = cap · tanh(x / cap)` over `x[..len]` (Gemma 4's final logit soft-capping).
+    fn softcap(&self, x: &mut Self::Buf, len: usize, cap: f32) -> Result<()> {
+        let _ = (x, len, cap);
+        Err(refused(self.name(), Feature::Gemma4))
+    }
     /// `out = (x − mean) / sqrt(var + eps) · w + b` per row of width `w.len()` (an encoder's
     /// LayerNorm; `out` may be an [`Backend::alloc`] or a matmul-input buffer).
     #[allow(clippy::too_many_arguments)]
@@ -763,6 +784,9 @@ pub enum Feature {
     /// Multi-head latent attention (DeepSeek-V3, GLM-4.7-Flash): [`Backend::mla_qkv`],
     /// [`Backend::mla_attention`].
     LatentAttention,
+    /// Gemma 4: [`Backend::gelu_tanh_mul_slice`], [`Backend::softcap`], attention layers of
+    /// two head widths, K/V shared between layers.
+    Gemma4,
     /// Bidirectional encoders (BERT, XLM-RoBERTa): [`Backend::layer_norm`],
     /// [`Backend::gelu`], [`Backend::gather_add`], [`Backend::encoder_attention`].
     Encoder,
@@ -786,6 +810,9 @@ impl Feature {
         }
         if config.architecture.is_gemma() {
             out.push(Feature::Gemma);
+        }
+        if config.gemma4.is_some() {
+            out.extend([Feature::Gemma, Feature::Gemma4]);
         }
         if config.linear_attn.is_some() {
             out.push(Feature::LinearAttention);
@@ -812,6 +839,7 @@ impl Feature {
             Feature::SlidingWindow => "sliding-window attention (Gemma 3, gpt-oss)",
             Feature::AttentionSinks => "attention sinks (gpt-oss)",
             Feature::Gemma => "Gemma models",
+            Feature::Gemma4 => "Gemma 4",
             Feature::LinearAttention => "Gated DeltaNet hybrids (Qwen3.5, Qwen3.6, Qwen3-Next)",
             Feature::DeepStack => "Qwen3-VL (its DeepStack visual features)",
             Feature::Encoder => "encoder models (BERT, XLM-RoBERTa)",

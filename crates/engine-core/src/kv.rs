@@ -54,8 +54,9 @@ impl KvCacheConfig {
 
     /// Bytes of one block across all layers, K and V, for `elem_bytes`-sized elements.
     pub fn block_bytes(model: &ModelConfig, elem_bytes: usize) -> usize {
-        let (heads, dim) = Self::geometry(model);
-        2 * model.num_attention_layers() * heads * dim * BLOCK_SIZE * elem_bytes
+        // Per layer pool its own width: Gemma 4's global layers are wider, a latent-attention
+        // layer keeps its record ([`Self::geometry`]).
+        model.kv_elems_per_token() * BLOCK_SIZE * elem_bytes
     }
 
     /// How many blocks fit in `budget_bytes`.

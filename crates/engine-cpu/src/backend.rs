@@ -753,6 +753,26 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn gelu_tanh_mul_slice(
+        &self,
+        x: &mut Vec<f32>,
+        other: &Vec<f32>,
+        rows: usize,
+        width: usize,
+        stride: usize,
+        offset: usize,
+    ) -> Result<()> {
+        ops::gelu_tanh_mul_slice(&mut x[..rows * width], other, width, stride, offset);
+        Ok(())
+    }
+
+    fn softcap(&self, x: &mut Vec<f32>, len: usize, cap: f32) -> Result<()> {
+        x[..len]
+            .iter_mut()
+            .for_each(|v| *v = (*v / cap).tanh() * cap);
+        Ok(())
+    }
+
     fn gelu_tanh_mul(
         &self,
         gate_up: &Vec<f32>,

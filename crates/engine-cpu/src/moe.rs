@@ -169,6 +169,7 @@ fn run_expert(
         ExpertActivation::ClampedSwiGlu { alpha, limit } => {
             ops::clamped_swiglu(gate_up_m, width, alpha, limit, act_m)
         }
+        ExpertActivation::GeluTanh => ops::gelu_tanh_mul(gate_up_m, width, act_m),
     }
     backend.linear_into(act_m, m, &expert.down, expert.down_bias.as_ref(), y);
     scratch::give(scratch::ROWS, xs);

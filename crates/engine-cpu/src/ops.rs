@@ -178,6 +178,25 @@ pub fn gelu_tanh_mul(gate_up: &[f32], width: usize, out: &mut [f32]) {
     });
 }
 
+/// `x[r, j] = gelu_tanh(x[r, j]) · other[r · stride + offset + j]` over rows of `width`
+/// (Gemma 4's per-layer input gate), with [`gelu_tanh_mul`]'s arithmetic.
+pub fn gelu_tanh_mul_slice(
+    x: &mut [f32],
+    other: &[f32],
+    width: usize,
+    stride: usize,
+    offset: usize,
+) {
+    const C: f32 = 0.797_884_6; // √(2/π)
+    for_rows(x, width, |r, row| {
+        let u = &other[r * stride + offset..][..width];
+        for (g, &u) in row.iter_mut().zip(u) {
+            let t = (C * (*g + 0.044715 * *g * *g * *g)).tanh();
+            *g = 0.5 * *g * (1.0 + t) * u;
+        }
+    });
+}
+
 /// gpt-oss's expert activation over rows of `[gate | up]`: `g · σ(alpha · g) · (u + 1)` with
 /// `g = min(gate, limit)`, `u = clamp(up, -limit, limit)` (transformers' GptOssExperts).
 pub fn clamped_swiglu(gate_up: &[f32], width: usize, alpha: f32, limit: f32, out: &mut [f32]) {

@@ -906,6 +906,9 @@ impl<D: Device> Backend for CudaBackend<D> {
             | Feature::Encoder
             | Feature::LatentAttention => true,
             Feature::SpanNorm => true,
+            // Gemma 4's ops (per-layer inputs, soft-capping, pools of two widths) have no
+            // kernels yet: refused at load.
+            Feature::Gemma4 => false,
         }
     }
 

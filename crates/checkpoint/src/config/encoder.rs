@@ -198,6 +198,7 @@ pub(super) fn parse(
             pad_token_id: roberta.then_some(pad),
             labels,
         }),
+        gemma4: None,
     })
 }
 

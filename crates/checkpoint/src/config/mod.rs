@@ -5,6 +5,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 pub mod encoder;
+pub mod gemma4;
 pub mod linear_attn;
 pub mod mla;
 pub mod moe;
@@ -15,6 +16,7 @@ pub mod vision;
 
 use crate::error::{CheckpointError, Result};
 use encoder::EncoderConfig;
+pub use gemma4::Gemma4Config;
 use linear_attn::LinearAttnConfig;
 use mla::MlaConfig;
 use moe::{ExpertActivation, MoeConfig, Routing};
@@ -43,6 +45,10 @@ pub enum Architecture {
     /// before and after attention and MLP, q/k norms, local (sliding-window) and global layers
     /// with their own RoPE bases.
     Gemma3,
+    /// Gemma 4 (text): Gemma 3's layout with plain `x · w` norms, local and global layers of
+    /// their own head widths, K = V, V norms, per-layer embeddings, K/V shared by the last
+    /// layers, experts beside the MLP, soft-capped logits ([`ModelConfig::gemma4`]).
+    Gemma4,
     /// gpt-oss: experts (top-k then softmax, biases, clamped SwiGLU), attention with biases
     /// and per-head sinks, a sliding window on alternate layers, YaRN RoPE.
     GptOss,
@@ -97,6 +103,8 @@ const HF_NAMES: &[(&str, Architecture)] = &[
     ("MixtralForCausalLM", Architecture::Mixtral),
     ("Gemma3ForCausalLM", Architecture::Gemma3),
     ("Gemma3ForConditionalGeneration", Architecture::Gemma3),
+    ("Gemma4ForCausalLM", Architecture::Gemma4),
+    ("Gemma4ForConditionalGeneration", Architecture::Gemma4),
     ("GptOssForCausalLM", Architecture::GptOss),
     ("Qwen2VLForConditionalGeneration", Architecture::Qwen2),
     ("Qwen2_5_VLForConditionalGeneration", Architecture::Qwen2),
@@ -146,6 +154,7 @@ impl Architecture {
             Architecture::Qwen2Moe => "Qwen2MoeForCausalLM",
             Architecture::Mixtral => "MixtralForCausalLM",
             Architecture::Gemma3 => "Gemma3ForCausalLM",
+            Architecture::Gemma4 => "Gemma4ForCausalLM",
             Architecture::GptOss => "GptOssForCausalLM",
             Architecture::Qwen35 => "Qwen3_5ForCausalLM",
             Architecture::Qwen3Next => "Qwen3NextForCausalLM",
@@ -326,6 +335,8 @@ pub struct ModelConfig {
     /// Per layer, true where it applies no RoPE (SmolLM3's NoPE layers); empty when every
     /// layer does.
     pub no_rope: Vec<bool>,
+    /// Gemma 4's own fields; None for other models.
+    pub gemma4: Option<Gemma4Config>,
 }
 
 /// transformers' `Gemma3TextConfig` defaults (4.57), for the fields a Hub config may omit.
@@ -446,6 +457,13 @@ impl ModelConfig {
             .and_then(|a| a.as_str())
             .unwrap_or_default()
             .to_string();
+        let gemma4 = first_arch.starts_with("Gemma4For");
+        if gemma4 {
+            for (k, v) in gemma4::DEFAULTS {
+                top.entry(k.to_string())
+                    .or_insert_with(|| serde_json::from_str(v).unwrap_or_default());
+            }
+        }
         if first_arch.starts_with("Gemma3For") {
             // The Hub's Gemma 3 configs leave out what equals Gemma3TextConfig's defaults.
             for (k, v) in GEMMA3_DEFAULTS {
@@ -645,7 +663,7 @@ impl ModelConfig {
             .as_deref()
             .or(raw.hidden_act.as_deref());
         let activation = match act_name {
-            None if gemma => Activation::GeluTanh,
+            None if gemma || gemma4 => Activation::GeluTanh,
             None | Some("silu" | "swish") => Activation::Silu,
             Some("gelu_pytorch_tanh" | "gelu_tanh") => Activation::GeluTanh,
             Some(other) => {
@@ -654,7 +672,8 @@ impl ModelConfig {
                 ));
             }
         };
-        if raw.final_logit_softcapping.is_some_and(|c| c > 0.0)
+        // Gemma 4 soft-caps its final logits (`Gemma4Config`); attention scores stay uncapped.
+        if raw.final_logit_softcapping.is_some_and(|c| c > 0.0) && !gemma4
             || raw.attn_logit_softcapping.is_some_and(|c| c > 0.0)
         {
             return Err("logit soft-capping (Gemma 2's) is not supported".into());
@@ -696,6 +715,7 @@ impl ModelConfig {
             return Err(format!("mlp_bias: true is not supported for {arch_name}"));
         }
         let windowed = gemma
+            || gemma4
             || (qwen || smollm3) && raw.use_sliding_window == Some(true)
             || architecture == Architecture::Olmo3
             || matches!(
@@ -775,7 +795,7 @@ impl ModelConfig {
                 m.top_k, m.num_experts
             ));
         }
-        Ok(ModelConfig {
+        let mut config = ModelConfig {
             architecture,
             vocab_size: req(raw.vocab_size, "vocab_size")?,
             hidden_size,
@@ -813,12 +833,73 @@ impl ModelConfig {
             attn_scalar: raw.query_pre_attn_scalar.unwrap_or(head_dim as f64),
             encoder: None,
             no_rope,
-        })
+            gemma4: None,
+        };
+        if gemma4 {
+            config.apply_gemma4(&top)?;
+        }
+        Ok(config)
+    }
+
+    /// Gemma 4's fields ([`gemma4::parse`]) on a config parsed as far as Gemma 3's.
+    fn apply_gemma4(
+        &mut self,
+        top: &serde_json::Map<String, serde_json::Value>,
+    ) -> std::result::Result<(), String> {
+        let local = gemma4::local_layers(top, self.num_layers)?;
+        let p = gemma4::parse(top, &local, self.num_kv_heads)?;
+        let size = self.sliding_window.as_ref().map_or(512, |w| w.size);
+        self.sliding_window = Some(SlidingWindow {
+            size,
+            local,
+            rope_theta: Some(p.local_theta),
+        });
+        self.rope_theta = p.global_theta;
+        // Scores are q·k unscaled (transformers' `scaling = 1.0`).
+        self.attn_scalar = 1.0;
+        self.moe = p.moe;
+        self.gemma4 = Some(p.config);
+        Ok(())
+    }
+
+    /// Per layer that keeps K/V (in the order of the cache's pools): its (KV heads, head
+    /// width). Gemma 4's global layers have their own; its layers that share K/V keep none.
+    pub fn kv_pool_geometry(&self) -> Vec<(usize, usize)> {
+        let Some(g) = &self.gemma4 else {
+            // A latent-attention layer's record, split in halves between its K and V pools
+            // (engine-core's `KvCacheConfig::geometry`).
+            let geometry = match &self.mla {
+                Some(m) => (1, m.cache_width() / 2),
+                None => (self.num_kv_heads, self.head_dim),
+            };
+            return vec![geometry; self.num_attention_layers()];
+        };
+        let local = self.sliding_window.as_ref().map(|w| &w.local);
+        (0..self.num_layers)
+            .filter(|&i| !g.shares_kv(i))
+            .map(|i| match local.is_some_and(|l| l[i]) {
+                true => (self.num_kv_heads, self.head_dim),
+                false => (g.global_kv_heads, g.global_head_dim),
+            })
+            .collect()
+    }
+
+    /// K and V elements one token keeps across every layer's pool.
+    pub fn kv_elems_per_token(&self) -> usize {
+        2 * self
+            .kv_pool_geometry()
+            .iter()
+            .map(|&(h, d)| h * d)
+            .sum::<usize>()
     }
 
     /// Layers that keep K/V: every layer but the linear-attention ones.
     pub fn num_attention_layers(&self) -> usize {
+        let shared = self.gemma4.as_ref().map_or(0, |g| {
+            (0..self.num_layers).filter(|&i| g.shares_kv(i)).count()
+        });
         self.num_layers
+            - shared
             - self
                 .linear_attn
                 .as_ref()

@@ -32,6 +32,8 @@ pub enum ExpertActivation {
     /// gpt-oss: `gate' · σ(alpha · gate') · (up' + 1)`, with `gate' = min(gate, limit)` and
     /// `up' = clamp(up, -limit, limit)`.
     ClampedSwiGlu { alpha: f32, limit: f32 },
+    /// `gelu_tanh(gate) · up` (Gemma 4's experts).
+    GeluTanh,
 }
 
 /// A model's mixture-of-experts shape, from `config.json`.

@@ -56,8 +56,16 @@ pub(super) fn rope_parameters(top: &mut serde_json::Map<String, serde_json::Valu
         return;
     };
     // Per layer type (Gemma 3, OLMo 3): the full-attention layers' settings are the model's;
-    // the sliding layers' base is their own.
-    if let Some(serde_json::Value::Object(full)) = rp.get("full_attention").cloned() {
+    // the sliding layers' base is their own. Gemma 4 reads its per-type settings itself
+    // (`config/gemma4.rs`: "proportional" RoPE, a partial factor for the global layers only).
+    let gemma4 = top
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .and_then(|a| a.as_str())
+        .is_some_and(|a| a.starts_with("Gemma4For"));
+    if let Some(serde_json::Value::Object(full)) = rp.get("full_attention").cloned()
+        && !gemma4
+    {
         if let Some(theta) = rp
             .get("sliding_attention")
             .and_then(|s| s.get("rope_theta"))

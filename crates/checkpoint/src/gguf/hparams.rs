@@ -47,6 +47,9 @@ pub enum GgufArch {
     /// OLMo 2, and OLMo 3 when the file gives `attention.sliding_window` (llama.cpp reads both
     /// as `olmo2`): post-norm layers, whole-projection q/k norms.
     Olmo2,
+    /// Gemma 4 (`gguf/gemma4.rs`): per-layer head counts and MLP widths, local and global
+    /// layers of their own head widths.
+    Gemma4,
 }
 
 impl GgufArch {
@@ -67,10 +70,11 @@ impl GgufArch {
             "smollm3" => Ok(GgufArch::SmolLM3),
             "olmo2" => Ok(GgufArch::Olmo2),
             "deepseek2" => Ok(GgufArch::Deepseek2),
+            "gemma4" => Ok(GgufArch::Gemma4),
             other => Err(CheckpointError::Gguf(format!(
                 "general.architecture {other:?} is not supported (supported: llama (with or \
-                 without experts), qwen2, qwen2moe, qwen3, qwen3moe, gemma3, gpt-oss, qwen35, \
-                 qwen35moe, qwen3next, glm4moe, minimax-m2, smollm3, olmo2, deepseek2)"
+                 without experts), qwen2, qwen2moe, qwen3, qwen3moe, gemma3, gemma4, gpt-oss, \
+                 qwen35, qwen35moe, qwen3next, glm4moe, minimax-m2, smollm3, olmo2, deepseek2)"
             ))),
         }
     }
@@ -94,6 +98,7 @@ impl GgufArch {
             GgufArch::MiniMaxM2 => ("MiniMaxM2ForCausalLM", "minimax_m2"),
             GgufArch::SmolLM3 => ("SmolLM3ForCausalLM", "smollm3"),
             GgufArch::Olmo2 => ("Olmo2ForCausalLM", "olmo2"),
+            GgufArch::Gemma4 => ("Gemma4ForCausalLM", "gemma4_text"),
         }
     }
 
@@ -172,6 +177,8 @@ pub struct Hparams {
     pub sigmoid: Option<super::sigmoe::SigmoidRouting>,
     /// The local layers' RoPE base (`rope.freq_base_swa`, OLMo 3).
     pub rope_theta_swa: Option<f64>,
+    /// Gemma 4: config.json's text config whole (`gguf/gemma4.rs`).
+    pub gemma4_config: Option<Value>,
 }
 
 /// Which layers attend over a window, and its size (config.json's `layer_types` and
@@ -211,9 +218,13 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
     let key = |k: &str| format!("{arch_name}.{k}");
     let hidden_size = g.require_u64(&key("embedding_length"))?;
     let num_heads = g.require_u64(&key("attention.head_count"))?;
-    let num_kv_heads = g
-        .get_u64(&key("attention.head_count_kv"))?
-        .unwrap_or(num_heads);
+    // Gemma 4 gives one per layer: the first layer's here (`gemma4::read` reads them all).
+    let num_kv_heads = match first_of_array(g, &key("attention.head_count_kv")) {
+        Some(n) => n,
+        None => g
+            .get_u64(&key("attention.head_count_kv"))?
+            .unwrap_or(num_heads),
+    };
     if num_heads == 0 || num_kv_heads == 0 {
         return Err(CheckpointError::Gguf(format!(
             "{arch_name}: head counts must be > 0"
@@ -281,7 +292,11 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         }),
     };
     // A file whose every layer holds experts may not give a dense width.
-    let intermediate_size = match (&experts, g.get_u64(&key("feed_forward_length"))?) {
+    let dense_width = match first_of_array(g, &key("feed_forward_length")) {
+        Some(n) => Some(n),
+        None => g.get_u64(&key("feed_forward_length"))?,
+    };
+    let intermediate_size = match (&experts, dense_width) {
         (_, Some(n)) => n,
         (Some(e), None) => e.feed_forward_length,
         (None, None) => g.require_u64(&key("feed_forward_length"))?,
@@ -324,7 +339,7 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         GgufArch::Deepseek2 => Some(crate::gguf::mla::read(g, arch_name)?),
         _ => None,
     };
-    Ok(Hparams {
+    let h = Hparams {
         arch,
         vocab_size,
         hidden_size,
@@ -354,7 +369,17 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
             GgufArch::Olmo2 => g.get_f64(&key("rope.freq_base_swa"))?,
             _ => None,
         },
-    })
+        gemma4_config: None,
+    };
+    match arch {
+        GgufArch::Gemma4 => super::gemma4::read(g, h),
+        _ => Ok(h),
+    }
+}
+
+/// The first entry of an array-valued key (a per-layer list), if it is one.
+fn first_of_array(g: &GgufFile, key: &str) -> Option<u64> {
+    g.get(key)?.as_array()?.first()?.as_u64()
 }
 
 /// A value the converter stored as f32 (1e-6 read back as 9.99999997e-7) as the decimal it
@@ -576,6 +601,11 @@ fn llama3_divisors(dim: f64, theta: f64, factor: f64, low: f64, high: f64, orig:
 }
 
 pub fn config_json(h: &Hparams, dtype: DType) -> Value {
+    if let Some(c) = &h.gemma4_config {
+        let mut c = c.clone();
+        c["torch_dtype"] = json!(dtype.name());
+        return c;
+    }
     let (class, model_type) = match h.arch {
         GgufArch::Olmo2 if h.windows.is_some() => ("Olmo3ForCausalLM", "olmo3"),
         a => a.hf(h.experts.is_some()),

@@ -385,6 +385,7 @@ mod tests {
             mrope_section: None,
             mla: None,
             sigmoid: None,
+            gemma4_config: None,
         }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod convert;
 pub mod dequant;
+pub mod gemma4;
 pub mod ggml_type;
 pub mod hparams;
 pub mod hybrid;

@@ -27,6 +27,9 @@ pub enum Mapped {
 /// Maps a GGUF tensor name of the file `h` describes: [`map`], after the names of the
 /// hybrids' linear layers and the layers past the model's (MTP blocks, skipped).
 pub fn map_in(gguf: &str, h: &Hparams) -> Option<Mapped> {
+    if h.arch == GgufArch::Gemma4 {
+        return super::gemma4::map(gguf);
+    }
     if let Some(l) = &h.linear
         && let Some(m) = hybrid::map(gguf, h, l)
     {

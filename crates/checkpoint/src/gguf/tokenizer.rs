@@ -109,7 +109,8 @@ pub fn build(g: &GgufFile, model_max_length: u64) -> Result<HfTokenizer> {
     let unk = token_id("tokenizer.ggml.unknown_token_id")?;
     let pad = token_id("tokenizer.ggml.padding_token_id")?;
     let is_spm = match model {
-        "llama" => true,
+        // Gemma 4's: SentencePiece's pieces and byte fallback, its BPE merges stored.
+        "llama" | "gemma4" => true,
         "gpt2" => false,
         other => {
             return Err(gguf_err(format!(
@@ -212,7 +213,13 @@ pub fn build(g: &GgufFile, model_max_length: u64) -> Result<HfTokenizer> {
                 "model".into(),
                 bpe_model(
                     vocab_map(&vocab.tokens),
-                    Value::Array(spm_merges(&vocab)?),
+                    Value::Array(match (model, g.get_array("tokenizer.ggml.merges")?) {
+                        ("gemma4", Some(m)) => m
+                            .iter()
+                            .filter_map(|v| v.as_str().map(|s| Value::String(s.to_string())))
+                            .collect(),
+                        _ => spm_merges(&vocab)?,
+                    }),
                     tok_str(unk).or_else(|| Some("<unk>".into())),
                     true,
                     false,

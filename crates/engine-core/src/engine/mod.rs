@@ -230,15 +230,23 @@ impl<B: Backend> Engine<B> {
             (None, None) => KvCacheConfig::blocks_for_budget(c, kv_dtype.size(), kv_budget).max(1),
         };
         let cfg = KvCacheConfig::new(c, num_blocks, kv_dtype);
-        let kv = match window_pools(c, opts, &backend, device_share.is_some(), cfg) {
-            Some((window, global_blocks, local)) => {
+        let pools = model.kv_pools();
+        let kv = match (
+            pools,
+            window_pools(c, opts, &backend, device_share.is_some(), cfg),
+        ) {
+            (Some((geometry, local)), _) => {
+                let share = device_share.is_some();
+                crate::model::geometry_kv(&backend, c, opts, share, cfg, geometry, local)?
+            }
+            (None, Some((window, global_blocks, local))) => {
                 let cfg = KvCacheConfig {
                     num_blocks: global_blocks,
                     ..cfg
                 };
                 KvCache::with_window(&backend, cfg, window, local)?
             }
-            None => KvCache::new(&backend, cfg)?,
+            (None, None) => KvCache::new(&backend, cfg)?,
         };
         let kv = match states {
             Some(s) => kv.with_states(&backend, s)?,
@@ -301,10 +309,12 @@ impl<B: Backend> Engine<B> {
         };
         let window = self.kv.window.take();
         let states = self.kv.state_cfg;
+        let geometry = self.kv.geometry.take();
         self.kv = KvCache::empty(self.kv.cfg);
-        self.kv = match window {
-            Some((w, local)) => KvCache::with_window(&self.backend, cfg, w, local)?,
-            None => KvCache::new(&self.backend, cfg)?,
+        self.kv = match (geometry, window) {
+            (Some(g), w) => KvCache::with_geometry(&self.backend, cfg, w, g)?,
+            (None, Some((w, local))) => KvCache::with_window(&self.backend, cfg, w, local)?,
+            (None, None) => KvCache::new(&self.backend, cfg)?,
         };
         if let Some(s) = states {
             self.kv = std::mem::replace(&mut self.kv, KvCache::empty(cfg))

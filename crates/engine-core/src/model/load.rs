@@ -98,6 +98,9 @@ impl<B: Backend> Model<B> {
         st: &WeightSource,
         dtype: DType,
     ) -> Result<Self> {
+        if config.gemma4.is_some() {
+            return Self::load_gemma4(backend, config, st, dtype);
+        }
         let c = &config;
         let h = c.hidden_size;
         let formats = std::cell::RefCell::new(BTreeSet::new());
@@ -276,6 +279,7 @@ impl<B: Backend> Model<B> {
             vision,
             vision_device: None,
             head: None,
+            gemma4: None,
         })
     }
 }
@@ -284,7 +288,7 @@ impl<B: Backend> Model<B> {
 /// text weights under `model.language_model.`; the published checkpoints under `model.`, or
 /// (Gemma 3's) `language_model.model.`; an embedding model saved from the base model
 /// (Qwen3-Embedding) with no prefix.
-fn text_prefix(st: &WeightSource) -> &'static str {
+pub(super) fn text_prefix(st: &WeightSource) -> &'static str {
     [
         "model.",
         "model.language_model.",

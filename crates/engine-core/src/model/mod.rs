@@ -1,6 +1,7 @@
 //! The Llama-family transformer (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2, their mixtures of
 //! experts, and Gemma 3's variations on it), written once against [`Backend`].
 
+mod gemma4;
 mod linear_attn;
 mod load;
 mod mla;
@@ -20,6 +21,7 @@ use crate::moe::MoeLayer;
 use crate::state::StateConfig;
 use linear_attn::LinearAttn;
 
+pub use gemma4::geometry_kv;
 pub use load::LoadOptions;
 
 pub(crate) struct Layer<B: Backend> {
@@ -126,6 +128,8 @@ pub struct Model<B: Backend> {
     pub vision_device: Option<B::Vision>,
     /// An embedding or scoring model's host head (Dense modules, Qwen3-Reranker's yes/no).
     pub head: Option<crate::pooler::HostHead>,
+    /// Gemma 4's layers and what it adds (then `layers` is empty).
+    gemma4: Option<gemma4::Gemma4Layers<B>>,
 }
 
 impl<W, X> Mlp<W, X> {
@@ -180,6 +184,9 @@ pub struct KvCache<B: Backend> {
     /// The linear-attention layers' recurrent states, and their slots.
     pub state_cfg: Option<StateConfig>,
     states: Vec<B::State>,
+    /// Per pool, its (KV heads, head width) where pools differ (Gemma 4's global layers);
+    /// None: every pool is `cfg`'s.
+    pub geometry: Option<Vec<(usize, usize)>>,
 }
 
 impl<B: Backend> KvCache<B> {
@@ -191,6 +198,7 @@ impl<B: Backend> KvCache<B> {
             layers,
             state_cfg: None,
             states: Vec::new(),
+            geometry: None,
         })
     }
 
@@ -252,6 +260,7 @@ impl<B: Backend> KvCache<B> {
             layers,
             state_cfg: None,
             states: Vec::new(),
+            geometry: None,
         })
     }
 
@@ -263,11 +272,66 @@ impl<B: Backend> KvCache<B> {
             layers: Vec::new(),
             state_cfg: None,
             states: Vec::new(),
+            geometry: None,
+        }
+    }
+
+    /// Pools of `geometry` (per pool: KV heads, head width), `cfg.num_blocks` each or, where
+    /// `window` marks a pool local, the window's: Gemma 4's layers of two widths.
+    pub fn with_geometry(
+        backend: &B,
+        cfg: KvCacheConfig,
+        window: Option<(KvWindow, Vec<bool>)>,
+        geometry: Vec<(usize, usize)>,
+    ) -> Result<Self> {
+        let mut kv = KvCache {
+            window,
+            geometry: Some(geometry),
+            ..KvCache::empty(cfg)
+        };
+        kv.layers = (0..kv.pools())
+            .map(|i| {
+                let c = kv.pool_cfg(i);
+                Ok((backend.alloc_kv(&c)?, backend.alloc_kv(&c)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(kv)
+    }
+
+    fn pools(&self) -> usize {
+        self.geometry.as_ref().map_or(self.cfg.num_layers, Vec::len)
+    }
+
+    /// Pool `i`'s geometry and block count.
+    pub fn pool_cfg(&self, i: usize) -> KvCacheConfig {
+        let (num_kv_heads, head_dim) = self
+            .geometry
+            .as_ref()
+            .map_or((self.cfg.num_kv_heads, self.cfg.head_dim), |g| g[i]);
+        let num_blocks = match &self.window {
+            Some((w, local)) if local[i] => w.blocks,
+            _ => self.cfg.num_blocks,
+        };
+        KvCacheConfig {
+            num_blocks,
+            num_kv_heads,
+            head_dim,
+            num_layers: 1,
+            ..self.cfg
         }
     }
 
     /// Bytes of every pool and state slot.
     pub fn bytes(&self) -> usize {
+        if self.geometry.is_some() {
+            let pools: usize = (0..self.pools())
+                .map(|i| {
+                    let c = self.pool_cfg(i);
+                    c.num_blocks * c.layer_block_bytes()
+                })
+                .sum();
+            return pools + self.state_cfg.map_or(0, |c| c.bytes());
+        }
         let per_block = self.cfg.layer_block_bytes();
         let local = self.local_layers();
         (self.cfg.num_blocks * (self.cfg.num_layers - local)
@@ -278,6 +342,17 @@ impl<B: Backend> KvCache<B> {
 
     /// The global layers' blocks that `budget` bytes hold beside the window pools.
     pub fn global_blocks_for(&self, budget: usize) -> usize {
+        if self.geometry.is_some() {
+            let (mut window, mut global) = (0, 0);
+            for i in 0..self.pools() {
+                let c = self.pool_cfg(i);
+                match self.in_window_pool(i) {
+                    true => window += c.num_blocks * c.layer_block_bytes(),
+                    false => global += c.layer_block_bytes(),
+                }
+            }
+            return budget.saturating_sub(window) / global.max(1);
+        }
         let window_blocks = self.window.as_ref().map_or(0, |(w, _)| w.blocks);
         self.cfg
             .global_blocks(budget, window_blocks, self.local_layers())
@@ -309,9 +384,13 @@ impl<B: Backend> KvCache<B> {
             if self.in_window_pool(i) != window {
                 continue;
             }
+            let c = match self.geometry {
+                Some(_) => self.pool_cfg(i),
+                None => self.cfg,
+            };
             let (k, v) = &mut self.layers[i];
-            backend.copy_blocks(k, &self.cfg, pairs)?;
-            backend.copy_blocks(v, &self.cfg, pairs)?;
+            backend.copy_blocks(k, &c, pairs)?;
+            backend.copy_blocks(v, &c, pairs)?;
         }
         Ok(())
     }
@@ -323,6 +402,11 @@ impl<B: Backend> Model<B> {
     /// mixture of experts, the router and `top_k` experts (a token reads no others).
     pub fn weight_bytes(&self, backend: &B) -> usize {
         self.step_weight_bytes(backend, 1)
+    }
+
+    /// Gemma 4's K/V pools: their geometry and which are local (None for other models).
+    pub fn kv_pools(&self) -> Option<gemma4::KvPools> {
+        self.gemma4.as_ref().map(|g| g.pools(&self.config))
     }
 
     /// Bytes a decode step of `tokens` tokens streams: [`Self::weight_bytes`], with the experts
@@ -342,7 +426,11 @@ impl<B: Backend> Model<B> {
                     + l.mlp.bytes(&w, Some(tokens))
             })
             .sum();
-        layers + w(self.lm_head.as_ref().unwrap_or(&self.embed))
+        let gemma4 = self
+            .gemma4
+            .as_ref()
+            .map_or(0, |g| g.bytes(&w, Some(tokens)));
+        layers + gemma4 + w(self.lm_head.as_ref().unwrap_or(&self.embed))
     }
 
     /// Bytes of every weight held on the device.
@@ -361,7 +449,8 @@ impl<B: Backend> Model<B> {
                     + l.mlp.bytes(&w, None)
             })
             .sum();
-        layers + w(&self.embed) + opt(&self.lm_head) + w(&self.final_norm)
+        let gemma4 = self.gemma4.as_ref().map_or(0, |g| g.bytes(&w, None));
+        layers + gemma4 + w(&self.embed) + opt(&self.lm_head) + w(&self.final_norm)
     }
 
     fn qkv_layout(&self) -> QkvLayout {
@@ -403,6 +492,9 @@ impl<B: Backend> Model<B> {
         embeds: Option<&InputEmbeds>,
         pool_rows: usize,
     ) -> Result<PooledForward<B>> {
+        if let Some(g) = &self.gemma4 {
+            return g.forward(self, backend, layout, step, kv, embeds, pool_rows);
+        }
         let c = &self.config;
         let n = layout.num_tokens();
         let hidden = c.hidden_size;

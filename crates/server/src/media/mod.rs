@@ -154,8 +154,9 @@ pub fn load_all(
     }
     let setup = setup.ok_or_else(|| {
         ApiError::validation(
-            "this model takes no images or video: send text only, or serve a vision-language \
-             model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)",
+            "this model takes no images or video (Gemma 3's and Gemma 4's vision towers are \
+             not served yet: their language models are): send text only, or serve a \
+             vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5)",
         )
         .with_param("messages")
     })?;

@@ -1,0 +1,481 @@
+//! Gemma 4 (text) on the CPU against HF transformers: tiny random checkpoints in the shapes
+//! of gemma-4-E2B (per-layer embeddings, K/V shared by the last layers, double-wide MLPs) and
+//! gemma-4-26B-A4B (K = V on the global layers, experts beside the MLP), both with local and
+//! global layers of different head widths and soft-capped logits, and what transformers
+//! computed with them on six prompts (`tests/fixtures/gemma4/generate.py`).
+//! - Prompt logits within f32 tolerance at every position of every prompt (and bf16, looser);
+//!   32 greedy tokens of all six decoded together equal to transformers'.
+//! - Chunked prefill cutting every prompt beside the others, a prefix-cache hit, and the local
+//!   layers in window pools: the same bits as each prompt alone and whole.
+//! - The config: both spellings of the global layers' geometry, the K/V pools' widths.
+
+mod hf_fixture;
+
+use std::path::{Path, PathBuf};
+
+use hf_fixture::{
+    BF16_TOL, F32_TOL, argmax, blocks, chunk, hybrid_refs as refs, rel_diff, run_on_window_pools,
+    with_config,
+};
+use lmi_engine::engine::{EngineOptions, StepEngine};
+use lmi_engine::{DType, Engine, KvWindow, LogitsWanted, ModelConfig};
+
+const VARIANTS: [&str; 2] = ["e2b", "a4b"];
+/// bf16 against transformers in f32, the median position of the mixture of experts (as
+/// hybrid.rs's): a bf16-rounded router input flips a token between close experts, which moves
+/// its logits far more than rounding does (measured 5.0e-2); a wrong weight moves every
+/// position by the logits' own size.
+const BF16_MEDIAN_TOL: f32 = 1e-1;
+/// Q8_0 weights served as stored against transformers in f32, the median position: these
+/// random models amplify weight rounding (the MoE's sharp routers flip experts; as
+/// hybrid.rs's, measured 4.3e-2 e2b, 1.3e-1 a4b); a wrong weight or name moves every position
+/// by the logits' own size.
+const Q8_MEDIAN_TOL: f32 = 2e-1;
+/// Q8_0 as stored against the same Q8_0 weights read into f32 (8-bit activations in the
+/// products, bf16 K/V), the median position (measured 6.0e-3 e2b, 2.5e-2 a4b, whose sharp
+/// routers turn a few activations' rounding into expert flips).
+const Q8_KERNEL_TOL: f32 = 5e-2;
+
+fn fixture(name: &str) -> PathBuf {
+    hf_fixture::fixture("gemma4", name)
+}
+
+fn load(dir: &Path, dtype: DType) -> Engine<lmi_engine::cpu::CpuBackend> {
+    hf_fixture::load(dir, dtype)
+}
+
+fn config(name: &str) -> ModelConfig {
+    ModelConfig::from_file(&fixture(name).join("config.json")).unwrap()
+}
+
+/// Every position's logits of `p`, prefilled alone at once.
+fn prompt_logits(e: &mut Engine<lmi_engine::cpu::CpuBackend>, p: &[u32]) -> Vec<Vec<f32>> {
+    let out = e
+        .forward_logits(&[chunk(p, 0, &blocks(0, p.len()), LogitsWanted::All)])
+        .unwrap();
+    (0..p.len()).map(|t| out.row(t).to_vec()).collect()
+}
+
+#[test]
+fn the_configs_read_gemma4s_layers() {
+    let c = config("e2b");
+    let g = c.gemma4.as_ref().unwrap();
+    let w = c.sliding_window.as_ref().unwrap();
+    assert_eq!(w.size, 8);
+    assert_eq!(w.local, [true, true, true, false, true, true, false]);
+    assert_eq!((c.head_dim, c.num_kv_heads), (16, 1));
+    assert_eq!(
+        (g.global_head_dim, g.global_kv_heads, g.k_eq_v),
+        (32, 1, false)
+    );
+    // The last three layers read layers 2 (local) and 3 (global).
+    assert_eq!(g.kv_source, [0, 1, 2, 3, 2, 2, 3]);
+    assert_eq!((g.ple_dim, g.ple_vocab, g.double_wide_mlp), (8, 320, true));
+    assert_eq!(g.final_logit_softcapping, Some(30.0));
+    assert_eq!((w.rope_theta, c.rope_theta), (Some(10_000.0), 1_000_000.0));
+    assert_eq!(c.attention_scale(), 1.0);
+    // Proportional RoPE: 4 of the 16 pairs turn, at frequencies over the whole 32.
+    let f = g.global_inv_freq(c.rope_theta);
+    assert_eq!(f.len(), 16);
+    assert_eq!(f[1], 1.0 / 1_000_000f64.powf(2.0 / 32.0));
+    assert!(f[3] > 0.0 && f[4..].iter().all(|&x| x == 0.0));
+    // Four layers keep K/V: three local of 1 × 16, one global of 1 × 32.
+    assert_eq!(c.num_attention_layers(), 4);
+    assert_eq!(c.kv_pool_geometry(), [(1, 16), (1, 16), (1, 16), (1, 32)]);
+    assert_eq!(c.kv_elems_per_token(), 2 * (3 * 16 + 32));
+
+    let c = config("a4b");
+    let g = c.gemma4.as_ref().unwrap();
+    assert_eq!(
+        (g.global_head_dim, g.global_kv_heads, g.k_eq_v),
+        (32, 1, true)
+    );
+    assert_eq!(g.ple_dim, 0);
+    assert_eq!(g.kv_source, (0..6).collect::<Vec<_>>());
+    let m = c.moe.as_ref().unwrap();
+    assert_eq!(
+        (m.num_experts, m.top_k, m.expert_intermediate_size),
+        (8, 2, 32)
+    );
+    assert_eq!(
+        c.kv_pool_geometry(),
+        [(2, 16), (2, 16), (2, 16), (2, 16), (2, 16), (1, 32)]
+    );
+}
+
+/// transformers 5.25 writes the global layers' geometry as `per_layer_config` (the published
+/// configs as `global_head_dim` / `num_global_key_value_heads`): both read alike.
+#[test]
+fn per_layer_config_reads_as_the_published_fields() {
+    for name in VARIANTS {
+        let dir = fixture(name);
+        let want = config(name);
+        let tmp = with_config(&dir, |c| {
+            let tc = c["text_config"].as_object_mut().unwrap();
+            let d = tc.remove("global_head_dim").unwrap();
+            let kv = tc.remove("num_global_key_value_heads").unwrap();
+            let mut over = serde_json::json!({ "head_dim": d });
+            if !kv.is_null() {
+                over["num_key_value_heads"] = kv;
+            }
+            let types = tc["layer_types"].as_array().unwrap().clone();
+            let per_layer: serde_json::Map<String, serde_json::Value> = types
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.as_str() == Some("full_attention"))
+                .map(|(i, _)| (i.to_string(), over.clone()))
+                .collect();
+            tc.insert("per_layer_config".into(), per_layer.into());
+        });
+        let got = ModelConfig::from_file(&tmp.path().join("config.json")).unwrap();
+        assert_eq!(got, want, "{name}");
+    }
+}
+
+#[test]
+fn prompt_logits_match_transformers_in_f32_and_bf16() {
+    for name in VARIANTS {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        for dtype in [DType::F32, DType::BF16] {
+            let mut e = load(&dir, dtype);
+            let mut diffs: Vec<f32> = Vec::new();
+            for (p, theirs) in r.prompts.iter().zip(&r.prompt_logits) {
+                let ours = prompt_logits(&mut e, p);
+                diffs.extend(ours.iter().zip(theirs).map(|(a, b)| rel_diff(a, b)));
+            }
+            diffs.sort_by(f32::total_cmp);
+            let (median, worst) = (diffs[diffs.len() / 2], diffs[diffs.len() - 1]);
+            eprintln!("{name} {dtype}: within {worst:.2e} of transformers (median {median:.2e})");
+            match dtype {
+                DType::F32 => assert!(worst < F32_TOL, "{name} f32: logits differ by {worst}"),
+                _ => {
+                    let bound = if name == "e2b" {
+                        BF16_TOL
+                    } else {
+                        BF16_MEDIAN_TOL
+                    };
+                    assert!(median < bound, "{name} bf16: median difference {median}");
+                }
+            }
+        }
+    }
+}
+
+/// The six prompts prefilled in one step, then one token each per step: every step's logits
+/// within f32 tolerance of transformers' and the tokens its greedy ones.
+#[test]
+fn greedy_tokens_match_transformers_decoding_all_six_together() {
+    for name in VARIANTS {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        let mut e = load(&dir, DType::F32);
+        let tables: Vec<Vec<u32>> = (0..r.prompts.len())
+            .map(|i| blocks(8 * i as u32 + 1, 8 * 16))
+            .collect();
+        let chunks: Vec<_> = r
+            .prompts
+            .iter()
+            .zip(&tables)
+            .map(|(p, t)| chunk(p, 0, t, LogitsWanted::Last))
+            .collect();
+        let out = e.forward_logits(&chunks).unwrap();
+        let mut next: Vec<u32> = (0..chunks.len()).map(|i| argmax(out.row(i))).collect();
+        let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); chunks.len()];
+        for step in 0..32 {
+            let chunks: Vec<_> = (0..next.len())
+                .map(|i| {
+                    tokens[i].push(next[i]);
+                    let pos = r.prompts[i].len() + step;
+                    chunk(&[next[i]], pos, &tables[i], LogitsWanted::Last)
+                })
+                .collect();
+            let out = e.forward_logits(&chunks).unwrap();
+            for (i, n) in next.iter_mut().enumerate() {
+                let pos = r.prompts[i].len() + step;
+                let d = rel_diff(out.row(i), &r.full_logits[i][pos]);
+                assert!(
+                    d < F32_TOL,
+                    "{name} prompt {i} step {step}: logits differ by {d}"
+                );
+                *n = argmax(out.row(i));
+            }
+        }
+        assert_eq!(tokens, r.greedies, "{name}: greedy tokens differ");
+    }
+}
+
+/// Prefill in chunks of 5 tokens beside the other prompts (every prompt cut): the same bits as
+/// each prompt prefilled alone and whole (batch invariance).
+#[test]
+fn chunked_prefill_beside_others_gives_the_same_bits() {
+    for name in VARIANTS {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        let mut e = load(&dir, DType::F32);
+        let whole: Vec<Vec<Vec<f32>>> =
+            r.prompts.iter().map(|p| prompt_logits(&mut e, p)).collect();
+        let mut e = load(&dir, DType::F32);
+        let n = r.prompts.len();
+        let tables: Vec<Vec<u32>> = (0..n).map(|i| blocks(4 * i as u32 + 7, 64)).collect();
+        let mut cut: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
+        let longest = r.prompts.iter().map(Vec::len).max().unwrap();
+        for start in (0..longest).step_by(5) {
+            let live: Vec<usize> = (0..n).filter(|&i| start < r.prompts[i].len()).collect();
+            let chunks: Vec<_> = live
+                .iter()
+                .map(|&i| {
+                    let p = &r.prompts[i];
+                    let end = (start + 5).min(p.len());
+                    chunk(&p[start..end], start, &tables[i], LogitsWanted::All)
+                })
+                .collect();
+            let out = e.forward_logits(&chunks).unwrap();
+            let mut row = 0;
+            for (&i, c) in live.iter().zip(&chunks) {
+                for _ in 0..c.tokens.len() {
+                    cut[i].push(out.row(row).to_vec());
+                    row += 1;
+                }
+            }
+        }
+        assert_eq!(cut, whole, "{name}: chunked prefill changed the logits");
+    }
+}
+
+/// A prefix-cache hit: a second sequence with the first 32 tokens of the longest prompt
+/// reuses its two K/V blocks (every pool's, the shared layers' readers included) and
+/// prefills only the rest: the cold run's logits, bit for bit; and so from copies of them.
+#[test]
+fn a_prefix_cache_hit_gives_the_cold_runs_bits() {
+    for name in VARIANTS {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        let p = &r.prompts[5];
+        assert!(p.len() > 32);
+        let mut e = load(&dir, DType::F32);
+        let cold = prompt_logits(&mut e, p);
+        let mut e = load(&dir, DType::F32);
+        // Another sequence holding p's first 32 tokens, then something else, fills blocks 10, 11.
+        let mut first: Vec<u32> = p[..32].to_vec();
+        first.extend([5, 6, 7]);
+        e.forward_logits(&[chunk(&first, 0, &[10, 11, 12], LogitsWanted::Last)])
+            .unwrap();
+        let table = [10, 11, 30];
+        let out = e
+            .forward_logits(&[chunk(&p[32..], 32, &table, LogitsWanted::All)])
+            .unwrap();
+        for (t, want) in cold.iter().enumerate().skip(32) {
+            assert_eq!(out.row(t - 32), &want[..], "{name}: position {t}");
+        }
+        // The same from copies of the two blocks (copy-on-write: each pool at its own width).
+        e.copy_blocks(&[(10, 20), (11, 21)]).unwrap();
+        let out = e
+            .forward_logits(&[chunk(&p[32..], 32, &[20, 21, 40], LogitsWanted::All)])
+            .unwrap();
+        for (t, want) in cold.iter().enumerate().skip(32) {
+            assert_eq!(out.row(t - 32), &want[..], "{name}: copied, position {t}");
+        }
+    }
+}
+
+/// The local layers' K/V in window pools (blocks given back as the window leaves them and
+/// handed out again): every position's logits the bits of the engine with one table.
+#[test]
+fn local_layers_in_window_pools_give_the_same_bits() {
+    for name in VARIANTS {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        let seq: Vec<u32> = r.prompts[4].iter().chain(&r.greedies[4]).copied().collect();
+        let alone = load(&dir, DType::F32)
+            .forward_logits(&[chunk(&seq, 0, &blocks(0, seq.len()), LogitsWanted::All)])
+            .unwrap();
+        let mut e = hf_fixture::load_windowed(&dir);
+        let w = e.kv_window().expect("window pools for the local layers");
+        assert_eq!(w, KvWindow { blocks: 8, size: 8 });
+        run_on_window_pools(&mut e, w, &seq, &alone, &[5, 11]);
+    }
+}
+
+/// The fixtures decide what is new: without the window, the soft-capping or the per-layer
+/// inputs' own table the logits leave transformers'.
+#[test]
+fn without_gemma4s_pieces_the_logits_differ() {
+    let dir = fixture("e2b");
+    let r = refs(&dir);
+    let seq: Vec<u32> = r.prompts[5].iter().chain(&r.greedies[5]).copied().collect();
+    let want = &r.full_logits[5];
+    let last = seq.len() - 1;
+    let ours = hf_fixture::sequence_logits(&mut load(&dir, DType::F32), &seq);
+    assert!(rel_diff(&ours[last], &want[last]) < F32_TOL);
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 3] = [
+        ("window", |c| {
+            c["text_config"]["sliding_window"] = 512.into()
+        }),
+        ("soft-capping", |c| {
+            c["text_config"]["final_logit_softcapping"] = serde_json::Value::Null
+        }),
+        ("shared K/V", |c| {
+            c["text_config"]["num_kv_shared_layers"] = 0.into()
+        }),
+    ];
+    for (what, edit) in edits {
+        let tmp = with_config(&dir, edit);
+        let opts = EngineOptions {
+            dtype: Some(DType::F32),
+            kv_blocks: Some(64),
+            ..Default::default()
+        };
+        match lmi_engine::load_cpu(tmp.path(), &opts) {
+            Ok(mut e) => {
+                let got = hf_fixture::sequence_logits(&mut e, &seq);
+                let d = rel_diff(&got[last], &want[last]);
+                assert!(d > 1e-3, "without the {what} nothing changed ({d})");
+            }
+            // Without sharing, the last layers' K projections are missing: refused by name.
+            Err(e) => assert!(e.to_string().contains("k_proj"), "{what}: {e}"),
+        }
+    }
+}
+
+/// A checkpoint with a vision tower beside the language model (as every published Gemma 4
+/// has): its text model is served, the tower not read, and the model takes no media.
+#[test]
+fn a_checkpoint_with_a_vision_tower_serves_its_text_model() {
+    let dir = fixture("a4b");
+    let r = refs(&dir);
+    let tmp = with_config(&dir, |c| {
+        c["vision_config"] = serde_json::json!({"model_type": "gemma4_vision", "hidden_size": 16});
+    });
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let extra = vec![0u8; 16 * 4];
+    let mut tensors: Vec<(String, safetensors::tensor::TensorView<'_>)> =
+        st.tensors().into_iter().collect();
+    tensors.push((
+        "model.vision_tower.encoder.layers.0.mlp.down_proj.linear.weight".into(),
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![16], &extra).unwrap(),
+    ));
+    safetensors::serialize_to_file(tensors, None, &tmp.path().join("model.safetensors")).unwrap();
+    let c = ModelConfig::from_file(&tmp.path().join("config.json")).unwrap();
+    assert!(c.vision.is_none());
+    let mut e = load(tmp.path(), DType::F32);
+    let got = prompt_logits(&mut e, &r.prompts[0]);
+    for (t, row) in got.iter().enumerate() {
+        let d = rel_diff(row, &r.prompt_logits[0][t]);
+        assert!(d < F32_TOL, "position {t}: {d}");
+    }
+}
+
+/// The KV budget buys blocks by each pool's width: 2 · (3 · 16 + 32) f32 per token across
+/// the four pools that keep K/V (the three that share keep none).
+#[test]
+fn the_kv_budget_counts_each_pools_width() {
+    let per_block = 2 * (3 * 16 + 32) * 16 * 4;
+    let opts = EngineOptions {
+        dtype: Some(DType::F32),
+        kv_cache_bytes: 100 * per_block + 7,
+        window_pools: false,
+        ..Default::default()
+    };
+    let e = lmi_engine::load_cpu(&fixture("e2b"), &opts).unwrap();
+    assert_eq!(e.num_blocks(), 100);
+}
+
+/// The fixture's model with its weights read from llama.cpp's GGUF of it (`convert_gguf.py`):
+/// in f32 (`dtype`), or as stored (None).
+fn load_gguf(dir: &Path, gguf: &Path, dtype: Option<DType>) -> Engine<lmi_engine::cpu::CpuBackend> {
+    let opts = EngineOptions {
+        dtype,
+        gguf: Some(gguf.to_path_buf()),
+        kv_blocks: Some(64),
+        ..Default::default()
+    };
+    lmi_engine::load_cpu(dir, &opts).unwrap()
+}
+
+/// llama.cpp's converter's files (`gemma4`): their metadata read back as the fixtures'
+/// config.json (what `lmi convert` writes), and their weights giving transformers' logits at
+/// every position of the six prompts and their greedy tokens in f32; requantized to Q8_0 and
+/// served as stored, within Q8_0's error.
+#[test]
+fn llama_cpp_gguf_files_match_transformers() {
+    for name in VARIANTS {
+        let dir = fixture(name);
+        let gguf = dir.join("model.f32.gguf");
+        let file = lmi_checkpoint::gguf::GgufFile::open(&gguf).unwrap();
+        let h = lmi_checkpoint::gguf::hparams::read(&file).unwrap();
+        let json = lmi_checkpoint::gguf::hparams::config_json(&h, DType::F32);
+        let mut ours = ModelConfig::from_json(&json.to_string()).unwrap();
+        let theirs = config(name);
+        assert_eq!(ours.architecture, theirs.architecture);
+        ours.torch_dtype = theirs.torch_dtype.clone();
+        assert_eq!(
+            ours, theirs,
+            "{name}: the GGUF's metadata read as another config"
+        );
+
+        let r = refs(&dir);
+        let tmp = tempfile::tempdir().unwrap();
+        let q8 = tmp.path().join("q8_0.gguf");
+        lmi_checkpoint::gguf::writer::requantize(&gguf, &q8, lmi_checkpoint::quant::QType::Q8_0)
+            .unwrap();
+        let mut e = load_gguf(&dir, &gguf, Some(DType::F32));
+        let mut q8_stored = load_gguf(&dir, &q8, None);
+        let mut q8_f32 = load_gguf(&dir, &q8, Some(DType::F32));
+        let (mut worst, mut q8_diffs, mut kernel_diffs) = (0f32, Vec::new(), Vec::new());
+        for (i, p) in r.prompts.iter().enumerate() {
+            let seq: Vec<u32> = p.iter().chain(&r.greedies[i]).copied().collect();
+            let got = hf_fixture::sequence_logits(&mut e, &seq);
+            let stored = hf_fixture::sequence_logits(&mut q8_stored, &seq);
+            let in_f32 = hf_fixture::sequence_logits(&mut q8_f32, &seq);
+            for (t, row) in got.iter().enumerate() {
+                worst = worst.max(rel_diff(row, &r.full_logits[i][t]));
+                q8_diffs.push(rel_diff(&stored[t], &r.full_logits[i][t]));
+                kernel_diffs.push(rel_diff(&stored[t], &in_f32[t]));
+                if t + 1 >= p.len() && t + 1 < seq.len() {
+                    assert_eq!(
+                        argmax(row),
+                        seq[t + 1],
+                        "{name} prompt {i}: token {}",
+                        t + 1
+                    );
+                }
+            }
+        }
+        let median = |v: &mut Vec<f32>| {
+            v.sort_by(f32::total_cmp);
+            v[v.len() / 2]
+        };
+        let (q8, kernel) = (median(&mut q8_diffs), median(&mut kernel_diffs));
+        eprintln!(
+            "{name}: f32 GGUF within {worst:.2e} of transformers; Q8_0 as stored median \
+             {q8:.2e} from transformers, {kernel:.2e} from its weights in f32"
+        );
+        assert!(worst < F32_TOL, "{name}: GGUF logits differ by {worst}");
+        assert!(q8 < Q8_MEDIAN_TOL, "{name} Q8_0: median {q8}");
+        assert!(
+            kernel < Q8_KERNEL_TOL,
+            "{name} Q8_0 kernels: median {kernel}"
+        );
+    }
+}
+
+/// A GGUF served as `lmi serve --model FILE.gguf` does (config.json and tokenizer.json built
+/// from the file's metadata, weights from the file): transformers' prompt logits.
+#[test]
+fn a_gguf_served_alone_gives_transformers_logits() {
+    for name in VARIANTS {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        let (_tmp, mut e) = hf_fixture::load_gguf(&dir.join("model.f32.gguf"), Some(DType::F32));
+        for (p, want) in r.prompts.iter().zip(&r.prompt_logits) {
+            let got = prompt_logits(&mut e, p);
+            for (t, row) in got.iter().enumerate() {
+                let d = rel_diff(row, &want[t]);
+                assert!(d < F32_TOL, "{name}: position {t} differs by {d}");
+            }
+        }
+    }
+}
