@@ -1,0 +1,153 @@
+//! FP8 block-wise checkpoints of the DeepSeek-style models (DeepSeek-V3, GLM-4.7-Flash,
+//! GLM-4.5, MiniMax-M2) as their published FP8 repositories lay them out
+//! (`tests/fixtures/fp8_moe/generate.py`): F8_E4M3 projections with per-block
+//! `weight_scale_inv` (MLA's kv_b_proj among them, split per head after dequantization; the
+//! routed experts one tensor per expert), norms, router, correction bias, embeddings and
+//! lm_head unquantized. Dequantized at load, they must compute what transformers computes
+//! with `FineGrainedFP8Config(dequantize=True)`: prompt logits of six prompts within f32
+//! tolerance (bf16 looser), and 32 greedy tokens of all six decoded together.
+
+mod hf_fixture;
+
+use std::path::{Path, PathBuf};
+
+use hf_fixture::{
+    BF16_TOL, F32_TOL, argmax, blocks, chunk, hybrid_refs as refs, rel_diff, with_config,
+};
+use lmi_engine::engine::EngineOptions;
+use lmi_engine::{DType, Engine, LogitsWanted};
+
+const MODELS: [&str; 4] = ["deepseek_v3_moe", "glm4_moe_lite", "glm4_moe", "minimax_m2"];
+
+fn fixture(name: &str) -> PathBuf {
+    hf_fixture::fixture("fp8_moe", name)
+}
+
+fn opts(dtype: DType) -> EngineOptions {
+    EngineOptions {
+        dtype: Some(dtype),
+        kv_blocks: Some(96),
+        ..Default::default()
+    }
+}
+
+fn load(dir: &Path, dtype: DType) -> Engine<lmi_engine::cpu::CpuBackend> {
+    lmi_engine::load_cpu(dir, &opts(dtype)).unwrap()
+}
+
+#[test]
+fn prompt_logits_match_transformers_dequantized_fp8() {
+    for name in MODELS {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        for (dtype, tol) in [(DType::F32, F32_TOL), (DType::BF16, BF16_TOL)] {
+            let mut e = load(&dir, dtype);
+            let mut diffs: Vec<f32> = Vec::new();
+            for (p, theirs) in r.prompts.iter().zip(&r.prompt_logits) {
+                let out = e
+                    .forward_logits(&[chunk(p, 0, &blocks(0, p.len()), LogitsWanted::All)])
+                    .unwrap();
+                diffs.extend((0..p.len()).map(|t| rel_diff(out.row(t), &theirs[t])));
+            }
+            diffs.sort_by(f32::total_cmp);
+            let (median, worst) = (diffs[diffs.len() / 2], diffs[diffs.len() - 1]);
+            eprintln!("{name} {dtype}: within {worst:.2e} of transformers (median {median:.2e})");
+            match dtype {
+                DType::F32 => assert!(worst < tol, "{name} f32: prompt logits differ by {worst}"),
+                _ => assert!(median < tol, "{name} bf16: median difference {median}"),
+            }
+        }
+    }
+}
+
+/// One prefill step of all six prompts, then one token per sequence per step: every step's
+/// logits within f32 tolerance of transformers' and the 32 tokens equal to its greedy ones.
+#[test]
+fn greedy_tokens_match_transformers_decoding_all_six_together() {
+    for name in MODELS {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        let mut e = load(&dir, DType::F32);
+        let tables: Vec<Vec<u32>> = (0..r.prompts.len())
+            .map(|i| blocks(16 * i as u32, 16 * 16))
+            .collect();
+        let chunks: Vec<_> = r
+            .prompts
+            .iter()
+            .zip(&tables)
+            .map(|(p, t)| chunk(p, 0, t, LogitsWanted::Last))
+            .collect();
+        let out = e.forward_logits(&chunks).unwrap();
+        let mut next: Vec<u32> = (0..chunks.len()).map(|i| argmax(out.row(i))).collect();
+        let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); chunks.len()];
+        let mut worst = 0f32;
+        for step in 0..32 {
+            let chunks: Vec<_> = (0..next.len())
+                .map(|i| {
+                    tokens[i].push(next[i]);
+                    chunk(
+                        &[next[i]],
+                        r.prompts[i].len() + step,
+                        &tables[i],
+                        LogitsWanted::Last,
+                    )
+                })
+                .collect();
+            let out = e.forward_logits(&chunks).unwrap();
+            for (i, n) in next.iter_mut().enumerate() {
+                let pos = r.prompts[i].len() + step;
+                let d = rel_diff(out.row(i), &r.full_logits[i][pos]);
+                assert!(
+                    d < F32_TOL,
+                    "{name} prompt {i} step {step}: logits differ by {d}"
+                );
+                worst = worst.max(d);
+                *n = argmax(out.row(i));
+            }
+        }
+        eprintln!("{name}: 6 x 32 greedy tokens equal, decode logits within {worst:.2e}");
+        assert_eq!(tokens, r.greedies, "{name}: greedy tokens differ");
+    }
+}
+
+/// A scale gone (MLA's kv_b_proj, which is split per head; one routed expert's down
+/// projection): its FP8 values would be read as weights. The load must refuse, naming it.
+#[test]
+fn a_missing_scale_is_refused_naming_the_weight() {
+    for (name, drop) in [
+        (
+            "deepseek_v3_moe",
+            "model.layers.1.self_attn.kv_b_proj.weight_scale_inv",
+        ),
+        (
+            "glm4_moe",
+            "model.layers.1.mlp.experts.3.down_proj.weight_scale_inv",
+        ),
+        (
+            "minimax_m2",
+            "model.layers.0.block_sparse_moe.experts.5.w2.weight_scale_inv",
+        ),
+    ] {
+        let src = fixture(name);
+        let tmp = with_config(&src, |_| {});
+        let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let kept: Vec<_> = st
+            .tensors()
+            .into_iter()
+            .filter(|(n, _)| n != drop)
+            .collect();
+        assert!(kept.len() < st.len(), "{drop} is in the fixture");
+        safetensors::serialize_to_file(kept, None, &tmp.path().join("model.safetensors")).unwrap();
+        let stem = drop.trim_end_matches(".weight_scale_inv");
+        let stem = stem.rsplit('.').next().unwrap();
+        let msg = match lmi_engine::load_cpu(tmp.path(), &opts(DType::F32)) {
+            Ok(_) => panic!("{name}: loaded without {drop}"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(
+            msg.contains(stem) && msg.contains("F8_E4M3"),
+            "{name}: {msg}"
+        );
+    }
+}
