@@ -17,7 +17,15 @@ use lmi_engine::cuda::CudaBackend;
 use lmi_engine::engine::EngineOptions;
 use lmi_engine::{Backend, DType, Engine, LogitsWanted};
 
-const MODELS: [&str; 4] = ["deepseek_v3_moe", "glm4_moe_lite", "glm4_moe", "minimax_m2"];
+/// `glm4_moe_ct`: GLM-4.5 as zai-org publishes its FP8 (compressed-tensors FP8_DYNAMIC,
+/// per-channel f16 `weight_scale`); the others FP8 with per-block `weight_scale_inv`.
+const MODELS: [&str; 5] = [
+    "deepseek_v3_moe",
+    "glm4_moe_lite",
+    "glm4_moe",
+    "minimax_m2",
+    "glm4_moe_ct",
+];
 
 fn options() -> EngineOptions {
     EngineOptions {

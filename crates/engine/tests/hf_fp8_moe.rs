@@ -1,10 +1,11 @@
 //! FP8 block-wise checkpoints of the DeepSeek-style models (DeepSeek-V3, GLM-4.7-Flash,
 //! GLM-4.5, MiniMax-M2) as their published FP8 repositories lay them out
 //! (`tests/fixtures/fp8_moe/generate.py`): F8_E4M3 projections with per-block
-//! `weight_scale_inv` (MLA's kv_b_proj among them, split per head after dequantization; the
+//! `weight_scale_inv` (or compressed-tensors' per-channel `weight_scale`, as GLM-4.5-FP8;
+//! MLA's kv_b_proj among them, split per head after dequantization; the
 //! routed experts one tensor per expert), norms, router, correction bias, embeddings and
 //! lm_head unquantized. Dequantized at load, they must compute what transformers computes
-//! with `FineGrainedFP8Config(dequantize=True)`: prompt logits of six prompts within f32
+//! with `FineGrainedFP8Config(dequantize=True)` (`CompressedTensorsConfig`): prompt logits of six prompts within f32
 //! tolerance (bf16 looser), and 32 greedy tokens of all six decoded together.
 
 mod hf_fixture;
@@ -17,7 +18,15 @@ use hf_fixture::{
 use lmi_engine::engine::EngineOptions;
 use lmi_engine::{DType, Engine, LogitsWanted};
 
-const MODELS: [&str; 4] = ["deepseek_v3_moe", "glm4_moe_lite", "glm4_moe", "minimax_m2"];
+/// `glm4_moe_ct`: GLM-4.5 as zai-org publishes its FP8 (compressed-tensors FP8_DYNAMIC,
+/// per-channel f16 `weight_scale`); the others FP8 with per-block `weight_scale_inv`.
+const MODELS: [&str; 5] = [
+    "deepseek_v3_moe",
+    "glm4_moe_lite",
+    "glm4_moe",
+    "minimax_m2",
+    "glm4_moe_ct",
+];
 
 fn fixture(name: &str) -> PathBuf {
     hf_fixture::fixture("fp8_moe", name)
@@ -139,7 +148,7 @@ fn a_missing_scale_is_refused_naming_the_weight() {
             .collect();
         assert!(kept.len() < st.len(), "{drop} is in the fixture");
         safetensors::serialize_to_file(kept, None, &tmp.path().join("model.safetensors")).unwrap();
-        let stem = drop.trim_end_matches(".weight_scale_inv");
+        let stem = drop.split(".weight_scale").next().unwrap();
         let stem = stem.rsplit('.').next().unwrap();
         let msg = match lmi_engine::load_cpu(tmp.path(), &opts(DType::F32)) {
             Ok(_) => panic!("{name}: loaded without {drop}"),
