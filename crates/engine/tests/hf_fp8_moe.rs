@@ -49,6 +49,20 @@ fn prompt_logits_match_transformers_dequantized_fp8() {
     for name in MODELS {
         let dir = fixture(name);
         let r = refs(&dir);
+        // The FP8 model is not the unquantized one it was made from: what passes here has
+        // read the FP8 values and their scales, not something close to the source.
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+                .unwrap();
+        let (group, model) = json["source"].as_str().unwrap().split_once('/').unwrap();
+        let source = refs(&hf_fixture::fixture(group, model));
+        assert_eq!(source.prompts, r.prompts);
+        let moved = rel_diff(&source.prompt_logits[0][0], &r.prompt_logits[0][0]);
+        eprintln!("{name}: FP8 moved transformers' first logits row by {moved:.2e} (relative)");
+        assert!(
+            moved > 100.0 * F32_TOL,
+            "{name}: FP8 moved the logits by only {moved}"
+        );
         for (dtype, tol) in [(DType::F32, F32_TOL), (DType::BF16, BF16_TOL)] {
             let mut e = load(&dir, dtype);
             let mut diffs: Vec<f32> = Vec::new();
