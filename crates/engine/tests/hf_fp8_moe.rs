@@ -174,3 +174,84 @@ fn a_missing_scale_is_refused_naming_the_weight() {
         );
     }
 }
+
+/// The published FP8 repositories of DeepSeek-V3 and GLM-4.5 hold the multi-token-prediction layer after the model's
+/// (`model.layers.{num_hidden_layers}.*`, its projections FP8 with their scales too, in a
+/// shard of its own): such a checkpoint loads, the layer is not read, and the logits are the
+/// model's.
+#[test]
+fn fp8_multi_token_prediction_layers_are_skipped_at_load() {
+    use safetensors::tensor::{Dtype, TensorView};
+    for name in ["deepseek_v3_moe", "glm4_moe"] {
+        let dir = fixture(name);
+        let r = refs(&dir);
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let layer = config["num_hidden_layers"].as_u64().unwrap();
+        let block: Vec<usize> = config["quantization_config"]["weight_block_size"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect();
+        // (name, dtype, shape): the MTP block's own tensors and a decoder layer's.
+        let mut shapes: Vec<(String, Dtype, Vec<usize>)> = vec![
+            ("enorm.weight".into(), Dtype::F32, vec![64]),
+            ("hnorm.weight".into(), Dtype::F32, vec![64]),
+            ("shared_head.norm.weight".into(), Dtype::F32, vec![64]),
+        ];
+        for (w, rows, cols) in [("eh_proj", 64, 128), ("self_attn.o_proj", 64, 64)] {
+            shapes.push((format!("{w}.weight"), Dtype::F8_E4M3, vec![rows, cols]));
+            let grid = vec![rows.div_ceil(block[0]), cols.div_ceil(block[1])];
+            shapes.push((format!("{w}.weight_scale_inv"), Dtype::F32, grid));
+        }
+        let bytes: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|(_, d, s)| vec![0u8; d.size() * s.iter().product::<usize>()])
+            .collect();
+        let views: Vec<(String, TensorView<'_>)> = shapes
+            .iter()
+            .zip(&bytes)
+            .map(|((n, d, s), b)| {
+                let view = TensorView::new(*d, s.clone(), b).unwrap();
+                (format!("model.layers.{layer}.{n}"), view)
+            })
+            .collect();
+        // As published (GLM-4.5's fixture says 0: transformers writes no MTP layer).
+        let tmp = with_config(&dir, |c| c["num_nextn_predict_layers"] = 1.into());
+        safetensors::serialize_to_file(views, None, &tmp.path().join("model-mtp.safetensors"))
+            .unwrap();
+        let main = std::fs::read(dir.join("model.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&main).unwrap();
+        let mut map = serde_json::Map::new();
+        for n in st.names() {
+            map.insert(n.to_string(), "model.safetensors".into());
+        }
+        for (n, _, _) in &shapes {
+            map.insert(
+                format!("model.layers.{layer}.{n}"),
+                "model-mtp.safetensors".into(),
+            );
+        }
+        assert_eq!(map.len(), st.len() + shapes.len());
+        let index = serde_json::json!({"metadata": {}, "weight_map": map});
+        std::fs::write(
+            tmp.path().join("model.safetensors.index.json"),
+            index.to_string(),
+        )
+        .unwrap();
+        let mut with_mtp = load(tmp.path(), DType::F32);
+        let mut plain = load(&dir, DType::F32);
+        let p = &r.prompts[0];
+        let logits = |e: &mut Engine<lmi_engine::cpu::CpuBackend>| {
+            let out = e
+                .forward_logits(&[chunk(p, 0, &blocks(0, p.len()), LogitsWanted::All)])
+                .unwrap();
+            (0..p.len())
+                .map(|t| out.row(t).to_vec())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(logits(&mut with_mtp), logits(&mut plain), "{name}");
+    }
+}
