@@ -208,7 +208,7 @@ fn fp8_multi_token_prediction_layers_are_skipped_at_load() {
         }
         let bytes: Vec<Vec<u8>> = shapes
             .iter()
-            .map(|(_, d, s)| vec![0u8; d.size() * s.iter().product::<usize>()])
+            .map(|(_, d, s)| vec![0u8; d.bitsize() / 8 * s.iter().product::<usize>()])
             .collect();
         let views: Vec<(String, TensorView<'_>)> = shapes
             .iter()
