@@ -148,11 +148,16 @@ pub(super) fn parse(
     num_kv_heads: usize,
 ) -> Result<Parsed, String> {
     let num_layers = local.len();
-    if top
-        .get("use_bidirectional_attention")
-        .is_some_and(|v| !v.is_null())
-    {
-        return Err("use_bidirectional_attention is not supported for Gemma 4".into());
+    // "vision" (the larger published models) makes only an image's own tokens see each other;
+    // text is causal as without it. "all" (an encoder's attention) is not a generator's.
+    match top.get("use_bidirectional_attention") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s == "vision" => {}
+        Some(other) => {
+            return Err(format!(
+                "use_bidirectional_attention {other} is not supported for Gemma 4 (null or \"vision\" load)"
+            ));
+        }
     }
     if top.get("attention_bias").and_then(Value::as_bool) == Some(true) {
         return Err("attention_bias: true is not supported for Gemma 4".into());
