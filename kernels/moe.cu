@@ -3,7 +3,8 @@
 // (engine-cuda/src/moe.rs launches them, in this order):
 //   moe_router_*   logits[r, e] = x[r] · router[e] (+ bias[e]): f32 router, f32 sums
 //   moe_route      each row's top_k experts and weights (crate::moe::route's rules), written
-//                  in ascending expert order, the order of the final sum
+//                  in ascending expert order, the order of the final sum (moe_route_sigmoid
+//                  for DeepSeek-style routing: sigmoid, correction bias, group limit)
 //   moe_sort       the step's assignments (row, pick) grouped by expert, stable in row order,
 //                  and the tiles the products take: up to MOE_TILE assignments of one expert
 //   moe_gate_up_*  per tile: act = activation(x · gate_upᵀ + bias), bf16 (as the dense MLP
@@ -120,7 +121,9 @@ extern "C" __global__ void moe_route(unsigned* __restrict__ ids, float* __restri
 
     // Weights, in pick order (descending), as crate::moe::route computes them.
     float w[MOE_MAX_TOP_K];
-    if (routing == MOE_SIGMOID_GATE) {
+    if (routing == MOE_ONE) {
+        for (unsigned p = 0; p < top_k; p++) w[p] = 1.0f;
+    } else if (routing == MOE_SIGMOID_GATE) {
         for (unsigned p = 0; p < top_k; p++) w[p] = 1.0f / (1.0f + expf(-val[p]));
     } else if (routing == MOE_TOPK_SOFTMAX) {
         float sum = 0.0f;
@@ -142,6 +145,117 @@ extern "C" __global__ void moe_route(unsigned* __restrict__ ids, float* __restri
             for (unsigned p = 0; p < top_k; p++) w[p] /= total;
     }
 
+    // Ascending expert order (insertion sort of at most MOE_MAX_TOP_K picks).
+    for (unsigned p = 1; p < top_k; p++) {
+        const unsigned e = pick[p];
+        const float x = w[p];
+        unsigned q = p;
+        for (; q > 0 && pick[q - 1] > e; q--) {
+            pick[q] = pick[q - 1];
+            w[q] = w[q - 1];
+        }
+        pick[q] = e;
+        w[q] = x;
+    }
+    if (lane == 0) {
+        for (unsigned p = 0; p < top_k; p++) {
+            ids[(unsigned long long)r * top_k + p] = pick[p];
+            weights[(unsigned long long)r * top_k + p] = w[p];
+        }
+    }
+}
+
+// DeepSeek-V3's routing (crate::moe::Routing::SigmoidGroupedTopK, crate::moe::route's rules):
+// experts chosen by c[e] = σ(logit[e]) + bias[e] within the topk_group best of n_group equal
+// groups (each ranked by the sum of its two best c), weighted by σ(logit) of the picks,
+// divided by their sum (+ 1e-20) when renormalize, times scaling. ids, weights [rows, top_k]
+// in ascending expert order, as moe_route writes them. One warp per row (grid ceil(rows / 8)
+// of 256 threads); group g is lane g's (n_group <= MOE_MAX_GROUPS, the host checks); ties go
+// to the lower index, groups' and experts' alike.
+__device__ __forceinline__ float moe_choice(const float* l, const float* bias, unsigned e) {
+    return 1.0f / (1.0f + expf(-l[e])) + (bias != nullptr ? bias[e] : 0.0f);
+}
+
+extern "C" __global__ void moe_route_sigmoid(unsigned* __restrict__ ids,
+                                             float* __restrict__ weights,
+                                             const float* __restrict__ logits,
+                                             const float* __restrict__ bias, unsigned rows,
+                                             unsigned experts, unsigned top_k, unsigned n_group,
+                                             unsigned topk_group, unsigned renormalize,
+                                             float scaling) {
+    const unsigned lane = threadIdx.x & 31u;
+    const unsigned r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;  // whole warps
+    const float* l = logits + (unsigned long long)r * experts;
+    const unsigned per = experts / n_group;
+    // Which groups stay: all of them unless the limit drops some.
+    unsigned kept = 0xffffffffu;
+    if (n_group > 1 && topk_group < n_group) {
+        float score = LMI_NEG_INF;
+        unsigned mine = ~0u;
+        if (lane < n_group) {
+            float a = LMI_NEG_INF, b = LMI_NEG_INF;
+            for (unsigned e = lane * per; e < (lane + 1) * per; e++) {
+                const float c = moe_choice(l, bias, e);
+                if (c > a) {
+                    b = a;
+                    a = c;
+                } else if (c > b) {
+                    b = c;
+                }
+            }
+            score = a + b;
+            mine = lane;
+        }
+        kept = 0;
+        for (unsigned p = 0; p < topk_group; p++) {
+            float best = (kept >> lane) & 1u ? LMI_NEG_INF : score;
+            unsigned bi = (kept >> lane) & 1u ? ~0u : mine;
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ov = __shfl_xor_sync(LMI_FULL_MASK, best, o);
+                const unsigned oi = __shfl_xor_sync(LMI_FULL_MASK, bi, o);
+                if (moe_before(ov, oi, best, bi)) {
+                    best = ov;
+                    bi = oi;
+                }
+            }
+            kept |= 1u << bi;
+        }
+    }
+    unsigned taken = 0;
+    unsigned pick[MOE_MAX_TOP_K];
+    for (unsigned p = 0; p < top_k; p++) {
+        float best = LMI_NEG_INF;
+        unsigned bi = ~0u;
+        for (unsigned j = 0, e = lane; e < experts; j++, e += 32) {
+            if ((taken >> j) & 1u) continue;
+            if (!((kept >> (e / per)) & 1u)) continue;
+            const float c = moe_choice(l, bias, e);
+            if (moe_before(c, e, best, bi)) {
+                best = c;
+                bi = e;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(LMI_FULL_MASK, best, o);
+            const unsigned oi = __shfl_xor_sync(LMI_FULL_MASK, bi, o);
+            if (moe_before(ov, oi, best, bi)) {
+                best = ov;
+                bi = oi;
+            }
+        }
+        pick[p] = bi;
+        if (bi % 32u == lane) taken |= 1u << (bi / 32u);
+    }
+    // Weights in pick order (descending choice), summed in that order as the CPU does.
+    float w[MOE_MAX_TOP_K];
+    float total = 0.0f;
+    for (unsigned p = 0; p < top_k; p++) {
+        w[p] = 1.0f / (1.0f + expf(-l[pick[p]]));
+        total += w[p];
+    }
+    total += 1e-20f;
+    for (unsigned p = 0; p < top_k; p++) w[p] = (renormalize ? w[p] / total : w[p]) * scaling;
     // Ascending expert order (insertion sort of at most MOE_MAX_TOP_K picks).
     for (unsigned p = 1; p < top_k; p++) {
         const unsigned e = pick[p];

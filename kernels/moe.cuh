@@ -15,6 +15,10 @@
 #define MOE_TOPK_SOFTMAX 2
 // A shared expert's weight: the sigmoid of its gate's logit (one "expert", top 1).
 #define MOE_SIGMOID_GATE 3
+// An ungated shared expert's weight (DeepSeek's shared_experts): 1.
+#define MOE_ONE 4
+// The most groups moe_route_sigmoid ranks (one per lane).
+#define MOE_MAX_GROUPS 32
 
 // Expert activations (crate::moe::ExpertActivation).
 #define MOE_SILU 0

@@ -53,6 +53,20 @@ extern "C" __global__ void head_rms_norm(float* __restrict__ x, const float* __r
     for (unsigned i = threadIdx.x; i < head_dim; i += blockDim.x) h[i] = h[i] * inv * w[i];
 }
 
+// In place, columns offset .. offset + width of every row of row_width: one block per row (q or
+// k normalized over its whole projection, OLMo 2/3). blockDim.x is a multiple of 32.
+extern "C" __global__ void span_rms_norm(float* __restrict__ x, const float* __restrict__ w,
+                                         unsigned row_width, unsigned offset, unsigned width,
+                                         float eps) {
+    __shared__ float scratch[32];
+    float* h = x + (unsigned long long)blockIdx.x * row_width + offset;
+    float ss = 0.0f;
+    for (unsigned i = threadIdx.x; i < width; i += blockDim.x) ss += h[i] * h[i];
+    ss = block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / (float)width + eps);
+    for (unsigned i = threadIdx.x; i < width; i += blockDim.x) h[i] = h[i] * inv * w[i];
+}
+
 // out = (x - mean) / sqrt(var + eps) * w + b per row of `width`; one block per row, f32
 // statistics (two passes over the row: the mean, then the variance about it, which keeps
 // the variance of rows with a large mean exact where E[x²] - mean² would cancel).

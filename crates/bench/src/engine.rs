@@ -102,7 +102,9 @@ pub fn run(a: EngineArgs) -> anyhow::Result<()> {
     } else {
         2
     };
-    let kv_per_token = 2 * c.num_attention_layers() * c.num_kv_heads * c.head_dim * kv_elem;
+    // What the pools hold a token: K and V of every head, or a latent-attention layer's
+    // record (the latent and the rotary key part).
+    let kv_per_token = lmi_engine::kv::KvCacheConfig::block_bytes(c, kv_elem) / BLOCK_SIZE;
     // Linear-attention layers read their state once per sequence and step, whatever the
     // context (added to the weights as a per-sequence constant).
     let state_bytes = engine.state_config().map_or(0, |s| s.slot_bytes());

@@ -313,6 +313,22 @@ pub trait Backend: Send + Sync + 'static {
         w: &Self::Weight,
         eps: f32,
     ) -> Result<()>;
+    /// RMSNorm in place over the columns `offset .. offset + w.len()` of each of `rows` rows
+    /// of `x`, rows `row_width` wide: q/k norms over a whole projection, every head at once
+    /// (OLMo 2, OLMo 3, MiniMax-M2), on their span of a fused QKV row
+    /// ([`Feature::SpanNorm`]).
+    fn span_rms_norm(
+        &self,
+        x: &mut Self::Buf,
+        rows: usize,
+        row_width: usize,
+        offset: usize,
+        w: &Self::Weight,
+        eps: f32,
+    ) -> Result<()> {
+        let _ = (x, rows, row_width, offset, w, eps);
+        Err(refused(self.name(), Feature::SpanNorm))
+    }
     /// Rotate-half RoPE on the q and k heads of every QKV row, at each token's position.
     fn rope(
         &self,
@@ -606,6 +622,50 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<R> {
         forward()
     }
+    /// Latent attention's queries and cache records for every token of the step
+    /// ([`Feature::LatentAttention`]). `q` is `[tokens, heads · (nope + rope)]` (q_b_proj's or
+    /// q_proj's output), `kva` `[tokens, kv_lora + rope]` (kv_a_proj_with_mqa's), their rotary
+    /// parts in rotate-half order. Writes `out` `[tokens, dims.row_width()]`: per head the
+    /// latent query `W_UKᵀ · q_nope` (`w_uk` `[heads, kv_lora, nope]`, flat f32) and q's rotary
+    /// part turned; then the token's record, `rms_norm(latent) · kv_norm` and the key's rotary
+    /// part turned, which [`Backend::write_kv`] with [`MlaDims::kv_layout`] stores. The rotated
+    /// parts are multiplied by `dims.rope_factor` (YaRN's attention factor on cos and sin).
+    #[allow(clippy::too_many_arguments)]
+    fn mla_qkv(
+        &self,
+        q: &Self::Buf,
+        kva: &Self::Buf,
+        step: &Self::Step,
+        dims: MlaDims,
+        kv_norm: &Self::Weight,
+        w_uk: &Self::Weight,
+        eps: f32,
+        rope: &Self::Rope,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (q, kva, step, dims, kv_norm, w_uk, eps, rope, out);
+        Err(refused(self.name(), Feature::LatentAttention))
+    }
+    /// Causal attention of each token's latent queries (`qkv` as [`Backend::mla_qkv`] wrote
+    /// it) over its sequence's cached records `0 ..= position` (each record's first half in
+    /// `k_cache`, its second in `v_cache`), scores times `scale`; the weighted sum of the
+    /// latents, per head, times `w_uv` (`[heads, v, kv_lora]`, flat f32): `out` is
+    /// `[tokens, heads · v]`, what o_proj reads.
+    #[allow(clippy::too_many_arguments)]
+    fn mla_attention(
+        &self,
+        qkv: &Self::Buf,
+        step: &Self::Step,
+        dims: MlaDims,
+        k_cache: &Self::Kv,
+        v_cache: &Self::Kv,
+        w_uv: &Self::Weight,
+        scale: f32,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = (qkv, step, dims, k_cache, v_cache, w_uv, scale, out);
+        Err(refused(self.name(), Feature::LatentAttention))
+    }
     /// Copies whole blocks `src → dst` in one layer's pool (copy-on-write of shared blocks).
     fn copy_blocks(
         &self,
@@ -613,6 +673,40 @@ pub trait Backend: Send + Sync + 'static {
         cfg: &KvCacheConfig,
         pairs: &[(u32, u32)],
     ) -> Result<()>;
+}
+
+/// A latent-attention layer's shape ([`Backend::mla_qkv`], [`Backend::mla_attention`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MlaDims {
+    pub heads: usize,
+    pub kv_lora: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
+    /// Multiplies the turned rotary parts of q and k (YaRN's attention factor; 1 without).
+    pub rope_factor: f32,
+}
+
+impl MlaDims {
+    /// Values of one cache record: the latent, then the rotary key part.
+    pub fn cache_width(&self) -> usize {
+        self.kv_lora + self.rope
+    }
+    /// Width of a row of [`Backend::mla_qkv`]'s output: a record-wide query per head, then
+    /// the token's record.
+    pub fn row_width(&self) -> usize {
+        (self.heads + 1) * self.cache_width()
+    }
+    /// The record as [`Backend::write_kv`] reads it from those rows: one "kv head" of half a
+    /// record in each of the K and V pools (`KvCacheConfig::geometry`), after `2 · heads`
+    /// half-record "q heads".
+    pub fn kv_layout(&self) -> QkvLayout {
+        QkvLayout {
+            q_heads: 2 * self.heads,
+            kv_heads: 1,
+            head_dim: self.cache_width() / 2,
+        }
+    }
 }
 
 /// A Gated DeltaNet layer's weights besides its projections, for [`Backend::gated_delta_net`].
@@ -687,12 +781,18 @@ pub enum Feature {
     /// Qwen3-VL's DeepStack: visual features added to the hidden states of the first layers
     /// ([`Backend::add_rows`]).
     DeepStack,
+    /// Multi-head latent attention (DeepSeek-V3, GLM-4.7-Flash): [`Backend::mla_qkv`],
+    /// [`Backend::mla_attention`].
+    LatentAttention,
     /// Gemma 4: [`Backend::gelu_tanh_mul_slice`], [`Backend::softcap`], attention layers of
     /// two head widths, K/V shared between layers.
     Gemma4,
     /// Bidirectional encoders (BERT, XLM-RoBERTa): [`Backend::layer_norm`],
     /// [`Backend::gelu`], [`Backend::gather_add`], [`Backend::encoder_attention`].
     Encoder,
+    /// RMSNorm over a span of each row, [`Backend::span_rms_norm`]: q/k norms over the whole
+    /// projection (OLMo 2, OLMo 3, MiniMax-M2).
+    SpanNorm,
 }
 
 impl Feature {
@@ -717,6 +817,12 @@ impl Feature {
         if config.linear_attn.is_some() {
             out.push(Feature::LinearAttention);
         }
+        if config.mla.is_some() {
+            out.push(Feature::LatentAttention);
+        }
+        if config.architecture.qk_norm_whole() {
+            out.push(Feature::SpanNorm);
+        }
         if config
             .vision
             .as_ref()
@@ -737,6 +843,10 @@ impl Feature {
             Feature::LinearAttention => "Gated DeltaNet hybrids (Qwen3.5, Qwen3.6, Qwen3-Next)",
             Feature::DeepStack => "Qwen3-VL (its DeepStack visual features)",
             Feature::Encoder => "encoder models (BERT, XLM-RoBERTa)",
+            Feature::LatentAttention => {
+                "multi-head latent attention (DeepSeek-V3, Kimi K2, GLM-4.7-Flash)"
+            }
+            Feature::SpanNorm => "q/k norms over the whole projection (OLMo 2, OLMo 3, MiniMax-M2)",
         }
     }
 }

@@ -20,12 +20,26 @@ pub struct KvCacheConfig {
 
 impl KvCacheConfig {
     pub fn new(model: &ModelConfig, num_blocks: usize, dtype: DType) -> Self {
+        let (num_kv_heads, head_dim) = Self::geometry(model);
         KvCacheConfig {
             num_blocks,
             num_layers: model.num_attention_layers(),
-            num_kv_heads: model.num_kv_heads,
-            head_dim: model.head_dim,
+            num_kv_heads,
+            head_dim,
             dtype,
+        }
+    }
+
+    /// The (heads, head_dim) of a layer's K and V pools. A latent-attention layer stores one
+    /// record of [`MlaConfig::cache_width`] values a token (the normalized latent, then the
+    /// rotated key part): its first half in the K pool, its second in the V pool, so that
+    /// both pools keep one shape and a block costs what the record costs.
+    ///
+    /// [`MlaConfig::cache_width`]: lmi_checkpoint::config::mla::MlaConfig::cache_width
+    pub fn geometry(model: &ModelConfig) -> (usize, usize) {
+        match &model.mla {
+            Some(m) => (1, m.cache_width() / 2),
+            None => (model.num_kv_heads, model.head_dim),
         }
     }
 
@@ -40,7 +54,8 @@ impl KvCacheConfig {
 
     /// Bytes of one block across all layers, K and V, for `elem_bytes`-sized elements.
     pub fn block_bytes(model: &ModelConfig, elem_bytes: usize) -> usize {
-        // Per layer pool its own width (Gemma 4's global layers are wider).
+        // Per layer pool its own width: Gemma 4's global layers are wider, a latent-attention
+        // layer keeps its record ([`Self::geometry`]).
         model.kv_elems_per_token() * BLOCK_SIZE * elem_bytes
     }
 

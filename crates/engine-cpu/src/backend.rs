@@ -4,7 +4,7 @@
 use lmi_checkpoint::dtype::DType;
 use lmi_checkpoint::weights::{HostData, HostTensor};
 use lmi_engine_core::backend::{
-    AttnScoring, Backend, DeltaNet, Feature, LoraGroup, LoraSite, QkvLayout,
+    AttnScoring, Backend, DeltaNet, Feature, LoraGroup, LoraSite, MlaDims, QkvLayout,
 };
 use lmi_engine_core::batch::BatchLayout;
 use lmi_engine_core::error::{EngineError, Result};
@@ -17,7 +17,8 @@ use crate::attention::{self, Scoring};
 use crate::delta_net::{self, CpuState};
 use crate::kv_pool::KvPool;
 use crate::{
-    amx, encoder, encoder_attention, linear, lora, moe, ops, panel, qlanes, qlinear, simd, vision,
+    amx, encoder, encoder_attention, linear, lora, mla, moe, ops, panel, qlanes, qlinear, simd,
+    vision,
 };
 
 /// A weight in CPU memory. bf16 matrices are kept in AMX tile order where the CPU has AMX.
@@ -488,6 +489,26 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn span_rms_norm(
+        &self,
+        x: &mut Vec<f32>,
+        rows: usize,
+        row_width: usize,
+        offset: usize,
+        w: &CpuWeight,
+        eps: f32,
+    ) -> Result<()> {
+        let w = w.as_f32();
+        if offset + w.len() > row_width {
+            return Err(EngineError::Backend(format!(
+                "span_rms_norm: columns {offset}..{} of rows {row_width} wide",
+                offset + w.len()
+            )));
+        }
+        ops::span_rms_norm(&mut x[..rows * row_width], row_width, offset, w, eps);
+        Ok(())
+    }
+
     fn rope(
         &self,
         qkv: &mut Vec<f32>,
@@ -538,6 +559,53 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         let s = scoring.map_sinks(CpuWeight::as_f32);
         attend(qkv, step, layout, k_cache, v_cache, s, out)
+    }
+
+    fn mla_qkv(
+        &self,
+        q: &Vec<f32>,
+        kva: &Vec<f32>,
+        step: &BatchLayout,
+        dims: MlaDims,
+        kv_norm: &CpuWeight,
+        w_uk: &CpuWeight,
+        eps: f32,
+        rope: &CpuRope,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        if rope.inv_freq.len() != dims.rope / 2 {
+            return Err(EngineError::Backend(format!(
+                "latent attention: {} rotary frequencies for a rotary part of {}",
+                rope.inv_freq.len(),
+                dims.rope
+            )));
+        }
+        let (norm, uk) = (kv_norm.as_f32(), w_uk.as_f32());
+        let p = &step.positions;
+        mla::qkv(q, kva, p, dims, norm, uk, eps, &rope.inv_freq, out);
+        Ok(())
+    }
+
+    fn mla_attention(
+        &self,
+        qkv: &Vec<f32>,
+        step: &BatchLayout,
+        dims: MlaDims,
+        k_cache: &CpuKv,
+        v_cache: &CpuKv,
+        w_uv: &CpuWeight,
+        scale: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let uv = w_uv.as_f32();
+        match (k_cache, v_cache) {
+            (CpuKv::F32(k), CpuKv::F32(v)) => mla::attention(qkv, step, dims, k, v, uv, scale, out),
+            (CpuKv::BF16(k), CpuKv::BF16(v)) => {
+                mla::attention(qkv, step, dims, k, v, uv, scale, out)
+            }
+            _ => unreachable!("K and V pools share one dtype"),
+        }
+        Ok(())
     }
 
     fn silu_mul(

@@ -14,6 +14,7 @@ mod encoder_attention;
 mod kv_pool;
 mod linear;
 mod lora;
+mod mla;
 mod moe;
 mod ops;
 mod panel;

@@ -10,7 +10,7 @@
 use std::cell::Cell;
 
 use lmi_engine_core::backend::Backend;
-use lmi_engine_core::error::Result;
+use lmi_engine_core::error::{EngineError, Result};
 use lmi_engine_core::moe::{Expert, ExpertActivation, MoeLayer, SharedExpert, route, sigmoid};
 use rayon::prelude::*;
 
@@ -34,7 +34,16 @@ pub(super) fn moe(
         layer.router_bias.as_ref(),
         &mut logits,
     )?;
-    let routes = route(&logits, num_experts, layer.top_k, layer.routing);
+    let correction = match &layer.correction_bias {
+        None => None,
+        Some(CpuWeight::F32 { data, .. }) if data.len() == num_experts => Some(&data[..]),
+        Some(_) => {
+            return Err(EngineError::Backend(format!(
+                "a mixture's e_score_correction_bias must be {num_experts} f32 values"
+            )));
+        }
+    };
+    let routes = route(&logits, num_experts, layer.top_k, layer.routing, correction);
     let per_row = routes.len() / rows.max(1);
 
     // Per expert: the rows it serves and their weights, rows ascending.
@@ -84,7 +93,8 @@ pub(super) fn moe(
     Ok(())
 }
 
-/// `out[r] += σ(x[r] · gate) · down(silu(gate) · up)(x[r])` for every row.
+/// `out[r] += σ(x[r] · gate) · down(silu(gate) · up)(x[r])` for every row (without the
+/// `σ(x[r] · gate)` where the shared expert has no gate: DeepSeek's).
 fn shared_expert(
     backend: &CpuBackend,
     x: &[f32],
@@ -97,13 +107,16 @@ fn shared_expert(
     let mut gate_up = scratch::take(scratch::GATE_UP, rows * 2 * w);
     let mut act = scratch::take(scratch::ACT, rows * w);
     let mut y = scratch::take(scratch::ROWS, rows * hidden);
-    let mut g = vec![0f32; rows];
+    // Ungated: a scale of σ(∞) = 1 exactly.
+    let mut g = vec![f32::INFINITY; rows];
     let (x, gate_up_m, act_m) = (
         &x[..rows * hidden],
         &mut gate_up[..rows * 2 * w],
         &mut act[..rows * w],
     );
-    backend.linear_into(x, rows, &s.gate, None, &mut g);
+    if let Some(gate) = &s.gate {
+        backend.linear_into(x, rows, gate, None, &mut g);
+    }
     backend.linear_into(x, rows, &s.gate_up, None, gate_up_m);
     ops::silu_mul(gate_up_m, w, act_m);
     backend.linear_into(act_m, rows, &s.down, None, &mut y[..rows * hidden]);

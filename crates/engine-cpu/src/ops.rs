@@ -61,6 +61,18 @@ pub fn head_rms_norm(qkv: &mut [f32], l: QkvLayout, first: usize, n: usize, w: &
     });
 }
 
+/// In-place RMSNorm of columns `offset .. offset + w.len()` of every row of `x` (rows
+/// `row_width` wide): a q or k norm over its whole projection.
+pub fn span_rms_norm(x: &mut [f32], row_width: usize, offset: usize, w: &[f32], eps: f32) {
+    for_rows(x, row_width, |_, row| {
+        let span = &mut row[offset..offset + w.len()];
+        let inv = inv_rms(span, eps);
+        for (v, &g) in span.iter_mut().zip(w) {
+            *v = *v * inv * g;
+        }
+    });
+}
+
 /// Rotate-half RoPE (HF layout) on q and k heads; angles computed in f64 per position.
 pub fn rope(qkv: &mut [f32], positions: &[u32], l: QkvLayout, inv_freq: &[f64]) {
     rope_by(qkv, l, inv_freq, |r, _| positions[r]);
@@ -212,6 +224,39 @@ pub fn embedding<W: WElem>(table: &[W], width: usize, ids: &[u32], out: &mut [f3
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each row's span normalized by its own mean square (computed here in f64), the columns
+    /// around it untouched.
+    #[test]
+    fn span_rms_norm_touches_only_its_span() {
+        let (rows, width, offset, span) = (3, 11, 4, 5);
+        let mut seed = 5;
+        let x: Vec<f32> = (0..rows * width)
+            .map(|_| lmi_checkpoint::testing::lcg(&mut seed) * 4.0)
+            .collect();
+        let w: Vec<f32> = (0..span).map(|i| 0.5 + i as f32 * 0.25).collect();
+        let mut out = x.clone();
+        span_rms_norm(&mut out, width, offset, &w, 1e-6);
+        for r in 0..rows {
+            let row = &x[r * width..(r + 1) * width];
+            let ms: f64 = row[offset..offset + span]
+                .iter()
+                .map(|&v| (v as f64).powi(2))
+                .sum::<f64>()
+                / span as f64;
+            for c in 0..width {
+                let got = out[r * width + c] as f64;
+                let want = match c.checked_sub(offset).filter(|&i| i < span) {
+                    Some(i) => row[c] as f64 / (ms + 1e-6).sqrt() * w[i] as f64,
+                    None => row[c] as f64,
+                };
+                assert!(
+                    (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+                    "{r},{c}: {got} vs {want}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn gelu_tanh_mul_matches_f64() {

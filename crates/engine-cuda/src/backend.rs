@@ -13,7 +13,7 @@ use lmi_checkpoint::weights::{HostData, HostTensor};
 use lmi_cuda::{Arg, DevPtr, Device, DeviceExt, ElemType, Function, Gemm, LaunchConfig};
 use lmi_engine_core::backend::{
     AttnScoring, Backend, DeltaNet, Feature, LoraGroup, LoraPairs, LoraRegistration, LoraSite,
-    QkNorm, QkvLayout,
+    MlaDims, QkNorm, QkvLayout,
 };
 use lmi_engine_core::batch::BatchLayout;
 use lmi_engine_core::error::{EngineError, Result};
@@ -25,7 +25,7 @@ use super::graphs::{Captured, GraphCache, Plan};
 use super::memory::{Arena, DeviceBox, cuda_err};
 use super::rope::{self, CudaRope, u32_arg};
 use super::step::{self, CudaStep, Packed};
-use super::{attention, delta_net, encoder, lora, moe, sampler};
+use super::{attention, delta_net, encoder, lora, mla, moe, sampler};
 
 /// Every kernel the backend launches; all are resolved when it starts, so a missing one is
 /// an error at load time, never in a step.
@@ -36,6 +36,7 @@ const KERNELS: &[&str] = &[
     "add_rms_norm_f32",
     "add_rms_norm_bf16",
     "head_rms_norm",
+    "span_rms_norm",
     "rope",
     "qk_norm_rope_write_kv",
     "write_kv",
@@ -208,6 +209,7 @@ impl<D: Device> CudaBackend<D> {
             .chain(lora::KERNELS)
             .chain(moe::KERNELS)
             .chain(delta_net::KERNELS)
+            .chain(mla::KERNELS)
             .chain(encoder::KERNELS)
             .chain(sampler::KERNELS);
         for &name in all {
@@ -751,6 +753,42 @@ impl<D: Device> Backend for CudaBackend<D> {
         )
     }
 
+    fn span_rms_norm(
+        &self,
+        x: &mut CudaBuf,
+        rows: usize,
+        row_width: usize,
+        offset: usize,
+        w: &CudaWeight<D>,
+        eps: f32,
+    ) -> Result<()> {
+        let width = w.shape[0];
+        if offset + width > row_width || x.dtype != ElemType::F32 || x.len < rows * row_width {
+            return Err(EngineError::Backend(format!(
+                "span_rms_norm: columns {offset}..{} of {rows} f32 rows {row_width} wide \
+                 (the buffer: {} {:?})",
+                offset + width,
+                x.len,
+                x.dtype
+            )));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        self.launch(
+            "span_rms_norm",
+            LaunchConfig::linear(rows as u32, row_threads(width)),
+            &[
+                x.ptr.into(),
+                w.ptr().into(),
+                (row_width as u32).into(),
+                (offset as u32).into(),
+                (width as u32).into(),
+                eps.into(),
+            ],
+        )
+    }
+
     fn rope(
         &self,
         qkv: &mut CudaBuf,
@@ -869,7 +907,9 @@ impl<D: Device> Backend for CudaBackend<D> {
             | Feature::AttentionSinks
             | Feature::DeepStack
             | Feature::LinearAttention
-            | Feature::Encoder => true,
+            | Feature::Encoder
+            | Feature::LatentAttention => true,
+            Feature::SpanNorm => true,
             // Gemma 4's ops (per-layer inputs, soft-capping, pools of two widths) have no
             // kernels yet: refused at load.
             Feature::Gemma4 => false,
@@ -930,6 +970,35 @@ impl<D: Device> Backend for CudaBackend<D> {
         out: &mut CudaBuf,
     ) -> Result<()> {
         delta_net::forward(self, proj, step, &layer, state, out)
+    }
+
+    fn mla_qkv(
+        &self,
+        q: &CudaBuf,
+        kva: &CudaBuf,
+        step: &CudaStep,
+        dims: MlaDims,
+        kv_norm: &CudaWeight<D>,
+        w_uk: &CudaWeight<D>,
+        eps: f32,
+        rope: &CudaRope<D>,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        mla::qkv(self, q, kva, step, dims, kv_norm, w_uk, eps, rope, out)
+    }
+
+    fn mla_attention(
+        &self,
+        qkv: &CudaBuf,
+        step: &CudaStep,
+        dims: MlaDims,
+        k_cache: &CudaKv<D>,
+        v_cache: &CudaKv<D>,
+        w_uv: &CudaWeight<D>,
+        scale: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        mla::attention(self, qkv, step, dims, k_cache, v_cache, w_uv, scale, out)
     }
 
     fn sigmoid_mul(&self, x: &mut CudaBuf, gate: &CudaBuf, len: usize) -> Result<()> {

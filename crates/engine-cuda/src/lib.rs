@@ -10,6 +10,7 @@ mod encoder;
 mod graphs;
 mod lora;
 mod memory;
+mod mla;
 mod moe;
 mod rope;
 mod sampler;

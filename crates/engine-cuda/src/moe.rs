@@ -13,8 +13,12 @@
 //! graphs; which experts a step wakes is read from device memory.
 //!
 //! A shared expert (Qwen2-MoE) runs the same launches as a layer of one expert that every row
-//! picks, weighted by the sigmoid of its gate's logit, into a buffer added to the routed sum
-//! afterwards (transformers' order): batch invariant and graph-replayable like the rest.
+//! picks, weighted by the sigmoid of its gate's logit (DeepSeek's ungated `shared_experts`:
+//! weight 1, through a zero router), into a buffer added to the routed sum afterwards
+//! (transformers' order): batch invariant and graph-replayable like the rest.
+//!
+//! DeepSeek-style routing (GLM-4.5, MiniMax-M2: sigmoid scores, the correction bias, the
+//! group limit, routed scaling) is `moe_route_sigmoid` in place of `moe_route`.
 
 use lmi_cuda::{DevPtr, Device, DeviceExt, ElemType, LaunchConfig};
 use lmi_engine_core::error::{EngineError, Result};
@@ -27,6 +31,7 @@ pub const KERNELS: &[&str] = &[
     "moe_router_f32",
     "moe_router_bf16",
     "moe_route",
+    "moe_route_sigmoid",
     "moe_sort",
     "moe_gate_up_f32",
     "moe_gate_up_bf16",
@@ -39,6 +44,7 @@ pub const KERNELS: &[&str] = &[
 
 /// kernels/moe.cu's limits and shapes (`MOE_*`).
 const MAX_EXPERTS: usize = 1024;
+const MAX_GROUPS: usize = 32;
 const MAX_TOP_K: usize = 32;
 const TILE: usize = 8;
 const THREADS: u32 = 256;
@@ -52,11 +58,12 @@ const TILE_WORDS: usize = 4;
 
 /// A layer's experts as kernels/moe.cu's `MoeExpert` table: four addresses per expert
 /// (gate_up, down, gate_up bias, down bias; 0 where there is none), and which kernels run its
-/// products; its shared expert's likewise, as a table of one.
+/// products; its shared expert's likewise, as a table of one, with a zero `[1, hidden]` router
+/// where the shared expert has no gate (DeepSeek's: weight 1, `MOE_ONE`).
 pub struct CudaExperts<D: Device> {
     table: DeviceBox<D>,
     tensor_cores: bool,
-    shared: Option<(DeviceBox<D>, bool)>,
+    shared: Option<(DeviceBox<D>, bool, Option<DeviceBox<D>>)>,
 }
 
 impl<D: Device> CudaExperts<D> {
@@ -113,6 +120,13 @@ pub(super) fn index<D: Device>(
     };
     let tensor_cores = sizes(w)?;
     check_matrix(&layer.router, [e, h], ElemType::F32, "the router")?;
+    if let Routing::SigmoidGroupedTopK { n_group, .. } = layer.routing
+        && (n_group == 0 || n_group > MAX_GROUPS || !e.is_multiple_of(n_group))
+    {
+        return Err(refuse(format!(
+            "{n_group} expert groups of {e} experts (1 to {MAX_GROUPS} groups that divide them)"
+        )));
+    }
     let vector = |v: &Option<CudaWeight<D>>, len: usize, what: &str| -> Result<u64> {
         match v {
             None => Ok(0),
@@ -121,6 +135,11 @@ pub(super) fn index<D: Device>(
         }
     };
     vector(&layer.router_bias, e, "the router's bias")?;
+    vector(
+        &layer.correction_bias,
+        e,
+        "the router's e_score_correction_bias",
+    )?;
     let mut words = Vec::with_capacity(4 * e);
     for (i, x) in layer.experts.iter().enumerate() {
         check_matrix(
@@ -150,7 +169,19 @@ pub(super) fn index<D: Device>(
     let shared = match &layer.shared {
         Some(s) => {
             let sw = s.width;
-            check_matrix(&s.gate, [1, h], ElemType::F32, "the shared expert's gate")?;
+            let zero_router = match &s.gate {
+                Some(gate) => {
+                    check_matrix(gate, [1, h], ElemType::F32, "the shared expert's gate")?;
+                    None
+                }
+                None => {
+                    let z = DeviceBox::new(&b.dev, h * 4)?;
+                    b.dev
+                        .htod_slice(&vec![0f32; h], z.ptr())
+                        .map_err(cuda_err)?;
+                    Some(z)
+                }
+            };
             check_matrix(
                 &s.gate_up,
                 [2 * sw, h],
@@ -159,7 +190,11 @@ pub(super) fn index<D: Device>(
             )?;
             check_matrix(&s.down, [h, sw], ElemType::BF16, "the shared down")?;
             let tc = sizes(sw)?;
-            Some((upload(&[s.gate_up.ptr().0, s.down.ptr().0, 0, 0])?, tc))
+            Some((
+                upload(&[s.gate_up.ptr().0, s.down.ptr().0, 0, 0])?,
+                tc,
+                zero_router,
+            ))
         }
         None => None,
     };
@@ -199,13 +234,32 @@ pub(super) fn forward<D: Device>(
             "a mixture's output must be f32".into(),
         ));
     }
-    let routing = match layer.routing {
-        Routing::SoftmaxTopK { renormalize: false } => 0,
-        Routing::SoftmaxTopK { renormalize: true } => 1,
-        Routing::TopKSoftmax => 2,
+    let (routing, sigmoid) = match layer.routing {
+        Routing::SoftmaxTopK { renormalize: false } => (0, None),
+        Routing::SoftmaxTopK { renormalize: true } => (1, None),
+        Routing::TopKSoftmax => (2, None),
+        Routing::SigmoidGroupedTopK {
+            n_group,
+            topk_group,
+            renormalize,
+            scaling,
+        } => (
+            0,
+            Some(Sigmoid {
+                n_group: n_group as u32,
+                topk_group: topk_group as u32,
+                renormalize: u32::from(renormalize),
+                scaling,
+                bias: layer
+                    .correction_bias
+                    .as_ref()
+                    .map_or(DevPtr::NULL, |b| b.ptr()),
+            }),
+        ),
     };
     let routed = Group {
-        router: &layer.router,
+        router: layer.router.ptr(),
+        sigmoid,
         router_bias: layer.router_bias.as_ref(),
         routing,
         table: &experts.table,
@@ -216,13 +270,19 @@ pub(super) fn forward<D: Device>(
         activation: layer.activation,
     };
     grouped(b, x, rows, hidden, &routed, out)?;
-    let (Some(s), Some((table, tc))) = (&layer.shared, &experts.shared) else {
+    let (Some(s), Some((table, tc, zero_router))) = (&layer.shared, &experts.shared) else {
         return Ok(());
     };
+    let (router, routing) = match (&s.gate, zero_router) {
+        (Some(gate), _) => (gate.ptr(), SIGMOID_GATE),
+        (None, Some(z)) => (z.ptr(), ONE),
+        (None, None) => return Err(refuse("a shared expert without its router".into())),
+    };
     let shared = Group {
-        router: &s.gate,
+        router,
+        sigmoid: None,
         router_bias: None,
-        routing: SIGMOID_GATE,
+        routing,
         table,
         tensor_cores: *tc,
         experts: 1,
@@ -245,11 +305,26 @@ pub(super) fn forward<D: Device>(
 
 /// kernels/moe.cuh's `MOE_SIGMOID_GATE`: a shared expert's weight, σ(its gate's logit).
 const SIGMOID_GATE: u32 = 3;
+/// kernels/moe.cuh's `MOE_ONE`: an ungated shared expert's weight, 1.
+const ONE: u32 = 4;
+
+/// [`Routing::SigmoidGroupedTopK`] as kernels/moe.cu's `moe_route_sigmoid` takes it.
+struct Sigmoid {
+    n_group: u32,
+    topk_group: u32,
+    renormalize: u32,
+    scaling: f32,
+    /// The `[experts]` correction bias, or null.
+    bias: DevPtr,
+}
 
 /// Experts that the grouped launches run: a layer's routed ones, or its shared expert as a
 /// table of one that every row picks.
 struct Group<'a, D: Device> {
-    router: &'a CudaWeight<D>,
+    /// `[experts, hidden]` f32.
+    router: DevPtr,
+    /// DeepSeek-style routing (`moe_route_sigmoid`), else `routing`'s code (`moe_route`).
+    sigmoid: Option<Sigmoid>,
     router_bias: Option<&'a CudaWeight<D>>,
     /// kernels/moe.cuh's routing code.
     routing: u32,
@@ -301,7 +376,7 @@ fn grouped<D: Device>(
         &[
             logits.ptr.into(),
             x.ptr.into(),
-            g.router.ptr().into(),
+            g.router.into(),
             bias.into(),
             rows32.into(),
             e32.into(),
@@ -312,19 +387,39 @@ fn grouped<D: Device>(
     // u32 arrays live in f32-sized arena slots.
     let ids = b.arena_alloc(n, ElemType::F32)?;
     let weights = b.arena_alloc(n, ElemType::F32)?;
-    b.launch(
-        "moe_route",
-        LaunchConfig::linear(rows.div_ceil(8) as u32, THREADS),
-        &[
-            ids.ptr.into(),
-            weights.ptr.into(),
-            logits.ptr.into(),
-            rows32.into(),
-            e32.into(),
-            k32.into(),
-            g.routing.into(),
-        ],
-    )?;
+    let route_grid = LaunchConfig::linear(rows.div_ceil(8) as u32, THREADS);
+    match &g.sigmoid {
+        Some(s) => b.launch(
+            "moe_route_sigmoid",
+            route_grid,
+            &[
+                ids.ptr.into(),
+                weights.ptr.into(),
+                logits.ptr.into(),
+                s.bias.into(),
+                rows32.into(),
+                e32.into(),
+                k32.into(),
+                s.n_group.into(),
+                s.topk_group.into(),
+                s.renormalize.into(),
+                s.scaling.into(),
+            ],
+        )?,
+        None => b.launch(
+            "moe_route",
+            route_grid,
+            &[
+                ids.ptr.into(),
+                weights.ptr.into(),
+                logits.ptr.into(),
+                rows32.into(),
+                e32.into(),
+                k32.into(),
+                g.routing.into(),
+            ],
+        )?,
+    }
 
     let order = b.arena_alloc(n, ElemType::F32)?;
     let slot = b.arena_alloc(n, ElemType::F32)?;

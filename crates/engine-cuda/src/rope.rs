@@ -51,6 +51,16 @@ pub fn rope_steps(inv_freq: &[f64]) -> Vec<u64> {
 }
 
 impl<D: Device> CudaRope<D> {
+    /// The table's turns per position, one per frequency (`rope_steps`).
+    pub(super) fn steps_ptr(&self) -> lmi_cuda::DevPtr {
+        self.steps.ptr()
+    }
+
+    /// How many frequencies the table holds.
+    pub(super) fn pairs(&self) -> usize {
+        self.pairs
+    }
+
     pub(super) fn upload(dev: &std::sync::Arc<D>, inv_freq: &[f64]) -> Result<Self> {
         let steps = rope_steps(inv_freq);
         let mem = DeviceBox::new(dev, steps.len() * 8)?;

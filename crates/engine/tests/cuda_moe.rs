@@ -171,12 +171,14 @@ fn layer<B: Backend>(b: &B, c: &Case, seed: u64) -> MoeLayer<B::Weight> {
             SharedExpert {
                 gate_up: matrix(2 * sw, h, seed + 3, 2.0 / (h as f32).sqrt()),
                 down: matrix(h, sw, seed + 4, 2.0 / (sw as f32).sqrt()),
-                gate: b
-                    .upload_router(HostTensor::f32(vec![1, h], random(h, seed + 5, 0.3)))
-                    .unwrap(),
+                gate: Some(
+                    b.upload_router(HostTensor::f32(vec![1, h], random(h, seed + 5, 0.3)))
+                        .unwrap(),
+                ),
                 width: sw,
             }
         }),
+        correction_bias: None,
     }
 }
 

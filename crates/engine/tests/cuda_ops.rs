@@ -121,6 +121,43 @@ fn qkv_layout() -> QkvLayout {
     }
 }
 
+/// Whole-projection q and k norms (OLMo 2/3): a span of each QKV row, the rest untouched.
+fn check_span_rms_norm<D: Device>(g: &CudaBackend<D>) {
+    let c = cpu();
+    let ql = qkv_layout();
+    let rows = layout(None).num_tokens();
+    let (width, qs, kvs) = (ql.row_width(), ql.k_offset(), ql.v_offset() - ql.k_offset());
+    let qkv = random(rows * width, 8, 2.0);
+    let (wq, wk) = (random(qs, 9, 1.0), random(kvs, 10, 1.0));
+    let mut want = qkv.clone();
+    let mut got = g.upload_f32(&qkv).unwrap();
+    for (offset, w) in [(0, &wq), (qs, &wk)] {
+        let (cw, gw) = (
+            c.upload_weight(vector(w)).unwrap(),
+            g.upload_weight(vector(w)).unwrap(),
+        );
+        c.span_rms_norm(&mut want, rows, width, offset, &cw, 1e-6)
+            .unwrap();
+        g.span_rms_norm(&mut got, rows, width, offset, &gw, 1e-6)
+            .unwrap();
+    }
+    let got = to_host(g, &got);
+    assert_close("span_rms_norm", &got, &want, 1e-5, 1e-5);
+    // v is left as it was, bit for bit.
+    for r in 0..rows {
+        let v = r * width + qs + kvs..(r + 1) * width;
+        assert_eq!(got[v.clone()], qkv[v], "row {r}: v changed");
+    }
+    // A span past the row is refused.
+    let gw = g.upload_weight(vector(&wk)).unwrap();
+    let mut buf = g.upload_f32(&qkv).unwrap();
+    let e = g
+        .span_rms_norm(&mut buf, rows, width, width - 1, &gw, 1e-6)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("span_rms_norm"), "{e}");
+}
+
 fn check_head_norm_and_rope<D: Device>(g: &CudaBackend<D>) {
     let c = cpu();
     let ql = qkv_layout();
@@ -942,6 +979,11 @@ fn embedding() {
 #[test]
 fn rms_norms() {
     on_every_device!(check_rms_norms);
+}
+
+#[test]
+fn span_rms_norm() {
+    on_every_device!(check_span_rms_norm);
 }
 
 #[test]

@@ -103,6 +103,26 @@ fn the_configs_read_gemma4s_layers() {
     );
 }
 
+/// The published 26B-A4B and 31B configs set `use_bidirectional_attention: "vision"` (an
+/// image's tokens see each other; text stays causal): the model loads and its text logits are
+/// the fixture's. "all" (an encoder's attention) is refused, naming the field.
+#[test]
+fn vision_bidirectional_attention_loads_all_is_refused() {
+    let dir = fixture("a4b");
+    let tmp = with_config(&dir, |c| {
+        c["text_config"]["use_bidirectional_attention"] = "vision".into();
+    });
+    let mut e = load(tmp.path(), DType::F32);
+    let mut plain = load(&dir, DType::F32);
+    let p = [5u32, 17, 42, 99, 7];
+    assert_eq!(prompt_logits(&mut e, &p), prompt_logits(&mut plain, &p));
+    let tmp = with_config(&dir, |c| {
+        c["text_config"]["use_bidirectional_attention"] = "all".into();
+    });
+    let e = ModelConfig::from_file(&tmp.path().join("config.json")).unwrap_err();
+    assert!(e.to_string().contains("use_bidirectional_attention"), "{e}");
+}
+
 /// transformers 5.25 writes the global layers' geometry as `per_layer_config` (the published
 /// configs as `global_head_dim` / `num_global_key_value_heads`): both read alike.
 #[test]

@@ -185,7 +185,9 @@ pub(super) fn parse(
         activation: Activation::Silu,
         sliding_window: None,
         linear_attn: None,
+        mla: None,
         attn_scalar: (hidden_size / num_heads) as f64,
+        no_rope: Vec::new(),
         encoder: Some(EncoderConfig {
             hf_name: name.to_string(),
             layer_norm_eps: raw.layer_norm_eps.unwrap_or(1e-12),

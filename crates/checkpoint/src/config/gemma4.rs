@@ -148,15 +148,16 @@ pub(super) fn parse(
     num_kv_heads: usize,
 ) -> Result<Parsed, String> {
     let num_layers = local.len();
-    // "vision" (26B-A4B, 31B) changes only how an image's tokens attend to each other: text
-    // is causal as without it (images are refused, `model/gemma4_media.rs`).
-    if let Some(v) = top
-        .get("use_bidirectional_attention")
-        .filter(|v| !v.is_null() && v.as_str() != Some("vision"))
-    {
-        return Err(format!(
-            "use_bidirectional_attention {v} is not supported for Gemma 4 (null and \"vision\" are)"
-        ));
+    // "vision" (the larger published models) makes only an image's own tokens see each other;
+    // text is causal as without it. "all" (an encoder's attention) is not a generator's.
+    match top.get("use_bidirectional_attention") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s == "vision" => {}
+        Some(other) => {
+            return Err(format!(
+                "use_bidirectional_attention {other} is not supported for Gemma 4 (null or \"vision\" load)"
+            ));
+        }
     }
     if top.get("attention_bias").and_then(Value::as_bool) == Some(true) {
         return Err("attention_bias: true is not supported for Gemma 4".into());

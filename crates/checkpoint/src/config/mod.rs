@@ -8,15 +8,18 @@ pub mod encoder;
 pub mod gemma4;
 pub mod gemma4_vision;
 pub mod linear_attn;
+pub mod mla;
 pub mod moe;
 pub mod quantization;
 mod rope;
+mod sigmoe;
 pub mod vision;
 
 use crate::error::{CheckpointError, Result};
 use encoder::EncoderConfig;
 pub use gemma4::Gemma4Config;
 use linear_attn::LinearAttnConfig;
+use mla::MlaConfig;
 use moe::{ExpertActivation, MoeConfig, Routing};
 use rope::RawRopeScaling;
 pub use rope::{Llama3RopeScaling, YarnScaling};
@@ -62,6 +65,29 @@ pub enum Architecture {
     Bert,
     /// XLM-RoBERTa and RoBERTa encoders: BERT's layers, positions from `pad_token_id + 1`.
     XlmRoberta,
+    /// DeepSeek-V3 / Kimi K2 (and DeepSeek-V2-Lite, Moonlight: `q_lora_rank` null):
+    /// multi-head latent attention ([`ModelConfig::mla`]), the first layers dense.
+    DeepseekV3,
+    /// GLM-4.7-Flash: DeepSeek-V3's latent attention and layers (`mlp_layer_types`).
+    Glm4MoeLite,
+    /// GLM-4.5 / 4.6 / 4.7 (`Glm4MoeForCausalLM`): full attention with partial RoPE (half of
+    /// each head by default), q/k/v biases (`attention_bias`) and per-head q/k norms
+    /// (`use_qk_norm`) where the config sets them; DeepSeek-style mixtures
+    /// ([`moe::Routing::SigmoidGroupedTopK`]) after `first_k_dense_replace` dense layers.
+    Glm4Moe,
+    /// MiniMax-M2: full attention with partial RoPE (`rotary_dim`) and one RMSNorm over each
+    /// whole q and k projection (not per head); sigmoid-routed experts in every layer.
+    MiniMaxM2,
+    /// SmolLM3: Llama's layers, with no RoPE on the layers `no_rope_layers` marks (every
+    /// fourth by default: [`ModelConfig::no_rope`]).
+    SmolLM3,
+    /// OLMo 2: no norm before attention or the MLP, an RMSNorm of each one's output before
+    /// its residual add; q and k RMS-normalized over the whole projection (every head at
+    /// once) before RoPE.
+    Olmo2,
+    /// OLMo 3: OLMo 2 with sliding-window layers (`layer_types`); its RoPE scaling (YaRN)
+    /// on the full-attention layers only.
+    Olmo3,
 }
 
 /// Every `architectures` name a checkpoint may give, and what it loads as. The multimodal
@@ -89,6 +115,13 @@ const HF_NAMES: &[(&str, Architecture)] = &[
     ("Qwen3_5MoeForConditionalGeneration", Architecture::Qwen35),
     ("Qwen3_5MoeForCausalLM", Architecture::Qwen35),
     ("Qwen3NextForCausalLM", Architecture::Qwen3Next),
+    ("DeepseekV3ForCausalLM", Architecture::DeepseekV3),
+    ("Glm4MoeLiteForCausalLM", Architecture::Glm4MoeLite),
+    ("Glm4MoeForCausalLM", Architecture::Glm4Moe),
+    ("MiniMaxM2ForCausalLM", Architecture::MiniMaxM2),
+    ("SmolLM3ForCausalLM", Architecture::SmolLM3),
+    ("Olmo2ForCausalLM", Architecture::Olmo2),
+    ("Olmo3ForCausalLM", Architecture::Olmo3),
 ];
 
 /// The architecture names that load, for the error that refuses another.
@@ -128,6 +161,13 @@ impl Architecture {
             Architecture::Qwen3Next => "Qwen3NextForCausalLM",
             Architecture::Bert => "BertModel",
             Architecture::XlmRoberta => "XLMRobertaModel",
+            Architecture::DeepseekV3 => "DeepseekV3ForCausalLM",
+            Architecture::Glm4MoeLite => "Glm4MoeLiteForCausalLM",
+            Architecture::Glm4Moe => "Glm4MoeForCausalLM",
+            Architecture::MiniMaxM2 => "MiniMaxM2ForCausalLM",
+            Architecture::SmolLM3 => "SmolLM3ForCausalLM",
+            Architecture::Olmo2 => "Olmo2ForCausalLM",
+            Architecture::Olmo3 => "Olmo3ForCausalLM",
         }
     }
 
@@ -171,6 +211,31 @@ impl Architecture {
                 | Architecture::Qwen35
                 | Architecture::Qwen3Next
         )
+    }
+
+    /// Multi-head latent attention in every layer ([`ModelConfig::mla`]).
+    pub fn is_mla(self) -> bool {
+        matches!(self, Architecture::DeepseekV3 | Architecture::Glm4MoeLite)
+    }
+
+    /// q/k/v biases and per-head q/k norms are read where the checkpoint holds them: GLM-4.5's
+    /// `attention_bias` and `use_qk_norm` differ between its checkpoints, and transformers
+    /// makes these tensors exactly when the config sets the flag.
+    pub fn optional_qkv_bias_and_norms(self) -> bool {
+        self == Architecture::Glm4Moe
+    }
+
+    /// q and k RMS-normalized over their whole projections (one weight of `num_heads ·
+    /// head_dim`, one of `num_kv_heads · head_dim`), not head by head (OLMo 2, OLMo 3,
+    /// MiniMax-M2).
+    pub fn qk_norm_whole(self) -> bool {
+        self.is_olmo() || self == Architecture::MiniMaxM2
+    }
+
+    /// OLMo 2 and 3: norms after attention and after the MLP (before each residual add), none
+    /// before them.
+    pub fn is_olmo(self) -> bool {
+        matches!(self, Architecture::Olmo2 | Architecture::Olmo3)
     }
 
     /// Linear-attention layers beside the full-attention ones (Gated DeltaNet hybrids).
@@ -259,11 +324,18 @@ pub struct ModelConfig {
     pub sliding_window: Option<SlidingWindow>,
     /// Linear-attention layers (Gated DeltaNet), where the model has them.
     pub linear_attn: Option<LinearAttnConfig>,
+    /// Multi-head latent attention (DeepSeek-V3, GLM-4.7-Flash): then `head_dim` is the
+    /// rotary part's (`qk_rope_head_dim`, as transformers sets it) and the KV cache holds
+    /// [`MlaConfig::cache_width`] values a token and layer.
+    pub mla: Option<MlaConfig>,
     /// Attention scores are scaled by `1 / sqrt(this)`: `query_pre_attn_scalar` (Gemma),
     /// else head_dim.
     pub attn_scalar: f64,
     /// An encoder's own fields (BERT, XLM-RoBERTa); None for decoders.
     pub encoder: Option<EncoderConfig>,
+    /// Per layer, true where it applies no RoPE (SmolLM3's NoPE layers); empty when every
+    /// layer does.
+    pub no_rope: Vec<bool>,
     /// Gemma 4's own fields; None for other models.
     pub gemma4: Option<Gemma4Config>,
 }
@@ -345,9 +417,16 @@ struct RawConfig {
     layer_types: Option<Vec<String>>,
     rope_local_base_freq: Option<f64>,
     partial_rotary_factor: Option<f64>,
+    /// MiniMax-M2's spelling of the rotated dimensions.
+    rotary_dim: Option<usize>,
     swiglu_limit: Option<f64>,
     final_logit_softcapping: Option<f64>,
     attn_logit_softcapping: Option<f64>,
+    // SmolLM3 (1 where a layer uses RoPE), OLMo.
+    no_rope_layers: Option<Vec<u8>>,
+    no_rope_layer_interval: Option<usize>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
 }
 
 impl ModelConfig {
@@ -419,9 +498,15 @@ impl ModelConfig {
                 "num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads ({num_kv_heads})"
             ));
         }
-        let head_dim = match raw.head_dim {
-            Some(d) => d,
-            None => {
+        let mla = match architecture.is_mla() {
+            true => Some(MlaConfig::parse(&top)?),
+            false => None,
+        };
+        let head_dim = match (&mla, raw.head_dim) {
+            // transformers' `head_dim` of a latent-attention model: what its RoPE turns.
+            (Some(m), _) => m.qk_rope_head_dim,
+            (None, Some(d)) => d,
+            (None, None) => {
                 if hidden_size % num_heads != 0 {
                     return Err(format!(
                         "hidden_size ({hidden_size}) is not a multiple of num_attention_heads ({num_heads}) and head_dim is not given"
@@ -443,7 +528,12 @@ impl ModelConfig {
             rope_yarn,
         } = rope::parse(
             raw.rope_scaling.take(),
-            raw.partial_rotary_factor,
+            sigmoe::partial_rotary_factor(
+                architecture,
+                raw.partial_rotary_factor,
+                raw.rotary_dim,
+                head_dim,
+            ),
             head_dim,
             architecture,
             vision_variant,
@@ -530,6 +620,8 @@ impl ModelConfig {
                 dense_layers: Vec::new(),
                 shared_width: None,
             }),
+            Architecture::Glm4Moe => Some(moe::parse_deepseek(&top, num_layers)?),
+            Architecture::MiniMaxM2 => Some(moe::parse_minimax_m2(&top)?),
             // The constants of transformers' GptOssExperts.
             Architecture::GptOss => Some(MoeConfig {
                 num_experts: req(raw.num_local_experts, "num_local_experts")?,
@@ -545,6 +637,26 @@ impl ModelConfig {
                 shared_width: None,
             }),
             _ => None,
+        };
+        // DeepSeek-style experts after the dense layers (transformers' defaults: DeepSeek-V3's
+        // first 3, GLM-4.7-Flash's first 1), or none at all.
+        let moe = match &mla {
+            Some(_) => {
+                let default_dense = match architecture {
+                    Architecture::DeepseekV3 => 3,
+                    _ => 1,
+                };
+                let sparse = mla::sparse_layers(&top, num_layers, default_dense)?;
+                match sparse.iter().any(|&s| s) {
+                    false => None,
+                    true => {
+                        let mut m = moe::parse_deepseek(&top, num_layers)?;
+                        m.dense_layers = (0..num_layers).filter(|&i| !sparse[i]).collect();
+                        Some(m)
+                    }
+                }
+            }
+            None => moe,
         };
         let gemma = architecture.is_gemma();
         let act_name = raw
@@ -578,9 +690,35 @@ impl ModelConfig {
                 | Architecture::Qwen3Moe
                 | Architecture::Qwen2Moe
         );
+        let smollm3 = architecture == Architecture::SmolLM3;
+        let no_rope = match (smollm3, &raw.no_rope_layers) {
+            (false, _) => Vec::new(),
+            (true, Some(v)) if v.len() != num_layers => {
+                return Err(format!(
+                    "no_rope_layers has {} entries for {num_layers} layers",
+                    v.len()
+                ));
+            }
+            (true, Some(v)) => v.iter().map(|&r| r == 0).collect(),
+            // transformers' SmolLM3Config: every `no_rope_layer_interval`-th layer has none.
+            (true, None) => {
+                let every = raw.no_rope_layer_interval.unwrap_or(4).max(1);
+                (0..num_layers).map(|i| (i + 1) % every == 0).collect()
+            }
+        };
+        let olmo = architecture.is_olmo();
+        if (olmo || smollm3) && raw.attention_bias == Some(true) {
+            return Err(format!(
+                "attention_bias: true is not supported for {arch_name}"
+            ));
+        }
+        if smollm3 && raw.mlp_bias == Some(true) {
+            return Err(format!("mlp_bias: true is not supported for {arch_name}"));
+        }
         let windowed = gemma
             || gemma4
-            || qwen && raw.use_sliding_window == Some(true)
+            || (qwen || smollm3) && raw.use_sliding_window == Some(true)
+            || architecture == Architecture::Olmo3
             || matches!(
                 architecture,
                 Architecture::GptOss | Architecture::Mistral | Architecture::Mixtral
@@ -609,6 +747,12 @@ impl ModelConfig {
                         let p = p.unwrap_or(6).max(1);
                         (0..num_layers).map(|i| (i + 1) % p != 0).collect()
                     }
+                    // transformers' SmolLM3Config: the NoPE layers slide.
+                    (None, _) if smollm3 => no_rope.clone(),
+                    // transformers' Olmo3Config: every fourth layer is global.
+                    (None, _) if architecture == Architecture::Olmo3 => {
+                        (0..num_layers).map(|i| (i + 1) % 4 != 0).collect()
+                    }
                     // gpt-oss alternates, local first.
                     (None, _) if architecture == Architecture::GptOss => {
                         (0..num_layers).map(|i| i % 2 == 0).collect()
@@ -623,7 +767,16 @@ impl ModelConfig {
                 Some(SlidingWindow {
                     size,
                     local,
-                    rope_theta: gemma.then(|| raw.rope_local_base_freq.unwrap_or(10_000.0)),
+                    rope_theta: match architecture {
+                        _ if gemma => Some(raw.rope_local_base_freq.unwrap_or(10_000.0)),
+                        // OLMo 3's local layers turn by the global base, unscaled.
+                        Architecture::Olmo3 => Some(
+                            raw.rope_local_base_freq
+                                .or(raw.rope_theta)
+                                .unwrap_or(500_000.0),
+                        ),
+                        _ => None,
+                    },
                 })
             }
             _ => None,
@@ -654,7 +807,11 @@ impl ModelConfig {
             head_dim,
             rotary_dim,
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
-            rope_theta: raw.rope_theta.unwrap_or(10000.0),
+            rope_theta: raw.rope_theta.unwrap_or(match architecture {
+                Architecture::Olmo3 => 500_000.0,
+                Architecture::SmolLM3 => 2_000_000.0,
+                _ => 10_000.0,
+            }),
             rope_scaling,
             rope_linear_factor,
             rope_yarn,
@@ -673,8 +830,10 @@ impl ModelConfig {
             activation,
             sliding_window,
             linear_attn,
+            mla,
             attn_scalar: raw.query_pre_attn_scalar.unwrap_or(head_dim as f64),
             encoder: None,
+            no_rope,
             gemma4: None,
         };
         if gemma4 {
@@ -709,7 +868,13 @@ impl ModelConfig {
     /// width). Gemma 4's global layers have their own; its layers that share K/V keep none.
     pub fn kv_pool_geometry(&self) -> Vec<(usize, usize)> {
         let Some(g) = &self.gemma4 else {
-            return vec![(self.num_kv_heads, self.head_dim); self.num_attention_layers()];
+            // A latent-attention layer's record, split in halves between its K and V pools
+            // (engine-core's `KvCacheConfig::geometry`).
+            let geometry = match &self.mla {
+                Some(m) => (1, m.cache_width() / 2),
+                None => (self.num_kv_heads, self.head_dim),
+            };
+            return vec![geometry; self.num_attention_layers()];
         };
         let local = self.sliding_window.as_ref().map(|w| &w.local);
         (0..self.num_layers)

@@ -52,9 +52,29 @@ pub(super) struct RawRopeScaling {
 /// `partial_rotary_factor`, M-RoPE's sections) where earlier versions wrote top-level fields
 /// and `rope_scaling`: moved where the older names are read, unless those are given too.
 pub(super) fn rope_parameters(top: &mut serde_json::Map<String, serde_json::Value>) {
-    let Some(serde_json::Value::Object(rp)) = top.get("rope_parameters").cloned() else {
+    let Some(serde_json::Value::Object(mut rp)) = top.get("rope_parameters").cloned() else {
         return;
     };
+    // Per layer type (Gemma 3, OLMo 3): the full-attention layers' settings are the model's;
+    // the sliding layers' base is their own. Gemma 4 reads its per-type settings itself
+    // (`config/gemma4.rs`: "proportional" RoPE, a partial factor for the global layers only).
+    let gemma4 = top
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .and_then(|a| a.as_str())
+        .is_some_and(|a| a.starts_with("Gemma4For"));
+    if let Some(serde_json::Value::Object(full)) = rp.get("full_attention").cloned()
+        && !gemma4
+    {
+        if let Some(theta) = rp
+            .get("sliding_attention")
+            .and_then(|s| s.get("rope_theta"))
+        {
+            top.entry("rope_local_base_freq".to_string())
+                .or_insert_with(|| theta.clone());
+        }
+        rp = full;
+    }
     for k in ["rope_theta", "partial_rotary_factor"] {
         if let Some(v) = rp.get(k) {
             top.entry(k.to_string()).or_insert_with(|| v.clone());
@@ -218,6 +238,15 @@ impl ModelConfig {
     pub fn attention_scale(&self) -> f32 {
         let af = self.rope_yarn.map_or(1.0, |y| y.attention_factor);
         (af * af / self.attn_scalar.sqrt()) as f32
+    }
+
+    /// [`Self::attention_scale`] for the local layers: without YaRN's attention factor when
+    /// they have RoPE of their own (unscaled: OLMo 3 scales its global layers only).
+    pub fn attention_scale_local(&self) -> f32 {
+        match self.sliding_window.as_ref().and_then(|w| w.rope_theta) {
+            Some(_) => (1.0 / self.attn_scalar.sqrt()) as f32,
+            None => self.attention_scale(),
+        }
     }
 
     /// The rotary frequencies, one per pair of the `rotary_dim` turned dimensions.

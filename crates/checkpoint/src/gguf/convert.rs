@@ -193,7 +193,7 @@ fn plan_tensors<'a>(
             }
             None => {
                 return Err(CheckpointError::Gguf(format!(
-                    "tensor {:?} has no HF equivalent known to lmi; this GGUF is not a llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss, qwen35, qwen35moe or qwen3next model",
+                    "tensor {:?} has no HF equivalent known to lmi; this GGUF is not a llama, qwen2, qwen3, qwen3moe, gemma3, gpt-oss, qwen35, qwen35moe, qwen3next, smollm3 or olmo2 model",
                     info.name
                 )));
             }
@@ -205,8 +205,8 @@ fn plan_tensors<'a>(
         g.tensor_data(info)?; // bounds check now, not mid-write
         let shape = info.hf_shape();
         let unpermute_heads = match (h.arch, qk) {
-            (GgufArch::Llama, Some(QkKind::Q)) => Some(h.num_heads as usize),
-            (GgufArch::Llama, Some(QkKind::K)) => Some(h.num_kv_heads as usize),
+            (a, Some(QkKind::Q)) if a.permutes_qk() => Some(h.num_heads as usize),
+            (a, Some(QkKind::K)) if a.permutes_qk() => Some(h.num_kv_heads as usize),
             _ => None,
         };
         if let Some(heads) = unpermute_heads {

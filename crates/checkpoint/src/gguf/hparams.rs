@@ -33,6 +33,20 @@ pub enum GgufArch {
     Qwen35Moe,
     /// Qwen3-Next: the same hybrid layers (value heads kept in transformers' order), experts.
     Qwen3Next,
+    /// DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash: latent attention, DeepSeek-style experts
+    /// (`gguf/mla.rs`).
+    Deepseek2,
+    /// GLM-4.5/4.6/4.7: sigmoid-routed experts with shared ones, partial RoPE, q/k/v biases
+    /// (`gguf/sigmoe.rs`).
+    Glm4Moe,
+    /// MiniMax-M2: sigmoid-routed experts, whole-projection q/k norms, partial RoPE.
+    MiniMaxM2,
+    /// SmolLM3: llama.cpp's `LlamaModel` converter (Q/K rows permuted); no RoPE on every
+    /// fourth layer (llama.cpp's fixed `n_no_rope_layer_step`; the file has no key).
+    SmolLM3,
+    /// OLMo 2, and OLMo 3 when the file gives `attention.sliding_window` (llama.cpp reads both
+    /// as `olmo2`): post-norm layers, whole-projection q/k norms.
+    Olmo2,
     /// Gemma 4 (`gguf/gemma4.rs`): per-layer head counts and MLP widths, local and global
     /// layers of their own head widths.
     Gemma4,
@@ -51,11 +65,16 @@ impl GgufArch {
             "qwen35" => Ok(GgufArch::Qwen35),
             "qwen35moe" => Ok(GgufArch::Qwen35Moe),
             "qwen3next" => Ok(GgufArch::Qwen3Next),
+            "glm4moe" => Ok(GgufArch::Glm4Moe),
+            "minimax-m2" => Ok(GgufArch::MiniMaxM2),
+            "smollm3" => Ok(GgufArch::SmolLM3),
+            "olmo2" => Ok(GgufArch::Olmo2),
+            "deepseek2" => Ok(GgufArch::Deepseek2),
             "gemma4" => Ok(GgufArch::Gemma4),
             other => Err(CheckpointError::Gguf(format!(
                 "general.architecture {other:?} is not supported (supported: llama (with or \
                  without experts), qwen2, qwen2moe, qwen3, qwen3moe, gemma3, gemma4, gpt-oss, \
-                 qwen35, qwen35moe, qwen3next)"
+                 qwen35, qwen35moe, qwen3next, glm4moe, minimax-m2, smollm3, olmo2, deepseek2)"
             ))),
         }
     }
@@ -74,8 +93,18 @@ impl GgufArch {
             GgufArch::Qwen35 => ("Qwen3_5ForCausalLM", "qwen3_5_text"),
             GgufArch::Qwen35Moe => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
             GgufArch::Qwen3Next => ("Qwen3NextForCausalLM", "qwen3_next"),
+            GgufArch::Deepseek2 => ("DeepseekV3ForCausalLM", "deepseek_v3"),
+            GgufArch::Glm4Moe => ("Glm4MoeForCausalLM", "glm4_moe"),
+            GgufArch::MiniMaxM2 => ("MiniMaxM2ForCausalLM", "minimax_m2"),
+            GgufArch::SmolLM3 => ("SmolLM3ForCausalLM", "smollm3"),
+            GgufArch::Olmo2 => ("Olmo2ForCausalLM", "olmo2"),
             GgufArch::Gemma4 => ("Gemma4ForCausalLM", "gemma4_text"),
         }
+    }
+
+    /// llama.cpp's `LlamaModel.permute` reordered the Q and K rows of these files.
+    pub fn permutes_qk(self) -> bool {
+        matches!(self, GgufArch::Llama | GgufArch::SmolLM3)
     }
 
     /// Gated DeltaNet hybrids (linear-attention layers, `ssm.*` metadata).
@@ -95,6 +124,8 @@ impl GgufArch {
                 | GgufArch::GptOss
                 | GgufArch::Qwen35Moe
                 | GgufArch::Qwen3Next
+                | GgufArch::Glm4Moe
+                | GgufArch::MiniMaxM2
         )
     }
 
@@ -140,6 +171,12 @@ pub struct Hparams {
     pub rotary_dim: Option<u64>,
     /// Qwen3.5's M-RoPE sections (`rope.dimension_sections`, the first three).
     pub mrope_section: Option<[u64; 3]>,
+    /// A deepseek2 file's latent attention and expert routing.
+    pub mla: Option<crate::gguf::mla::MlaHparams>,
+    /// GLM-4.5's and MiniMax-M2's DeepSeek-style routing (`gguf/sigmoe.rs`).
+    pub sigmoid: Option<super::sigmoe::SigmoidRouting>,
+    /// The local layers' RoPE base (`rope.freq_base_swa`, OLMo 3).
+    pub rope_theta_swa: Option<f64>,
     /// Gemma 4: config.json's text config whole (`gguf/gemma4.rs`).
     pub gemma4_config: Option<Value>,
 }
@@ -281,8 +318,8 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         true => Some(hybrid::read_linear(g, arch_name, num_layers, block_count)?),
         false => None,
     };
-    // Only the hybrids' configs carry partial RoPE (`partial_rotary_factor`).
-    let rotary_dim = match arch.is_hybrid() {
+    // Only the hybrids' and GLM's / MiniMax-M2's configs carry partial RoPE.
+    let rotary_dim = match arch.is_hybrid() || super::sigmoe::is_sigmoid_moe(arch) {
         true => g
             .get_u64(&key("rope.dimension_count"))?
             .filter(|&d| d < head_dim),
@@ -296,6 +333,10 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
                 _ => None,
             }
         }
+        _ => None,
+    };
+    let mla = match arch {
+        GgufArch::Deepseek2 => Some(crate::gguf::mla::read(g, arch_name)?),
         _ => None,
     };
     let h = Hparams {
@@ -322,6 +363,12 @@ pub fn read(g: &GgufFile) -> Result<Hparams> {
         linear,
         rotary_dim,
         mrope_section,
+        mla,
+        sigmoid: super::sigmoe::read(g, arch, arch_name)?,
+        rope_theta_swa: match arch {
+            GgufArch::Olmo2 => g.get_f64(&key("rope.freq_base_swa"))?,
+            _ => None,
+        },
         gemma4_config: None,
     };
     match arch {
@@ -338,7 +385,7 @@ fn first_of_array(g: &GgufFile, key: &str) -> Option<u64> {
 /// A value the converter stored as f32 (1e-6 read back as 9.99999997e-7) as the decimal it
 /// was written from, the shortest that rounds to that f32, so that config.json says what the
 /// HF config said.
-fn as_written(x: f64) -> f64 {
+pub(crate) fn as_written(x: f64) -> f64 {
     let f = x as f32;
     match f64::from(f) == x {
         true => f.to_string().parse().unwrap_or(x),
@@ -354,9 +401,17 @@ fn windows(g: &GgufFile, arch: GgufArch, name: &str, num_layers: u64) -> Result<
     let key = |k: &str| format!("{name}.{k}");
     let local: Vec<bool> = match arch {
         GgufArch::Gemma3 => {
-            gemma_local_layers(g, &key("attention.sliding_window_pattern"), num_layers)?
+            local_layers(g, &key("attention.sliding_window_pattern"), num_layers, 6)?
         }
         GgufArch::GptOss => (0..num_layers).map(|i| i % 2 == 0).collect(),
+        // OLMo 3 (`llama_model_olmo2::load_arch_hparams`): only with a window; every fourth
+        // layer global when the flags are absent.
+        GgufArch::Olmo2
+            if g.get_u64(&key("attention.sliding_window"))?
+                .is_some_and(|w| w > 0) =>
+        {
+            local_layers(g, &key("attention.sliding_window_pattern"), num_layers, 4)?
+        }
         _ => return Ok(None),
     };
     let size = g
@@ -365,7 +420,8 @@ fn windows(g: &GgufFile, arch: GgufArch, name: &str, num_layers: u64) -> Result<
     Ok(Some(Windows { size, local }))
 }
 
-fn gemma_local_layers(g: &GgufFile, pattern_key: &str, num_layers: u64) -> Result<Vec<bool>> {
+/// Per-layer flags, or every `every`-th layer global (the key a number, or absent).
+fn local_layers(g: &GgufFile, pattern_key: &str, num_layers: u64, every: u64) -> Result<Vec<bool>> {
     Ok(match g.get_array(pattern_key).ok().flatten() {
         Some(flags) => {
             let v: Vec<bool> = flags.iter().filter_map(|f| f.as_bool()).collect();
@@ -378,7 +434,7 @@ fn gemma_local_layers(g: &GgufFile, pattern_key: &str, num_layers: u64) -> Resul
             v
         }
         None => {
-            let n = g.get_u64(pattern_key)?.unwrap_or(6).max(1);
+            let n = g.get_u64(pattern_key)?.unwrap_or(every).max(1);
             (0..num_layers).map(|i| (i + 1) % n != 0).collect()
         }
     })
@@ -471,6 +527,9 @@ fn rope_scaling(
                 "beta_fast": g.get_f64(&key("yarn_beta_fast"))?.unwrap_or(32.0),
                 "beta_slow": g.get_f64(&key("yarn_beta_slow"))?.unwrap_or(1.0),
             });
+            if let Some(a) = g.get_f64(&key("yarn_attn_factor"))? {
+                y["attention_factor"] = json!(as_written(a));
+            }
             // gpt-oss's published setting (not in the file): the correction range is not
             // rounded to whole dimensions.
             if gguf_arch == GgufArch::GptOss {
@@ -547,7 +606,10 @@ pub fn config_json(h: &Hparams, dtype: DType) -> Value {
         c["torch_dtype"] = json!(dtype.name());
         return c;
     }
-    let (class, model_type) = h.arch.hf(h.experts.is_some());
+    let (class, model_type) = match h.arch {
+        GgufArch::Olmo2 if h.windows.is_some() => ("Olmo3ForCausalLM", "olmo3"),
+        a => a.hf(h.experts.is_some()),
+    };
     let mut c = json!({
         "architectures": [class],
         "model_type": model_type,
@@ -595,7 +657,15 @@ pub fn config_json(h: &Hparams, dtype: DType) -> Value {
     if h.arch == GgufArch::GptOss {
         c["attention_bias"] = json!(true);
     }
-    if let Some(e) = &h.experts {
+    if h.arch == GgufArch::SmolLM3 {
+        c["no_rope_layer_interval"] = json!(4);
+    }
+    if let Some(base) = h.rope_theta_swa.filter(|_| h.windows.is_some()) {
+        c["rope_local_base_freq"] = json!(base);
+    }
+    if let Some(r) = &h.sigmoid {
+        super::sigmoe::config_json(h, r, &mut c);
+    } else if let Some(e) = h.experts.as_ref().filter(|_| h.mla.is_none()) {
         c["num_experts_per_tok"] = json!(e.used);
         if h.arch.qwen_experts() {
             // llama.cpp renormalizes the top-k weights of Qwen3-MoE and the hybrids, not
@@ -614,6 +684,9 @@ pub fn config_json(h: &Hparams, dtype: DType) -> Value {
     }
     if let Some(l) = &h.linear {
         hybrid::config_json(h, l, &mut c);
+    }
+    if let Some(m) = &h.mla {
+        crate::gguf::mla::config_json(h, m, &mut c);
     }
     c
 }

@@ -379,9 +379,12 @@ mod tests {
             experts: None,
             gemma: None,
             windows: None,
+            rope_theta_swa: None,
             linear: Some(l),
             rotary_dim: Some(2),
             mrope_section: None,
+            mla: None,
+            sigmoid: None,
             gemma4_config: None,
         }
     }

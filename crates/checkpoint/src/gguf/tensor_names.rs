@@ -35,6 +35,14 @@ pub fn map_in(gguf: &str, h: &Hparams) -> Option<Mapped> {
     {
         return Some(m);
     }
+    if h.mla.is_some()
+        && let Some(m) = super::mla::map(gguf)
+    {
+        return Some(m);
+    }
+    if let Some(m) = super::sigmoe::map(gguf, h) {
+        return Some(m);
+    }
     map(gguf, h.arch)
 }
 
@@ -88,14 +96,15 @@ pub fn map(gguf: &str, arch: GgufArch) -> Option<Mapped> {
     let gemma = arch == GgufArch::Gemma3;
     let gpt_oss = arch == GgufArch::GptOss;
     // The hybrids' norm before the MLP (HF's post_attention_layernorm) has Gemma's name.
-    let post_attention = gemma || gpt_oss || arch.is_hybrid();
+    let olmo = arch == GgufArch::Olmo2;
+    let post_attention = gemma || gpt_oss || olmo || arch.is_hybrid();
     let (hf_part, qk) = match part {
         "attn_norm" => ("input_layernorm", None),
         // Gemma norms the attention's output as well: its HF post_attention_layernorm.
         "ffn_norm" if gemma => ("pre_feedforward_layernorm", None),
         "post_attention_norm" if post_attention => ("post_attention_layernorm", None),
         "ffn_gate_inp" if gpt_oss => ("mlp.router", None),
-        "post_ffw_norm" if gemma => ("post_feedforward_layernorm", None),
+        "post_ffw_norm" if gemma || olmo => ("post_feedforward_layernorm", None),
         "ffn_norm" => ("post_attention_layernorm", None),
         "attn_q" => ("self_attn.q_proj", Some(QkKind::Q)),
         "attn_k" => ("self_attn.k_proj", Some(QkKind::K)),

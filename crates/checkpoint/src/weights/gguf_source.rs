@@ -10,7 +10,7 @@ use super::host::HostTensor;
 use crate::dtype::DType;
 use crate::error::{CheckpointError, Result};
 use crate::gguf::dequant::dequantize;
-use crate::gguf::hparams::{self, GgufArch};
+use crate::gguf::hparams;
 use crate::gguf::layout::{Layout, Values, block_order, gather_cols, gather_rows};
 use crate::gguf::tensor_names::{self, Mapped, QkKind};
 use crate::gguf::{GgufFile, TensorInfo};
@@ -38,8 +38,8 @@ impl GgufWeights {
             match tensor_names::map_in(&info.name, &h) {
                 Some(Mapped::Hf { name, qk }) => {
                     let heads = match (h.arch, qk) {
-                        (GgufArch::Llama, Some(QkKind::Q)) => Some(h.num_heads as usize),
-                        (GgufArch::Llama, Some(QkKind::K)) => Some(h.num_kv_heads as usize),
+                        (a, Some(QkKind::Q)) if a.permutes_qk() => Some(h.num_heads as usize),
+                        (a, Some(QkKind::K)) if a.permutes_qk() => Some(h.num_kv_heads as usize),
                         _ => None,
                     };
                     let layout = match heads {

@@ -288,7 +288,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Bytes of every KV pool.
-    pub(crate) fn kv_bytes(&self) -> usize {
+    pub fn kv_bytes(&self) -> usize {
         self.kv.bytes()
     }
 
@@ -590,6 +590,13 @@ impl<B: Backend> StepEngine for Engine<B> {
         if self.model.config.linear_attn.is_some() {
             return Err(crate::error::EngineError::Batch(
                 "LoRA adapters on Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next) are not supported yet"
+                    .into(),
+            ));
+        }
+        if self.model.config.mla.is_some() {
+            return Err(crate::error::EngineError::Batch(
+                "LoRA adapters on latent-attention models (DeepSeek-V3, GLM-4.7-Flash) are not \
+                 supported yet"
                     .into(),
             ));
         }

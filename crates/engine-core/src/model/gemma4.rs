@@ -586,6 +586,7 @@ fn load_moe<B: Backend>(
         routing: cfg.routing,
         activation: cfg.activation,
         shared: None,
+        correction_bias: None,
     };
     let index = backend.index_experts(&layer)?;
     let norm = |name: &str| {
@@ -642,6 +643,7 @@ impl<B: Backend> Model<B> {
             layers: Vec::new(),
             rope: backend.rope_table(&local)?,
             rope_local: Some(backend.rope_table(&local)?),
+            rope_none: None,
             embed_scale: None,
             vision,
             vision_device: None,

@@ -6,6 +6,7 @@ use lmi_checkpoint::dtype::DType;
 use lmi_checkpoint::weights::{GgufWeights, HostData, HostTensor, SafetensorsDir, WeightSource};
 
 use super::linear_attn::LinearAttn;
+use super::mla::LatentAttn;
 use super::{Attention, Layer, Mixer, Mlp, Model};
 use crate::backend::{Backend, Feature};
 use crate::error::{EngineError, Result};
@@ -141,6 +142,7 @@ impl<B: Backend> Model<B> {
             None
         };
         let embed = backend.upload_weight(embed_t)?;
+        super::sigmoe::note_skipped_mtp(c, st, lm);
         let mut layers = Vec::with_capacity(c.num_layers);
         let (mut kv_layers, mut state_layers) = (0, 0);
         for i in 0..c.num_layers {
@@ -157,6 +159,17 @@ impl<B: Backend> Model<B> {
                     &mat,
                     dtype,
                 )?)
+            } else if c.mla.is_some() {
+                kv_layers += 1;
+                Mixer::Latent(LatentAttn::load(
+                    backend,
+                    c,
+                    st,
+                    &p,
+                    kv_layers - 1,
+                    &mat,
+                    &norm,
+                )?)
             } else {
                 kv_layers += 1;
                 Mixer::Attention(self_attention(
@@ -164,7 +177,7 @@ impl<B: Backend> Model<B> {
                     c,
                     st,
                     &p,
-                    kv_layers - 1,
+                    (i, kv_layers - 1),
                     &mat,
                     &norm,
                 )?)
@@ -187,8 +200,9 @@ impl<B: Backend> Model<B> {
                     Mlp::Dense { gate_up, down }
                 }
             };
+            let olmo = c.architecture.is_olmo();
             let sandwich = |n: &str| -> Result<Option<B::Weight>> {
-                gemma
+                (gemma || olmo)
                     .then(|| norm(&format!("{p}.{n}.weight"), h))
                     .transpose()
             };
@@ -198,9 +212,13 @@ impl<B: Backend> Model<B> {
                 "post_attention_layernorm"
             };
             layers.push(Layer {
-                input_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
+                input_norm: (!olmo)
+                    .then(|| norm(&format!("{p}.input_layernorm.weight"), h))
+                    .transpose()?,
                 mixer,
-                post_norm: norm(&format!("{p}.{pre_mlp}.weight"), h)?,
+                post_norm: (!olmo)
+                    .then(|| norm(&format!("{p}.{pre_mlp}.weight"), h))
+                    .transpose()?,
                 attn_out_norm: sandwich("post_attention_layernorm")?,
                 mlp_out_norm: sandwich("post_feedforward_layernorm")?,
                 local: c.sliding_window.as_ref().is_some_and(|w| w.local[i]),
@@ -215,6 +233,10 @@ impl<B: Backend> Model<B> {
         let rope_local = match c.rope_inv_freq_local() {
             Some(f) => Some(backend.rope_table(&f)?),
             None => None,
+        };
+        let rope_none = match c.no_rope.iter().any(|&x| x) {
+            true => Some(backend.rope_table(&vec![0.0; c.rotary_dim / 2])?),
+            false => None,
         };
         let vision = match (&c.vision, st) {
             (None, _) => None,
@@ -250,6 +272,7 @@ impl<B: Backend> Model<B> {
             layers,
             rope,
             rope_local,
+            rope_none,
             // HF multiplies by the scale rounded to the weights' dtype; f32 here (the
             // activations are f32 whatever the weights).
             embed_scale: gemma.then(|| (h as f32).sqrt()),
@@ -294,7 +317,7 @@ fn self_attention<B: Backend>(
     c: &ModelConfig,
     st: &WeightSource,
     p: &str,
-    kv: usize,
+    (layer, kv): (usize, usize),
     mat: &dyn Fn(&str, &[usize]) -> Result<HostTensor>,
     norm: &dyn Fn(&str, usize) -> Result<B::Weight>,
 ) -> Result<Attention<B>> {
@@ -318,7 +341,10 @@ fn self_attention<B: Backend>(
         mat(&format!("{a}.k_proj.weight"), &[c.kv_size(), h])?,
         mat(&format!("{a}.v_proj.weight"), &[c.kv_size(), h])?,
     ]);
-    let qkv_bias = if c.architecture.has_qkv_bias() {
+    // GLM-4.5: as the checkpoint holds them (`Architecture::optional_qkv_bias_and_norms`).
+    let held =
+        |n: &str| c.architecture.optional_qkv_bias_and_norms() && st.contains(&format!("{a}.{n}"));
+    let qkv_bias = if c.architecture.has_qkv_bias() || held("q_proj.bias") {
         let b = |n: &str, len| st.load(&format!("{a}.{n}.bias"), &[len], DType::F32);
         Some(backend.upload_weight(HostTensor::concat_rows(vec![
             b("q_proj", c.q_size())?,
@@ -328,7 +354,13 @@ fn self_attention<B: Backend>(
     } else {
         None
     };
-    let (q_norm, k_norm) = if c.architecture.has_qk_norm() {
+    let whole = c.architecture.qk_norm_whole();
+    let (q_norm, k_norm) = if whole {
+        (
+            Some(norm(&format!("{a}.q_norm.weight"), c.q_size())?),
+            Some(norm(&format!("{a}.k_norm.weight"), c.kv_size())?),
+        )
+    } else if c.architecture.has_qk_norm() || held("q_norm.weight") {
         (
             Some(norm(&format!("{a}.q_norm.weight"), c.head_dim)?),
             Some(norm(&format!("{a}.k_norm.weight"), c.head_dim)?),
@@ -345,6 +377,8 @@ fn self_attention<B: Backend>(
         qkv_bias,
         q_norm,
         k_norm,
+        qk_norm_whole: whole,
+        no_rope: c.no_rope.get(layer).copied().unwrap_or(false),
         o_proj: backend.upload_weight(mat(&format!("{a}.o_proj.weight"), &[h, c.q_size()])?)?,
         o_bias: f32_opt(sinks, "o_proj.bias", h)?,
         sinks: f32_opt(sinks, "sinks", c.num_heads)?,
@@ -513,7 +547,9 @@ fn load_experts<B: Backend>(
 }
 
 /// A sparse layer from its router and experts, with Qwen2-MoE's shared expert where the model
-/// has one: a SwiGLU MLP of its own width, and its gate `[1, hidden]` (f32, as the router).
+/// has one: a SwiGLU MLP of its own width, and its gate `[1, hidden]` (f32, as the router);
+/// or DeepSeek's ungated `shared_experts` and the router's `e_score_correction_bias`
+/// (`{m}.gate.e_score_correction_bias`; MiniMax-M2's `{m}.e_score_correction_bias`).
 #[allow(clippy::too_many_arguments)]
 fn finish_moe<B: Backend>(
     backend: &B,
@@ -528,21 +564,43 @@ fn finish_moe<B: Backend>(
     experts: Vec<Expert<B::Weight>>,
 ) -> Result<MoeLayer<B::Weight>> {
     let shared = match moe.shared_width {
+        Some(sw) if !moe.shared_gated() => {
+            let (gate_up, down) =
+                gated_mlp(backend, mat, &format!("{m}.shared_experts"), QWEN, h, sw)?;
+            Some(SharedExpert {
+                gate_up,
+                down,
+                gate: None,
+                width: sw,
+            })
+        }
         Some(sw) => {
             let (gate_up, down) =
                 gated_mlp(backend, mat, &format!("{m}.shared_expert"), QWEN, h, sw)?;
             Some(SharedExpert {
                 gate_up,
                 down,
-                gate: backend.upload_router(st.load(
+                gate: Some(backend.upload_router(st.load(
                     &format!("{m}.shared_expert_gate.weight"),
                     &[1, h],
                     DType::F32,
-                )?)?,
+                )?)?),
                 width: sw,
             })
         }
         None => None,
+    };
+    let correction_bias = match moe.correction_bias() {
+        true => {
+            let under_gate = format!("{m}.gate.e_score_correction_bias");
+            let name = match st.contains(&under_gate) {
+                true => under_gate,
+                false => format!("{m}.e_score_correction_bias"),
+            };
+            let b = st.load(&name, &[moe.num_experts], DType::F32)?;
+            Some(backend.upload_weight(b)?)
+        }
+        false => None,
     };
     Ok(MoeLayer {
         router: backend.upload_router(router)?,
@@ -553,6 +611,7 @@ fn finish_moe<B: Backend>(
         routing: moe.routing,
         activation: moe.activation,
         shared,
+        correction_bias,
     })
 }
 
@@ -628,6 +687,7 @@ fn load_stacked_experts<B: Backend>(
         routing: moe.routing,
         activation: moe.activation,
         shared: None,
+        correction_bias: None,
     })
 }
 

@@ -5,6 +5,8 @@ mod gemma4;
 mod gemma4_media;
 mod linear_attn;
 mod load;
+mod mla;
+mod sigmoe;
 
 use std::collections::HashMap;
 
@@ -24,13 +26,14 @@ pub use gemma4::geometry_kv;
 pub use load::LoadOptions;
 
 pub(crate) struct Layer<B: Backend> {
-    input_norm: B::Weight,
+    /// None where the layer has no norm before attention (OLMo 2/3).
+    input_norm: Option<B::Weight>,
     /// How the layer mixes tokens: attention over the KV cache, or a linear-attention layer
     /// over its recurrent state.
     mixer: Mixer<B>,
     /// The norm before the MLP (HF's `post_attention_layernorm`, Gemma's
-    /// `pre_feedforward_layernorm`).
-    post_norm: B::Weight,
+    /// `pre_feedforward_layernorm`); None where it has none (OLMo 2/3).
+    post_norm: Option<B::Weight>,
     /// Gemma's norms of the attention's and of the MLP's output, before the residual add.
     attn_out_norm: Option<B::Weight>,
     mlp_out_norm: Option<B::Weight>,
@@ -42,6 +45,8 @@ pub(crate) struct Layer<B: Backend> {
 pub(crate) enum Mixer<B: Backend> {
     Attention(Attention<B>),
     Linear(LinearAttn<B>),
+    /// Multi-head latent attention (DeepSeek-V3, GLM-4.7-Flash).
+    Latent(mla::LatentAttn<B>),
 }
 
 pub(crate) struct Attention<B: Backend> {
@@ -50,6 +55,10 @@ pub(crate) struct Attention<B: Backend> {
     qkv_bias: Option<B::Weight>,
     q_norm: Option<B::Weight>,
     k_norm: Option<B::Weight>,
+    /// `q_norm` and `k_norm` span the whole q and k projections (OLMo 2/3), not one head.
+    qk_norm_whole: bool,
+    /// A layer without RoPE (SmolLM3's NoPE layers): it turns by [`Model::rope_none`].
+    no_rope: bool,
     o_proj: B::Weight,
     /// gpt-oss: the output projection's bias and each q head's sink logit.
     o_bias: Option<B::Weight>,
@@ -77,6 +86,7 @@ impl<B: Backend> Mixer<B> {
                     + opt(&a.sinks)
             }
             Mixer::Linear(l) => l.bytes(w),
+            Mixer::Latent(l) => l.bytes(w),
         }
     }
 }
@@ -107,6 +117,10 @@ pub struct Model<B: Backend> {
     rope: B::Rope,
     /// The local layers' RoPE (Gemma 3), where they have their own.
     rope_local: Option<B::Rope>,
+    /// A table of zero frequencies (every angle 0: cos 1, sin 0 turn nothing, exactly) for
+    /// layers without RoPE, so that they run the same launches as the others (one fused
+    /// norm-RoPE-write op, the same CUDA graph nodes).
+    rope_none: Option<B::Rope>,
     /// Token embeddings are multiplied by this (Gemma: sqrt(hidden), rounded to f32).
     embed_scale: Option<f32>,
     /// A vision-language model's vision tower (on the host).
@@ -137,10 +151,9 @@ impl<W, X> Mlp<W, X> {
                         (all as f64 / e * hit).round() as usize
                     }
                 };
-                let shared = m
-                    .shared
-                    .as_ref()
-                    .map_or(0, |s| w(&s.gate_up) + w(&s.down) + w(&s.gate));
+                let shared = m.shared.as_ref().map_or(0, |s| {
+                    w(&s.gate_up) + w(&s.down) + s.gate.as_ref().map_or(0, w)
+                });
                 w(&m.router) + shared + read
             }
         }
@@ -407,8 +420,8 @@ impl<B: Backend> Model<B> {
             .iter()
             .map(|l| {
                 l.mixer.bytes(&w)
-                    + w(&l.input_norm)
-                    + w(&l.post_norm)
+                    + opt(&l.input_norm)
+                    + opt(&l.post_norm)
                     + opt(&l.attn_out_norm)
                     + opt(&l.mlp_out_norm)
                     + l.mlp.bytes(&w, Some(tokens))
@@ -429,9 +442,9 @@ impl<B: Backend> Model<B> {
             .layers
             .iter()
             .map(|l| {
-                w(&l.input_norm)
+                opt(&l.input_norm)
                     + l.mixer.bytes(&w)
-                    + w(&l.post_norm)
+                    + opt(&l.post_norm)
                     + opt(&l.attn_out_norm)
                     + opt(&l.mlp_out_norm)
                     + l.mlp.bytes(&w, None)
@@ -489,6 +502,7 @@ impl<B: Backend> Model<B> {
         let ql = self.qkv_layout();
         let eps = c.rms_norm_eps as f32;
         let scale = c.attention_scale();
+        let scale_local = c.attention_scale_local();
         let window = c.sliding_window.as_ref().map(|w| w.size);
         // The local layers' addressing when they keep pools of their own.
         let window_step = backend.window_step(step);
@@ -522,6 +536,7 @@ impl<B: Backend> Model<B> {
             false => backend.alloc_matmul_input(attn_len)?,
         };
         let mut linear = linear_attn::Scratch::new(backend, c.linear_attn.as_ref(), n)?;
+        let mut latent = mla::Scratch::new(backend, c, n)?;
 
         // Adapters used this step, in the order of `layout.adapter_rows` (their groups).
         let mut active: Vec<&LoraAdapter<B>> = Vec::new();
@@ -577,43 +592,57 @@ impl<B: Backend> Model<B> {
         // Whether `proj` holds the previous layer's MLP output, not yet added to `residual`.
         let mut pending = false;
         for (i, layer) in self.layers.iter().enumerate() {
-            if !pending {
-                backend.rms_norm(&residual, n, &layer.input_norm, eps, &mut normed)?;
-            } else {
+            match (&layer.input_norm, pending) {
+                (Some(w), false) => backend.rms_norm(&residual, n, w, eps, &mut normed)?,
                 // The previous layer's MLP output is still in `proj`.
-                backend.add_rms_norm(
-                    &mut residual,
-                    &proj,
-                    n,
-                    &layer.input_norm,
-                    eps,
-                    &mut normed,
-                )?;
+                (Some(w), true) => {
+                    backend.add_rms_norm(&mut residual, &proj, n, w, eps, &mut normed)?
+                }
+                (None, true) => backend.add(&mut residual, &proj, n * hidden)?,
+                (None, false) => {}
             }
+            // What attention reads: the normed residual, or the residual itself (OLMo).
+            let x = match layer.input_norm {
+                Some(_) => &normed,
+                None => &residual,
+            };
             match &layer.mixer {
                 Mixer::Linear(l) => {
                     let d = c.linear_attn.as_ref().ok_or_else(|| {
                         crate::error::EngineError::Backend("no linear_* config".into())
                     })?;
+                    l.forward(backend, x, n, step, kv, d, eps, &mut linear, &mut proj)?;
+                }
+                Mixer::Latent(l) => {
+                    if !active.is_empty() {
+                        return Err(crate::error::EngineError::Batch(
+                            "LoRA adapters on latent-attention models are not supported".into(),
+                        ));
+                    }
                     l.forward(
                         backend,
+                        c,
                         &normed,
                         n,
                         step,
                         kv,
-                        d,
-                        eps,
-                        &mut linear,
+                        &self.rope,
+                        &mut latent,
                         &mut proj,
                     )?;
                 }
                 Mixer::Attention(a) => {
-                    backend.linear(&normed, n, &a.qkv, a.qkv_bias.as_ref(), &mut qkv)?;
+                    backend.linear(x, n, &a.qkv, a.qkv_bias.as_ref(), &mut qkv)?;
                     let w = ql.row_width();
-                    lora(i, Target::Q, &normed, h, &mut qkv, w, 0)?;
-                    lora(i, Target::K, &normed, h, &mut qkv, w, qs)?;
-                    lora(i, Target::V, &normed, h, &mut qkv, w, qs + kvs)?;
+                    lora(i, Target::Q, x, h, &mut qkv, w, 0)?;
+                    lora(i, Target::K, x, h, &mut qkv, w, qs)?;
+                    lora(i, Target::V, x, h, &mut qkv, w, qs + kvs)?;
                     let qk_norm = match (&a.q_norm, &a.k_norm) {
+                        (Some(q), Some(k)) if a.qk_norm_whole => {
+                            backend.span_rms_norm(&mut qkv, n, w, 0, q, eps)?;
+                            backend.span_rms_norm(&mut qkv, n, w, qs, k, eps)?;
+                            None
+                        }
                         (Some(q), Some(k)) => Some(QkNorm { q, k, eps }),
                         _ => None,
                     };
@@ -623,21 +652,22 @@ impl<B: Backend> Model<B> {
                         _ => step,
                     };
                     let (k_cache, v_cache) = &mut kv.layers[a.kv];
-                    let rope = match (&self.rope_local, layer.local) {
-                        (Some(r), true) => r,
+                    let rope = match (&self.rope_local, layer.local, &self.rope_none) {
+                        (_, _, Some(r)) if a.no_rope => r,
+                        (Some(r), true, _) => r,
                         _ => &self.rope,
                     };
                     backend.qk_norm_rope_write_kv(
                         &mut qkv, n, attn_step, ql, qk_norm, rope, k_cache, v_cache,
                     )?;
                     let scoring = AttnScoring {
-                        scale,
+                        scale: if layer.local { scale_local } else { scale },
                         window: window.filter(|_| layer.local),
                         sinks: a.sinks.as_ref(),
                     };
                     backend.attention(&qkv, attn_step, ql, k_cache, v_cache, scoring, &mut attn)?;
                     if let Some(g) = &a.gate {
-                        backend.linear(&normed, n, g, None, &mut attn_gate)?;
+                        backend.linear(x, n, g, None, &mut attn_gate)?;
                         backend.sigmoid_mul(&mut attn, &attn_gate, n * qs)?;
                     }
                     backend.linear(&attn, n, &a.o_proj, a.o_bias.as_ref(), &mut proj)?;
@@ -648,15 +678,23 @@ impl<B: Backend> Model<B> {
                 backend.rms_norm(&proj, n, w, eps, &mut post)?;
                 std::mem::swap(&mut proj, &mut post);
             }
-            backend.add_rms_norm(&mut residual, &proj, n, &layer.post_norm, eps, &mut normed)?;
+            match &layer.post_norm {
+                Some(w) => backend.add_rms_norm(&mut residual, &proj, n, w, eps, &mut normed)?,
+                None => backend.add(&mut residual, &proj, n * hidden)?,
+            }
+            // What the MLP reads: the normed residual, or the residual itself (OLMo).
+            let x = match layer.post_norm {
+                Some(_) => &normed,
+                None => &residual,
+            };
             match &layer.mlp {
                 Mlp::Dense {
                     gate_up: w_gate_up,
                     down,
                 } => {
-                    backend.linear(&normed, n, w_gate_up, None, &mut gate_up)?;
-                    lora(i, Target::Gate, &normed, h, &mut gate_up, 2 * inter, 0)?;
-                    lora(i, Target::Up, &normed, h, &mut gate_up, 2 * inter, inter)?;
+                    backend.linear(x, n, w_gate_up, None, &mut gate_up)?;
+                    lora(i, Target::Gate, x, h, &mut gate_up, 2 * inter, 0)?;
+                    lora(i, Target::Up, x, h, &mut gate_up, 2 * inter, inter)?;
                     let keep_act = !active.is_empty();
                     match c.activation {
                         Activation::Silu => backend.silu_mul_linear(
@@ -670,7 +708,7 @@ impl<B: Backend> Model<B> {
                     lora(i, Target::Down, &act, inter, &mut proj, h, 0)?;
                 }
                 // Adapters on experts are refused at load (`lora`), so none applies here.
-                Mlp::Moe(moe, index) => backend.moe(&normed, n, h, moe, index, &mut proj)?,
+                Mlp::Moe(moe, index) => backend.moe(x, n, h, moe, index, &mut proj)?,
             }
             if let Some(w) = &layer.mlp_out_norm {
                 backend.rms_norm(&proj, n, w, eps, &mut post)?;
@@ -693,6 +731,7 @@ impl<B: Backend> Model<B> {
             backend.recycle(b);
         }
         linear.recycle(backend);
+        latent.recycle(backend);
         if rows == 0 {
             backend.recycle(residual);
             backend.recycle(proj);
