@@ -948,6 +948,11 @@ impl<D: Device> Backend for CudaBackend<D> {
         )
     }
 
+    /// attention.rs's and rope.rs's bound.
+    fn max_head_dim(&self) -> Option<usize> {
+        Some(256)
+    }
+
     fn supports(&self, feature: Feature) -> bool {
         match feature {
             Feature::SlidingWindow

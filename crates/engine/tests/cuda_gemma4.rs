@@ -178,3 +178,32 @@ fn check_ops<D: Device>(g: &CudaBackend<D>) {
 fn gemma4_ops_match_the_cpus() {
     on_every_device!(check_ops);
 }
+
+/// The published checkpoints' global heads of 512 dimensions are wider than the attention and
+/// RoPE kernels take (256): refused at load, before any weight is read, with what to do.
+fn check_wide_heads_refused<D: Device>(dev: &Arc<D>) {
+    let dir = hf_fixture::with_config(&hf_fixture::fixture("gemma4", "e2b"), |c| {
+        c["text_config"]["global_head_dim"] = 512.into();
+    });
+    let opts = EngineOptions {
+        dtype: Some(DType::BF16),
+        kv_blocks: Some(16),
+        ..Default::default()
+    };
+    let backend = CudaBackend::with_graphs(dev.clone(), false).unwrap();
+    let err = match Engine::load(backend, dir.path(), &opts) {
+        Ok(_) => panic!("heads of 512 loaded on the CUDA engine"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("does not run this Gemma 4")
+            && err.contains("global layers have 512")
+            && err.contains("--device cpu"),
+        "{err}"
+    );
+}
+
+#[test]
+fn global_heads_wider_than_the_kernels_are_refused_at_load() {
+    on_every_raw_device!(check_wide_heads_refused);
+}
