@@ -950,7 +950,7 @@ impl<D: Device> Backend for CudaBackend<D> {
 
     /// attention.rs's and rope.rs's bound.
     fn max_head_dim(&self) -> Option<usize> {
-        Some(256)
+        Some(attention::MAX_HEAD_DIM.min(super::rope::MAX_HEAD_DIM))
     }
 
     fn supports(&self, feature: Feature) -> bool {

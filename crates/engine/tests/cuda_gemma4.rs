@@ -179,11 +179,11 @@ fn gemma4_ops_match_the_cpus() {
     on_every_device!(check_ops);
 }
 
-/// The published checkpoints' global heads of 512 dimensions are wider than the attention and
-/// RoPE kernels take (256): refused at load, before any weight is read, with what to do.
+/// Global heads wider than the attention and RoPE kernels take (512, the published
+/// checkpoints' width): refused at load, before any weight is read, with what to do.
 fn check_wide_heads_refused<D: Device>(dev: &Arc<D>) {
     let dir = hf_fixture::with_config(&hf_fixture::fixture("gemma4", "e2b"), |c| {
-        c["text_config"]["global_head_dim"] = 512.into();
+        c["text_config"]["global_head_dim"] = 1024.into();
     });
     let opts = EngineOptions {
         dtype: Some(DType::BF16),
@@ -192,12 +192,12 @@ fn check_wide_heads_refused<D: Device>(dev: &Arc<D>) {
     };
     let backend = CudaBackend::with_graphs(dev.clone(), false).unwrap();
     let err = match Engine::load(backend, dir.path(), &opts) {
-        Ok(_) => panic!("heads of 512 loaded on the CUDA engine"),
+        Ok(_) => panic!("heads of 1024 loaded on the CUDA engine"),
         Err(e) => e.to_string(),
     };
     assert!(
         err.contains("does not run this Gemma 4")
-            && err.contains("global layers have 512")
+            && err.contains("global layers have 1024")
             && err.contains("--device cpu"),
         "{err}"
     );
