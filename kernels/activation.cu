@@ -42,3 +42,17 @@ GATED(gelu_tanh_mul_bf16, bf16, gelu_tanh_mul_one)
     }
 GELU_IN_PLACE(gelu_erf_f32, gelu_erf_one)
 GELU_IN_PLACE(gelu_tanh_f32, gelu_tanh_one)
+
+// Gemma 4's per-layer input gate, in place: x[r, c] = gelu_tanh(x[r, c]) · other[r · stride +
+// offset + c] for rows of `width`, `n` values of x in all (its layer's slice of the per-layer
+// inputs).
+extern "C" __global__ void gelu_tanh_mul_slice_f32(float* __restrict__ x,
+                                                   const float* __restrict__ other, unsigned width,
+                                                   unsigned stride, unsigned offset,
+                                                   unsigned long long n) {
+    FOR_ROWS(r, width, n) {
+        float* row = x + r * width;
+        const float* u = other + r * stride + offset;
+        FOR_COLS(c, width) row[c] = gelu_tanh_mul_one(row[c], u[c]);
+    }
+}

@@ -86,16 +86,23 @@ typedef AttnShape<64, 8, 4, 2, true> DecodeHd64;
 typedef AttnShape<128, 8, 4, 2, true> DecodeHd128;
 typedef AttnShape<256, 8, 4, 2, false> DecodeAny;
 typedef AttnShape<256, 32, 1, 8, false> PrefillAny;
+// Heads wider than 256 up to 512 (Gemma 4's global layers), zero-padded to 512: the decode
+// shape for prefill too (8 rows a pass keep the shared memory at 148 KiB); a warp per row in
+// P·V (RPART 8) keeps its 16 dims a lane in registers.
+typedef AttnShape<512, 8, 4, 8, false> Wide;
 
 __device__ __forceinline__ void unpack_bf16x2(unsigned w, float& lo, float& hi) {
     lo = __uint_as_float(w << 16);
     hi = __uint_as_float(w & 0xffff0000u);
 }
 
-// N consecutive bf16 values (N = 2, 4 or 8, aligned to 2N bytes) as f32.
+// N consecutive bf16 values (N = 2, 4, 8 or 16, aligned to 2N bytes; 16 at 16) as f32.
 template <int N>
 __device__ __forceinline__ void load_bf16(const bf16* p, float* f) {
-    if constexpr (N == 8) {
+    if constexpr (N == 16) {
+        load_bf16<8>(p, f);
+        load_bf16<8>(p + 8, f + 8);
+    } else if constexpr (N == 8) {
         const uint4 w = *reinterpret_cast<const uint4*>(p);
         unpack_bf16x2(w.x, f[0], f[1]);
         unpack_bf16x2(w.y, f[2], f[3]);
@@ -441,3 +448,7 @@ ATTENTION(attention_decode_any_f32, DecodeAny, false, float, 1)
 ATTENTION(attention_decode_any_bf16, DecodeAny, false, bf16, 1)
 ATTENTION(attention_prefill_any_f32, PrefillAny, false, float, 1)
 ATTENTION(attention_prefill_any_bf16, PrefillAny, false, bf16, 1)
+ATTENTION(attention_decode_wide_f32, Wide, false, float, 1)
+ATTENTION(attention_decode_wide_bf16, Wide, false, bf16, 1)
+ATTENTION(attention_prefill_wide_f32, Wide, false, float, 1)
+ATTENTION(attention_prefill_wide_bf16, Wide, false, bf16, 1)

@@ -17,6 +17,11 @@ extern "C" __global__ void scale_f32(float* __restrict__ x, float s, unsigned lo
     GRID_STRIDE(e, n) x[e] *= s;
 }
 
+// x = cap · tanh(x / cap) (Gemma 4's final logit soft-capping)
+extern "C" __global__ void softcap_f32(float* __restrict__ x, float cap, unsigned long long n) {
+    GRID_STRIDE(e, n) x[e] = tanhf(x[e] / cap) * cap;
+}
+
 // out[r, :] += bias, rows of `width`, `n` values in all (rows.cuh: no division).
 extern "C" __global__ void add_bias_f32(float* __restrict__ out, const float* __restrict__ bias,
                                         unsigned width, unsigned long long n) {

@@ -23,6 +23,8 @@
 // Expert activations (crate::moe::ExpertActivation).
 #define MOE_SILU 0
 #define MOE_CLAMPED_SWIGLU 1
+// Gemma 4's experts: gelu_tanh(g) · u.
+#define MOE_GELU_TANH 2
 
 // One expert as the host's table holds it (engine-cuda/src/moe.rs writes four addresses per expert).
 struct MoeExpert {
@@ -51,6 +53,11 @@ __device__ __forceinline__ float moe_activate(float g, float u, unsigned activat
         g = fminf(g, limit);
         u = fminf(fmaxf(u, -limit), limit);
         return g * (1.0f / (1.0f + expf(-alpha * g))) * (u + 1.0f);
+    }
+    if (activation == MOE_GELU_TANH) {
+        // gelu_pytorch_tanh(g) · u, kernels/activation.cu's formula.
+        const float t = tanhf(0.7978846f * (g + 0.044715f * g * g * g));
+        return 0.5f * g * (1.0f + t) * u;
     }
     return silu_mul_one(g, u);
 }

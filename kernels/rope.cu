@@ -22,51 +22,37 @@
 #include "kv_cache.cuh"
 #include "rope.cuh"
 
-// Pairs (i, i + rot) a lane of a warp holds: rot <= 32 · ROPE_PAIRS = 128 (head_dim <= 256).
-#define ROPE_PAIRS 4
+// The most pairs a head turns: rot <= 256 (head_dim <= 512, Gemma 4's global heads).
+#define ROPE_MAX_PAIRS 256
 // Warps per block: each takes one head at a time.
 #define ROPE_WARPS 4
 
-// One head of one token, by one warp, in place at x (or into k_out in bf16): lane holds pairs
+// One head of one token, by one warp, in place at x (or into k_out in bf16): lane takes pairs
 // (i, i + rot) for i = lane + 32·j < rot; the unrotated tail 2·rot .. head_dim (partial RoPE)
-// is read from x where it is needed (empty for a full rotation). Normalized first when `norm`
-// is set (head_dim weights); rotated by the token's (cos, sin) of each pair, from shared
-// memory.
+// likewise. Normalized first when `norm` is set (head_dim weights: the sum of squares read
+// from x before anything is written); rotated by the token's (cos, sin) of each pair, from
+// shared memory. Nothing is held per pair in registers, so any width up to ROPE_MAX_PAIRS
+// pairs takes the same registers.
 __device__ __forceinline__ void rope_head(float* __restrict__ x, bf16* __restrict__ k_out,
                                           const float* __restrict__ norm, float eps,
                                           unsigned head_dim, unsigned rot, const float* cos_s,
                                           const float* sin_s) {
     const unsigned lane = threadIdx.x & 31u;
-    float a[ROPE_PAIRS], b[ROPE_PAIRS];
-#pragma unroll
-    for (int j = 0; j < ROPE_PAIRS; j++) {
-        const unsigned i = lane + 32u * j;
-        a[j] = i < rot ? x[i] : 0.0f;
-        b[j] = i < rot ? x[i + rot] : 0.0f;
-    }
     float inv = 1.0f;
     if (norm != nullptr) {  // uniform: the same for every lane of the launch
         float ss = 0.0f;
-#pragma unroll
-        for (int j = 0; j < ROPE_PAIRS; j++) ss = fmaf(b[j], b[j], fmaf(a[j], a[j], ss));
-        for (unsigned i = 2u * rot + lane; i < head_dim; i += 32u) ss = fmaf(x[i], x[i], ss);
+        for (unsigned i = lane; i < head_dim; i += 32u) ss = fmaf(x[i], x[i], ss);
         ss = warp_sum(ss);
         inv = rsqrtf(ss / (float)head_dim + eps);
-#pragma unroll
-        for (int j = 0; j < ROPE_PAIRS; j++) {
-            const unsigned i = lane + 32u * j;
-            if (i < rot) {
-                a[j] = a[j] * inv * norm[i];
-                b[j] = b[j] * inv * norm[i + rot];
-            }
-        }
     }
-#pragma unroll
-    for (int j = 0; j < ROPE_PAIRS; j++) {
-        const unsigned i = lane + 32u * j;
-        if (i >= rot) continue;
+    for (unsigned i = lane; i < rot; i += 32u) {
+        float a = x[i], b = x[i + rot];
+        if (norm != nullptr) {
+            a = a * inv * norm[i];
+            b = b * inv * norm[i + rot];
+        }
         const float c = cos_s[i], s = sin_s[i];
-        const float ra = fmaf(a[j], c, -b[j] * s), rb = fmaf(b[j], c, a[j] * s);
+        const float ra = fmaf(a, c, -b * s), rb = fmaf(b, c, a * s);
         if (k_out != nullptr) {
             k_out[i] = f32_to_bf16(ra);
             k_out[i + rot] = f32_to_bf16(rb);
@@ -75,7 +61,7 @@ __device__ __forceinline__ void rope_head(float* __restrict__ x, bf16* __restric
             x[i + rot] = rb;
         }
     }
-    // The tail: normalized in place or stored (each lane the elements it read above).
+    // The tail: normalized in place or stored (each lane its own elements).
     if (norm == nullptr && k_out == nullptr) return;
     for (unsigned i = 2u * rot + lane; i < head_dim; i += 32u) {
         const float v = norm != nullptr ? x[i] * inv * norm[i] : x[i];
@@ -106,7 +92,7 @@ __device__ __forceinline__ void rope_token(float* __restrict__ qkv, bf16* __rest
                                            const float* __restrict__ k_norm, float eps,
                                            unsigned q_heads, unsigned kv_heads, unsigned head_dim,
                                            unsigned rot) {
-    __shared__ float cos_s[ROPE_PAIRS * 32], sin_s[ROPE_PAIRS * 32];
+    __shared__ float cos_s[ROPE_MAX_PAIRS], sin_s[ROPE_MAX_PAIRS];
     const unsigned t = blockIdx.x;
     const unsigned slot = KV ? slots[t] : 0u;
     if (KV && slot == NO_SLOT) return;  // the whole block

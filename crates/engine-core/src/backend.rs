@@ -515,6 +515,11 @@ pub trait Backend: Send + Sync + 'static {
         let _ = feature;
         false
     }
+    /// The widest attention head this backend's kernels take (None: any); a model with wider
+    /// heads is refused at load.
+    fn max_head_dim(&self) -> Option<usize> {
+        None
+    }
     /// `out[r, i] = silu(gate[r, i]) * up[r, i]`, each input row holding `[gate | up]` (2·`width`).
     fn silu_mul(
         &self,

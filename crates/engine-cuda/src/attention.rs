@@ -8,7 +8,8 @@
 //! - the decode shape (8 query rows per pass, CUDA cores) when every tile is one token, else
 //!   the prefill shape: for head_dim 64 and 128 the tensor-core kernels of
 //!   attention_prefill.cu (bf16 products, f32 accumulation, 64 rows per pass); other multiples
-//!   of 8 up to 256 run attention.cu's 256-wide kernels with zero padding (32 prefill rows);
+//!   of 8 up to 256 run attention.cu's 256-wide kernels with zero padding (32 prefill rows),
+//!   and those over 256 up to 512 (Gemma 4's global heads) its 512-wide ones (8 rows a pass);
 //! - split-KV when the tiles alone give fewer than half a wave of [`BLOCKS_PER_SM`] blocks per
 //!   multiprocessor: gridDim.z is as many splits as fit the wave, each taking at least
 //!   [`MIN_SPLIT_KEYS`] of the longest context the step may have ([`split_count`]). That is
@@ -44,6 +45,10 @@ pub const KERNELS: &[&str] = &[
     "attention_decode_hd128_bf16",
     "attention_decode_any_f32",
     "attention_decode_any_bf16",
+    "attention_decode_wide_f32",
+    "attention_decode_wide_bf16",
+    "attention_prefill_wide_f32",
+    "attention_prefill_wide_bf16",
     "attention_prefill_hd64_f32",
     "attention_prefill_hd64_bf16",
     "attention_prefill_hd128_f32",
@@ -143,12 +148,30 @@ const ANY: Family = Family {
     prefill: ["attention_prefill_any_f32", "attention_prefill_any_bf16"],
 };
 
+/// Heads over 256 up to 512 (a multiple of 8; Gemma 4's global layers), zero-padded to 512,
+/// the decode shape for prefill too (its shared memory, 148 KiB, fits the devices that have
+/// 164 KiB; 32 prefill rows would not).
+const WIDE: Family = Family {
+    d: 512,
+    prefill_shape: Shape::Cores {
+        d: 512,
+        rows: 8,
+        dp: 4,
+    },
+    decode: ["attention_decode_wide_f32", "attention_decode_wide_bf16"],
+    prefill: ["attention_prefill_wide_f32", "attention_prefill_wide_bf16"],
+};
+
+/// The widest head the kernels take (`WIDE`).
+pub const MAX_HEAD_DIM: usize = 512;
+
 impl Family {
     fn for_head_dim(head_dim: usize) -> Option<&'static Family> {
         match head_dim {
             64 => Some(&HD64),
             128 => Some(&HD128),
             d if d > 0 && d % 8 == 0 && d <= 256 => Some(&ANY),
+            d if d % 8 == 0 && d <= MAX_HEAD_DIM => Some(&WIDE),
             _ => None,
         }
     }
@@ -166,13 +189,18 @@ impl Family {
 
 /// Raises the dynamic shared memory limit of the kernels that need more than 48 KiB.
 pub fn configure<D: Device>(dev: &D, kernels: &HashMap<&'static str, Function>) -> Result<()> {
-    let all = [&HD64, &HD128, &ANY].map(|f| [f.kernels(true), f.kernels(false)]);
+    let all = [&HD64, &HD128, &ANY, &WIDE].map(|f| [f.kernels(true), f.kernels(false)]);
     for (names, shape) in all.into_iter().flatten() {
         let bytes = shape.shared_bytes();
         if bytes <= DEFAULT_SHARED {
             continue;
         }
         let most = dev.info().max_shared_mem_per_block;
+        // A device without room for the wide heads runs every other model: `run` refuses
+        // those heads there.
+        if shape == WIDE.prefill_shape && bytes > most {
+            continue;
+        }
         for name in names {
             if bytes > most {
                 return Err(EngineError::Backend(format!(
@@ -231,7 +259,8 @@ pub fn run<D: Device>(
     }
     let family = Family::for_head_dim(hd).ok_or_else(|| {
         EngineError::Backend(format!(
-            "CUDA attention supports head_dim 64, 128 and multiples of 8 up to 256, not {hd}"
+            "CUDA attention supports head_dim 64, 128 and multiples of 8 up to {MAX_HEAD_DIM}, \
+             not {hd}"
         ))
     })?;
     if kv_heads == 0 || q_heads % kv_heads != 0 {
@@ -255,6 +284,14 @@ pub fn run<D: Device>(
         Shape::Wmma { .. } if window.is_some() || sinks.is_some() => ANY.kernels(decode),
         _ => (names, shape),
     };
+    let most = b.dev.info().max_shared_mem_per_block;
+    if shape.shared_bytes() > most {
+        return Err(EngineError::Backend(format!(
+            "attention over heads of {hd} needs {} bytes of shared memory; the device allows \
+             {most}",
+            shape.shared_bytes()
+        )));
+    }
     let name = match out.dtype {
         ElemType::F32 => names[0],
         ElemType::BF16 => names[1],
@@ -430,6 +467,7 @@ mod tests {
         assert_eq!(HD64.kernels(true).1.shared_bytes(), 22_144);
         assert_eq!(ANY.kernels(false).1.shared_bytes(), 108_032);
         assert!(Family::for_head_dim(96).is_some_and(|f| f.d == 256));
-        assert!(Family::for_head_dim(264).is_none() && Family::for_head_dim(100).is_none());
+        assert!(Family::for_head_dim(264).is_some_and(|f| f.d == 512));
+        assert!(Family::for_head_dim(520).is_none() && Family::for_head_dim(100).is_none());
     }
 }

@@ -46,6 +46,8 @@ const KERNELS: &[&str] = &[
     "gelu_tanh_mul_f32",
     "gelu_tanh_mul_bf16",
     "scale_f32",
+    "softcap_f32",
+    "gelu_tanh_mul_slice_f32",
     "silu_mul_down_bf16",
     "add_f32",
     "add_bias_f32",
@@ -899,6 +901,62 @@ impl<D: Device> Backend for CudaBackend<D> {
         self.gated(kernel, gate_up, rows, width, out)
     }
 
+    fn gelu_tanh_mul_slice(
+        &self,
+        x: &mut CudaBuf,
+        other: &CudaBuf,
+        rows: usize,
+        width: usize,
+        stride: usize,
+        offset: usize,
+    ) -> Result<()> {
+        let n = rows * width;
+        if x.dtype != ElemType::F32
+            || other.dtype != ElemType::F32
+            || x.len < n
+            || offset + width > stride
+            || other.len < rows * stride
+        {
+            return Err(EngineError::Backend(format!(
+                "gelu_tanh_mul_slice: {rows} rows of {width} ({} {:?}) against columns \
+                 {offset}..{} of rows {stride} wide ({} {:?})",
+                x.len,
+                x.dtype,
+                offset + width,
+                other.len,
+                other.dtype
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        self.launch(
+            "gelu_tanh_mul_slice_f32",
+            rows_cols(rows, width)?,
+            &[
+                x.ptr.into(),
+                other.ptr.into(),
+                (width as u32).into(),
+                (stride as u32).into(),
+                (offset as u32).into(),
+                (n as u64).into(),
+            ],
+        )
+    }
+
+    fn softcap(&self, x: &mut CudaBuf, len: usize, cap: f32) -> Result<()> {
+        self.launch(
+            "softcap_f32",
+            elementwise(len),
+            &[x.ptr.into(), cap.into(), (len as u64).into()],
+        )
+    }
+
+    /// attention.rs's and rope.rs's bound.
+    fn max_head_dim(&self) -> Option<usize> {
+        Some(attention::MAX_HEAD_DIM.min(super::rope::MAX_HEAD_DIM))
+    }
+
     fn supports(&self, feature: Feature) -> bool {
         match feature {
             Feature::SlidingWindow
@@ -908,11 +966,9 @@ impl<D: Device> Backend for CudaBackend<D> {
             | Feature::DeepStack
             | Feature::LinearAttention
             | Feature::Encoder
-            | Feature::LatentAttention => true,
+            | Feature::LatentAttention
+            | Feature::Gemma4 => true,
             Feature::SpanNorm => true,
-            // Gemma 4's ops (per-layer inputs, soft-capping, pools of two widths) have no
-            // kernels yet: refused at load.
-            Feature::Gemma4 => false,
         }
     }
 

@@ -442,12 +442,8 @@ fn grouped<D: Device>(
     let (activation, alpha, limit): (u32, f32, f32) = match g.activation {
         ExpertActivation::Silu => (0, 0.0, 0.0),
         ExpertActivation::ClampedSwiGlu { alpha, limit } => (1, alpha, limit),
-        // Gemma 4's experts: the model is refused at load (`Feature::Gemma4`).
-        ExpertActivation::GeluTanh => {
-            return Err(EngineError::Backend(
-                "GeGLU experts (Gemma 4) do not run on the CUDA engine yet".into(),
-            ));
-        }
+        // Gemma 4's experts (kernels/moe.cuh's MOE_GELU_TANH).
+        ExpertActivation::GeluTanh => (2, 0.0, 0.0),
     };
     let act = b.arena_alloc(n * width, ElemType::BF16)?;
     let products = |cols: usize| LaunchConfig {

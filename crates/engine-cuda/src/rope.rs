@@ -20,7 +20,7 @@ use super::step::CudaStep;
 /// Warps per block of the kernels (`ROPE_WARPS` in rope.cu): a head each at a time.
 const WARPS: usize = 4;
 /// The largest head the kernels take (`2 · 32 · ROPE_PAIRS` in rope.cu).
-const MAX_HEAD_DIM: usize = 256;
+pub(super) const MAX_HEAD_DIM: usize = 512;
 
 /// The RoPE frequencies on the device: one u64 step per rotated pair, and for M-RoPE the
 /// position component (0 time, 1 row, 2 column) each pair turns with (one u32 per pair).

@@ -539,8 +539,9 @@ fn check_tensor_core_tiling<D: Device>(g: &CudaBackend<D>) {
 }
 
 fn check_other_head_dims<D: Device>(g: &CudaBackend<D>) {
-    // The 256-wide kernels, zero-padded for smaller head sizes.
-    for hd in [32, 96, 256] {
+    // The 256-wide kernels, zero-padded for smaller head sizes; the 512-wide ones (Gemma 4's
+    // global heads), zero-padded for those over 256.
+    for hd in [32, 96, 256, 264, 512] {
         let ql = heads(4, 2, hd);
         check(
             g,

@@ -500,6 +500,22 @@ fn check_fused_qk_norm_rope_write_kv<D: Device>(g: &CudaBackend<D>) {
     // i + pairs; the rest normalized and stored but not turned): their published head of 256
     // with 32 pairs, the fixtures' 32 with 4, and 64 with 24 (a tail that is not a multiple
     // of the warp).
+    // Gemma 4's global heads of 512: 256 pairs (i, i + 256), the first 64 turning.
+    let gemma4: Vec<f64> = (0..256)
+        .map(|i| match i < 64 {
+            true => 1.0 / 1e6f64.powf(2.0 * i as f64 / 512.0),
+            false => 0.0,
+        })
+        .collect();
+    let ql = QkvLayout {
+        q_heads: 2,
+        kv_heads: 1,
+        head_dim: 512,
+    };
+    for norm in [false, true] {
+        fused_case(g, ql, norm, &near, false, &gemma4);
+        fused_case(g, ql, norm, &decode, true, &gemma4);
+    }
     for (q_heads, kv_heads, head_dim, pairs) in [(8, 2, 256, 32), (4, 2, 32, 4), (6, 2, 64, 24)] {
         let ql = QkvLayout {
             q_heads,

@@ -155,6 +155,19 @@ impl<B: Backend> Gemma4Layers<B> {
         dtype: DType,
     ) -> Result<Self> {
         let g = g4(c)?;
+        if let Some(most) = backend.max_head_dim() {
+            let widest = c.head_dim.max(g.global_head_dim);
+            if widest > most {
+                return Err(EngineError::Backend(format!(
+                    "the {} engine does not run this Gemma 4 yet: its attention takes heads of \
+                     up to {most} dimensions, and this model's global layers have {} (local \
+                     {}): use --device cpu",
+                    backend.name(),
+                    g.global_head_dim,
+                    c.head_dim
+                )));
+            }
+        }
         let h = c.hidden_size;
         let mat = |name: &str, shape: &[usize]| st.load(name, shape, dtype);
         let up = |t: HostTensor| backend.upload_weight(t);
