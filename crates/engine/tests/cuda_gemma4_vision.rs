@@ -1,0 +1,86 @@
+//! Gemma 4 with its vision tower on the CUDA engine (bf16): the tower runs on the host (no
+//! device kernels: `upload_vision` keeps it there), its embeddings replace the image's rows on
+//! the device, and the per-layer inputs take the pad token's row there. Prompt 0 of
+//! tests/fixtures/gemma4/vision (an image between boi/eoi) against transformers' f32 logits, on
+//! the CPU emulator in both thread orders and on the driver's device.
+
+mod cuda_common;
+mod hf_fixture;
+
+use std::sync::Arc;
+
+use hf_fixture::{BF16_TOL, blocks, chunk, rel_diff};
+use lmi_cuda::Device;
+use lmi_engine::cuda::CudaBackend;
+use lmi_engine::engine::EngineOptions;
+use lmi_engine::vision::{MediaKind, VisionInput};
+use lmi_engine::{ChunkMedia, DType, Engine, LogitsWanted};
+
+fn check<D: Device>(dev: &Arc<D>) {
+    let dir = hf_fixture::fixture("gemma4", "vision");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let opts = EngineOptions {
+        dtype: Some(DType::BF16),
+        kv_blocks: Some(64),
+        ..Default::default()
+    };
+    let backend = CudaBackend::with_graphs(dev.clone(), true).unwrap();
+    let mut e: Engine<CudaBackend<D>> = Engine::load(backend, &dir, &opts).unwrap();
+    assert!(e.model().vision.is_some() && e.model().vision_device.is_none());
+    let cfg = lmi_media::ProcessorConfig::from_dir(&dir).unwrap();
+    let bytes = std::fs::read(dir.join("image0.png")).unwrap();
+    let img = lmi_media::decode_image(&bytes, &lmi_media::ImageLimits::default()).unwrap();
+    let p = lmi_media::preprocess_image(&img, &cfg).unwrap();
+    let input = Arc::new(VisionInput {
+        kind: MediaKind::Image,
+        grid_thw: p.grid_thw,
+        pixels: p.pixels,
+        merge_size: cfg.merge_size,
+        t_scale: 1.0,
+    });
+    let ids: Vec<u32> = serde_json::from_value(r["prompts"][0].clone()).unwrap();
+    let start = ids.iter().position(|&t| t == 300).unwrap();
+    let n = ids.len();
+    let media = [ChunkMedia {
+        chunk: 0,
+        offset: start,
+        len: input.tokens(),
+        item_offset: 0,
+        hash: 7,
+        input: Some(input.clone()),
+    }];
+    let out = e
+        .forward_logits_media(
+            &[chunk(&ids, 0, &blocks(0, n), LogitsWanted::All)],
+            &media,
+            &[],
+        )
+        .unwrap();
+    let st = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&st).unwrap();
+    let want: Vec<f32> = st
+        .tensor("prompt_logits_0")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let vocab = want.len() / n;
+    let mut diffs: Vec<f32> = (0..n)
+        .map(|t| rel_diff(out.row(t), &want[t * vocab..(t + 1) * vocab]))
+        .collect();
+    diffs.sort_by(f32::total_cmp);
+    let (median, worst) = (diffs[n / 2], diffs[n - 1]);
+    eprintln!("CUDA bf16 with an image: within {worst:.2e} of transformers (median {median:.2e})");
+    assert!(
+        median < BF16_TOL && worst < 2.0 * BF16_TOL,
+        "logits differ by {worst} (median {median})"
+    );
+}
+
+#[test]
+fn an_image_on_cuda_gemma4_matches_transformers() {
+    on_every_raw_device!(check);
+}
