@@ -441,6 +441,10 @@ fn llama_cpp_gguf_files_match_transformers() {
             .unwrap();
         let mut e = load_gguf(&dir, &gguf, Some(DType::F32));
         let mut q8_stored = load_gguf(&dir, &q8, None);
+        // Held as the file's blocks, and labelled so (the serve log's "weights in ...").
+        let format = q8_stored.weights_format().to_string();
+        assert!(format.contains("q8_0"), "{name}: weights held as {format}");
+        assert_eq!(e.weights_format(), "f32", "{name}");
         let mut q8_f32 = load_gguf(&dir, &q8, Some(DType::F32));
         let (mut worst, mut q8_diffs, mut kernel_diffs) = (0f32, Vec::new(), Vec::new());
         for (i, p) in r.prompts.iter().enumerate() {

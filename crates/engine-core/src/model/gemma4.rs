@@ -146,13 +146,15 @@ impl<B: Backend> Gemma4Layers<B> {
         total
     }
 
-    /// Loads the layers of a Gemma 4 checkpoint (`lm`: its text model's tensor prefix).
+    /// Loads the layers of a Gemma 4 checkpoint (`lm`: its text model's tensor prefix), noting
+    /// the formats its matrices are held in into `formats`.
     pub(crate) fn load(
         backend: &B,
         c: &ModelConfig,
         st: &WeightSource,
         lm: &str,
         dtype: DType,
+        formats: &std::cell::RefCell<std::collections::BTreeSet<&'static str>>,
     ) -> Result<Self> {
         let g = g4(c)?;
         if let Some(most) = backend.max_head_dim() {
@@ -169,7 +171,11 @@ impl<B: Backend> Gemma4Layers<B> {
             }
         }
         let h = c.hidden_size;
-        let mat = |name: &str, shape: &[usize]| st.load(name, shape, dtype);
+        let mat = |name: &str, shape: &[usize]| -> Result<HostTensor> {
+            let t = st.load(name, shape, dtype)?;
+            super::load::note_format(&mut formats.borrow_mut(), &t);
+            Ok(t)
+        };
         let up = |t: HostTensor| backend.upload_weight(t);
         let norm = |name: &str, len: usize| up(st.load(name, &[len], DType::F32)?);
         let ones = |len: usize| up(HostTensor::f32(vec![len], vec![1.0; len]));
@@ -624,11 +630,14 @@ impl<B: Backend> Model<B> {
         let c = &config;
         let h = c.hidden_size;
         let lm = super::load::text_prefix(st);
-        let embed = backend.upload_weight(st.load(
+        let formats = std::cell::RefCell::new(std::collections::BTreeSet::new());
+        let embed = st.load(
             &format!("{lm}embed_tokens.weight"),
             &[c.vocab_size, h],
             dtype,
-        )?)?;
+        )?;
+        super::load::note_format(&mut formats.borrow_mut(), &embed);
+        let embed = backend.upload_weight(embed)?;
         let lm_head = match st.contains("lm_head.weight") && !c.tie_word_embeddings {
             true => Some(backend.upload_weight(st.load(
                 "lm_head.weight",
@@ -637,7 +646,14 @@ impl<B: Backend> Model<B> {
             )?)?),
             false => None,
         };
-        let gemma4 = Gemma4Layers::load(backend, c, st, lm, dtype)?;
+        let gemma4 = Gemma4Layers::load(backend, c, st, lm, dtype, &formats)?;
+        // The formats the matrices are held in (a GGUF's blocks stay as stored), as the other
+        // models' `weights` label them.
+        let weights = formats
+            .into_inner()
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join("+");
         let final_norm =
             backend.upload_weight(st.load(&format!("{lm}norm.weight"), &[h], DType::F32)?)?;
         let local = c
@@ -648,7 +664,7 @@ impl<B: Backend> Model<B> {
             None => None,
         };
         Ok(Model {
-            weights: dtype.name().to_string(),
+            weights,
             dtype,
             embed,
             lm_head,

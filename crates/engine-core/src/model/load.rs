@@ -106,18 +106,7 @@ impl<B: Backend> Model<B> {
         let formats = std::cell::RefCell::new(BTreeSet::new());
         let mat = |name: &str, shape: &[usize]| -> Result<HostTensor> {
             let t = st.load(name, shape, dtype)?;
-            let mut f = formats.borrow_mut();
-            match &t.data {
-                HostData::Quant(parts) => parts.iter().for_each(|p| {
-                    f.insert(p.qtype.name());
-                }),
-                HostData::BF16(_) => {
-                    f.insert("bf16");
-                }
-                HostData::F32(_) => {
-                    f.insert("f32");
-                }
-            }
+            note_format(&mut formats.borrow_mut(), &t);
             Ok(t)
         };
         let gemma = c.architecture.is_gemma();
@@ -729,4 +718,20 @@ fn stacked_rows(
         }
     }
     Ok(out)
+}
+
+/// Adds the formats a matrix is held in (its block formats, or bf16 / f32) to `formats`, from
+/// which a model's `weights` label is made (`q4_k+q6_k`, `bf16`).
+pub(super) fn note_format(formats: &mut BTreeSet<&'static str>, t: &HostTensor) {
+    match &t.data {
+        HostData::Quant(parts) => parts.iter().for_each(|p| {
+            formats.insert(p.qtype.name());
+        }),
+        HostData::BF16(_) => {
+            formats.insert("bf16");
+        }
+        HostData::F32(_) => {
+            formats.insert("f32");
+        }
+    }
 }
