@@ -544,7 +544,12 @@ fn rope_scaling(
             )));
         }
     }
-    let Some(info) = g.tensor("rope_freqs.weight") else {
+    // Gemma 4's `rope_freqs` marks its global layers' unturned pairs ("proportional" RoPE),
+    // read by `gguf/gemma4.rs`: not a Llama 3 scaling.
+    let Some(info) = g
+        .tensor("rope_freqs.weight")
+        .filter(|_| gguf_arch != GgufArch::Gemma4)
+    else {
         return Ok(None);
     };
     let data = g.tensor_data(info)?;
