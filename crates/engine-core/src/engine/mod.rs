@@ -230,23 +230,23 @@ impl<B: Backend> Engine<B> {
             (None, None) => KvCacheConfig::blocks_for_budget(c, kv_dtype.size(), kv_budget).max(1),
         };
         let cfg = KvCacheConfig::new(c, num_blocks, kv_dtype);
-        let pools = model.kv_pools();
-        let kv = match (
-            pools,
-            window_pools(c, opts, &backend, device_share.is_some(), cfg),
-        ) {
-            (Some((geometry, local)), _) => {
+        // Pools of several widths (Gemma 4) size their window pools themselves; the uniform
+        // pools' window plan counts every layer as a pool, so it is only made for those.
+        let kv = match model.kv_pools() {
+            Some((geometry, local)) => {
                 let share = device_share.is_some();
                 crate::model::geometry_kv(&backend, c, opts, share, cfg, geometry, local)?
             }
-            (None, Some((window, global_blocks, local))) => {
-                let cfg = KvCacheConfig {
-                    num_blocks: global_blocks,
-                    ..cfg
-                };
-                KvCache::with_window(&backend, cfg, window, local)?
-            }
-            (None, None) => KvCache::new(&backend, cfg)?,
+            None => match window_pools(c, opts, &backend, device_share.is_some(), cfg) {
+                Some((window, global_blocks, local)) => {
+                    let cfg = KvCacheConfig {
+                        num_blocks: global_blocks,
+                        ..cfg
+                    };
+                    KvCache::with_window(&backend, cfg, window, local)?
+                }
+                None => KvCache::new(&backend, cfg)?,
+            },
         };
         let kv = match states {
             Some(s) => kv.with_states(&backend, s)?,
