@@ -14,8 +14,8 @@ mod hf_fixture;
 use std::path::{Path, PathBuf};
 
 use hf_fixture::{
-    BF16_TOL, F32_TOL, argmax, blocks, chunk, hybrid_refs as refs, rel_diff, run_on_window_pools,
-    with_config,
+    BF16_TOL, F32_TOL, argmax, blocks, check_chunked_prefill, check_greedy_together, chunk,
+    hybrid_refs as refs, plain_step, prompt_logits, rel_diff, run_on_window_pools, with_config,
 };
 use lmi_engine::engine::{EngineOptions, StepEngine};
 use lmi_engine::{DType, Engine, KvWindow, LogitsWanted, ModelConfig};
@@ -46,14 +46,6 @@ fn load(dir: &Path, dtype: DType) -> Engine<lmi_engine::cpu::CpuBackend> {
 
 fn config(name: &str) -> ModelConfig {
     ModelConfig::from_file(&fixture(name).join("config.json")).unwrap()
-}
-
-/// Every position's logits of `p`, prefilled alone at once.
-fn prompt_logits(e: &mut Engine<lmi_engine::cpu::CpuBackend>, p: &[u32]) -> Vec<Vec<f32>> {
-    let out = e
-        .forward_logits(&[chunk(p, 0, &blocks(0, p.len()), LogitsWanted::All)])
-        .unwrap();
-    (0..p.len()).map(|t| out.row(t).to_vec()).collect()
 }
 
 #[test]
@@ -155,30 +147,12 @@ fn per_layer_config_reads_as_the_published_fields() {
 #[test]
 fn prompt_logits_match_transformers_in_f32_and_bf16() {
     for name in VARIANTS {
-        let dir = fixture(name);
-        let r = refs(&dir);
-        for dtype in [DType::F32, DType::BF16] {
-            let mut e = load(&dir, dtype);
-            let mut diffs: Vec<f32> = Vec::new();
-            for (p, theirs) in r.prompts.iter().zip(&r.prompt_logits) {
-                let ours = prompt_logits(&mut e, p);
-                diffs.extend(ours.iter().zip(theirs).map(|(a, b)| rel_diff(a, b)));
-            }
-            diffs.sort_by(f32::total_cmp);
-            let (median, worst) = (diffs[diffs.len() / 2], diffs[diffs.len() - 1]);
-            eprintln!("{name} {dtype}: within {worst:.2e} of transformers (median {median:.2e})");
-            match dtype {
-                DType::F32 => assert!(worst < F32_TOL, "{name} f32: logits differ by {worst}"),
-                _ => {
-                    let bound = if name == "e2b" {
-                        BF16_TOL
-                    } else {
-                        BF16_MEDIAN_TOL
-                    };
-                    assert!(median < bound, "{name} bf16: median difference {median}");
-                }
-            }
-        }
+        let bf16_tol = if name == "e2b" {
+            BF16_TOL
+        } else {
+            BF16_MEDIAN_TOL
+        };
+        hf_fixture::check_prompt_logits(name, &fixture(name), load, prompt_logits, bf16_tol);
     }
 }
 
@@ -187,41 +161,8 @@ fn prompt_logits_match_transformers_in_f32_and_bf16() {
 #[test]
 fn greedy_tokens_match_transformers_decoding_all_six_together() {
     for name in VARIANTS {
-        let dir = fixture(name);
-        let r = refs(&dir);
-        let mut e = load(&dir, DType::F32);
-        let tables: Vec<Vec<u32>> = (0..r.prompts.len())
-            .map(|i| blocks(8 * i as u32 + 1, 8 * 16))
-            .collect();
-        let chunks: Vec<_> = r
-            .prompts
-            .iter()
-            .zip(&tables)
-            .map(|(p, t)| chunk(p, 0, t, LogitsWanted::Last))
-            .collect();
-        let out = e.forward_logits(&chunks).unwrap();
-        let mut next: Vec<u32> = (0..chunks.len()).map(|i| argmax(out.row(i))).collect();
-        let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); chunks.len()];
-        for step in 0..32 {
-            let chunks: Vec<_> = (0..next.len())
-                .map(|i| {
-                    tokens[i].push(next[i]);
-                    let pos = r.prompts[i].len() + step;
-                    chunk(&[next[i]], pos, &tables[i], LogitsWanted::Last)
-                })
-                .collect();
-            let out = e.forward_logits(&chunks).unwrap();
-            for (i, n) in next.iter_mut().enumerate() {
-                let pos = r.prompts[i].len() + step;
-                let d = rel_diff(out.row(i), &r.full_logits[i][pos]);
-                assert!(
-                    d < F32_TOL,
-                    "{name} prompt {i} step {step}: logits differ by {d}"
-                );
-                *n = argmax(out.row(i));
-            }
-        }
-        assert_eq!(tokens, r.greedies, "{name}: greedy tokens differ");
+        let table = |i: usize| blocks(8 * i as u32 + 1, 8 * 16);
+        check_greedy_together(name, &fixture(name), load, table, plain_step);
     }
 }
 
@@ -230,36 +171,8 @@ fn greedy_tokens_match_transformers_decoding_all_six_together() {
 #[test]
 fn chunked_prefill_beside_others_gives_the_same_bits() {
     for name in VARIANTS {
-        let dir = fixture(name);
-        let r = refs(&dir);
-        let mut e = load(&dir, DType::F32);
-        let whole: Vec<Vec<Vec<f32>>> =
-            r.prompts.iter().map(|p| prompt_logits(&mut e, p)).collect();
-        let mut e = load(&dir, DType::F32);
-        let n = r.prompts.len();
-        let tables: Vec<Vec<u32>> = (0..n).map(|i| blocks(4 * i as u32 + 7, 64)).collect();
-        let mut cut: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
-        let longest = r.prompts.iter().map(Vec::len).max().unwrap();
-        for start in (0..longest).step_by(5) {
-            let live: Vec<usize> = (0..n).filter(|&i| start < r.prompts[i].len()).collect();
-            let chunks: Vec<_> = live
-                .iter()
-                .map(|&i| {
-                    let p = &r.prompts[i];
-                    let end = (start + 5).min(p.len());
-                    chunk(&p[start..end], start, &tables[i], LogitsWanted::All)
-                })
-                .collect();
-            let out = e.forward_logits(&chunks).unwrap();
-            let mut row = 0;
-            for (&i, c) in live.iter().zip(&chunks) {
-                for _ in 0..c.tokens.len() {
-                    cut[i].push(out.row(row).to_vec());
-                    row += 1;
-                }
-            }
-        }
-        assert_eq!(cut, whole, "{name}: chunked prefill changed the logits");
+        let (dir, table) = (fixture(name), |i: usize| blocks(4 * i as u32 + 7, 64));
+        check_chunked_prefill(name, &dir, load, prompt_logits, table, plain_step);
     }
 }
 

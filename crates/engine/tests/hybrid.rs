@@ -18,10 +18,11 @@ mod hf_fixture;
 use std::path::{Path, PathBuf};
 
 use hf_fixture::{
-    BF16_TOL, F32_TOL, HybridRefs as Refs, argmax, blocks, chunk, hybrid_refs as refs, rel_diff,
+    BF16_TOL, Cpu, F32_TOL, HybridRefs as Refs, argmax, blocks, check_chunked_prefill,
+    check_greedy_together, chunk, hybrid_refs as refs, rel_diff,
 };
 use lmi_engine::engine::{EngineOptions, StepEngine};
-use lmi_engine::{ChunkState, DType, Engine, LogitsWanted};
+use lmi_engine::{ChunkState, DType, Engine, LogitsWanted, SeqChunk};
 
 const ARCHITECTURES: [&str; 3] = ["qwen3_5", "qwen3_5_moe", "qwen3_next"];
 const SLOTS: usize = 16;
@@ -65,29 +66,15 @@ fn prompt_logits(e: &mut Engine<lmi_engine::cpu::CpuBackend>, p: &[u32]) -> Vec<
 #[test]
 fn prompt_logits_match_transformers_in_f32_and_bf16() {
     for name in ARCHITECTURES {
-        let dir = fixture(name);
-        let r = refs(&dir);
-        for (dtype, tol) in [(DType::F32, F32_TOL), (DType::BF16, BF16_TOL)] {
-            let mut e = load(&dir, dtype);
-            let mut diffs: Vec<f32> = Vec::new();
-            for (p, theirs) in r.prompts.iter().zip(&r.prompt_logits) {
-                let ours = prompt_logits(&mut e, p);
-                diffs.extend(ours.iter().zip(theirs).map(|(a, b)| rel_diff(a, b)));
-            }
-            diffs.sort_by(f32::total_cmp);
-            let (median, worst) = (diffs[diffs.len() / 2], diffs[diffs.len() - 1]);
-            eprintln!("{name} {dtype}: within {worst:.2e} of transformers (median {median:.2e})");
-            if dtype == DType::F32 {
-                assert!(worst < tol, "{name} f32: prompt logits differ by {worst}");
-            } else {
-                // bf16 rounding upstream flips a token's pick between close experts, which
-                // then moves its logits by far more (the MoE fixtures' four sparse layers
-                // compound it: seen medians 6e-2); a wrong weight moves every position by
-                // the logits' own size.
-                let bound = if name == "qwen3_5" { tol } else { BF16_MOE_TOL };
-                assert!(median < bound, "{name} bf16: median difference {median}");
-            }
-        }
+        // bf16 rounding upstream flips a token's pick between close experts, which then moves
+        // its logits by far more (the MoE fixtures' four sparse layers compound it: seen
+        // medians 6e-2); a wrong weight moves every position by the logits' own size.
+        let bf16_tol = if name == "qwen3_5" {
+            BF16_TOL
+        } else {
+            BF16_MOE_TOL
+        };
+        hf_fixture::check_prompt_logits(name, &fixture(name), load, prompt_logits, bf16_tol);
     }
 }
 
@@ -97,44 +84,16 @@ fn prompt_logits_match_transformers_in_f32_and_bf16() {
 #[test]
 fn greedy_tokens_match_transformers_decoding_all_six_together() {
     for name in ARCHITECTURES {
-        let dir = fixture(name);
-        let r = refs(&dir);
-        let mut e = load(&dir, DType::F32);
-        let tables: Vec<Vec<u32>> = (0..r.prompts.len())
-            .map(|i| blocks(16 * i as u32, 16 * BLOCK_TOKENS))
-            .collect();
-        let states: Vec<ChunkState> = (0..r.prompts.len() as u32)
-            .map(ChunkState::in_slot)
-            .collect();
-        let chunks: Vec<_> = r
-            .prompts
-            .iter()
-            .zip(&tables)
-            .map(|(p, t)| chunk(p, 0, t, LogitsWanted::Last))
-            .collect();
-        let out = e.forward_logits_states(&chunks, &states).unwrap();
-        let mut next: Vec<u32> = (0..chunks.len()).map(|i| argmax(out.row(i))).collect();
-        let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); chunks.len()];
-        for step in 0..32 {
-            let chunks: Vec<_> = (0..next.len())
-                .map(|i| {
-                    tokens[i].push(next[i]);
-                    let pos = r.prompts[i].len() + step;
-                    chunk(&[next[i]], pos, &tables[i], LogitsWanted::Last)
-                })
+        let table = |i: usize| blocks(16 * i as u32, 16 * BLOCK_TOKENS);
+        // Each sequence in its own state slot.
+        let step = |e: &mut Cpu, c: &[SeqChunk], seqs: &[usize]| {
+            let states: Vec<ChunkState> = seqs
+                .iter()
+                .map(|&i| ChunkState::in_slot(i as u32))
                 .collect();
-            let out = e.forward_logits_states(&chunks, &states).unwrap();
-            for (i, n) in next.iter_mut().enumerate() {
-                let pos = r.prompts[i].len() + step;
-                let d = rel_diff(out.row(i), &r.full_logits[i][pos]);
-                assert!(
-                    d < F32_TOL,
-                    "{name} prompt {i} step {step}: logits differ by {d}"
-                );
-                *n = argmax(out.row(i));
-            }
-        }
-        assert_eq!(tokens, r.greedies, "{name}: greedy tokens differ");
+            e.forward_logits_states(c, &states).unwrap()
+        };
+        check_greedy_together(name, &fixture(name), load, table, step);
     }
 }
 
@@ -146,41 +105,16 @@ const BLOCK_TOKENS: usize = 16;
 #[test]
 fn chunked_prefill_beside_others_gives_the_same_bits() {
     for name in ARCHITECTURES {
-        let dir = fixture(name);
-        let r = refs(&dir);
-        let mut e = load(&dir, DType::F32);
-        let whole: Vec<Vec<Vec<f32>>> =
-            r.prompts.iter().map(|p| prompt_logits(&mut e, p)).collect();
-        let mut e = load(&dir, DType::F32);
-        let n = r.prompts.len();
-        let tables: Vec<Vec<u32>> = (0..n).map(|i| blocks(16 * i as u32, 64)).collect();
-        let mut cut: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
-        let longest = r.prompts.iter().map(Vec::len).max().unwrap();
-        for start in (0..longest).step_by(5) {
-            let live: Vec<usize> = (0..n).filter(|&i| start < r.prompts[i].len()).collect();
-            let chunks: Vec<_> = live
-                .iter()
-                .map(|&i| {
-                    let p = &r.prompts[i];
-                    let end = (start + 5).min(p.len());
-                    chunk(&p[start..end], start, &tables[i], LogitsWanted::All)
-                })
-                .collect();
-            // Slots in reverse, so that no sequence's slot is its index.
+        let table = |i: usize| blocks(16 * i as u32, 64);
+        // Slots in reverse, so that no sequence's slot is its index.
+        let step = |e: &mut Cpu, c: &[SeqChunk], live: &[usize]| {
             let states: Vec<ChunkState> = live
                 .iter()
                 .map(|&i| ChunkState::in_slot((SLOTS - 1 - i) as u32))
                 .collect();
-            let out = e.forward_logits_states(&chunks, &states).unwrap();
-            let mut row = 0;
-            for (&i, c) in live.iter().zip(&chunks) {
-                for _ in 0..c.tokens.len() {
-                    cut[i].push(out.row(row).to_vec());
-                    row += 1;
-                }
-            }
-        }
-        assert_eq!(cut, whole, "{name}: chunked prefill changed the logits");
+            e.forward_logits_states(c, &states).unwrap()
+        };
+        check_chunked_prefill(name, &fixture(name), load, prompt_logits, table, step);
     }
 }
 

@@ -14,10 +14,12 @@ mod hf_fixture;
 use std::path::{Path, PathBuf};
 
 use hf_fixture::{
-    BF16_TOL, F32_TOL, HybridRefs as Refs, argmax, blocks, chunk, hybrid_refs as refs, rel_diff,
+    BF16_TOL, F32_TOL, HybridRefs as Refs, argmax, blocks, check_chunked_prefill,
+    check_greedy_together, check_prefix_hit, hybrid_refs as refs, plain_step, prompt_logits,
+    rel_diff,
 };
 use lmi_engine::engine::{EngineOptions, StepEngine};
-use lmi_engine::{DType, Engine, LogitsWanted};
+use lmi_engine::{DType, Engine};
 
 const MODELS: [&str; 4] = [
     "deepseek_v3",
@@ -40,34 +42,10 @@ fn load(dir: &Path, dtype: DType) -> Engine<lmi_engine::cpu::CpuBackend> {
     lmi_engine::load_cpu(dir, &opts).unwrap()
 }
 
-/// Each prompt's logits at every position, prefilled alone.
-fn prompt_logits(e: &mut Engine<lmi_engine::cpu::CpuBackend>, p: &[u32]) -> Vec<Vec<f32>> {
-    let out = e
-        .forward_logits(&[chunk(p, 0, &blocks(0, p.len()), LogitsWanted::All)])
-        .unwrap();
-    (0..p.len()).map(|t| out.row(t).to_vec()).collect()
-}
-
 #[test]
 fn prompt_logits_match_transformers_in_f32_and_bf16() {
     for name in MODELS {
-        let dir = fixture(name);
-        let r = refs(&dir);
-        for (dtype, tol) in [(DType::F32, F32_TOL), (DType::BF16, BF16_TOL)] {
-            let mut e = load(&dir, dtype);
-            let mut diffs: Vec<f32> = Vec::new();
-            for (p, theirs) in r.prompts.iter().zip(&r.prompt_logits) {
-                let ours = prompt_logits(&mut e, p);
-                diffs.extend(ours.iter().zip(theirs).map(|(a, b)| rel_diff(a, b)));
-            }
-            diffs.sort_by(f32::total_cmp);
-            let (median, worst) = (diffs[diffs.len() / 2], diffs[diffs.len() - 1]);
-            eprintln!("{name} {dtype}: within {worst:.2e} of transformers (median {median:.2e})");
-            match dtype {
-                DType::F32 => assert!(worst < tol, "{name} f32: prompt logits differ by {worst}"),
-                _ => assert!(median < tol, "{name} bf16: median difference {median}"),
-            }
-        }
+        hf_fixture::check_prompt_logits(name, &fixture(name), load, prompt_logits, BF16_TOL);
     }
 }
 
@@ -77,41 +55,8 @@ fn prompt_logits_match_transformers_in_f32_and_bf16() {
 #[test]
 fn greedy_tokens_match_transformers_decoding_all_six_together() {
     for name in MODELS {
-        let dir = fixture(name);
-        let r = refs(&dir);
-        let mut e = load(&dir, DType::F32);
-        let tables: Vec<Vec<u32>> = (0..r.prompts.len())
-            .map(|i| blocks(16 * i as u32, 16 * 16))
-            .collect();
-        let chunks: Vec<_> = r
-            .prompts
-            .iter()
-            .zip(&tables)
-            .map(|(p, t)| chunk(p, 0, t, LogitsWanted::Last))
-            .collect();
-        let out = e.forward_logits(&chunks).unwrap();
-        let mut next: Vec<u32> = (0..chunks.len()).map(|i| argmax(out.row(i))).collect();
-        let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); chunks.len()];
-        for step in 0..32 {
-            let chunks: Vec<_> = (0..next.len())
-                .map(|i| {
-                    tokens[i].push(next[i]);
-                    let pos = r.prompts[i].len() + step;
-                    chunk(&[next[i]], pos, &tables[i], LogitsWanted::Last)
-                })
-                .collect();
-            let out = e.forward_logits(&chunks).unwrap();
-            for (i, n) in next.iter_mut().enumerate() {
-                let pos = r.prompts[i].len() + step;
-                let d = rel_diff(out.row(i), &r.full_logits[i][pos]);
-                assert!(
-                    d < F32_TOL,
-                    "{name} prompt {i} step {step}: logits differ by {d}"
-                );
-                *n = argmax(out.row(i));
-            }
-        }
-        assert_eq!(tokens, r.greedies, "{name}: greedy tokens differ");
+        let table = |i: usize| blocks(16 * i as u32, 16 * 16);
+        check_greedy_together(name, &fixture(name), load, table, plain_step);
     }
 }
 
@@ -120,36 +65,8 @@ fn greedy_tokens_match_transformers_decoding_all_six_together() {
 #[test]
 fn chunked_prefill_beside_others_gives_the_same_bits() {
     for name in MODELS {
-        let dir = fixture(name);
-        let r = refs(&dir);
-        let mut e = load(&dir, DType::F32);
-        let whole: Vec<Vec<Vec<f32>>> =
-            r.prompts.iter().map(|p| prompt_logits(&mut e, p)).collect();
-        let mut e = load(&dir, DType::F32);
-        let n = r.prompts.len();
-        let tables: Vec<Vec<u32>> = (0..n).map(|i| blocks(16 * i as u32, 64)).collect();
-        let mut cut: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
-        let longest = r.prompts.iter().map(Vec::len).max().unwrap();
-        for start in (0..longest).step_by(5) {
-            let live: Vec<usize> = (0..n).filter(|&i| start < r.prompts[i].len()).collect();
-            let chunks: Vec<_> = live
-                .iter()
-                .map(|&i| {
-                    let p = &r.prompts[i];
-                    let end = (start + 5).min(p.len());
-                    chunk(&p[start..end], start, &tables[i], LogitsWanted::All)
-                })
-                .collect();
-            let out = e.forward_logits(&chunks).unwrap();
-            let mut row = 0;
-            for (&i, c) in live.iter().zip(&chunks) {
-                for _ in 0..c.tokens.len() {
-                    cut[i].push(out.row(row).to_vec());
-                    row += 1;
-                }
-            }
-        }
-        assert_eq!(cut, whole, "{name}: chunked prefill changed the logits");
+        let (dir, table) = (fixture(name), |i: usize| blocks(16 * i as u32, 64));
+        check_chunked_prefill(name, &dir, load, prompt_logits, table, plain_step);
     }
 }
 
@@ -158,23 +75,7 @@ fn chunked_prefill_beside_others_gives_the_same_bits() {
 #[test]
 fn a_prefix_cache_hit_equals_the_cold_run() {
     for name in MODELS {
-        let dir = fixture(name);
-        let r = refs(&dir);
-        let p = &r.prompts[5];
-        assert!(p.len() > 32);
-        let mut e = load(&dir, DType::F32);
-        let cold = prompt_logits(&mut e, p);
-        let mut e = load(&dir, DType::F32);
-        let mut other: Vec<u32> = p[..16].to_vec();
-        other.extend([5, 6, 7, 8, 9]);
-        e.forward_logits(&[chunk(&other, 0, &[0, 1], LogitsWanted::Last)])
-            .unwrap();
-        let out = e
-            .forward_logits(&[chunk(&p[16..], 16, &[0, 10, 11], LogitsWanted::All)])
-            .unwrap();
-        for (t, want) in cold.iter().enumerate().skip(16) {
-            assert_eq!(out.row(t - 16), &want[..], "{name}: position {t}");
-        }
+        check_prefix_hit(name, &fixture(name), load);
     }
 }
 

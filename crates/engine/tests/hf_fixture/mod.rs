@@ -351,3 +351,164 @@ pub fn rows_equal(
         );
     }
 }
+
+/// The CPU engine the fixture tests load.
+pub type Cpu = Engine<lmi_engine::cpu::CpuBackend>;
+
+/// Every position's logits of `p`, prefilled alone and whole from block 0.
+pub fn prompt_logits(e: &mut Cpu, p: &[u32]) -> Vec<Vec<f32>> {
+    let out = e
+        .forward_logits(&[chunk(p, 0, &blocks(0, p.len()), LogitsWanted::All)])
+        .unwrap();
+    (0..p.len()).map(|t| out.row(t).to_vec()).collect()
+}
+
+/// A step of a plain engine (no recurrent state): the chunks' forward.
+pub fn plain_step(e: &mut Cpu, chunks: &[SeqChunk], _seqs: &[usize]) -> lmi_engine::engine::Logits {
+    e.forward_logits(chunks).unwrap()
+}
+
+/// Every prompt of the six-prompt fixture `dir`, loaded by `load` in f32 and in bf16, its
+/// logits (`logits`, each prompt alone) against transformers' at every position: in f32 the
+/// worst position within [`F32_TOL`], in bf16 the median within `bf16_median_tol`.
+pub fn check_prompt_logits(
+    name: &str,
+    dir: &Path,
+    load: impl Fn(&Path, DType) -> Cpu,
+    mut logits: impl FnMut(&mut Cpu, &[u32]) -> Vec<Vec<f32>>,
+    bf16_median_tol: f32,
+) {
+    let r = hybrid_refs(dir);
+    for dtype in [DType::F32, DType::BF16] {
+        let mut e = load(dir, dtype);
+        let mut diffs: Vec<f32> = Vec::new();
+        for (p, theirs) in r.prompts.iter().zip(&r.prompt_logits) {
+            let ours = logits(&mut e, p);
+            diffs.extend(ours.iter().zip(theirs).map(|(a, b)| rel_diff(a, b)));
+        }
+        diffs.sort_by(f32::total_cmp);
+        let (median, worst) = (diffs[diffs.len() / 2], diffs[diffs.len() - 1]);
+        eprintln!("{name} {dtype}: within {worst:.2e} of transformers (median {median:.2e})");
+        if dtype == DType::F32 {
+            assert!(
+                worst < F32_TOL,
+                "{name} f32: prompt logits differ by {worst}"
+            );
+        } else {
+            assert!(
+                median < bf16_median_tol,
+                "{name} bf16: median difference {median}"
+            );
+        }
+    }
+}
+
+/// Greedy decoding of every prompt of the six-prompt fixture `dir` at once, loaded by `load`
+/// in f32, sequence `i` on block table `table(i)`: one prefill step of all six, then one
+/// token per sequence per step (`step` runs the chunks of sequences 0..6); every step's
+/// logits within [`F32_TOL`] of transformers' and 32 tokens each equal to its greedy ones.
+pub fn check_greedy_together(
+    name: &str,
+    dir: &Path,
+    load: impl Fn(&Path, DType) -> Cpu,
+    table: impl Fn(usize) -> Vec<u32>,
+    mut step: impl FnMut(&mut Cpu, &[SeqChunk], &[usize]) -> lmi_engine::engine::Logits,
+) {
+    let r = hybrid_refs(dir);
+    let mut e = load(dir, DType::F32);
+    let n = r.prompts.len();
+    let seqs: Vec<usize> = (0..n).collect();
+    let tables: Vec<Vec<u32>> = (0..n).map(&table).collect();
+    let chunks: Vec<_> = r
+        .prompts
+        .iter()
+        .zip(&tables)
+        .map(|(p, t)| chunk(p, 0, t, LogitsWanted::Last))
+        .collect();
+    let out = step(&mut e, &chunks, &seqs);
+    let mut next: Vec<u32> = (0..n).map(|i| argmax(out.row(i))).collect();
+    let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); n];
+    for s in 0..32 {
+        let chunks: Vec<_> = (0..n)
+            .map(|i| {
+                tokens[i].push(next[i]);
+                let pos = r.prompts[i].len() + s;
+                chunk(&[next[i]], pos, &tables[i], LogitsWanted::Last)
+            })
+            .collect();
+        let out = step(&mut e, &chunks, &seqs);
+        for (i, n) in next.iter_mut().enumerate() {
+            let pos = r.prompts[i].len() + s;
+            let d = rel_diff(out.row(i), &r.full_logits[i][pos]);
+            assert!(
+                d < F32_TOL,
+                "{name} prompt {i} step {s}: logits differ by {d}"
+            );
+            *n = argmax(out.row(i));
+        }
+    }
+    assert_eq!(tokens, r.greedies, "{name}: greedy tokens differ");
+}
+
+/// Prefill of every prompt of the six-prompt fixture `dir` (loaded by `load` in f32) in
+/// chunks of 5 tokens (every prompt cut), the live sequences together in each step (`step`
+/// gets the chunks and their sequences' indices), sequence `i` on block table `table(i)`:
+/// the bits of each prompt prefilled alone and whole (`alone`, on an engine of its own).
+pub fn check_chunked_prefill(
+    name: &str,
+    dir: &Path,
+    load: impl Fn(&Path, DType) -> Cpu,
+    mut alone: impl FnMut(&mut Cpu, &[u32]) -> Vec<Vec<f32>>,
+    table: impl Fn(usize) -> Vec<u32>,
+    mut step: impl FnMut(&mut Cpu, &[SeqChunk], &[usize]) -> lmi_engine::engine::Logits,
+) {
+    let prompts = hybrid_refs(dir).prompts;
+    let mut e = load(dir, DType::F32);
+    let whole: Vec<Vec<Vec<f32>>> = prompts.iter().map(|p| alone(&mut e, p)).collect();
+    let mut e = load(dir, DType::F32);
+    let n = prompts.len();
+    let tables: Vec<Vec<u32>> = (0..n).map(table).collect();
+    let mut cut: Vec<Vec<Vec<f32>>> = vec![Vec::new(); n];
+    let longest = prompts.iter().map(Vec::len).max().unwrap();
+    for start in (0..longest).step_by(5) {
+        let live: Vec<usize> = (0..n).filter(|&i| start < prompts[i].len()).collect();
+        let chunks: Vec<_> = live
+            .iter()
+            .map(|&i| {
+                let p = &prompts[i];
+                let end = (start + 5).min(p.len());
+                chunk(&p[start..end], start, &tables[i], LogitsWanted::All)
+            })
+            .collect();
+        let out = step(&mut e, &chunks, &live);
+        let mut row = 0;
+        for (&i, c) in live.iter().zip(&chunks) {
+            for _ in 0..c.tokens.len() {
+                cut[i].push(out.row(row).to_vec());
+                row += 1;
+            }
+        }
+    }
+    assert_eq!(cut, whole, "{name}: chunked prefill changed the logits");
+}
+
+/// A prefix-cache hit on the six-prompt fixture `dir` (loaded by `load` in f32): another
+/// sequence with the last prompt's first 16 tokens writes block 0; the prompt resumes at 16
+/// on it and gets the cold run's logits (prefilled alone on a fresh engine), bit for bit.
+pub fn check_prefix_hit(name: &str, dir: &Path, load: impl Fn(&Path, DType) -> Cpu) {
+    let r = hybrid_refs(dir);
+    let p = &r.prompts[5];
+    assert!(p.len() > 32);
+    let cold = prompt_logits(&mut load(dir, DType::F32), p);
+    let mut e = load(dir, DType::F32);
+    let mut other: Vec<u32> = p[..16].to_vec();
+    other.extend([5, 6, 7, 8, 9]);
+    e.forward_logits(&[chunk(&other, 0, &[0, 1], LogitsWanted::Last)])
+        .unwrap();
+    let out = e
+        .forward_logits(&[chunk(&p[16..], 16, &[0, 10, 11], LogitsWanted::All)])
+        .unwrap();
+    for (t, want) in cold.iter().enumerate().skip(16) {
+        assert_eq!(out.row(t - 16), &want[..], "{name}: position {t}");
+    }
+}
