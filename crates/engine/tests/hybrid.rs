@@ -180,18 +180,13 @@ fn load_gguf(
     gguf: &Path,
     dtype: Option<DType>,
 ) -> (tempfile::TempDir, Engine<lmi_engine::cpu::CpuBackend>) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("model");
-    lmi_checkpoint::gguf::convert::convert_gguf_with(gguf, &dir, DType::F32, false, false).unwrap();
     let opts = EngineOptions {
         dtype,
-        gguf: Some(gguf.to_path_buf()),
         kv_blocks: Some(96),
         state_slots: Some(SLOTS),
         ..Default::default()
     };
-    let e = lmi_engine::load_cpu(&dir, &opts).unwrap();
-    (tmp, e)
+    hf_fixture::load_gguf_with(gguf, opts)
 }
 
 /// The config imported from a GGUF is the fixture's (the token ids aside: the converter's

@@ -139,17 +139,12 @@ fn load_gguf(
     gguf: &Path,
     dtype: Option<DType>,
 ) -> (tempfile::TempDir, Engine<lmi_engine::cpu::CpuBackend>) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("model");
-    lmi_checkpoint::gguf::convert::convert_gguf_with(gguf, &dir, DType::F32, false, false).unwrap();
     let opts = EngineOptions {
         dtype,
-        gguf: Some(gguf.to_path_buf()),
         kv_blocks: Some(KV_BLOCKS),
         ..Default::default()
     };
-    let e = lmi_engine::load_cpu(&dir, &opts).unwrap();
-    (tmp, e)
+    hf_fixture::load_gguf_with(gguf, opts)
 }
 
 /// The config imported from llama.cpp's file (`deepseek2`) is the fixture's: latent

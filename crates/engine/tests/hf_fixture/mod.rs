@@ -206,14 +206,26 @@ pub fn load_gguf(
     gguf: &Path,
     dtype: Option<DType>,
 ) -> (tempfile::TempDir, Engine<lmi_engine::cpu::CpuBackend>) {
+    let opts = EngineOptions {
+        dtype,
+        kv_blocks: Some(64),
+        ..Default::default()
+    };
+    load_gguf_with(gguf, opts)
+}
+
+/// [`load_gguf`] with the caller's engine options (its KV blocks, state slots, dtype); the
+/// file itself is set here.
+pub fn load_gguf_with(
+    gguf: &Path,
+    opts: EngineOptions,
+) -> (tempfile::TempDir, Engine<lmi_engine::cpu::CpuBackend>) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("model");
     lmi_checkpoint::gguf::convert::convert_gguf_with(gguf, &dir, DType::F32, false, false).unwrap();
     let opts = EngineOptions {
-        dtype,
         gguf: Some(gguf.to_path_buf()),
-        kv_blocks: Some(64),
-        ..Default::default()
+        ..opts
     };
     let e = lmi_engine::load_cpu(&dir, &opts).unwrap();
     (tmp, e)
