@@ -31,7 +31,11 @@ const COLD_BYTES: usize = 256 << 20;
 
 fn main() {
     let be = CpuBackend::new();
-    eprintln!("quantized products on {}", be.quant_kernel());
+    eprintln!(
+        "quantized products on {} (one row), {} (64 rows)",
+        be.quant_kernel(1),
+        be.quant_kernel(64)
+    );
     // (rows n, cols k, from memory): SmolLM2's MLP up/gate, down, its tied LM head; Llama-3.2-1B's
     // gate/up, from cache and from memory.
     let shapes = [
@@ -87,7 +91,7 @@ fn main() {
                 ws.push(be.upload_weight(t.clone()).unwrap());
             }
             // 2 and 4 rows: a mixture's experts at 16 decode streams (about two rows each).
-            for m in [1usize, 2, 3, 4, 8, 16, 64] {
+            for m in [1usize, 2, 3, 4, 8, 16, 32, 64] {
                 let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
                 let mut out = vec![0f32; m * n];
                 for w in &ws {

@@ -32,47 +32,66 @@ const TILE: usize = TN * TK;
 pub fn available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *AVAILABLE.get_or_init(|| {
-        if std::env::var_os("LMI_CPU_NO_AMX").is_some() || !super::simd::has_avx512bf16() {
+        let on = super::simd::has_avx512bf16() && cpu_has(22) && tiles_granted();
+        if on {
+            tracing::info!("CPU: AMX-BF16 tiles for bf16 matrix products");
+        }
+        on
+    })
+}
+
+/// Whether the quantized lane products may use AMX-INT8 tiles (`qlanes/amx.rs`): the CPU has
+/// AMX-INT8, Linux granted the tile data state, and `LMI_CPU_NO_AMX` is unset.
+pub fn int8_available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| cpu_has(25) && tiles_granted())
+}
+
+/// CPUID.(EAX=7,ECX=0):EDX bit `bit` (22 AMX-BF16, 25 AMX-INT8) and bit 24 (AMX-TILE).
+fn cpu_has(bit: u32) -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        let r = std::arch::x86_64::__cpuid_count(7, 0);
+        r.edx & (1 << bit) != 0 && r.edx & (1 << 24) != 0
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        let _ = bit;
+        false
+    }
+}
+
+/// Linux hands out the 8 KiB tile register state only on request (`ARCH_REQ_XCOMP_PERM`),
+/// once per process; a tile instruction without it kills the process. Asked once, unless
+/// `LMI_CPU_NO_AMX` is set.
+fn tiles_granted() -> bool {
+    static GRANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *GRANTED.get_or_init(|| {
+        if std::env::var_os("LMI_CPU_NO_AMX").is_some() {
             return false;
         }
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         {
-            cpu_has_amx_bf16() && request_tile_permission()
+            const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+            const XFEATURE_XTILEDATA: libc::c_long = 18;
+            // SAFETY: a plain syscall with integer arguments.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_arch_prctl,
+                    ARCH_REQ_XCOMP_PERM,
+                    XFEATURE_XTILEDATA,
+                )
+            };
+            if rc != 0 {
+                tracing::info!("CPU: AMX present but the kernel refused the tile state");
+            }
+            rc == 0
         }
         #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
         {
             false
         }
     })
-}
-
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-fn cpu_has_amx_bf16() -> bool {
-    // CPUID.(EAX=7,ECX=0):EDX bit 22 = AMX-BF16, bit 24 = AMX-TILE.
-    let r = std::arch::x86_64::__cpuid_count(7, 0);
-    r.edx & (1 << 22) != 0 && r.edx & (1 << 24) != 0
-}
-
-/// Linux hands out the 8 KiB tile register state only on request (`ARCH_REQ_XCOMP_PERM`),
-/// once per process; a tile instruction without it kills the process.
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-fn request_tile_permission() -> bool {
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
-    // SAFETY: a plain syscall with integer arguments.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_arch_prctl,
-            ARCH_REQ_XCOMP_PERM,
-            XFEATURE_XTILEDATA,
-        )
-    };
-    if rc == 0 {
-        tracing::info!("CPU: AMX-BF16 tiles for bf16 matrix products");
-    } else {
-        tracing::info!("CPU: AMX present but the kernel refused the tile state; using AVX-512");
-    }
-    rc == 0
 }
 
 /// A `[n, k]` bf16 weight in tile order. Columns are padded to whole groups of
@@ -190,21 +209,50 @@ pub fn linear(x: &[f32], m: usize, w: &AmxWeight, bias: Option<&[f32]>, out: &mu
     INPUT.set(xb);
 }
 
-/// The tile configuration: palette 1, all eight tiles 16 rows × 64 bytes.
+/// A tile configuration (`ldtilecfg`'s 64 bytes): palette 1, each tile's rows and bytes a row.
 #[repr(C, align(64))]
-struct TileConfig([u8; 64]);
+pub(crate) struct TileConfig([u8; 64]);
 
 impl TileConfig {
-    fn full() -> TileConfig {
+    /// Tile `t` gets `shapes[t]` = (rows, bytes a row); (0, 0) leaves it unused.
+    pub(crate) const fn new(shapes: [(u8, u16); 8]) -> TileConfig {
         let mut c = [0u8; 64];
         c[0] = 1;
-        for t in 0..8 {
-            let colsb = (TK * 2) as u16;
-            c[16 + 2 * t..18 + 2 * t].copy_from_slice(&colsb.to_le_bytes());
-            c[48 + t] = TN as u8;
+        let mut t = 0;
+        while t < 8 {
+            let colsb = shapes[t].1.to_le_bytes();
+            c[16 + 2 * t] = colsb[0];
+            c[17 + 2 * t] = colsb[1];
+            c[48 + t] = shapes[t].0;
+            t += 1;
         }
         TileConfig(c)
     }
+
+    /// All eight tiles 16 rows × 64 bytes.
+    fn full() -> TileConfig {
+        TileConfig::new([(TN as u8, (TK * 2) as u16); 8])
+    }
+
+    /// Loads this configuration (zeroing every tile).
+    ///
+    /// # Safety
+    /// The process was granted the tile state ([`available`] or [`int8_available`]).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) unsafe fn load(&self) {
+        unsafe {
+            std::arch::asm!("ldtilecfg [{}]", in(reg) self as *const TileConfig, options(nostack, readonly, preserves_flags));
+        }
+    }
+}
+
+/// Releases the tile state (back to the init state: cheaper context switches).
+///
+/// # Safety
+/// As [`TileConfig::load`].
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn tile_release() {
+    unsafe { std::arch::asm!("tilerelease", options(nostack, nomem, preserves_flags)) };
 }
 
 /// Tile loads alone keep too few cache misses in flight to stream the weights at the memory's
@@ -250,7 +298,7 @@ unsafe fn run_groups(
     let acc_stride = GROUP * TN * 4;
     let run_len = w.kb * GROUP * TILE;
     unsafe {
-        asm!("ldtilecfg [{}]", in(reg) &cfg as *const TileConfig, options(nostack, readonly, preserves_flags));
+        cfg.load();
         for g in g0..g1 {
             let wg = w.data.as_ptr().add(g * run_len);
             for m0 in (0..mp).step_by(TN) {
@@ -323,7 +371,7 @@ unsafe fn run_groups(
                 }
             }
         }
-        asm!("tilerelease", options(nostack, nomem, preserves_flags));
+        tile_release();
     }
 }
 

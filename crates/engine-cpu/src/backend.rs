@@ -143,9 +143,9 @@ impl CpuBackend {
         }
     }
 
-    /// The product path quantized weights take (every step, whatever its rows), for reports.
-    pub fn quant_kernel(&self) -> String {
-        qlinear::qpath().name().into()
+    /// The kernel quantized weights' products of `rows` activation rows take, for reports.
+    pub fn quant_kernel(&self, rows: usize) -> String {
+        qlinear::qpath().name_for_rows(rows)
     }
 
     /// `count` zeroed pools of `cfg`'s shape and dtype, in one allocation.
@@ -200,9 +200,9 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
-    fn product_kernel(&self, _rows: usize, quantized: bool) -> String {
+    fn product_kernel(&self, rows: usize, quantized: bool) -> String {
         if quantized {
-            self.quant_kernel()
+            self.quant_kernel(rows)
         } else if amx::available() {
             "bf16 (AMX-BF16 tiles), f32 (FMA)".into()
         } else if simd::has_bf16_dot() {

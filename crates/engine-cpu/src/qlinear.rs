@@ -93,6 +93,23 @@ impl QPath {
         }
     }
 
+    /// How reports name the kernel a product of `rows` activation rows runs on: the lanes
+    /// on AVX512-VNNI move to AMX-INT8 tiles from `qlanes::AMX_MIN_ROWS` rows where the CPU
+    /// has them (the same bits).
+    pub fn name_for_rows(self, rows: usize) -> String {
+        if self == QPath::Lanes
+            && rows >= super::qlanes::AMX_MIN_ROWS
+            && crate::amx::int8_available()
+        {
+            let int8 = super::qlanes::bits() == Ok(super::qlanes::Bits::Eight);
+            return format!(
+                "{} lanes (AMX-INT8 tiles)",
+                if int8 { "int8" } else { "int12" }
+            );
+        }
+        self.name().into()
+    }
+
     fn is_512(self) -> bool {
         matches!(self, QPath::Lanes | QPath::Avx512Vnni | QPath::Avx512)
     }
@@ -262,7 +279,9 @@ pub fn qlinear_with(
     }
     if let QWeight::Lanes(parts) = w {
         use super::qlanes::Isa;
-        let isa = if path == QPath::Lanes {
+        let isa = if path == QPath::Lanes && crate::amx::int8_available() {
+            Isa::Amx
+        } else if path == QPath::Lanes {
             Isa::Avx512Vnni
         } else {
             Isa::Avx2

@@ -139,7 +139,7 @@ fn quantized_as_stored_agrees_with_the_dequantized_reference() {
         }
         agree += usize::from(got == expected);
     }
-    let kernel = engine.backend().quant_kernel();
+    let kernel = engine.backend().quant_kernel(1);
     eprintln!(
         "as stored on {kernel}: {agree}/6 prompts agree for 32 tokens; prompt logprobs within \
          {worst_lp:.3}"

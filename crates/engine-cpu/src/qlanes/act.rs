@@ -64,22 +64,46 @@ pub(crate) struct LAct {
     /// The integers `a` whole, 32 a block in order ([`LAct::widen`]; empty until then): the
     /// AVX2 kernel's 8-bit codes multiply them in int16.
     pub a16: Vec<i16>,
+    /// `q` is in tiles of [`TILE_ROWS`] rows ([`LAct::tiled`]) rather than row after row.
+    pub tiled: bool,
 }
+
+/// Rows of a tile of [`LAct::tiled`].
+pub(crate) const TILE_ROWS: usize = 16;
 
 impl LAct {
     /// Quantizes `rows` rows of `k` values (`k` a multiple of 32), each row on its own.
     pub fn new(x: &[f32], rows: usize, k: usize, bits: Bits) -> LAct {
+        LAct::build(x, rows, k, bits, false)
+    }
+
+    /// [`LAct::new`] with `q` laid out for the AMX tiles: per tile of [`TILE_ROWS`] rows (the
+    /// last padded with zero rows) and block, the rows' 64 bytes one after another, so that a
+    /// tile's operand is 1 KiB in a row and each tile's blocks one sequential stream.
+    /// (Row after row, a tile load gathers 16 lines 64·nb bytes apart, and from L2 that cost
+    /// as much as the product.) The scales and sums stay row after row.
+    pub fn tiled(x: &[f32], rows: usize, k: usize, bits: Bits) -> LAct {
+        LAct::build(x, rows, k, bits, true)
+    }
+
+    fn build(x: &[f32], rows: usize, k: usize, bits: Bits, tiled: bool) -> LAct {
         debug_assert!(k.is_multiple_of(QK) && x.len() >= rows * k);
         let nb = k / QK;
+        let held = if tiled {
+            rows.next_multiple_of(TILE_ROWS)
+        } else {
+            rows
+        };
         let mut a = LAct {
             nb,
-            q: vec![0; rows * nb * 2 * QK],
-            d: vec![0.0; rows * nb],
-            sum: vec![0; rows * nb],
-            sum16: vec![0; rows * nb],
-            ms: vec![0.0; rows * nb],
+            q: vec![0; held * nb * 2 * QK],
+            d: vec![0.0; held * nb],
+            sum: vec![0; held * nb],
+            sum16: vec![0; held * nb],
+            ms: vec![0.0; held * nb],
             lo: bits == Bits::Twelve,
             a16: Vec::new(),
+            tiled,
         };
         #[cfg(target_arch = "x86_64")]
         let simd = std::arch::is_x86_feature_detected!("avx512f")
@@ -90,10 +114,12 @@ impl LAct {
         let simd = false;
         let blocks = x[..rows * k]
             .chunks_exact(QK)
-            .zip(a.q.chunks_exact_mut(2 * QK))
+            .enumerate()
             .zip(a.d.iter_mut().zip(a.sum.iter_mut()))
             .zip(a.sum16.iter_mut().zip(a.ms.iter_mut()));
-        for (((x, q), (d, sum)), (sum16, ms)) in blocks {
+        for (((at, x), (d, sum)), (sum16, ms)) in blocks {
+            let q0 = offset(nb, tiled, at / nb, at % nb);
+            let q = &mut a.q[q0..q0 + 2 * QK];
             #[cfg(target_arch = "x86_64")]
             if simd {
                 // SAFETY: AVX-512F/BW were detected; `x` holds 32 values and `q` 64 bytes.
@@ -117,6 +143,7 @@ impl LAct {
 
     /// Fills [`LAct::a16`]: `16·hi + lo` for every value.
     pub fn widen(&mut self) {
+        debug_assert!(!self.tiled);
         self.a16 = self
             .q
             .chunks_exact(2 * QK)
@@ -128,7 +155,23 @@ impl LAct {
     #[inline(always)]
     pub fn block(&self, r: usize, b: usize) -> *const i8 {
         // SAFETY (callers): r < rows and b < nb.
-        unsafe { self.q.as_ptr().add((r * self.nb + b) * 2 * QK) }
+        unsafe { self.q.as_ptr().add(offset(self.nb, self.tiled, r, b)) }
+    }
+
+    /// Bytes from a row's block to the next row's.
+    #[inline(always)]
+    pub fn row_stride(&self) -> usize {
+        if self.tiled { 2 * QK } else { self.nb * 2 * QK }
+    }
+}
+
+/// Where row `r`'s block `b` starts in `q`.
+#[inline(always)]
+fn offset(nb: usize, tiled: bool, r: usize, b: usize) -> usize {
+    if tiled {
+        ((r / TILE_ROWS * nb + b) * TILE_ROWS + r % TILE_ROWS) * 2 * QK
+    } else {
+        (r * nb + b) * 2 * QK
     }
 }
 

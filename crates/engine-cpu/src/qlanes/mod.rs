@@ -19,6 +19,8 @@
 
 mod act;
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_rows;
@@ -28,6 +30,8 @@ mod tests;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+#[cfg(target_arch = "x86_64")]
+use amx::TM;
 use pack::ROWS;
 use rayon::prelude::*;
 
@@ -47,10 +51,16 @@ const QK: usize = 32;
 const MR: usize = 8;
 /// Activation rows that share a pass over a weight group while it is in L1.
 const ROW_CHUNK: usize = 64;
+/// Products of at least this many activation rows run on the AMX tiles where [`Isa::Amx`] is
+/// in use; fewer on the VNNI kernel (the same bits either way).
+pub(crate) const AMX_MIN_ROWS: usize = 16;
 
 /// Which instructions run the lane kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Isa {
+    /// AMX-INT8 tiles from [`AMX_MIN_ROWS`] activation rows (`amx.rs`), `Avx512Vnni` below:
+    /// every format.
+    Amx,
     /// `vpdpbusd` on 512-bit registers: every format.
     Avx512Vnni,
     /// `vpmaddubsw` (codes of up to six bits) and `vpmaddwd` (8-bit codes) on 256-bit
@@ -91,11 +101,20 @@ pub(crate) fn qlinear_lanes(
     let k = first.cols;
     let n: usize = parts.iter().map(|p| p.rows).sum();
     assert!(x.len() >= m * k && out.len() >= m * n);
-    let mr_max = if isa == Isa::Avx512Vnni { MR } else { 4 };
+    let isa = if isa == Isa::Amx && m < AMX_MIN_ROWS {
+        Isa::Avx512Vnni
+    } else {
+        isa
+    };
+    let mr_max = if isa == Isa::Avx2 { 4 } else { MR };
     if m == 0 || n == 0 {
         return;
     }
-    let mut a = LAct::new(x, m, k, bits);
+    let mut a = if isa == Isa::Amx {
+        LAct::tiled(x, m, k, bits)
+    } else {
+        LAct::new(x, m, k, bits)
+    };
     if isa == Isa::Avx2 && parts.iter().any(|p| pack::code_bytes(p.qtype) == ROWS * QK) {
         a.widen();
     }
@@ -122,6 +141,8 @@ pub(crate) fn qlinear_lanes(
     };
     let o = SendPtr(out.as_mut_ptr());
     let run = |chunk: &[(usize, usize, usize)]| {
+        #[cfg(target_arch = "x86_64")]
+        let mut tiles = amx::Tiles::new();
         for r0 in (0..m).step_by(ROW_CHUNK) {
             let rows = (m - r0).min(ROW_CHUNK);
             for &(pi, g, col) in chunk {
@@ -142,6 +163,19 @@ pub(crate) fn qlinear_lanes(
                             run_octets(&a, x, p, g, i, no, o.at(i * n + col), n, lanes, i == r0);
                         }
                         i += no * avx2_rows::OCTET;
+                        continue;
+                    }
+                    #[cfg(target_arch = "x86_64")]
+                    if isa == Isa::Amx {
+                        let mr = left.min(TM);
+                        // SAFETY: AMX-INT8 is granted (`Isa::Amx`); `a` holds whole tiles of
+                        // rows; as below for the rest.
+                        unsafe {
+                            tiles.set(amx::class(p.qtype));
+                            let args = args(&a, p, g, i, o.at(i * n + col), n, lanes, i == r0);
+                            amx::dispatch(p.qtype, mr, &args);
+                        }
+                        i += mr;
                         continue;
                     }
                     let mr = if left >= mr_max { mr_max } else { left.min(4) };
@@ -183,7 +217,7 @@ unsafe fn run_tile(
     unsafe {
         let args = args(a, w, g, i, out, ldo, lanes, prefetch);
         match isa {
-            Isa::Avx512Vnni => x86::dispatch(w.qtype, mr, &args),
+            Isa::Avx512Vnni | Isa::Amx => x86::dispatch(w.qtype, mr, &args),
             Isa::Avx2 => avx2::dispatch(w.qtype, mr, &args),
         }
     }

@@ -8,6 +8,11 @@ use crate::qlinear::QPath;
 fn isas() -> Vec<Isa> {
     let paths = QPath::available();
     let mut v = Vec::new();
+    if paths.contains(&QPath::Lanes) && crate::amx::int8_available() {
+        v.push(Isa::Amx);
+    } else {
+        eprintln!("no AMX-INT8 here: the tile kernel is not run");
+    }
     if paths.contains(&QPath::Lanes) {
         v.push(Isa::Avx512Vnni);
     }
@@ -68,7 +73,14 @@ fn kernel_equals_reference(isa: Isa, bits: Bits) {
             LMatrix::new(&matrix(qt, 11, k, &mut seed)),
         ];
         let n = 64;
-        for m in [1usize, 2, 3, 4, 5, 8, 9, 15, 16, 23, 24, 40] {
+        // AMX: every row count a step of decode streams can have (tiles of 16, the rest in
+        // one tile), and past one pass of 64 rows.
+        let counts: Vec<usize> = if isa == Isa::Amx {
+            (1..=64).chain([65, 80, 97]).collect()
+        } else {
+            vec![1, 2, 3, 4, 5, 8, 9, 15, 16, 23, 24, 40]
+        };
+        for m in counts {
             let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed) * 3.0).collect();
             let mut out = vec![f32::NAN; m * n];
             qlinear_lanes(isa, bits, &x, m, &parts, &mut out);
@@ -175,17 +187,22 @@ fn rows_are_batch_invariant() {
     }
 }
 
-/// The codes that bound AVX2's int16 sums: every code at its largest against activations
-/// whose `hi` is at its most negative (−128) and most positive (127). An int16 overflow would
-/// show as a result other than the reference's.
+/// The codes that bound AVX2's int16 sums and the AMX tiles' `16·code` bytes: every code at
+/// its largest against activations whose `hi` is at its most negative (−128) and most
+/// positive (127). An overflow would show as a result other than the reference's.
 #[test]
 fn extreme_codes_do_not_overflow() {
-    if !isas().contains(&Isa::Avx2) {
-        return;
+    for isa in isas() {
+        if matches!(isa, Isa::Avx2 | Isa::Amx) {
+            extreme_codes(isa);
+        }
     }
+}
+
+fn extreme_codes(isa: Isa) {
     let (k, n) = (512, 24);
     let mut seed = 13;
-    for qt in formats(Isa::Avx2) {
+    for qt in formats(isa) {
         let mut qm = matrix(qt, n, k, &mut seed);
         // The code bytes of each block at their largest (MXFP4: +6, nibble 7).
         let (bb, codes, byte) = match qt {
@@ -213,13 +230,13 @@ fn extreme_codes_do_not_overflow() {
             };
             assert_eq!(a.q[0], hi);
             let mut out = vec![f32::NAN; m * n];
-            qlinear_lanes(Isa::Avx2, bits, &x, m, &w, &mut out);
+            qlinear_lanes(isa, bits, &x, m, &w, &mut out);
             for (c, &o) in out.iter().enumerate() {
                 let want = reference(&a, c / n, &w[0], c % n);
                 assert_eq!(
                     o.to_bits(),
                     want.to_bits(),
-                    "{bits:?} {qt:?} x = {sign} row {} column {}: {o} vs {want}",
+                    "{isa:?} {bits:?} {qt:?} x = {sign} row {} column {}: {o} vs {want}",
                     c / n,
                     c % n
                 );
