@@ -138,10 +138,25 @@ struct Scratch {
     sums: [[i32; 4 * TM * ROWS]; RING],
 }
 
-/// What the three steps of a block read.
+/// Where a block's unpacked codes go: slots reused every `RING` blocks, or (for passes of
+/// more than one tile of activation rows) a block each in a buffer kept for the whole group,
+/// unpacked by the pass's first tile and read by the rest.
+#[derive(Clone, Copy)]
+pub(super) enum Codes {
+    Ring,
+    Group { base: *mut u8, unpack: bool },
+}
+
+/// Bytes of unpacked codes a block takes in [`Codes::Group`].
+pub(super) const BLOCK_CODES: usize = 16 * 64;
+
+/// What the steps of a block read.
 struct Ctx<'a, 'b> {
     t: &'a Args<'b>,
     codes: *mut u8,
+    /// Whether `codes` is a group's buffer (a block each) rather than the ring.
+    group: bool,
+    unpack: bool,
     sums: *mut i32,
     /// Bytes from one activation row's block to the next row's.
     ast: usize,
@@ -150,8 +165,9 @@ struct Ctx<'a, 'b> {
 impl Ctx<'_, '_> {
     #[inline(always)]
     fn codes(&self, b: usize) -> *mut u8 {
-        // SAFETY (callers): inside the scratch.
-        unsafe { self.codes.add(b % RING * 16 * 64) }
+        let slot = if self.group { b } else { b % RING };
+        // SAFETY (callers): inside the scratch or the group's buffer.
+        unsafe { self.codes.add(slot * BLOCK_CODES) }
     }
 
     #[inline(always)]
@@ -175,6 +191,9 @@ unsafe fn unpack<F: LFmt>(c: &Ctx, b: usize) {
                 _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(PREFETCH + l) as *const i8);
                 l += 64;
             }
+        }
+        if !c.unpack {
+            return;
         }
         let dst = c.codes(b);
         let put = |r: usize, x: __m512i| _mm512_store_si512(dst.add(64 * r) as *mut _, x);
@@ -417,14 +436,23 @@ unsafe fn accumulate<F: LFmt, const MR: usize>(c: &Ctx, b: usize, acc: &mut [__m
 /// The CPU has AMX-INT8 and AVX-512 (F/BW/VL/DQ, F16C), the tiles are configured for
 /// `class(F::QTYPE)` ([`Tiles::set`]); the group exists; `t.a` is tiled
 /// ([`super::LAct::tiled`]) and `t.i0` a multiple of 16; the output has `rows` rows of `t.ldo` with 16
-/// (masked) columns at `t.out`.
+/// (masked) columns at `t.out`; a [`Codes::Group`] buffer holds `t.nb` blocks of
+/// [`BLOCK_CODES`] bytes, 64-byte aligned, unpacked (`unpack`) by an earlier call for this
+/// group unless this one unpacks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn kernel<F: LFmt, const MR: usize>(t: &Args, rows: usize) {
+unsafe fn kernel<F: LFmt, const MR: usize>(t: &Args, rows: usize, codes: Codes) {
     unsafe {
         let mut s = std::mem::MaybeUninit::<Scratch>::uninit();
+        let ring = std::ptr::addr_of_mut!((*s.as_mut_ptr()).codes) as *mut u8;
+        let (codes, group, fresh) = match codes {
+            Codes::Ring => (ring, false, true),
+            Codes::Group { base, unpack } => (base, true, unpack),
+        };
         let c = Ctx {
             t,
-            codes: std::ptr::addr_of_mut!((*s.as_mut_ptr()).codes) as *mut u8,
+            codes,
+            group,
+            unpack: fresh,
             sums: std::ptr::addr_of_mut!((*s.as_mut_ptr()).sums) as *mut i32,
             ast: t.a.row_stride(),
         };
@@ -449,17 +477,44 @@ unsafe fn kernel<F: LFmt, const MR: usize>(t: &Args, rows: usize) {
     }
 }
 
+/// Whether `qt`'s tiles read unpacked codes (a [`Codes::Group`] buffer is worth keeping).
+pub(super) const fn unpacks(qt: QType) -> bool {
+    !matches!(qt, QType::Q8_0 | QType::I8)
+}
+
+/// A thread's buffer of unpacked codes for one group ([`Codes::Group`]), grown as needed.
+pub(super) struct GroupCodes(Vec<Line>);
+
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Line([u8; 64]);
+
+impl GroupCodes {
+    pub(super) fn new() -> GroupCodes {
+        GroupCodes(Vec::new())
+    }
+
+    /// Room for `nb` blocks.
+    pub(super) fn base(&mut self, nb: usize) -> *mut u8 {
+        let lines = nb * BLOCK_CODES / 64;
+        if self.0.len() < lines {
+            self.0.resize(lines, Line([0; 64]));
+        }
+        self.0.as_mut_ptr() as *mut u8
+    }
+}
+
 /// Runs [`kernel`] for `qt` over `rows` activation rows (1 to 16).
 ///
 /// # Safety
 /// As [`kernel`].
-pub(super) unsafe fn dispatch(qt: QType, rows: usize, t: &Args) {
+pub(super) unsafe fn dispatch(qt: QType, rows: usize, t: &Args, codes: Codes) {
     macro_rules! by_rows {
         ($f:ty) => {
             match rows {
-                0..=4 => kernel::<$f, 4>(t, rows),
-                5..=8 => kernel::<$f, 8>(t, rows),
-                _ => kernel::<$f, 16>(t, rows),
+                0..=4 => kernel::<$f, 4>(t, rows, codes),
+                5..=8 => kernel::<$f, 8>(t, rows, codes),
+                _ => kernel::<$f, 16>(t, rows, codes),
             }
         };
     }

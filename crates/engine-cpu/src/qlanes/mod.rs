@@ -143,6 +143,8 @@ pub(crate) fn qlinear_lanes(
     let run = |chunk: &[(usize, usize, usize)]| {
         #[cfg(target_arch = "x86_64")]
         let mut tiles = amx::Tiles::new();
+        #[cfg(target_arch = "x86_64")]
+        let mut group_codes = amx::GroupCodes::new();
         for r0 in (0..m).step_by(ROW_CHUNK) {
             let rows = (m - r0).min(ROW_CHUNK);
             for &(pi, g, col) in chunk {
@@ -168,12 +170,23 @@ pub(crate) fn qlinear_lanes(
                     #[cfg(target_arch = "x86_64")]
                     if isa == Isa::Amx {
                         let mr = left.min(TM);
-                        // SAFETY: AMX-INT8 is granted (`Isa::Amx`); `a` holds whole tiles of
-                        // rows; as below for the rest.
+                        // A pass of several tiles unpacks the group's codes once, with its
+                        // first tile.
+                        let codes = if rows > TM && amx::unpacks(p.qtype) {
+                            amx::Codes::Group {
+                                base: group_codes.base(p.nb),
+                                unpack: i == r0,
+                            }
+                        } else {
+                            amx::Codes::Ring
+                        };
+                        // SAFETY: AMX-INT8 is granted (`Isa::Amx`); `a` is tiled and `i` a
+                        // multiple of 16; the group buffer holds `p.nb` blocks, unpacked by
+                        // this pass's first tile; as below for the rest.
                         unsafe {
                             tiles.set(amx::class(p.qtype));
                             let args = args(&a, p, g, i, o.at(i * n + col), n, lanes, i == r0);
-                            amx::dispatch(p.qtype, mr, &args);
+                            amx::dispatch(p.qtype, mr, &args, codes);
                         }
                         i += mr;
                         continue;
