@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use lmi_checkpoint::testing::{TinySpec, write_tiny_model};
+use lmi_checkpoint::testing::{PeftSpec, TinySpec, write_peft_adapter, write_tiny_model};
 use serde_json::{Value, json};
 
 const KV: &str = "4M";
@@ -634,5 +634,157 @@ fn on_demand_loads_evict_the_least_recently_used_idle_model() {
     assert_eq!(status_of(port, "qwen2"), "UNLOADED");
     let m = get(port, "/metrics").body;
     assert!(!m.contains("model=\"qwen2\""), "{m}");
+    // A model put in the directory after the start is found by its name.
+    let late = dir.join("late");
+    std::fs::create_dir(&late).unwrap();
+    for f in std::fs::read_dir(&models[1].1).unwrap().flatten() {
+        std::fs::copy(f.path(), late.join(f.file_name())).unwrap();
+    }
+    assert_eq!(ask("late"), ask("qwen2"));
+    // /info is the default model's (llama, loaded for it: late, the least recently used,
+    // makes room), with every model's status.
+    let info = get(port, "/info").json();
+    assert_eq!(info["models"]["llama"], "READY", "{info}");
+    assert_eq!(info["models"]["qwen2"], "READY", "{info}");
+    assert_eq!(info["models"]["late"], "UNLOADED", "{info}");
+    assert_eq!(info["models"]["qwen3"], "UNLOADED", "{info}");
+    assert_eq!(sigterm_and_wait(&mut server).code(), Some(0));
+}
+
+#[test]
+fn adapters_belong_to_their_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let models = models(tmp.path());
+    let q2 = &models[1].1;
+    let c = lmi_engine::ModelConfig::from_file(&q2.join("config.json")).unwrap();
+    // Large enough to change the tiny model's greedy tokens.
+    let spec = PeftSpec {
+        scale: 2.0,
+        ..PeftSpec::new(4, 7)
+    };
+    write_peft_adapter(&q2.join("adapters").join("ad"), &c, &spec).unwrap();
+    let mut server = serve(&model_args(&models[..2]), &[]);
+    wait_ping(&mut server);
+    let port = server.port;
+    // Found in qwen2's directory: qwen2's adapter, not llama's (which has LoRA off).
+    let r = get(port, "/models/qwen2/adapters");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("\"ad\""), "{}", r.body);
+    assert_ne!(get(port, "/models/llama/adapters").status, 200);
+    // The management API's `/models/{name}` beside the adapter routes under it.
+    assert_eq!(
+        get(port, "/models/qwen2").json()[0]["models"][0]["adapters"],
+        json!(["ad"])
+    );
+    let listed = get(port, "/v1/models").json();
+    let ad = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == "ad")
+        .cloned()
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(ad["parent"], "qwen2");
+    // `model` naming the adapter: qwen2 with the adapter, as `adapter_id` would.
+    let with_id = post_json(
+        port,
+        "/v1/completions",
+        &json!({"model": "qwen2", "adapter_id": "ad", "prompt": "Hello there", "max_tokens": 8, "temperature": 0}),
+        &[],
+    );
+    let by_name = post_json(
+        port,
+        "/v1/completions",
+        &json!({"model": "ad", "prompt": "Hello there", "max_tokens": 8, "temperature": 0}),
+        &[],
+    );
+    let base = post_json(
+        port,
+        "/v1/completions",
+        &json!({"model": "qwen2", "prompt": "Hello there", "max_tokens": 8, "temperature": 0}),
+        &[],
+    );
+    let with_id = text_of(&with_id, "/choices/0/text");
+    assert_eq!(text_of(&by_name, "/choices/0/text"), with_id);
+    assert_ne!(
+        text_of(&base, "/choices/0/text"),
+        with_id,
+        "the adapter changes nothing"
+    );
+    assert_eq!(sigterm_and_wait(&mut server).code(), Some(0));
+}
+
+/// Load on two models while one is unloaded and registered again: every request either
+/// answers or (only for the model while it is gone) gets its 404; the KV caches end empty.
+#[test]
+fn one_model_reloaded_while_two_are_busy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let models = models(tmp.path());
+    let mut server = serve(&model_args(&models[..2]), &[]);
+    wait_ping(&mut server);
+    let port = server.port;
+    let want: Vec<String> = ["llama", "qwen2"]
+        .iter()
+        .map(|n| {
+            text_of(
+                &post_json(port, &format!("/predictions/{n}"), &lmi_body(), &[]),
+                "/generated_text",
+            )
+        })
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..4)
+        .map(|i| {
+            let name = ["llama", "qwen2"][i % 2];
+            let want = want[i % 2].clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let (mut ok, mut gone) = (0, 0);
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let r = post_json(port, &format!("/predictions/{name}"), &lmi_body(), &[]);
+                    match r.status {
+                        200 => {
+                            assert_eq!(text_of(&r, "/generated_text"), want, "{name}");
+                            ok += 1;
+                        }
+                        404 if name == "qwen2" => gone += 1,
+                        _ => panic!("{name}: {} {}", r.status, r.body),
+                    }
+                }
+                (name, ok, gone)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(delete(port, "/models/qwen2").status, 200);
+    let url = models[1].1.display().to_string().replace('/', "%2F");
+    let r = request(
+        port,
+        "POST",
+        &format!("/models?url={url}&model_name=qwen2"),
+        b"",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for w in workers {
+        let (name, ok, _gone) = w.join().unwrap();
+        assert!(ok > 0, "{name} never answered");
+    }
+    for name in ["llama", "qwen2"] {
+        let series = format!("lmi_kv_cache_blocks_used{{model=\"{name}\"}} ");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let m = get(port, "/metrics").body;
+            let v = m.lines().find_map(|l| l.strip_prefix(series.as_str()));
+            if v == Some("0") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{series}never back to 0:\n{m}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
     assert_eq!(sigterm_and_wait(&mut server).code(), Some(0));
 }

@@ -3,7 +3,8 @@
 //! The name comes from the path (`/predictions/{model}`, `/models/{model}/adapters…`), from
 //! SageMaker's `X-Amzn-SageMaker-Target-Model` header, or from the body's `model` (the
 //! OpenAI, Anthropic and LMI bodies); TGI's routes and bodies without one go to the default
-//! model. A body's `model` may also name a LoRA adapter of a loaded model. A server of one
+//! model. On OpenAI's chat and completions a body's `model` may also name a LoRA adapter of a
+//! loaded model (as `/v1/models` lists them): the request goes to that model with the adapter. A server of one
 //! model reads no body and routes everything to it, as before the registry (its OpenAI
 //! routes take any `model`).
 
@@ -47,16 +48,59 @@ pub async fn handle(reg: Arc<Registry>, req: Request) -> Response {
             Some(s) => s,
             None => return unknown(&reg, &path, None),
         },
-        Named::Strict(n) => match reg.get(&n) {
+        Named::Strict(n) => match reg.get(&n).or_else(|| reg.rescan(&n)) {
             Some(s) => s,
             None => return unknown(&reg, &path, Some(&n)),
         },
-        Named::Body(n) => match by_body_name(&reg, &n) {
+        Named::Body(n) => match reg.get(&n).or_else(|| reg.rescan(&n)) {
             Some(s) => s,
-            None => return unknown(&reg, &path, Some(&n)),
+            None => match adapter_holder(&reg, &path, &n) {
+                Some(s) => {
+                    let req = with_adapter(req, &n).await;
+                    return forward(&reg, &s, req).await;
+                }
+                None => return unknown(&reg, &path, Some(&n)),
+            },
         },
     };
     forward(&reg, &slot, req).await
+}
+
+/// Routes whose bodies name a LoRA adapter in `adapter_id` (OpenAI's chat and completions,
+/// also through /invocations): there `model` may name an adapter, as `/v1/models` lists them.
+const ADAPTER_ROUTES: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/invocations"];
+
+/// The loaded model holding an adapter named `name`, on routes that can apply it.
+fn adapter_holder(reg: &Registry, path: &str, name: &str) -> Option<Arc<Slot>> {
+    if !ADAPTER_ROUTES.contains(&path) {
+        return None;
+    }
+    reg.slots().into_iter().find(|s| {
+        s.phase()
+            .live()
+            .and_then(|l| l.state.model())
+            .is_some_and(|m| m.adapters.names().iter().any(|a| a == name))
+    })
+}
+
+/// The request with `adapter_id` set to `name` (unless it names one already).
+async fn with_adapter(req: Request, name: &str) -> Request {
+    let (parts, body) = req.into_parts();
+    // The body was read into memory by `name_of`.
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    let body = match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(serde_json::Value::Object(mut o)) => {
+            o.entry("adapter_id")
+                .or_insert_with(|| serde_json::Value::String(name.to_string()));
+            Bytes::from(serde_json::Value::Object(o).to_string())
+        }
+        _ => bytes,
+    };
+    let mut parts = parts;
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Request::from_parts(parts, Body::from(body))
 }
 
 /// Hands `req` to `slot`'s routes (loading it first when it is not loaded); the model counts
@@ -78,20 +122,6 @@ pub async fn forward(reg: &Arc<Registry>, slot: &Arc<Slot>, req: Request) -> Res
         chunk
     });
     Response::from_parts(parts, Body::from_stream(stream))
-}
-
-/// The model a body's `model` names: a registered model, else the model holding an
-/// adapter of that name.
-fn by_body_name(reg: &Registry, name: &str) -> Option<Arc<Slot>> {
-    if let Some(s) = reg.get(name) {
-        return Some(s);
-    }
-    reg.slots().into_iter().find(|s| {
-        s.phase()
-            .live()
-            .and_then(|l| l.state.model())
-            .is_some_and(|m| m.adapters.names().iter().any(|a| a == name))
-    })
 }
 
 /// Reads the name a request gives; the body is read (and put back) only for routes whose

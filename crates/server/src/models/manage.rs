@@ -33,6 +33,7 @@ pub fn routes(reg: Arc<Registry>) -> Router<Arc<AppState>> {
     Router::new()
         .route("/ping", get(ping))
         .route("/v1/models", get(openai_models))
+        .route("/info", get(info))
         .route("/metrics", get(metrics))
         .route("/models", get(list).post(register))
         .route("/models/{name}", get(describe).delete(unregister))
@@ -96,6 +97,34 @@ async fn ping(State(reg): Reg, req: Request) -> Response {
         StatusCode::OK
     };
     (code, Json(Value::Object(body))).into_response()
+}
+
+/// TGI's `/info` is the default model's; with several models it adds `models`: each
+/// model's status (DJL's words: READY, PENDING, UNLOADED, FAILED, UNREGISTERING).
+async fn info(State(reg): Reg, req: Request) -> Response {
+    let multi = reg.is_multi();
+    let res = dispatch::handle(reg.clone(), req).await;
+    if !multi || res.status() != StatusCode::OK {
+        return res;
+    }
+    let (parts, body) = res.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 1 << 20).await else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let mut v: Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(_) => return Response::from_parts(parts, axum::body::Body::from(bytes)),
+    };
+    let models: serde_json::Map<String, Value> = reg
+        .slots()
+        .iter()
+        .map(|s| (s.name.clone(), json!(s.phase().status())))
+        .collect();
+    v["models"] = Value::Object(models);
+    let mut r = Json(v).into_response();
+    *r.headers_mut() = parts.headers;
+    r.headers_mut().remove(axum::http::header::CONTENT_LENGTH);
+    r
 }
 
 /// OpenAI's model list: every model, loaded or loadable (`status`), then the LoRA adapters

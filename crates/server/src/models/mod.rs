@@ -339,6 +339,15 @@ impl Registry {
         }
     }
 
+    /// A model added to option.models_dir since the server started, by name.
+    pub fn rescan(&self, name: &str) -> Option<Arc<Slot>> {
+        let dir = self.base.models.models_dir.as_ref()?;
+        let found = crate::config::models::scan_dir(dir).ok()?;
+        let (_, path) = found.into_iter().find(|(n, _)| n == name)?;
+        self.add_loadable(name, &path.to_string_lossy());
+        self.get(name)
+    }
+
     /// Marks a model loading at start as loaded (or failed).
     pub fn finish_start(&self, name: &str, result: anyhow::Result<crate::app::LoadedModel>) {
         let Some(slot) = self.get(name) else { return };
