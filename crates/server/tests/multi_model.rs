@@ -274,6 +274,19 @@ fn three_models_answer_as_each_alone_on_every_route() {
     assert_eq!(r.status, 404, "{}", r.body);
     assert_eq!(r.json()["error"]["type"], "not_found_error", "{}", r.body);
 
+    // A stored response is read back from the model that made it (not the default).
+    let r = post_json(
+        port,
+        "/v1/responses",
+        &json!({"model": "qwen3", "input": "Hi", "max_output_tokens": 8, "store": true}),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    let back = get(port, &format!("/v1/responses/{id}"));
+    assert_eq!(back.status, 200, "{}", back.body);
+    assert_eq!(back.json()["model"], "qwen3");
+
     // Every model listed; per-model metrics carry a `model` label.
     let list = get(port, "/v1/models").json();
     let ids: Vec<&str> = list["data"]

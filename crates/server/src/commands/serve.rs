@@ -251,7 +251,9 @@ fn register_start_models(
                 "two models are named {name:?} (option.models / --model): name one with NAME=PATH"
             );
         }
-        let state = registry.state_for(&name, spec);
+        let state = registry
+            .state_for(&name, spec)
+            .with_context(|| format!("model {name:?} ({spec})"))?;
         registry.add_starting(state.clone(), spec);
         starting.push(state);
     }

@@ -120,6 +120,48 @@ pub fn parse(
     Ok(c)
 }
 
+/// The configuration of a model loaded from `url` beside the server's first: the server's
+/// own, or, when `url` is a directory holding a serving.properties (as DJL Serving reads each
+/// model's), that file's settings under the server's command line, over the environment.
+pub fn config_for_model(
+    base: &super::ServingConfig,
+    url: &str,
+    env: &super::EnvVars,
+) -> anyhow::Result<super::ServingConfig> {
+    let own = std::path::Path::new(url).join("serving.properties");
+    if !own.is_file() {
+        let mut c = base.clone();
+        c.model_id = Some(url.to_string());
+        return Ok(c);
+    }
+    // The server's command-line settings still win, but not the ones naming its models.
+    const SERVER_ONLY: [&str; 5] = [
+        "option.model_id",
+        "option.served_model_name",
+        "option.models",
+        "option.models_dir",
+        "option.adapters",
+    ];
+    let options = base
+        .raw
+        .iter()
+        .filter(|(k, s)| s.source == super::Source::Cli && !SERVER_ONLY.contains(&k.as_str()))
+        .map(|(k, s)| format!("{k}={}", s.value))
+        .collect();
+    let cli = super::ServeArgs {
+        model: Some(url.to_string()),
+        options,
+        ..Default::default()
+    };
+    let mut c = super::ServingConfig::load(&cli, env, None)
+        .with_context(|| format!("reading {}", own.display()))?;
+    // One server: its address and its registry's limits are the first model's.
+    c.host = base.host.clone();
+    c.port = base.port;
+    c.models = base.models.clone();
+    Ok(c)
+}
+
 /// The models directly in `dir` (directories with a config.json, or `.gguf` files), by name,
 /// sorted.
 pub fn scan_dir(dir: &std::path::Path) -> anyhow::Result<Vec<(String, PathBuf)>> {
@@ -183,6 +225,36 @@ mod tests {
         );
         assert!(c.is_multi());
         assert!(!parse(&raw(&[]), None).unwrap().is_multi());
+    }
+
+    #[test]
+    fn a_model_directory_brings_its_own_serving_properties() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("m");
+        std::fs::create_dir(&dir).unwrap();
+        let cli = super::super::ServeArgs {
+            kv_cache_bytes: Some("8M".into()),
+            max_batch_size: Some(3),
+            ..Default::default()
+        };
+        let base = super::super::ServingConfig::load(&cli, &Default::default(), None).unwrap();
+        let url = dir.to_string_lossy().into_owned();
+        let c = config_for_model(&base, &url, &Default::default()).unwrap();
+        assert_eq!(c.model_id.as_deref(), Some(url.as_str()));
+        assert_eq!(c.max_rolling_batch_size, 3);
+        std::fs::write(
+            dir.join("serving.properties"),
+            "option.max_rolling_batch_size=7\noption.max_loras=2\n",
+        )
+        .unwrap();
+        let c = config_for_model(&base, &url, &Default::default()).unwrap();
+        // The command line wins over the file; the file over the defaults.
+        assert_eq!(c.max_rolling_batch_size, 3);
+        assert_eq!(c.max_loras, 2);
+        assert_eq!(c.kv_cache_bytes, 8 << 20);
+        std::fs::write(dir.join("serving.properties"), "option.max_loras=none\n").unwrap();
+        let e = config_for_model(&base, &url, &Default::default()).unwrap_err();
+        assert!(format!("{e:#}").contains("serving.properties"), "{e:#}");
     }
 
     #[test]

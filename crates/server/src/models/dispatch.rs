@@ -36,7 +36,7 @@ enum Named {
 pub async fn handle(reg: Arc<Registry>, req: Request) -> Response {
     let path = req.uri().path().to_string();
     let (req, named) = if reg.is_multi() {
-        match name_of(req, reg.base.max_request_size).await {
+        match name_of(&reg, req).await {
             Ok(x) => x,
             Err(r) => return r,
         }
@@ -126,7 +126,8 @@ pub async fn forward(reg: &Arc<Registry>, slot: &Arc<Slot>, req: Request) -> Res
 
 /// Reads the name a request gives; the body is read (and put back) only for routes whose
 /// bodies carry `model`.
-async fn name_of(req: Request, limit: usize) -> Result<(Request, Named), Response> {
+async fn name_of(reg: &Registry, req: Request) -> Result<(Request, Named), Response> {
+    let limit = reg.base.max_request_size;
     let path = req.uri().path();
     if let Some(rest) = path
         .strip_prefix("/predictions/")
@@ -142,6 +143,20 @@ async fn name_of(req: Request, limit: usize) -> Result<(Request, Named), Respons
     {
         let name = target_model_name(v);
         return Ok((req, Named::Strict(name)));
+    }
+    // A stored response (GET / DELETE /v1/responses/{id}) is in the store of the model that
+    // made it.
+    if req.method() != Method::POST
+        && let Some(id) = path.strip_prefix("/v1/responses/")
+    {
+        let id = id.split('/').next().unwrap_or_default();
+        let holder = reg.slots().into_iter().find(|s| {
+            s.phase()
+                .live()
+                .is_some_and(|l| l.state.responses.contains(id))
+        });
+        let named = holder.map_or(Named::None, |s| Named::Strict(s.name.clone()));
+        return Ok((req, named));
     }
     let reads_body = req.method() == Method::POST
         && (path == "/invocations"

@@ -65,10 +65,16 @@ fn bad_request(msg: impl Into<String>) -> Response {
     djl_error(&LoadError::BadModel(msg.into()))
 }
 
+/// One model and nothing more: the model's own `/ping`, `/v1/models` and `/metrics`, as a
+/// server of one model always answered.
+fn single(reg: &Registry) -> bool {
+    !reg.is_multi() && reg.default_slot().is_some()
+}
+
 /// LMI's `/ping`: every model's status; 200 once the models loaded at start are (a model
 /// registered or loaded on demand later must not make the endpoint look unhealthy).
 async fn ping(State(reg): Reg, req: Request) -> Response {
-    if !reg.is_multi() {
+    if single(&reg) {
         return dispatch::handle(reg, req).await;
     }
     let mut body = serde_json::Map::new();
@@ -130,7 +136,7 @@ async fn info(State(reg): Reg, req: Request) -> Response {
 /// OpenAI's model list: every model, loaded or loadable (`status`), then the LoRA adapters
 /// of the loaded ones.
 async fn openai_models(State(reg): Reg, req: Request) -> Response {
-    if !reg.is_multi() {
+    if single(&reg) {
         return dispatch::handle(reg, req).await;
     }
     let mut data = Vec::new();
@@ -170,7 +176,7 @@ fn unix(t: std::time::SystemTime) -> u64 {
 
 /// Every loaded model's series, each with a `model` label.
 async fn metrics(State(reg): Reg, req: Request) -> Response {
-    if !reg.is_multi() {
+    if single(&reg) {
         return dispatch::handle(reg, req).await;
     }
     let parts: Vec<(String, String)> = reg

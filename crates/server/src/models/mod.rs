@@ -279,28 +279,30 @@ impl Registry {
         }
     }
 
-    /// The configuration a model named `name` loads with: the server's, with its own spec;
-    /// option.adapters and option.speculative_draft_model belong to the first model (each
-    /// model still finds the adapters in its own directory's `adapters/`).
-    fn config_for(&self, name: &str, url: &str) -> ServingConfig {
-        let mut c = (*self.base).clone();
-        c.model_id = Some(url.to_string());
+    /// The configuration a model named `name` loads with: the server's with its own spec,
+    /// or its directory's serving.properties under the server's command line
+    /// (`config::models::config_for_model`); option.adapters and
+    /// option.speculative_draft_model belong to the first model (each model still finds the
+    /// adapters in its own directory's `adapters/`).
+    fn config_for(&self, name: &str, url: &str) -> anyhow::Result<ServingConfig> {
+        let env: crate::config::EnvVars = std::env::vars().collect();
+        let mut c = crate::config::models::config_for_model(&self.base, url, &env)?;
         c.served_model_name = Some(name.to_string());
         c.adapters.clear();
         c.speculative_draft_model = None;
-        c
+        Ok(c)
     }
 
     /// A fresh state for the model `name` loading from `url`, with its own metrics.
-    pub fn state_for(&self, name: &str, url: &str) -> Arc<AppState> {
-        let config = Arc::new(self.config_for(name, url));
+    pub fn state_for(&self, name: &str, url: &str) -> anyhow::Result<Arc<AppState>> {
+        let config = Arc::new(self.config_for(name, url)?);
         let (model_name, model_id) = crate::commands::serve::model_names(&config);
-        Arc::new(AppState::new(
+        Ok(Arc::new(AppState::new(
             config,
             Arc::new(ServerMetrics::new()),
             model_name,
             model_id,
-        ))
+        )))
     }
 
     fn live(state: Arc<AppState>, bytes: u64) -> Live {
@@ -437,7 +439,12 @@ impl Registry {
             slot.set_phase(Phase::Unloaded);
             return Err(e);
         }
-        let live = Self::live(self.state_for(&slot.name, &slot.url), bytes);
+        let state = self.state_for(&slot.name, &slot.url).map_err(|e| {
+            let msg = format!("model {} ({}): {e:#}", slot.name, slot.url);
+            slot.set_phase(Phase::Failed(msg.clone()));
+            LoadError::BadModel(msg)
+        })?;
+        let live = Self::live(state, bytes);
         slot.set_phase(Phase::Loading {
             live: live.clone(),
             on_demand: true,
@@ -798,7 +805,7 @@ mod tests {
 
     /// A ready slot of `mib` MiB (its state never loads: only the registry's rules run).
     fn ready(reg: &Registry, name: &str, mib: u64) -> Arc<Slot> {
-        let live = Registry::live(reg.state_for(name, "/nowhere"), mib << 20);
+        let live = Registry::live(reg.state_for(name, "/nowhere").unwrap(), mib << 20);
         let slot = Slot::new(name.into(), "/nowhere".into(), false, Phase::Ready(live));
         reg.insert(slot.clone());
         slot
