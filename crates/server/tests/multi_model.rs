@@ -205,6 +205,12 @@ fn three_models_answer_as_each_alone_on_every_route() {
         );
         assert_eq!(text_of(&r, "/choices/0/text"), want[name].completions);
     }
+    // Whole replies keep their Content-Length through the registry, as a single model's.
+    let r = post_json(port, "/predictions/qwen2", &lmi_body(), &[]);
+    assert_eq!(
+        r.header("content-length").map(str::to_string),
+        Some(r.body.len().to_string())
+    );
     // No name: the first model (TGI's routes, LMI bodies without `model`).
     let tgi = json!({"inputs": "Hello there", "parameters": {"max_new_tokens": 8}});
     let r = post_json(port, "/generate", &tgi, &[]);

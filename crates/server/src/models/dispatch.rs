@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::Request;
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -116,7 +116,18 @@ pub async fn forward(reg: &Arc<Registry>, slot: &Arc<Slot>, req: Request) -> Res
         Err(never) => match never {},
     };
     let (parts, body) = res.into_parts();
-    // The token lives in the stream's closure: dropped when the body ends or is dropped.
+    if let Some(len) = body.size_hint().exact() {
+        // A whole body (not a stream): the request is done once it is read, and it keeps its
+        // Content-Length.
+        return match axum::body::to_bytes(body, len as usize).await {
+            Ok(bytes) => {
+                drop(token);
+                Response::from_parts(parts, Body::from(bytes))
+            }
+            Err(e) => load_failure(&path, &LoadError::Busy(format!("reading the reply: {e}"))),
+        };
+    }
+    // A stream: the token lives in its closure, dropped when the body ends or is dropped.
     let stream = body.into_data_stream().map(move |chunk| {
         let _held = &token;
         chunk
