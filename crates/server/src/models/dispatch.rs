@@ -4,9 +4,9 @@
 //! SageMaker's `X-Amzn-SageMaker-Target-Model` header, or from the body's `model` (the
 //! OpenAI, Anthropic and LMI bodies); TGI's routes and bodies without one go to the default
 //! model. On OpenAI's chat and completions a body's `model` may also name a LoRA adapter of a
-//! loaded model (as `/v1/models` lists them): the request goes to that model with the adapter. A server of one
-//! model reads no body and routes everything to it, as before the registry (its OpenAI
-//! routes take any `model`).
+//! loaded model (as `/v1/models` lists them): the request goes to that model with the
+//! adapter. A server of one model reads no body and routes everything to it, as before the
+//! registry (its OpenAI routes take any `model`).
 
 use std::sync::Arc;
 
