@@ -667,6 +667,28 @@ fn on_demand_loads_evict_the_least_recently_used_idle_model() {
     assert_eq!(info["models"]["qwen2"], "READY", "{info}");
     assert_eq!(info["models"]["late"], "UNLOADED", "{info}");
     assert_eq!(info["models"]["qwen3"], "UNLOADED", "{info}");
+    // A broken model in the directory: its requests get a 500 that says why, every time (a
+    // new request tries again), and the others keep serving.
+    let broken = dir.join("broken");
+    std::fs::create_dir(&broken).unwrap();
+    std::fs::copy(models[0].1.join("config.json"), broken.join("config.json")).unwrap();
+    std::fs::copy(
+        models[0].1.join("tokenizer.json"),
+        broken.join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::write(broken.join("model.safetensors"), b"not safetensors").unwrap();
+    for _ in 0..2 {
+        let r = post_json(port, "/predictions/broken", &lmi_body(), &[]);
+        assert_eq!(r.status, 500, "{}", r.body);
+        assert!(
+            r.json()["message"].as_str().unwrap().contains("broken"),
+            "{}",
+            r.body
+        );
+    }
+    assert_eq!(status_of(port, "broken"), "FAILED");
+    assert_eq!(ask("llama"), first_llama);
     assert_eq!(sigterm_and_wait(&mut server).code(), Some(0));
 }
 

@@ -265,7 +265,9 @@ pub fn load_failure(path: &str, e: &LoadError) -> Response {
         LoadError::NotFound(_) => ErrorKind::NotFound,
         LoadError::NoRoom(_) => ErrorKind::Overloaded,
         LoadError::Busy(_) => ErrorKind::Unhealthy,
-        LoadError::Conflict(_) | LoadError::BadModel(_) => ErrorKind::Internal,
+        LoadError::Conflict(_) | LoadError::BadModel(_) | LoadError::Broken(_) => {
+            ErrorKind::Internal
+        }
     };
     error(path, e.code(), kind, e.kind(), e.message())
 }

@@ -13,6 +13,8 @@ pub enum LoadError {
     BadModel(String),
     /// 503: too many requests waiting, or it did not load in time.
     Busy(String),
+    /// 500: a request's model failed to load (its files are broken).
+    Broken(String),
 }
 
 impl LoadError {
@@ -23,6 +25,7 @@ impl LoadError {
             LoadError::NoRoom(_) => 507,
             LoadError::BadModel(_) => 400,
             LoadError::Busy(_) => 503,
+            LoadError::Broken(_) => 500,
         }
     }
     pub fn message(&self) -> &str {
@@ -31,7 +34,8 @@ impl LoadError {
             | LoadError::Conflict(m)
             | LoadError::NoRoom(m)
             | LoadError::BadModel(m)
-            | LoadError::Busy(m) => m,
+            | LoadError::Busy(m)
+            | LoadError::Broken(m) => m,
         }
     }
     /// DJL's exception type names.
@@ -42,15 +46,18 @@ impl LoadError {
             LoadError::NoRoom(_) => "InsufficientMemoryException",
             LoadError::BadModel(_) => "BadRequestException",
             LoadError::Busy(_) => "ServiceUnavailableException",
+            LoadError::Broken(_) => "ModelLoadException",
         }
     }
 }
 
-/// A failed load reads as 507 when it was for room, else as the bad model it is.
-pub(super) fn failed_load(m: &str) -> LoadError {
-    if m.contains("does not fit") || m.contains("needs about") {
-        LoadError::NoRoom(m.to_string())
-    } else {
-        LoadError::BadModel(m.to_string())
+impl LoadError {
+    /// The error a request for the model gets: a model that cannot be loaded is the server's
+    /// failure (500) there, not the request's (the 400 its registration gets).
+    pub fn for_request(self) -> LoadError {
+        match self {
+            LoadError::BadModel(m) => LoadError::Broken(m),
+            e => e,
+        }
     }
 }

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::error::failed_load;
 use super::memory::{available_memory, footprint};
 use super::slot::Waiter;
 use super::{InFlight, Live, LoadError, Phase, Registry, Slot};
@@ -78,9 +77,9 @@ impl Registry {
         .await
         .map_err(|e| LoadError::BadModel(e.to_string()))?
         .map_err(|e| {
-            let msg = format!("model {} ({}): {e:#}", slot.name, slot.url);
-            slot.set_phase(Phase::Failed(msg.clone()));
-            LoadError::BadModel(msg)
+            let e = LoadError::BadModel(format!("model {} ({}): {e:#}", slot.name, slot.url));
+            slot.set_phase(Phase::Failed(e.clone()));
+            e
         })?;
         let bytes = footprint(resolved.gguf.as_deref().unwrap_or(&resolved.dir), kv);
         if let Err(e) = self.make_room(&slot.name, bytes, evict).await {
@@ -88,9 +87,9 @@ impl Registry {
             return Err(e);
         }
         let state = self.state_for(&slot.name, &slot.url).map_err(|e| {
-            let msg = format!("model {} ({}): {e:#}", slot.name, slot.url);
-            slot.set_phase(Phase::Failed(msg.clone()));
-            LoadError::BadModel(msg)
+            let e = LoadError::BadModel(format!("model {} ({}): {e:#}", slot.name, slot.url));
+            slot.set_phase(Phase::Failed(e.clone()));
+            e
         })?;
         let live = Self::live(state, bytes);
         slot.set_phase(Phase::Loading {
@@ -119,12 +118,14 @@ impl Registry {
             Ok(Err(e)) => {
                 let msg = format!("model {} ({}) failed to load: {e:#}", slot.name, slot.url);
                 tracing::error!("{msg}");
-                slot.set_phase(Phase::Failed(msg.clone()));
-                Err(LoadError::BadModel(msg))
+                let e = LoadError::BadModel(msg);
+                slot.set_phase(Phase::Failed(e.clone()));
+                Err(e)
             }
             Err(e) => {
-                slot.set_phase(Phase::Failed(e.to_string()));
-                Err(LoadError::BadModel(e.to_string()))
+                let e = LoadError::BadModel(e.to_string());
+                slot.set_phase(Phase::Failed(e.clone()));
+                Err(e)
             }
         }
     }
@@ -307,24 +308,33 @@ impl Registry {
             if let Some(r) = slot.acquire() {
                 return Ok(r);
             }
+            let queued = slot.load_queued.load(Ordering::SeqCst);
             match slot.phase() {
-                Phase::Failed(m) if started => return Err(failed_load(&m)),
-                Phase::Unloaded | Phase::Failed(_) => {
-                    // This request starts the load (again, after a failure); others wait on
-                    // the phase change.
+                // The load this request waited for failed.
+                Phase::Failed(e) if started && !queued => return Err(e.for_request()),
+                // Not loaded and no load on its way: this request starts one (again, after a
+                // failure: a model's files may have been fixed); others wait on the phase.
+                Phase::Unloaded | Phase::Failed(_)
+                    if !slot.load_queued.swap(true, Ordering::SeqCst) =>
+                {
                     started = true;
-                    slot.set_phase(Phase::Unloaded);
                     let reg = self.clone();
                     let s = slot.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = reg.load(&s, true).await {
+                        let r = reg.load(&s, true).await;
+                        if let Err(e) = r {
                             tracing::warn!("on-demand load: {}", e.message());
-                            if matches!(e, LoadError::NoRoom(_)) {
-                                s.set_phase(Phase::Failed(e.message().to_string()));
+                            // Its waiters read why (a bad model already says so).
+                            if !matches!(s.phase(), Phase::Failed(_)) {
+                                s.set_phase(Phase::Failed(e));
                             }
                         }
+                        s.load_queued.store(false, Ordering::SeqCst);
+                        s.changed.send_modify(|n| *n += 1);
                     });
                 }
+                // Another request's load is on its way.
+                Phase::Unloaded | Phase::Failed(_) => started = true,
                 Phase::Draining(_) => {
                     return Err(LoadError::NotFound(format!(
                         "Model {} is being unregistered",

@@ -343,8 +343,8 @@ fn describe_model(reg: &Registry, s: &Slot) -> Value {
             "workers": workers,
         }],
     });
-    if let Phase::Failed(msg) = &phase {
-        m["error"] = json!(msg);
+    if let Phase::Failed(e) = &phase {
+        m["error"] = json!(e.message());
     }
     if let Some(model) = model {
         m["kvBlocksTotal"] = json!(model.handle.limits().num_blocks);

@@ -184,7 +184,7 @@ impl Registry {
                     slot.set_phase(Phase::Ready(Live { bytes, ..live }));
                 }
             }
-            Err(e) => slot.set_phase(Phase::Failed(format!("{e:#}"))),
+            Err(e) => slot.set_phase(Phase::Failed(LoadError::BadModel(format!("{e:#}")))),
         }
     }
 }

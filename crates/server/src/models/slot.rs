@@ -1,6 +1,6 @@
 //! One model's place in the registry: its phase, and the requests it has in flight.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
@@ -20,8 +20,8 @@ pub enum Phase {
         on_demand: bool,
     },
     Ready(Live),
-    /// Its last load failed (the message says why).
-    Failed(String),
+    /// Its last load failed (the error says why).
+    Failed(super::LoadError),
     /// Being unregistered: finishing its requests, taking no new ones.
     Draining(Live),
 }
@@ -67,6 +67,8 @@ pub struct Slot {
     in_flight: Arc<AtomicUsize>,
     /// Requests waiting for this model to load.
     pub(super) waiting: AtomicUsize,
+    /// An on-demand load of it is queued or running.
+    pub(super) load_queued: AtomicBool,
     last_used: Mutex<Instant>,
 }
 
@@ -85,6 +87,7 @@ impl Slot {
             changed: tokio::sync::watch::channel(0).0,
             in_flight: Arc::new(AtomicUsize::new(0)),
             waiting: AtomicUsize::new(0),
+            load_queued: AtomicBool::new(false),
             last_used: Mutex::new(Instant::now()),
         })
     }
