@@ -18,19 +18,8 @@ impl Registry {
         url: &str,
         synchronous: bool,
     ) -> Result<(), LoadError> {
-        if let Some(s) = self.get(name) {
-            // A failed or unloaded registration may be registered again.
-            match s.phase() {
-                Phase::Failed(_) | Phase::Unloaded => self.remove(name),
-                _ => {
-                    return Err(LoadError::Conflict(format!(
-                        "Model {name} is already registered."
-                    )));
-                }
-            }
-        }
         let slot = Slot::new(name.to_string(), url.to_string(), false, Phase::Unloaded);
-        self.insert(slot.clone());
+        self.claim(slot.clone())?;
         let load = {
             let reg = self.clone();
             let slot = slot.clone();

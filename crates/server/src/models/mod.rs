@@ -85,6 +85,36 @@ impl Registry {
         }
     }
 
+    /// Adds a registration's slot, in one step with the check that its name is free: a name
+    /// that is only known (unloaded) or failed is taken over in its place (the default stays
+    /// the default); one loaded, loading or draining is a 409.
+    fn claim(&self, slot: Arc<Slot>) -> Result<(), LoadError> {
+        let mut v = self
+            .slots
+            .write()
+            .map_err(|_| LoadError::Busy("the registry's lock is poisoned".into()))?;
+        match v.iter().position(|s| s.name == slot.name) {
+            Some(i) => match v[i].phase() {
+                Phase::Failed(_) | Phase::Unloaded => v[i] = slot,
+                _ => {
+                    return Err(LoadError::Conflict(format!(
+                        "Model {} is already registered.",
+                        slot.name
+                    )));
+                }
+            },
+            None => {
+                if let Ok(mut d) = self.default.write()
+                    && d.is_none()
+                {
+                    *d = Some(slot.name.clone());
+                }
+                v.push(slot);
+            }
+        }
+        Ok(())
+    }
+
     fn remove(&self, name: &str) {
         if let Ok(mut s) = self.slots.write() {
             s.retain(|x| x.name != name);
@@ -249,6 +279,20 @@ mod tests {
         let e = reg.make_room("d", 4 << 20, false).await.unwrap_err();
         assert_eq!(e.code(), 507);
         assert!(matches!(a.phase(), Phase::Ready(_)));
+    }
+
+    #[test]
+    fn a_registration_takes_over_only_a_free_name_in_its_place() {
+        let reg = registry(&[]);
+        reg.add_loadable("a", "/a");
+        ready(&reg, "b", 1);
+        let again = |name: &str| Slot::new(name.into(), "/new".into(), false, Phase::Unloaded);
+        assert_eq!(reg.claim(again("b")).unwrap_err().code(), 409);
+        reg.claim(again("a")).unwrap();
+        reg.claim(again("c")).unwrap();
+        assert_eq!(reg.names(), ["a", "b", "c"]);
+        let a = reg.default_slot().unwrap();
+        assert_eq!((a.name.as_str(), a.url.as_str()), ("a", "/new"));
     }
 
     #[tokio::test]
