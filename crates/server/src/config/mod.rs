@@ -638,6 +638,15 @@ impl ServingConfig {
             })?,
         };
         let drain_timeout_secs = nonneg(&raw, "option.drain_timeout", 60)? as u64;
+        let models = models::parse(&raw, env.get("SAGEMAKER_MULTI_MODEL"))?;
+        if models.is_multi() && gpu_memory_utilization.is_some() {
+            bail!(
+                "several models on one GPU (option.models, option.models_dir or \
+                 SAGEMAKER_MULTI_MODEL) size each one's KV cache in bytes: set \
+                 option.kv_cache_bytes and unset option.gpu_memory_utilization (a share of the \
+                 GPU would go to the first model whole)"
+            );
+        }
         let var = |k: &str| env.get(k).cloned();
         // option.revision (HF_REVISION among its sources) names the served model's revision.
         let fetch = lmi_store::Fetch {
@@ -690,7 +699,7 @@ impl ServingConfig {
             responses_store: nonneg(&raw, "option.responses_store", 1024)?,
             access: AccessConfig::load(&raw, env)?,
             pooling: pooling::parse(&raw)?,
-            models: models::parse(&raw, env.get("SAGEMAKER_MULTI_MODEL"))?,
+            models,
             raw,
         })
     }

@@ -258,6 +258,26 @@ mod tests {
     }
 
     #[test]
+    fn several_models_on_a_gpu_need_kv_cache_bytes() {
+        let load = |opts: &[&str]| {
+            let cli = super::super::ServeArgs {
+                options: opts.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            };
+            super::super::ServingConfig::load(&cli, &Default::default(), None)
+        };
+        let e = load(&["option.device=cuda", "option.models=b=/b"]).unwrap_err();
+        assert!(e.to_string().contains("option.kv_cache_bytes"), "{e}");
+        load(&[
+            "option.device=cuda",
+            "option.models=b=/b",
+            "option.kv_cache_bytes=1G",
+        ])
+        .unwrap();
+        load(&["option.device=cuda"]).unwrap();
+    }
+
+    #[test]
     fn limits_are_checked() {
         let c = parse(
             &raw(&[
