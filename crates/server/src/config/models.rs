@@ -9,7 +9,9 @@
 //!   loaded, whose weights and KV caches take at most BYTES together; the least recently
 //!   used idle model is unloaded to make room, a model with a request in flight never is.
 //! - `option.model_load_timeout=SECONDS` (default 120): how long a request waits for its
-//!   model to load, or for room to load it, before a 507.
+//!   model to load.
+//! - `option.evict_wait=SECONDS` (default 30): how long an on-demand load waits for a loaded
+//!   model to become idle when every one has requests in flight; then 507 (0: at once).
 //! - `SAGEMAKER_MULTI_MODEL=true`: SageMaker's multi-model contract (`POST /models` with a
 //!   JSON body, `/models/{name}/invoke`); the server may start with no model.
 
@@ -34,6 +36,8 @@ pub struct ModelsConfig {
     pub memory_budget: Option<u64>,
     /// option.model_load_timeout.
     pub load_timeout: Duration,
+    /// option.evict_wait.
+    pub evict_wait: Duration,
     /// SAGEMAKER_MULTI_MODEL=true.
     pub sagemaker_multi_model: bool,
 }
@@ -46,6 +50,7 @@ impl Default for ModelsConfig {
             max_loaded: None,
             memory_budget: None,
             load_timeout: Duration::from_secs(120),
+            evict_wait: Duration::from_secs(30),
             sagemaker_multi_model: false,
         }
     }
@@ -111,6 +116,7 @@ pub fn parse(
         c.memory_budget = Some(b as u64);
     }
     c.load_timeout = Duration::from_secs(nonneg(raw, "option.model_load_timeout", 120)? as u64);
+    c.evict_wait = Duration::from_secs(nonneg(raw, "option.evict_wait", 30)? as u64);
     c.sagemaker_multi_model = match sagemaker_multi_model.map(|v| v.trim().to_ascii_lowercase()) {
         None => false,
         Some(v) if v == "true" || v == "1" => true,
@@ -284,6 +290,7 @@ mod tests {
                 ("option.max_loaded_models", "2"),
                 ("option.models_memory", "3G"),
                 ("option.model_load_timeout", "5"),
+                ("option.evict_wait", "0"),
             ]),
             Some(&"true".to_string()),
         )
@@ -291,6 +298,7 @@ mod tests {
         assert_eq!(c.max_loaded, Some(2));
         assert_eq!(c.memory_budget, Some(3 << 30));
         assert_eq!(c.load_timeout, Duration::from_secs(5));
+        assert_eq!(c.evict_wait, Duration::ZERO);
         assert!(c.sagemaker_multi_model && c.is_multi());
         let e = parse(&raw(&[("option.max_loaded_models", "0")]), None).unwrap_err();
         assert!(e.to_string().contains("positive"), "{e}");

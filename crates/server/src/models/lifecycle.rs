@@ -133,7 +133,7 @@ impl Registry {
     }
 
     /// Unloads least recently used idle models until `bytes` more fit and one more model
-    /// is allowed; waits (up to option.model_load_timeout) while every candidate is busy;
+    /// is allowed; waits (up to option.evict_wait) while every candidate is busy;
     /// 507 when it cannot ever fit, or no model became idle in time.
     pub(super) async fn make_room(
         &self,
@@ -142,7 +142,7 @@ impl Registry {
         evict: bool,
     ) -> Result<(), LoadError> {
         let m = &self.base.models;
-        let deadline = Instant::now() + m.load_timeout;
+        let deadline = Instant::now() + m.evict_wait;
         loop {
             let (used, n) = self.usage();
             let budget = m.memory_budget.unwrap_or(u64::MAX);

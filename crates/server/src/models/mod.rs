@@ -249,7 +249,7 @@ mod tests {
 
     #[tokio::test]
     async fn eviction_takes_the_least_recently_used_idle_model_never_a_busy_one() {
-        let reg = registry(&["option.models_memory=10M", "option.model_load_timeout=0"]);
+        let reg = registry(&["option.models_memory=10M", "option.evict_wait=0"]);
         let a = ready(&reg, "a", 4);
         let b = ready(&reg, "b", 4);
         assert_eq!(reg.default_slot().unwrap().name, "a");
@@ -259,7 +259,7 @@ mod tests {
         // a busy: b is the one to go, even though used later.
         let busy_a = a.acquire().unwrap();
         assert_eq!(reg.idle_lru("c").unwrap().name, "b");
-        // Both busy: no room, 507 (no wait with model_load_timeout=0).
+        // Both busy: no room, 507 (no wait with option.evict_wait=0).
         let busy_b = b.acquire().unwrap();
         let e = reg.make_room("c", 4 << 20, true).await.unwrap_err();
         assert_eq!(e.code(), 507, "{e:?}");
@@ -297,7 +297,7 @@ mod tests {
 
     #[tokio::test]
     async fn max_loaded_models_counts_models() {
-        let reg = registry(&["option.max_loaded_models=1", "option.model_load_timeout=0"]);
+        let reg = registry(&["option.max_loaded_models=1", "option.evict_wait=0"]);
         let a = ready(&reg, "a", 1);
         reg.make_room("b", 1 << 20, true).await.unwrap();
         assert!(matches!(a.phase(), Phase::Unloaded));
