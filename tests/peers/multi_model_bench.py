@@ -231,7 +231,7 @@ def main():
     if "c" in only:
         out["load"] = load_ttft(a)
 
-    print(f"\n| goal | measured | ratio | goal met |\n|---|---|---:|---|")
+    print("\n| goal | measured | ratio | goal met |\n|---|---|---:|---|")
     if "throughput" in out:
         rows = out["throughput"]
         alone = statistics.median(r["alone"] for r in rows)

@@ -692,6 +692,46 @@ fn on_demand_loads_evict_the_least_recently_used_idle_model() {
     assert_eq!(sigterm_and_wait(&mut server).code(), Some(0));
 }
 
+/// An on-demand load that finds no room (the only loaded model busy, option.evict_wait=0)
+/// answers 507, and the model says why (NO_ROOM, not FAILED: nothing is wrong with it);
+/// once the busy model is idle, the next request loads it.
+#[test]
+fn a_model_without_room_says_so_and_loads_when_there_is() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("models");
+    std::fs::create_dir(&dir).unwrap();
+    models(&dir);
+    let args: Vec<String> = [
+        "-o".to_string(),
+        format!("option.models_dir={}", dir.display()),
+        "-o".to_string(),
+        "option.max_loaded_models=1".to_string(),
+        "-o".to_string(),
+        "option.evict_wait=0".to_string(),
+    ]
+    .to_vec();
+    let mut server = serve(&args, &[]);
+    wait_ping(&mut server);
+    let port = server.port;
+    let stream = start_stream(port, "/predictions/llama", &long_stream());
+    let r = post_json(port, "/predictions/qwen2", &lmi_body(), &[]);
+    assert_eq!(r.status, 507, "{}", r.body);
+    assert_eq!(status_of(port, "qwen2"), "NO_ROOM");
+    let d = get(port, "/models/qwen2").json();
+    let m = &d[0]["models"][0];
+    assert_eq!(m["status"], "Unloaded", "{d}");
+    assert!(m["error"].as_str().unwrap().contains("does not fit"), "{d}");
+    assert_eq!(get(port, "/ping").json()["qwen2"]["status"], "NoRoom");
+    assert!(finish_stream(stream) > 1);
+    // llama is idle now: qwen2's next request evicts it and loads.
+    let r = post_json(port, "/predictions/qwen2", &lmi_body(), &[]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(status_of(port, "qwen2"), "READY");
+    assert_eq!(status_of(port, "llama"), "UNLOADED");
+    assert!(get(port, "/models/qwen2").json()[0]["models"][0]["error"].is_null());
+    assert_eq!(sigterm_and_wait(&mut server).code(), Some(0));
+}
+
 #[test]
 fn adapters_belong_to_their_model() {
     let tmp = tempfile::tempdir().unwrap();

@@ -44,7 +44,7 @@ impl Registry {
         }
     }
 
-    /// Loads `slot` (its phase Unloaded or Failed); `evict`: unloads idle models to make
+    /// Loads `slot` (its phase Unloaded, Failed or NoRoom); `evict`: unloads idle models to make
     /// room (on demand), else answers 507 when it does not fit.
     pub(super) async fn load(
         self: &Arc<Self>,
@@ -52,10 +52,9 @@ impl Registry {
         evict: bool,
     ) -> Result<(), LoadError> {
         let admit = self.admit.lock().await;
-        match slot.phase() {
-            Phase::Unloaded | Phase::Failed(_) => {}
+        if !slot.phase().loadable() {
             // Another request started it meanwhile.
-            _ => return Ok(()),
+            return Ok(());
         }
         let url = slot.url.clone();
         let fetch = self.base.fetch.clone();
@@ -72,7 +71,8 @@ impl Registry {
         })?;
         let bytes = footprint(resolved.gguf.as_deref().unwrap_or(&resolved.dir), kv);
         if let Err(e) = self.make_room(&slot.name, bytes, evict).await {
-            slot.set_phase(Phase::Unloaded);
+            // Says why it is not loaded; the next request tries again.
+            slot.set_phase(Phase::NoRoom(e.clone()));
             return Err(e);
         }
         let state = self.state_for(&slot.name, &slot.url).map_err(|e| {
@@ -256,7 +256,7 @@ impl Registry {
                         "Model {name} is already being unregistered"
                     )));
                 }
-                Phase::Unloaded | Phase::Failed(_) => None,
+                Phase::Unloaded | Phase::Failed(_) | Phase::NoRoom(_) => None,
             }
         };
         slot.changed.send_modify(|n| *n += 1);
@@ -298,14 +298,16 @@ impl Registry {
                 return Ok(r);
             }
             let queued = slot.load_queued.load(Ordering::SeqCst);
-            match slot.phase() {
-                // The load this request waited for failed.
-                Phase::Failed(e) if started && !queued => return Err(e.for_request()),
+            let phase = slot.phase();
+            match phase {
+                // The load this request waited for failed, or found no room.
+                Phase::Failed(e) | Phase::NoRoom(e) if started && !queued => {
+                    return Err(e.for_request());
+                }
                 // Not loaded and no load on its way: this request starts one (again, after a
-                // failure: a model's files may have been fixed); others wait on the phase.
-                Phase::Unloaded | Phase::Failed(_)
-                    if !slot.load_queued.swap(true, Ordering::SeqCst) =>
-                {
+                // failure: a model's files may have been fixed, or another model may have
+                // become idle); others wait on the phase.
+                _ if phase.loadable() && !slot.load_queued.swap(true, Ordering::SeqCst) => {
                     started = true;
                     let reg = self.clone();
                     let s = slot.clone();
@@ -313,8 +315,8 @@ impl Registry {
                         let r = reg.load(&s, true).await;
                         if let Err(e) = r {
                             tracing::warn!("on-demand load: {}", e.message());
-                            // Its waiters read why (a bad model already says so).
-                            if !matches!(s.phase(), Phase::Failed(_)) {
+                            // Its waiters read why (a bad model or no room already says so).
+                            if s.phase().error().is_none() {
                                 s.set_phase(Phase::Failed(e));
                             }
                         }
@@ -323,7 +325,7 @@ impl Registry {
                     });
                 }
                 // Another request's load is on its way.
-                Phase::Unloaded | Phase::Failed(_) => started = true,
+                _ if phase.loadable() => started = true,
                 Phase::Draining(_) => {
                     return Err(LoadError::NotFound(format!(
                         "Model {} is being unregistered",

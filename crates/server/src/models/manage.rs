@@ -84,6 +84,7 @@ async fn ping(State(reg): Reg, req: Request) -> Response {
             Phase::Loading { .. } => "PENDING",
             Phase::Unloaded => "Unloaded",
             Phase::Failed(_) => "Failed",
+            Phase::NoRoom(_) => "NoRoom",
             Phase::Draining(_) => "Unregistering",
         };
         body.insert(s.name.clone(), json!({ "status": status }));
@@ -106,7 +107,7 @@ async fn ping(State(reg): Reg, req: Request) -> Response {
 }
 
 /// TGI's `/info` is the default model's; with several models it adds `models`: each
-/// model's status (DJL's words: READY, PENDING, UNLOADED, FAILED, UNREGISTERING).
+/// model's status (DJL's words: READY, PENDING, UNLOADED, FAILED, UNREGISTERING; and NO_ROOM).
 async fn info(State(reg): Reg, req: Request) -> Response {
     let multi = reg.is_multi();
     let res = dispatch::handle(reg.clone(), req).await;
@@ -308,6 +309,7 @@ fn describe_model(reg: &Registry, s: &Slot) -> Value {
         Phase::Draining(_) => ("Unhealthy", "UNREGISTERING"),
         Phase::Unloaded => ("Unloaded", "UNLOADED"),
         Phase::Failed(_) => ("Unhealthy", "FAILED"),
+        Phase::NoRoom(_) => ("Unloaded", "NO_ROOM"),
     };
     let live = phase.live();
     let model = live.and_then(|l| l.state.model());
@@ -343,7 +345,7 @@ fn describe_model(reg: &Registry, s: &Slot) -> Value {
             "workers": workers,
         }],
     });
-    if let Phase::Failed(e) = &phase {
+    if let Some(e) = phase.error() {
         m["error"] = json!(e.message());
     }
     if let Some(model) = model {

@@ -86,7 +86,7 @@ impl Registry {
     }
 
     /// Adds a registration's slot, in one step with the check that its name is free: a name
-    /// that is only known (unloaded) or failed is taken over in its place (the default stays
+    /// that is only known (unloaded), failed or without room is taken over in its place (the default stays
     /// the default); one loaded, loading or draining is a 409.
     fn claim(&self, slot: Arc<Slot>) -> Result<(), LoadError> {
         let mut v = self
@@ -95,7 +95,7 @@ impl Registry {
             .map_err(|_| LoadError::Busy("the registry's lock is poisoned".into()))?;
         match v.iter().position(|s| s.name == slot.name) {
             Some(i) => match v[i].phase() {
-                Phase::Failed(_) | Phase::Unloaded => v[i] = slot,
+                p if p.loadable() => v[i] = slot,
                 _ => {
                     return Err(LoadError::Conflict(format!(
                         "Model {} is already registered.",

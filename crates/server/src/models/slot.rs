@@ -22,11 +22,28 @@ pub enum Phase {
     Ready(Live),
     /// Its last load failed (the error says why).
     Failed(super::LoadError),
+    /// Its last load found no room (a 507: every loaded model busy, or the budget full of
+    /// models that cannot be evicted). Not loaded, and not broken: the next request (or
+    /// registration) tries again.
+    NoRoom(super::LoadError),
     /// Being unregistered: finishing its requests, taking no new ones.
     Draining(Live),
 }
 
 impl Phase {
+    /// Not loaded, and loadable again by the next request that names it.
+    pub(super) fn loadable(&self) -> bool {
+        matches!(self, Phase::Unloaded | Phase::Failed(_) | Phase::NoRoom(_))
+    }
+
+    /// Why its last load did not make it ready.
+    pub fn error(&self) -> Option<&super::LoadError> {
+        match self {
+            Phase::Failed(e) | Phase::NoRoom(e) => Some(e),
+            _ => None,
+        }
+    }
+
     pub(super) fn live(&self) -> Option<&Live> {
         match self {
             Phase::Loading { live, .. } | Phase::Ready(live) | Phase::Draining(live) => Some(live),
@@ -34,13 +51,14 @@ impl Phase {
         }
     }
 
-    /// DJL's model status words.
+    /// DJL's model status words (and NO_ROOM, ours).
     pub fn status(&self) -> &'static str {
         match self {
             Phase::Unloaded => "UNLOADED",
             Phase::Loading { .. } => "PENDING",
             Phase::Ready(_) => "READY",
             Phase::Failed(_) => "FAILED",
+            Phase::NoRoom(_) => "NO_ROOM",
             Phase::Draining(_) => "UNREGISTERING",
         }
     }
