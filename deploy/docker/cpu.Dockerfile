@@ -30,6 +30,9 @@ ENV LMI_MODEL_CACHE=/opt/lmi/models \
 USER 10001:10001
 WORKDIR /home/lmi
 EXPOSE 8080
+# SageMaker multi-model endpoints take containers that say so (SAGEMAKER_MULTI_MODEL=true
+# then starts the server with no model; docs/deploy.md, "Several models in one server").
+LABEL com.amazonaws.sagemaker.capabilities.multi-models=true
 # SIGTERM drains (option.drain_timeout, 60 s): orchestrators' grace periods must be longer.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/lmi"]

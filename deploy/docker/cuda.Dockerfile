@@ -31,6 +31,9 @@ ENV LMI_KERNEL_CACHE=/tmp/lmi-kernels \
 USER 10001:10001
 WORKDIR /home/lmi
 EXPOSE 8080
+# SageMaker multi-model endpoints take containers that say so (SAGEMAKER_MULTI_MODEL=true
+# then starts the server with no model; docs/deploy.md, "Several models in one server").
+LABEL com.amazonaws.sagemaker.capabilities.multi-models=true
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/lmi"]
 CMD ["serve"]

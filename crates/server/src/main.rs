@@ -11,6 +11,7 @@ mod guard;
 mod infer;
 mod media;
 mod metrics;
+mod models;
 mod null_engine;
 mod pooling;
 mod reasoning;

@@ -75,6 +75,11 @@ impl ResponseStore {
     }
 
     /// The stored response (and marks it used).
+    /// Whether `id` is stored (without counting as a use).
+    pub fn contains(&self, id: &str) -> bool {
+        self.lock().entries.contains_key(id)
+    }
+
     pub fn get(&self, id: &str) -> Option<Stored> {
         let mut g = self.lock();
         g.clock += 1;

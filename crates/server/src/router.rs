@@ -46,12 +46,36 @@ async fn request_id_layer(mut req: Request, next: Next) -> Response {
     res
 }
 
-/// Every route (ops + generation) with the shared layers.
+/// Every route (ops + generation) of one model with the shared layers (the server runs
+/// [`front`]; the unit tests drive one model's routes through this).
+#[cfg(test)]
 pub fn router(state: Arc<AppState>) -> Router {
-    let limit = state.config.max_request_size;
     let routes = Router::new()
         .merge(crate::routes::ops::routes())
         .merge(crate::routes::generation_routes());
+    layered(routes, state)
+}
+
+/// One model's routes bound to its state, without the layers: the registry's front router
+/// (which has them) hands each request to the model it names.
+pub fn model_routes(state: Arc<AppState>) -> Router {
+    Router::new()
+        .merge(crate::routes::ops::routes())
+        .merge(crate::routes::generation_routes())
+        .with_state(state)
+}
+
+/// The server's router: the registry's routes (management API, and `/ping`, `/v1/models`,
+/// `/metrics` for every model) and every other path handed to the model it names, with the
+/// shared layers.
+pub fn front(registry: Arc<crate::models::Registry>) -> Router {
+    let routes: Router<Arc<AppState>> = crate::models::manage::routes(registry.clone());
+    layered(routes, registry.front.clone())
+}
+
+/// `routes` in the shared layers: guard, body limit, request id.
+fn layered(routes: Router<Arc<AppState>>, state: Arc<AppState>) -> Router {
+    let limit = state.config.max_request_size;
     crate::guard::apply(routes, &state)
         .layer(DefaultBodyLimit::max(limit))
         .layer(RequestBodyLimitLayer::new(limit))

@@ -21,8 +21,8 @@ use crate::app::{AppState, LoadedModel};
 use crate::config::{EngineMode, ServeArgs, ServingConfig};
 use crate::grammars::{Grammars, GuideSource};
 use crate::metrics::ServerMetrics;
+use crate::models::Registry;
 use crate::null_engine::NullEngine;
-use crate::router::router;
 use lmi_scheduler::adapter_registry::{AdapterRegistry, AllowedDirs, Registration};
 
 /// How long to wait for the scheduler thread to drain after the HTTP server has stopped.
@@ -95,54 +95,69 @@ pub fn model_names(config: &ServingConfig) -> (String, String) {
 async fn serve(config: ServingConfig) -> anyhow::Result<()> {
     let config = Arc::new(config);
     let (model_name, model_id) = model_names(&config);
-    let state = Arc::new(AppState::new(
+    // The first model shares its metrics with the guard layers (401s, timeouts), so a server
+    // of one model counts them where it always did.
+    let metrics = Arc::new(ServerMetrics::new());
+    let front = Arc::new(AppState::new(
         config.clone(),
-        Arc::new(ServerMetrics::new()),
-        model_name,
-        model_id,
+        metrics.clone(),
+        model_name.clone(),
+        model_id.clone(),
     ));
+    let registry = Registry::new(config.clone(), front);
+    let starting = register_start_models(&registry, &config, metrics, model_name, model_id)?;
     let addr = format!("{}:{}", config.host, config.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("listening on {addr}"))?;
     tracing::info!(
-        "listening on {} (model {:?} loading)",
+        "listening on {} (models {:?} loading)",
         listener.local_addr()?,
-        state.model_name
+        starting
+            .iter()
+            .map(|s| s.model_name.as_str())
+            .collect::<Vec<_>>()
     );
 
     let load_error: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<()>();
     {
-        let state = state.clone();
+        let registry = registry.clone();
         let load_error = load_error.clone();
-        tokio::task::spawn_blocking(move || match load_model(&state.config, &state.metrics) {
-            Ok(model) => {
-                crate::release_freed_memory();
-                let what = format!(
-                    "{} ({} backend, {}, max_model_len {}, {} KV blocks, {} adapters)",
-                    model.model_dir.display(),
-                    model.backend,
-                    model.dtype,
-                    model.max_model_len,
-                    model.handle.limits().num_blocks,
-                    model.adapters.len()
-                );
-                if state.set_loaded(model).is_ok() {
-                    tracing::info!("model ready: {what}");
+        // One at a time: they share the CPU threads (and the disk).
+        tokio::task::spawn_blocking(move || {
+            for state in starting {
+                match load_model(&state.config, &state.metrics) {
+                    Ok(model) => {
+                        crate::release_freed_memory();
+                        let what = format!(
+                            "{} ({} backend, {}, max_model_len {}, {} KV blocks, {} adapters)",
+                            model.model_dir.display(),
+                            model.backend,
+                            model.dtype,
+                            model.max_model_len,
+                            model.handle.limits().num_blocks,
+                            model.adapters.len()
+                        );
+                        registry.finish_start(&state.model_name, Ok(model));
+                        if state.is_ready() {
+                            tracing::info!("model ready: {what}");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!("loading the model {:?} failed: {e:#}", state.model_name);
+                        if let Ok(mut slot) = load_error.lock() {
+                            *slot = Some(e);
+                        }
+                        let _ = failed_tx.send(());
+                        return;
+                    }
                 }
-            }
-            Err(e) => {
-                tracing::error!("loading the model failed: {e:#}");
-                if let Ok(mut slot) = load_error.lock() {
-                    *slot = Some(e);
-                }
-                let _ = failed_tx.send(());
             }
         });
     }
 
-    let app = router(state.clone());
+    let app = crate::router::front(registry.clone());
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::warn!("TCP_NODELAY: {e}");
@@ -164,6 +179,7 @@ async fn serve(config: ServingConfig) -> anyhow::Result<()> {
     };
     let drain_limit = Duration::from_secs(config.drain_timeout_secs);
     let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
+    let mut drained = true;
     tokio::select! {
         r = server => r.context("HTTP server")?,
         _ = async {
@@ -173,36 +189,86 @@ async fn serve(config: ServingConfig) -> anyhow::Result<()> {
             tracing::warn!(
                 "requests still in flight after option.drain_timeout ({drain_limit:?}); exiting"
             );
+            drained = false;
         }
     }
 
     if let Some(e) = load_error.lock().ok().and_then(|mut e| e.take()) {
         return Err(e.context("loading the model"));
     }
-    stop_scheduler(state);
+    if drained {
+        // Every scheduler finishes its work and stops (each waits for its routes to let go).
+        if tokio::time::timeout(SCHEDULER_DRAIN, registry.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("the schedulers did not stop within {SCHEDULER_DRAIN:?}");
+        }
+    } else {
+        tracing::warn!("requests still hold the server state; not waiting for the schedulers");
+    }
     tracing::info!("stopped");
     Ok(())
 }
 
-/// Stops the scheduler once no route holds its handle (every handle clone must be gone for
-/// its thread to see the end); waits at most [`SCHEDULER_DRAIN`].
-fn stop_scheduler(state: Arc<AppState>) {
-    let Ok(state) = Arc::try_unwrap(state) else {
-        tracing::warn!("requests still hold the server state; not waiting for the scheduler");
-        return;
-    };
-    let Some(model) = state.into_model() else {
-        return;
-    };
-    let handle = model.handle;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        handle.shutdown();
-        let _ = tx.send(());
-    });
-    if rx.recv_timeout(SCHEDULER_DRAIN).is_err() {
-        tracing::warn!("the scheduler did not stop within {SCHEDULER_DRAIN:?}");
+/// Registers the models loaded at start (the first is `option.model_id`, or the embedded
+/// default unless option.models_dir or SAGEMAKER_MULTI_MODEL let the server start with
+/// none; then `option.models` / repeated `--model`) and the ones option.models_dir makes
+/// loadable. Returns the states to load, in order.
+fn register_start_models(
+    registry: &Arc<Registry>,
+    config: &Arc<ServingConfig>,
+    metrics: Arc<ServerMetrics>,
+    model_name: String,
+    model_id: String,
+) -> anyhow::Result<Vec<Arc<AppState>>> {
+    let mut starting = Vec::new();
+    let m = &config.models;
+    let none_at_start =
+        config.model_id.is_none() && (m.models_dir.is_some() || m.sagemaker_multi_model);
+    if !none_at_start {
+        let state = Arc::new(AppState::new(
+            config.clone(),
+            metrics,
+            model_name,
+            model_id.clone(),
+        ));
+        registry.add_starting(state.clone(), &model_id);
+        starting.push(state);
     }
+    for (name, spec) in &m.extra {
+        let name = match name {
+            Some(n) => n.clone(),
+            None => {
+                let mut c = (**config).clone();
+                c.model_id = Some(spec.clone());
+                c.served_model_name = None;
+                model_names(&c).0
+            }
+        };
+        if registry.get(&name).is_some() {
+            anyhow::bail!(
+                "two models are named {name:?} (option.models / --model): name one with NAME=PATH"
+            );
+        }
+        let state = registry
+            .state_for(&name, spec)
+            .with_context(|| format!("model {name:?} ({spec})"))?;
+        registry.add_starting(state.clone(), spec);
+        starting.push(state);
+    }
+    if let Some(dir) = &m.models_dir {
+        let before = registry.slots().len();
+        for (name, path) in crate::config::models::scan_dir(dir)? {
+            registry.add_loadable(&name, &path.to_string_lossy());
+        }
+        tracing::info!(
+            "option.models_dir {}: {} models loadable on demand",
+            dir.display(),
+            registry.slots().len() - before
+        );
+    }
+    Ok(starting)
 }
 
 async fn shutdown_signal() {

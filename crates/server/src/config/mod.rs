@@ -10,6 +10,7 @@
 pub mod access;
 pub mod env;
 pub mod media;
+pub mod models;
 pub mod pooling;
 pub mod properties;
 
@@ -33,8 +34,12 @@ pub const SAGEMAKER_MODEL_DIR: &str = "/opt/ml/model";
 pub struct ServeArgs {
     /// The model (option.model_id): an HF directory or GGUF file, a Hub id org/name
     /// (org/name:Q4_K_M for a GGUF repository), or s3://bucket/prefix/; the default model when
-    /// absent.
-    #[arg(long)]
+    /// absent. Repeat it to serve several (`--model chat=DIR --model NAME=DIR2`, option.models):
+    /// the first is the default model.
+    #[arg(long = "model", value_name = "MODEL")]
+    pub models: Vec<String>,
+    /// The first model, when set in code (the flag fills `models`).
+    #[arg(skip)]
     pub model: Option<String>,
     /// Port to listen on (default 8080; SAGEMAKER_BIND_TO_PORT also sets it).
     #[arg(long)]
@@ -113,6 +118,14 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// The first model's (name, spec): `model`, else the first `--model`.
+    pub fn first_model(&self) -> Option<(Option<String>, String)> {
+        match &self.model {
+            Some(m) => Some((None, m.clone())),
+            None => self.models.first().map(|m| models::split_named(m)),
+        }
+    }
+
     /// The configuration keys the flags set.
     fn settings(&self) -> anyhow::Result<Vec<(String, String)>> {
         let mut out: Vec<(String, String)> = Vec::new();
@@ -127,7 +140,20 @@ impl ServeArgs {
                 out.push((k.to_string(), v));
             }
         };
-        set("option.model_id", self.model.clone());
+        if let Some(first) = self.first_model() {
+            set("option.model_id", Some(first.1));
+            if let Some(name) = first.0.filter(|_| self.served_model_name.is_none()) {
+                set("option.served_model_name", Some(name));
+            }
+        }
+        let rest = if self.model.is_some() {
+            &self.models[..]
+        } else {
+            self.models.get(1..).unwrap_or_default()
+        };
+        if !rest.is_empty() {
+            set("option.models", Some(rest.join(",")));
+        }
         set("port", self.port.map(|p| p.to_string()));
         set("host", self.host.clone());
         set("option.device", self.device.clone());
@@ -236,6 +262,8 @@ pub struct ServingConfig {
     pub fetch: lmi_store::Fetch,
     /// option.served_model_name, if set (else the model's directory name).
     pub served_model_name: Option<String>,
+    /// The models beyond the first, and the limits on what is loaded (`models.rs`).
+    pub models: models::ModelsConfig,
     pub properties_file: Option<PathBuf>,
     pub host: String,
     pub port: u16,
@@ -367,8 +395,8 @@ impl ServingConfig {
 
         // Find serving.properties: --properties, the model directory, the SageMaker directory.
         let model_hint = cli
-            .model
-            .clone()
+            .first_model()
+            .map(|m| m.1)
             .or_else(|| raw.get("option.model_id").map(|s| s.value.clone()));
         let properties_file = if let Some(p) = &cli.properties {
             if !p.is_file() {
@@ -610,6 +638,15 @@ impl ServingConfig {
             })?,
         };
         let drain_timeout_secs = nonneg(&raw, "option.drain_timeout", 60)? as u64;
+        let models = models::parse(&raw, env.get("SAGEMAKER_MULTI_MODEL"))?;
+        if models.is_multi() && gpu_memory_utilization.is_some() {
+            bail!(
+                "several models on one GPU (option.models, option.models_dir or \
+                 SAGEMAKER_MULTI_MODEL) size each one's KV cache in bytes: set \
+                 option.kv_cache_bytes and unset option.gpu_memory_utilization (a share of the \
+                 GPU would go to the first model whole)"
+            );
+        }
         let var = |k: &str| env.get(k).cloned();
         // option.revision (HF_REVISION among its sources) names the served model's revision.
         let fetch = lmi_store::Fetch {
@@ -662,6 +699,7 @@ impl ServingConfig {
             responses_store: nonneg(&raw, "option.responses_store", 1024)?,
             access: AccessConfig::load(&raw, env)?,
             pooling: pooling::parse(&raw)?,
+            models,
             raw,
         })
     }

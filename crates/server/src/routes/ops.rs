@@ -131,6 +131,11 @@ async fn models(State(s): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(s): State<Arc<AppState>>) -> Response {
+    prometheus_text(render_metrics(&s))
+}
+
+/// The Prometheus exposition of one model's series, brought up to date with its scheduler.
+pub fn render_metrics(s: &AppState) -> String {
     if let Some(h) = s.handle() {
         s.metrics.update_from_scheduler(&h.metrics().snapshot());
     }
@@ -138,12 +143,16 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
     let (running, waiting) = s.model().map(|m| m.adapters.in_use()).unwrap_or_default();
     s.metrics
         .update_lora_info(&running, &waiting, s.config.max_loras);
+    s.metrics.render()
+}
+
+pub fn prometheus_text(body: String) -> Response {
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        s.metrics.render(),
+        body,
     )
         .into_response()
 }
