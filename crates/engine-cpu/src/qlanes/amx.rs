@@ -318,7 +318,7 @@ unsafe fn products<F: LFmt>(c: &Ctx, b: usize) {
                 } else {
                     t.w.add(offsets(F::QTYPE, b).0)
                 };
-                if b % 2 == 0 {
+                if b.is_multiple_of(2) {
                     byte_block!("0", "1", "6", src, ap, ast)
                 } else {
                     byte_block!("2", "3", "7", src, ap, ast)
@@ -369,7 +369,7 @@ unsafe fn store<F: LFmt>(c: &Ctx, b: usize) {
                 2 => store_sums!(o, "2" @ "0"),
                 _ => store_sums!(o, "3" @ "0"),
             },
-            Class::Bytes if b % 2 == 0 => store_sums!(o, "0" @ "0", "1" @ "1024"),
+            Class::Bytes if b.is_multiple_of(2) => store_sums!(o, "0" @ "0", "1" @ "1024"),
             Class::Bytes => store_sums!(o, "2" @ "0", "3" @ "1024"),
             Class::Q6K => {}
         }
