@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -37,29 +36,23 @@ fn models(tmp: &Path) -> Vec<(String, PathBuf)> {
 
 /// `lmi serve` with exactly these arguments (no `--model` unless given).
 fn serve(args: &[String], env: &[(&str, &str)]) -> Server {
-    let port = free_port();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lmi"));
-    cmd.args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--kv-cache-bytes", KV])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    for (k, _) in std::env::vars() {
-        if k.starts_with("OPTION_")
-            || k.starts_with("SERVING_")
-            || k.starts_with("SAGEMAKER_")
-            || k.starts_with("HF_")
-            || k.starts_with("AWS_")
-        {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.envs(env.iter().copied());
-    Server {
-        child: cmd.spawn().expect("starting lmi serve"),
-        port,
-    }
+    let mut all = vec!["--kv-cache-bytes".to_string(), KV.to_string()];
+    all.extend_from_slice(args);
+    serve_with(&all, env)
+}
+
+/// A local directory as a `url` query value.
+fn url(d: &Path) -> String {
+    d.display().to_string().replace('/', "%2F")
+}
+
+/// DJL's registration of `dir` as `name` fails with a 400 whose message names the model.
+fn registration_fails(port: u16, dir: &Path, name: &str) {
+    let path = format!("/models?url={}&model_name={name}", url(dir));
+    let r = request(port, "POST", &path, b"", &[]).unwrap();
+    assert_eq!(r.status, 400, "{}", r.body);
+    let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains(name), "{}", r.body);
 }
 
 /// Polls `/ping` until 200.
@@ -363,7 +356,6 @@ fn djl_management_api_registers_lists_describes_and_unregisters() {
     let mut server = serve(&model_args(&models[..1]), &[]);
     wait_ping(&mut server);
     let port = server.port;
-    let url = |d: &Path| d.display().to_string().replace('/', "%2F");
 
     // Register qwen2 (synchronous, DJL's query form) while llama streams.
     let stream = start_stream(port, "/predictions/llama", &long_stream());
@@ -395,20 +387,7 @@ fn djl_management_api_registers_lists_describes_and_unregisters() {
 
     // Missing files and a broken model: a clear 400, the others still served.
     let missing = tmp.path().join("missing");
-    let r = request(
-        port,
-        "POST",
-        &format!("/models?url={}&model_name=gone", url(&missing)),
-        b"",
-        &[],
-    )
-    .unwrap();
-    assert_eq!(r.status, 400, "{}", r.body);
-    assert!(
-        r.json()["message"].as_str().unwrap().contains("gone"),
-        "{}",
-        r.body
-    );
+    registration_fails(port, &missing, "gone");
     let broken = tmp.path().join("broken");
     std::fs::create_dir(&broken).unwrap();
     std::fs::copy(models[0].1.join("config.json"), broken.join("config.json")).unwrap();
@@ -418,20 +397,7 @@ fn djl_management_api_registers_lists_describes_and_unregisters() {
     )
     .unwrap();
     std::fs::write(broken.join("model.safetensors"), b"not safetensors").unwrap();
-    let r = request(
-        port,
-        "POST",
-        &format!("/models?url={}&model_name=broken", url(&broken)),
-        b"",
-        &[],
-    )
-    .unwrap();
-    assert_eq!(r.status, 400, "{}", r.body);
-    assert!(
-        r.json()["message"].as_str().unwrap().contains("broken"),
-        "{}",
-        r.body
-    );
+    registration_fails(port, &broken, "broken");
     let r = post_json(port, "/predictions/llama", &lmi_body(), &[]);
     assert_eq!(r.status, 200, "{}", r.body);
 
@@ -838,7 +804,7 @@ fn one_model_reloaded_while_two_are_busy() {
         .collect();
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(delete(port, "/models/qwen2").status, 200);
-    let url = models[1].1.display().to_string().replace('/', "%2F");
+    let url = url(&models[1].1);
     let r = request(
         port,
         "POST",

@@ -518,16 +518,5 @@ pub(super) unsafe fn dispatch(qt: QType, rows: usize, t: &Args, codes: Codes) {
             }
         };
     }
-    use super::x86::{I8, Mxfp4, Q4_0, Q4_1, Q4K, Q6K, Q8_0};
-    unsafe {
-        match qt {
-            QType::Q4_0 => by_rows!(Q4_0),
-            QType::Q4_1 => by_rows!(Q4_1),
-            QType::Q8_0 => by_rows!(Q8_0),
-            QType::I8 => by_rows!(I8),
-            QType::Q4_K => by_rows!(Q4K),
-            QType::MXFP4 => by_rows!(Mxfp4),
-            QType::Q6_K => by_rows!(Q6K),
-        }
-    }
+    unsafe { super::x86::by_format!(qt, by_rows) }
 }

@@ -295,15 +295,22 @@ pub(super) unsafe fn dispatch(qt: QType, mr: usize, t: &Args) {
             }
         };
     }
-    unsafe {
-        match qt {
-            QType::Q4_0 => by_rows!(Q4_0),
-            QType::Q4_1 => by_rows!(Q4_1),
-            QType::Q8_0 => by_rows!(Q8_0),
-            QType::I8 => by_rows!(I8),
-            QType::Q4_K => by_rows!(Q4K),
-            QType::MXFP4 => by_rows!(Mxfp4),
-            QType::Q6_K => by_rows!(Q6K),
-        }
-    }
+    unsafe { by_format!(qt, by_rows) }
 }
+
+/// `$run!(F)` with `F` the [`LFmt`] of `$qt`.
+macro_rules! by_format {
+    ($qt:expr, $run:ident) => {{
+        use $crate::qlanes::x86::{I8, Mxfp4, Q4_0, Q4_1, Q4K, Q6K, Q8_0};
+        match $qt {
+            QType::Q4_0 => $run!(Q4_0),
+            QType::Q4_1 => $run!(Q4_1),
+            QType::Q8_0 => $run!(Q8_0),
+            QType::I8 => $run!(I8),
+            QType::Q4_K => $run!(Q4K),
+            QType::MXFP4 => $run!(Mxfp4),
+            QType::Q6_K => $run!(Q6K),
+        }
+    }};
+}
+pub(super) use by_format;

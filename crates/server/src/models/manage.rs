@@ -381,25 +381,9 @@ async fn invoke(State(reg): Reg, Path(name): Path<String>, mut req: Request) -> 
 /// `2023-06-08T08:14:16.999Z` (UTC), as DJL writes a worker's start time.
 fn rfc3339(t: std::time::SystemTime) -> String {
     let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's days-to-civil.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
+    let secs = i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+    let date = lmi_text::chat::strftime(secs, "%Y-%m-%dT%H:%M:%S");
+    format!("{date}.{:03}Z", d.subsec_millis())
 }
 
 #[cfg(test)]

@@ -134,16 +134,21 @@ pub fn start(model: &Path, extra: &[&str]) -> Server {
 
 /// [`start`] with extra environment variables.
 pub fn start_with_env(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
+    let mut args = vec!["--model".into(), model.as_os_str().to_owned()];
+    args.extend(extra.iter().map(|a| a.into()));
+    serve_with(&args, env)
+}
+
+/// `lmi serve` on a free port with exactly `args` after it (no `--model` unless given) and
+/// `env` set, the caller's LMI/TGI settings kept out.
+pub fn serve_with<S: AsRef<std::ffi::OsStr>>(args: &[S], env: &[(&str, &str)]) -> Server {
     let port = free_port();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lmi"));
     cmd.args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
-        .arg("--model")
-        .arg(model)
-        .args(extra)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
-    // Keep the caller's LMI/TGI settings out of the test.
     for (k, _) in std::env::vars() {
         if k.starts_with("OPTION_")
             || k.starts_with("SERVING_")
