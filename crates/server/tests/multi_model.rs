@@ -46,10 +46,15 @@ fn url(d: &Path) -> String {
     d.display().to_string().replace('/', "%2F")
 }
 
+/// DJL's registration (its query form) of `dir` as `name`.
+fn register(port: u16, dir: &Path, name: &str) -> Resp {
+    let path = format!("/models?url={}&model_name={name}", url(dir));
+    request(port, "POST", &path, b"", &[]).unwrap()
+}
+
 /// DJL's registration of `dir` as `name` fails with a 400 whose message names the model.
 fn registration_fails(port: u16, dir: &Path, name: &str) {
-    let path = format!("/models?url={}&model_name={name}", url(dir));
-    let r = request(port, "POST", &path, b"", &[]).unwrap();
+    let r = register(port, dir, name);
     assert_eq!(r.status, 400, "{}", r.body);
     let message = r.json()["message"].as_str().unwrap_or_default().to_string();
     assert!(message.contains(name), "{}", r.body);
@@ -359,14 +364,7 @@ fn djl_management_api_registers_lists_describes_and_unregisters() {
 
     // Register qwen2 (synchronous, DJL's query form) while llama streams.
     let stream = start_stream(port, "/predictions/llama", &long_stream());
-    let r = request(
-        port,
-        "POST",
-        &format!("/models?url={}&model_name=qwen2", url(&models[1].1)),
-        b"",
-        &[],
-    )
-    .unwrap();
+    let r = register(port, &models[1].1, "qwen2");
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json(), json!({"status": "Model \"qwen2\" registered."}));
     assert_eq!(finish_stream(stream), 200);
@@ -374,14 +372,7 @@ fn djl_management_api_registers_lists_describes_and_unregisters() {
     assert_eq!(r.status, 200, "{}", r.body);
 
     // The same name again: 409.
-    let r = request(
-        port,
-        "POST",
-        &format!("/models?url={}&model_name=qwen2", url(&models[1].1)),
-        b"",
-        &[],
-    )
-    .unwrap();
+    let r = register(port, &models[1].1, "qwen2");
     assert_eq!(r.status, 409, "{}", r.body);
     assert_eq!(r.json()["code"], 409);
 

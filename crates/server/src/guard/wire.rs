@@ -54,8 +54,13 @@ pub fn error_response(path: &str, e: &ApiError) -> Response {
             )
         }
     };
+    json_response(status, body, StatusCode::BAD_REQUEST)
+}
+
+/// A JSON `body` with status `code` (`fallback` if `code` is not a status).
+pub fn json_response(code: u16, body: String, fallback: StatusCode) -> Response {
     let mut r = Response::new(axum::body::Body::from(body));
-    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+    *r.status_mut() = StatusCode::from_u16(code).unwrap_or(fallback);
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::Request;
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use lmi_api::{ApiError, ErrorKind};
@@ -286,13 +286,7 @@ fn error(path: &str, code: u16, kind: ErrorKind, djl_type: &str, msg: &str) -> R
             }
         }
     };
-    let mut r = Response::new(Body::from(body));
-    *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
+    crate::guard::wire::json_response(code, body, StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 #[cfg(test)]
