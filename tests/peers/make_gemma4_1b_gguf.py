@@ -17,16 +17,14 @@ with `lmi quantize OUT_DIR/gemma4-1b-q8_0.gguf OUT_DIR/gemma4-1b-q4_k.gguf --typ
       --llama ~/.cache/lmi-peers/src/llama_cpp_python-0.3.36/vendor/llama.cpp \\
       --tokenizer ~/.cache/lmi/models/SmolLM2-135M-Instruct --out /tmp/g4
 """
-import argparse
 import json
-import runpy
-import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 import transformers
+
+import hf_gguf
 
 S, F = "sliding_attention", "full_attention"
 LAYERS = 18
@@ -77,14 +75,7 @@ def published(d: Path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--llama", required=True, type=Path, help="llama.cpp source directory")
-    ap.add_argument("--tokenizer", required=True, type=Path, help="a directory with tokenizer.json")
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--keep-hf", action="store_true",
-                    help="also keep the HF directory (bf16 safetensors) as OUT_DIR/gemma4-1b-hf")
-    a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
+    a = hf_gguf.parse_args("gemma4-1b-hf")
     torch.manual_seed(0)
     model = transformers.Gemma4ForCausalLM(config()).to(torch.bfloat16).eval()
     n = sum(p.numel() for p in model.parameters())
@@ -97,25 +88,15 @@ def main():
         back = transformers.AutoConfig.from_pretrained(hf)
         glob = back.per_layer_config[back.layer_types.index(F)]
         assert (glob.head_dim, glob.num_key_value_heads) == (GLOBAL_HEAD_DIM, GLOBAL_KV_HEADS)
-        for f in ["tokenizer.json", "tokenizer_config.json"]:
-            if (a.tokenizer / f).exists():
-                shutil.copy(a.tokenizer / f, hf / f)
         del model
-        if a.keep_hf:
-            shutil.copytree(hf, a.out / "gemma4-1b-hf", dirs_exist_ok=True)
-        sys.path[:0] = [str(a.llama), str(a.llama / "gguf-py")]
-        import conversion.base as base
+        hf_gguf.add_tokenizer(hf, a.tokenizer, a.keep_hf, a.out, "gemma4-1b-hf")
+        hf_gguf.import_converter(a.llama)
         import conversion.gemma as gemma
 
-        # SmolLM2's pre-tokenizer is not among the converter's hashes, and Gemma 4's vocabulary
-        # writer reads a SentencePiece-style vocabulary: the byte-level one goes through the
-        # plain GPT-2 writer.
-        base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
+        # Gemma 4's vocabulary writer reads a SentencePiece-style vocabulary: the byte-level
+        # one goes through the plain GPT-2 writer.
         gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()
-        out = a.out / "gemma4-1b-q8_0.gguf"
-        sys.argv = ["convert_hf_to_gguf.py", str(hf), "--outtype", "q8_0", "--outfile", str(out)]
-        runpy.run_path(str(a.llama / "convert_hf_to_gguf.py"), run_name="__main__")
-        print("wrote", out, out.stat().st_size, "bytes")
+        hf_gguf.convert(a.llama, hf, a.out / "gemma4-1b-q8_0.gguf")
 
 
 if __name__ == "__main__":

@@ -21,16 +21,14 @@ to Q4_K with `lmi quantize OUT_DIR/glm47-flash-1b-q8_0.gguf OUT_DIR/glm47-flash-
       --llama ~/.cache/lmi-peers/src/llama_cpp_python-0.3.36/vendor/llama.cpp \\
       --tokenizer ~/.cache/lmi/models/SmolLM2-135M-Instruct --out /tmp/glm
 """
-import argparse
 import json
-import runpy
-import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 import transformers
+
+import hf_gguf
 
 LAYERS = 12
 
@@ -84,14 +82,7 @@ def published(d: Path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--llama", required=True, type=Path, help="llama.cpp source directory")
-    ap.add_argument("--tokenizer", required=True, type=Path, help="a directory with tokenizer.json")
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--keep-hf", action="store_true",
-                    help="also keep the HF directory (bf16 safetensors) as OUT_DIR/glm47-flash-1b-hf")
-    a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
+    a = hf_gguf.parse_args("glm47-flash-1b-hf")
     torch.manual_seed(0)
     model = transformers.Glm4MoeLiteForCausalLM(config()).to(torch.bfloat16).eval()
     with torch.no_grad():
@@ -105,20 +96,13 @@ def main():
         hf = Path(tmp) / "hf"
         model.save_pretrained(hf)
         published(hf)
-        for f in ["tokenizer.json", "tokenizer_config.json"]:
-            if (a.tokenizer / f).exists():
-                shutil.copy(a.tokenizer / f, hf / f)
         del model
-        if a.keep_hf:
-            shutil.copytree(hf, a.out / "glm47-flash-1b-hf", dirs_exist_ok=True)
-        sys.path[:0] = [str(a.llama), str(a.llama / "gguf-py")]
-        import conversion.base as base
+        hf_gguf.add_tokenizer(hf, a.tokenizer, a.keep_hf, a.out, "glm47-flash-1b-hf")
+        hf_gguf.import_converter(a.llama)
         import conversion.glm as glm
 
-        # SmolLM2's pre-tokenizer is not among the converter's hashes, and GLM's vocabulary
-        # writer looks up GLM's own special tokens ([gMASK], <|user|>): the plain GPT-2 writer
-        # (DeepSeek's) takes the byte-level vocabulary as it is.
-        base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
+        # GLM's vocabulary writer looks up GLM's own special tokens ([gMASK], <|user|>): the
+        # plain GPT-2 writer (DeepSeek's) takes the byte-level vocabulary as it is.
         glm.Glm4MoeLiteModel.set_vocab = lambda self: self._set_vocab_gpt2()
         # The converter writes no `expert_gating_func`, and llama.cpp routes such a deepseek2
         # file by softmax unless it has GLM-4.7-Flash's 47 layers and 154880 tokens: say
@@ -133,11 +117,7 @@ def main():
             self.gguf_writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
 
         glm.Glm4MoeLiteModel.set_gguf_parameters = set_gguf_parameters
-        out = a.out / "glm47-flash-1b-q8_0.gguf"
-        sys.argv = ["convert_hf_to_gguf.py", str(hf), "--outtype", "q8_0", "--no-mtp",
-                    "--outfile", str(out)]
-        runpy.run_path(str(a.llama / "convert_hf_to_gguf.py"), run_name="__main__")
-        print("wrote", out, out.stat().st_size, "bytes")
+        hf_gguf.convert(a.llama, hf, a.out / "glm47-flash-1b-q8_0.gguf", "--no-mtp")
 
 
 if __name__ == "__main__":

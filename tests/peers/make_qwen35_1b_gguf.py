@@ -14,15 +14,13 @@ with `lmi quantize OUT_DIR/qwen35-1b-q8_0.gguf OUT_DIR/qwen35-1b-q4_k.gguf --typ
       --llama ~/.cache/lmi-peers/src/llama_cpp_python-0.3.36/vendor/llama.cpp \\
       --tokenizer ~/.cache/lmi/models/SmolLM2-135M-Instruct --out /tmp/q35
 """
-import argparse
-import runpy
-import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 import transformers
+
+import hf_gguf
 
 
 def config():
@@ -49,14 +47,7 @@ def config():
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--llama", required=True, type=Path, help="llama.cpp source directory")
-    ap.add_argument("--tokenizer", required=True, type=Path, help="a directory with tokenizer.json")
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--keep-hf", action="store_true",
-                    help="also keep the HF directory (bf16 safetensors) as OUT_DIR/qwen35-1b-hf")
-    a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
+    a = hf_gguf.parse_args("qwen35-1b-hf")
     torch.manual_seed(0)
     cfg = config()
     model = transformers.Qwen3_5ForCausalLM(cfg).to(torch.bfloat16).eval()
@@ -65,22 +56,10 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         hf = Path(tmp) / "hf"
         model.save_pretrained(hf)
-        for f in ["tokenizer.json", "tokenizer_config.json"]:
-            if (a.tokenizer / f).exists():
-                shutil.copy(a.tokenizer / f, hf / f)
         del model
-        if a.keep_hf:
-            shutil.copytree(hf, a.out / "qwen35-1b-hf", dirs_exist_ok=True)
-        sys.path[:0] = [str(a.llama), str(a.llama / "gguf-py")]
-        import conversion.base as base
-
-        # SmolLM2's pre-tokenizer is not among the converter's hashes for this architecture.
-        base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
-        out = a.out / "qwen35-1b-q8_0.gguf"
-        sys.argv = ["convert_hf_to_gguf.py", str(hf), "--outtype", "q8_0", "--no-mtp",
-                    "--outfile", str(out)]
-        runpy.run_path(str(a.llama / "convert_hf_to_gguf.py"), run_name="__main__")
-        print("wrote", out, out.stat().st_size, "bytes")
+        hf_gguf.add_tokenizer(hf, a.tokenizer, a.keep_hf, a.out, "qwen35-1b-hf")
+        hf_gguf.import_converter(a.llama)
+        hf_gguf.convert(a.llama, hf, a.out / "qwen35-1b-q8_0.gguf", "--no-mtp")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,16 @@ fn serve(args: &[String], env: &[(&str, &str)]) -> Server {
     serve_with(&all, env)
 }
 
+/// A model directory at `dir` with `from`'s config and tokenizer but weights that are not
+/// safetensors.
+fn write_broken_model(dir: &Path, from: &Path) {
+    std::fs::create_dir(dir).unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(from.join(f), dir.join(f)).unwrap();
+    }
+    std::fs::write(dir.join("model.safetensors"), b"not safetensors").unwrap();
+}
+
 /// A local directory as a `url` query value.
 fn url(d: &Path) -> String {
     d.display().to_string().replace('/', "%2F")
@@ -293,13 +303,10 @@ fn three_models_answer_as_each_alone_on_every_route() {
 
     // Every model listed; per-model metrics carry a `model` label.
     let list = get(port, "/v1/models").json();
-    let ids: Vec<&str> = list["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, ["llama", "qwen2", "qwen3"]);
+    assert_eq!(
+        field_of_each(&list, "data", "id"),
+        ["llama", "qwen2", "qwen3"]
+    );
     let m = get(port, "/metrics").body;
     for (name, _) in &models {
         let series = format!("lmi_kv_cache_blocks_total{{model=\"{name}\"}}");
@@ -380,14 +387,7 @@ fn djl_management_api_registers_lists_describes_and_unregisters() {
     let missing = tmp.path().join("missing");
     registration_fails(port, &missing, "gone");
     let broken = tmp.path().join("broken");
-    std::fs::create_dir(&broken).unwrap();
-    std::fs::copy(models[0].1.join("config.json"), broken.join("config.json")).unwrap();
-    std::fs::copy(
-        models[0].1.join("tokenizer.json"),
-        broken.join("tokenizer.json"),
-    )
-    .unwrap();
-    std::fs::write(broken.join("model.safetensors"), b"not safetensors").unwrap();
+    write_broken_model(&broken, &models[0].1);
     registration_fails(port, &broken, "broken");
     let r = post_json(port, "/predictions/llama", &lmi_body(), &[]);
     assert_eq!(r.status, 200, "{}", r.body);
@@ -421,13 +421,10 @@ fn djl_management_api_registers_lists_describes_and_unregisters() {
 
     // List, with pages.
     let all = get(port, "/models").json();
-    let names: Vec<&str> = all["models"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["modelName"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["llama", "qwen2", "qwen3"]);
+    assert_eq!(
+        field_of_each(&all, "models", "modelName"),
+        ["llama", "qwen2", "qwen3"]
+    );
     assert_eq!(all["models"][1]["status"], "READY");
     assert!(all.get("nextPageToken").is_none(), "{all}");
     let page = get(port, "/models?limit=2&next_page_token=0").json();
@@ -553,6 +550,16 @@ fn sagemaker_multi_model_contract() {
     assert_eq!(sigterm_and_wait(&mut server).code(), Some(0));
 }
 
+/// `field` of every entry of the array `list[array]`, in order.
+fn field_of_each(list: &Value, array: &str, field: &str) -> Vec<String> {
+    list[array]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m[field].as_str().unwrap().to_string())
+        .collect()
+}
+
 fn status_of(port: u16, name: &str) -> String {
     let all = get(port, "/models").json();
     all["models"]
@@ -627,14 +634,7 @@ fn on_demand_loads_evict_the_least_recently_used_idle_model() {
     // A broken model in the directory: its requests get a 500 that says why, every time (a
     // new request tries again), and the others keep serving.
     let broken = dir.join("broken");
-    std::fs::create_dir(&broken).unwrap();
-    std::fs::copy(models[0].1.join("config.json"), broken.join("config.json")).unwrap();
-    std::fs::copy(
-        models[0].1.join("tokenizer.json"),
-        broken.join("tokenizer.json"),
-    )
-    .unwrap();
-    std::fs::write(broken.join("model.safetensors"), b"not safetensors").unwrap();
+    write_broken_model(&broken, &models[0].1);
     for _ in 0..2 {
         let r = post_json(port, "/predictions/broken", &lmi_body(), &[]);
         assert_eq!(r.status, 500, "{}", r.body);
