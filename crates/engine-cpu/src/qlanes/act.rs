@@ -66,6 +66,19 @@ pub(crate) struct LAct {
     pub a16: Vec<i16>,
     /// `q` is in tiles of [`TILE_ROWS`] rows ([`LAct::tiled`]) rather than row after row.
     pub tiled: bool,
+    /// For [`LAct::tiled`]: the scales and sums again, per tile and block (`tile · nb + b`),
+    /// so that the tile kernel's f32 steps read a block's 16 rows at fixed offsets.
+    pub tsc: Vec<TileScales>,
+}
+
+/// One tile's scales and sums for one block, a value per row of the tile (zero for padding).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct TileScales {
+    pub d: [f32; TILE_ROWS],
+    pub ms: [f32; TILE_ROWS],
+    pub sum: [i32; TILE_ROWS],
+    pub sum16: [i32; TILE_ROWS],
 }
 
 /// Rows of a tile of [`LAct::tiled`].
@@ -104,6 +117,7 @@ impl LAct {
             lo: bits == Bits::Twelve,
             a16: Vec::new(),
             tiled,
+            tsc: Vec::new(),
         };
         #[cfg(target_arch = "x86_64")]
         let simd = std::arch::is_x86_feature_detected!("avx512f")
@@ -137,6 +151,17 @@ impl LAct {
             let _ = simd;
             (*d, *sum, *sum16) = scalar_block(x, q, bits);
             *ms = *d * *sum as f32;
+        }
+        if tiled {
+            a.tsc = vec![TileScales::default(); held / TILE_ROWS * nb];
+            for (at, ((&d, &ms), (&sum, &sum16))) in
+                (a.d.iter().zip(&a.ms).zip(a.sum.iter().zip(&a.sum16))).enumerate()
+            {
+                let (r, b) = (at / nb, at % nb);
+                let t = &mut a.tsc[r / TILE_ROWS * nb + b];
+                let i = r % TILE_ROWS;
+                (t.d[i], t.ms[i], t.sum[i], t.sum16[i]) = (d, ms, sum, sum16);
+            }
         }
         a
     }

@@ -385,7 +385,10 @@ unsafe fn accumulate<F: LFmt, const MR: usize>(c: &Ctx, b: usize, acc: &mut [__m
         let off = offset(F::QTYPE);
         let (_, so, ho) = offsets(F::QTYPE, b);
         let (sw, mw) = F::scales(t.w.add(so), t.w.add(ho));
-        let sum = |j: usize, i: usize| _mm512_load_si512(c.sums(b, j).add(i * ROWS) as *const _);
+        // Opaque base pointers, so that each row's operands are at fixed offsets from them
+        // (indexed addresses would split the fused loads into twice the operations).
+        let sp = opaque(c.sums(b, 0));
+        let sum = |j: usize, i: usize| _mm512_load_si512(sp.add((j * TM + i) * ROWS) as *const _);
         // The block's exact integer less the offset term, as `x86.rs` forms it.
         let join = |h: __m512i, l: __m512i, s: i32| {
             let n = _mm512_add_epi32(_mm512_slli_epi32::<4>(h), l);
@@ -395,11 +398,11 @@ unsafe fn accumulate<F: LFmt, const MR: usize>(c: &Ctx, b: usize, acc: &mut [__m
                 _mm512_sub_epi32(n, _mm512_set1_epi32(off * s))
             }
         };
-        let nb = t.a.nb;
+        let sc =
+            &*opaque(t.a.tsc.as_ptr().add(t.i0 / TM * t.a.nb + b) as *mut super::act::TileScales);
         for (i, acc) in acc.iter_mut().enumerate() {
-            let at = (t.i0 + i) * nb + b;
-            let d = _mm512_set1_ps(*t.a.d.get_unchecked(at));
-            let total = *t.a.sum.get_unchecked(at);
+            let d = _mm512_set1_ps(sc.d[i]);
+            let total = sc.sum[i];
             match class(F::QTYPE) {
                 Class::Nibbles => {
                     let mut n = sum(0, i);
@@ -414,7 +417,7 @@ unsafe fn accumulate<F: LFmt, const MR: usize>(c: &Ctx, b: usize, acc: &mut [__m
                     *acc = _mm512_fmadd_ps(n, _mm512_mul_ps(sw, d), *acc);
                 }
                 Class::Q6K => {
-                    let s16 = *t.a.sum16.get_unchecked(at);
+                    let s16 = sc.sum16[i];
                     let n0 = _mm512_cvtepi32_ps(join(sum(0, i), sum(1, i), s16));
                     let n1 = _mm512_cvtepi32_ps(join(sum(2, i), sum(3, i), total - s16));
                     *acc = _mm512_fmadd_ps(n0, _mm512_mul_ps(sw, d), *acc);
@@ -422,11 +425,21 @@ unsafe fn accumulate<F: LFmt, const MR: usize>(c: &Ctx, b: usize, acc: &mut [__m
                 }
             }
             if F::MIN {
-                let ms = _mm512_set1_ps(*t.a.ms.get_unchecked(at));
+                let ms = _mm512_set1_ps(sc.ms[i]);
                 *acc = _mm512_fmadd_ps(mw, ms, *acc);
             }
         }
     }
+}
+
+/// `p`, hidden from the optimizer (see [`accumulate`]).
+#[inline(always)]
+// The block reads no memory through `p`: it only launders the value.
+#[allow(clippy::pointers_in_nomem_asm_block)]
+fn opaque<T>(mut p: *mut T) -> *mut T {
+    // SAFETY: an empty statement; it only stops the compiler from seeing where `p` came from.
+    unsafe { asm!("/* {0} */", inout(reg) p, options(pure, nomem, nostack, preserves_flags)) };
+    p
 }
 
 /// One group of 16 weight rows against activation rows `t.i0..t.i0 + rows` (`rows ≤ MR`);
