@@ -187,7 +187,7 @@ pub fn linear(x: &[f32], m: usize, w: &AmxWeight, bias: Option<&[f32]>, out: &mu
         super::linear::round_bf16_into(&x[r * k..(r + 1) * k], &mut xb[r * kp..r * kp + k]);
     }
     let groups = n.div_ceil(GROUP * TN);
-    let threads = rayon::current_num_threads().max(1);
+    let threads = crate::pool::threads();
     // A few tasks per thread for balance; every task configures the tiles once.
     let per_task = groups.div_ceil(threads * 4).max(1);
     let tasks = groups.div_ceil(per_task);
@@ -204,7 +204,7 @@ pub fn linear(x: &[f32], m: usize, w: &AmxWeight, bias: Option<&[f32]>, out: &mu
     if tasks == 1 {
         run(0);
     } else {
-        (0..tasks).into_par_iter().for_each(run);
+        crate::pool::run(tasks, run);
     }
     INPUT.set(xb);
 }

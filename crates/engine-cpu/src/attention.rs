@@ -7,7 +7,6 @@ use lmi_engine_core::backend::{AttnScoring, QkvLayout};
 use lmi_engine_core::batch::BatchLayout;
 use lmi_engine_core::kv::BLOCK_SIZE;
 use lmi_engine_core::sampling::fast_exp::exp_nonpositive;
-use rayon::prelude::*;
 
 use super::simd::{WElem, accumulate_rows_shared, dots};
 #[cfg(target_arch = "x86_64")]
@@ -94,10 +93,7 @@ pub fn paged_attention<'a, E: WElem>(
     if n == 1 {
         body(0, &mut out[..width]);
     } else {
-        out[..n * width]
-            .par_chunks_mut(width)
-            .enumerate()
-            .for_each(|(t, o)| body(t, o));
+        crate::pool::chunks_mut(&mut out[..n * width], width, body);
     }
 }
 

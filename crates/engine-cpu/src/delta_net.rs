@@ -16,7 +16,6 @@ use lmi_checkpoint::config::linear_attn::LinearAttnConfig;
 use lmi_engine_core::batch::BatchLayout;
 use lmi_engine_core::error::{EngineError, Result};
 use lmi_engine_core::state::StateConfig;
-use rayon::prelude::*;
 
 use crate::qlinear::SendPtr;
 
@@ -127,7 +126,7 @@ pub fn gated_delta_net(
         if n * conv_dim * d.conv_kernel < PAR_WORK || seqs < 2 {
             (0..seqs).for_each(run);
         } else {
-            (0..seqs).into_par_iter().for_each(run);
+            crate::pool::run(seqs, run);
         }
     }
     // The recurrence, per (sequence, value head).
@@ -184,7 +183,7 @@ pub fn gated_delta_net(
     if n * nv * mat < PAR_WORK || tasks < 2 {
         (0..tasks).for_each(head);
     } else {
-        (0..tasks).into_par_iter().for_each(head);
+        crate::pool::run(tasks, head);
     }
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! The CPU backend ([`CpuBackend`], the engine core's `Backend` on the host): f32
 //! activations and accumulation; f32, bf16 (AMX tiles where the CPU has them) or quantized
 //! weights (ggml's blocks as stored, through the lane or int8 kernels); SIMD kernels with a
-//! fixed reduction order (batch invariant, see `simd.rs`), threads through rayon; the
+//! fixed reduction order (batch invariant, see `simd.rs`), threads through `pool.rs` (the
+//! forward pass's loops, on spinning workers) and rayon (loading, vision); the
 //! encoders' ops (`encoder.rs`, `encoder_attention.rs`); and the host vision tower
 //! (`vision.rs`).
 
@@ -18,6 +19,7 @@ mod mla;
 mod moe;
 mod ops;
 mod panel;
+pub mod pool;
 mod qact;
 pub mod qlanes;
 pub mod qlinear;

@@ -1,8 +1,6 @@
 //! `out[m, n] = x[m, k] · w[n, k]ᵀ` for f32 or bf16 weights, register-tiled and parallel over
 //! output columns. See `simd.rs` for why every element uses one canonical FMA order.
 
-use rayon::prelude::*;
-
 use super::simd::{Isa, WElem, has_bf16_dot, isa};
 
 /// Tiles of up to MR_MAX input rows × NR_MAX weight rows share each load.
@@ -31,7 +29,7 @@ pub fn linear<W: WElem>(
     }
     let isa = isa();
     let nr = nr_max(isa);
-    let threads = rayon::current_num_threads().max(1);
+    let threads = crate::pool::threads();
     // Column chunks: a few per thread for balance, a multiple of the tile width, not so small
     // that scheduling costs more than the work.
     let work = m * n * k;
@@ -115,7 +113,7 @@ pub fn linear<W: WElem>(
     if chunks == 1 {
         run(0);
     } else {
-        (0..chunks).into_par_iter().for_each(run);
+        crate::pool::run(chunks, run);
     }
 }
 

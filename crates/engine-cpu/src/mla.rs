@@ -9,7 +9,6 @@
 use lmi_engine_core::backend::MlaDims;
 use lmi_engine_core::batch::BatchLayout;
 use lmi_engine_core::kv::BLOCK_SIZE;
-use rayon::prelude::*;
 
 use crate::attention::softmax;
 use crate::simd::{WElem, accumulate_rows_shared, dots};
@@ -20,9 +19,7 @@ fn for_pieces(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Syn
     if out.len() <= width {
         out.chunks_mut(width).enumerate().for_each(|(i, o)| f(i, o));
     } else {
-        out.par_chunks_mut(width)
-            .enumerate()
-            .for_each(|(i, o)| f(i, o));
+        crate::pool::chunks_mut(out, width, f);
     }
 }
 

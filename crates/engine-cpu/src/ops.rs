@@ -3,7 +3,8 @@
 
 use lmi_engine_core::backend::QkvLayout;
 use lmi_engine_core::sampling::fast_exp::exp_nonpositive;
-use rayon::prelude::*;
+#[cfg(target_arch = "x86_64")]
+use lmi_engine_core::sampling::fast_exp::exp_nonpositive8;
 
 use super::simd::WElem;
 
@@ -15,9 +16,7 @@ fn for_rows(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync 
     if out.len() < PAR_ELEMS || out.len() / width.max(1) < 2 {
         out.chunks_mut(width).enumerate().for_each(|(r, o)| f(r, o));
     } else {
-        out.par_chunks_mut(width)
-            .enumerate()
-            .for_each(|(r, o)| f(r, o));
+        crate::pool::chunks_mut(out, width, f);
     }
 }
 
@@ -116,18 +115,14 @@ fn rope_by(
 }
 
 pub fn silu_mul(gate_up: &[f32], width: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = super::simd::isa() != super::simd::Isa::Scalar;
     for_rows(out, width, |r, o| {
         let g = &gate_up[r * 2 * width..r * 2 * width + width];
         let u = &gate_up[r * 2 * width + width..(r + 1) * 2 * width];
         #[cfg(target_arch = "x86_64")]
-        if super::simd::isa() == super::simd::Isa::Avx512 {
-            // SAFETY: the feature was detected.
-            unsafe { silu_mul_row512(g, u, o) };
-            return;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if super::simd::isa() == super::simd::Isa::Avx2 {
-            // SAFETY: the features were detected.
+        if avx2 {
+            // SAFETY: AVX2 was detected (both vector ISAs have it).
             unsafe { silu_mul_row256(g, u, o) };
             return;
         }
@@ -135,8 +130,8 @@ pub fn silu_mul(gate_up: &[f32], width: usize, out: &mut [f32]) {
     });
 }
 
-/// `silu(g)·u = g·σ(g)·u`, with σ from `exp(-|g|)` (never overflows; plain f32 arithmetic
-/// that vectorizes, the same bits at every vector width).
+/// `silu(g)·u = g·σ(g)·u`, with σ from `exp(-|g|)` (never overflows; plain f32 arithmetic,
+/// the same bits in [`silu_mul_row256`]).
 #[inline(always)]
 fn silu_mul_row(g: &[f32], u: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
@@ -150,18 +145,29 @@ fn silu_mul_row(g: &[f32], u: &[f32], out: &mut [f32]) {
     }
 }
 
+/// [`silu_mul_row`] eight at a time, with the same operations per lane (the compiler left
+/// that loop scalar, 2.5 ns an element, a tenth of a decode step at 16 rows).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn silu_mul_row512(g: &[f32], u: &[f32], out: &mut [f32]) {
-    silu_mul_row(g, u, out)
-}
-
-/// The same on AVX2 (without it the loop stays scalar, 2.7 ns an element). Rust never
-/// contracts a multiply and an add into an FMA, so the bits are the scalar loop's.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2")]
 unsafe fn silu_mul_row256(g: &[f32], u: &[f32], out: &mut [f32]) {
-    silu_mul_row(g, u, out)
+    use std::arch::x86_64::*;
+    let n = out.len().min(g.len()).min(u.len());
+    let whole = n / 8 * 8;
+    let (one, sign) = (_mm256_set1_ps(1.0), _mm256_set1_ps(-0.0));
+    for j in (0..whole).step_by(8) {
+        // SAFETY: j + 8 ≤ n for all three slices.
+        unsafe {
+            let gv = _mm256_loadu_ps(g.as_ptr().add(j));
+            let uv = _mm256_loadu_ps(u.as_ptr().add(j));
+            let e = exp_nonpositive8(_mm256_or_ps(gv, sign));
+            let num =
+                _mm256_blendv_ps(e, one, _mm256_cmp_ps::<_CMP_GE_OQ>(gv, _mm256_setzero_ps()));
+            let sigmoid = _mm256_div_ps(num, _mm256_add_ps(one, e));
+            let o = _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid), uv);
+            _mm256_storeu_ps(out.as_mut_ptr().add(j), o);
+        }
+    }
+    silu_mul_row(&g[whole..n], &u[whole..n], &mut out[whole..n]);
 }
 
 /// `out[r] = gelu_tanh(gate[r]) · up[r]` for rows of `[gate | up]` (`gelu_pytorch_tanh`:

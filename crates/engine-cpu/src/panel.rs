@@ -11,8 +11,6 @@
 //!
 //! [`Backend::upload_encoder_weight`]: lmi_engine_core::backend::Backend::upload_encoder_weight
 
-use rayon::prelude::*;
-
 use crate::simd::{Isa, isa};
 
 /// Output columns per panel.
@@ -85,7 +83,7 @@ pub fn linear(x: &[f32], m: usize, w: &PanelWeight, bias: Option<&[f32]>, out: &
         return;
     }
     let out_ptr = SendPtr(out.as_mut_ptr());
-    (0..row_tasks * panel_tasks).into_par_iter().for_each(|t| {
+    crate::pool::run(row_tasks * panel_tasks, |t| {
         let (rt, pt) = (t / panel_tasks, t % panel_tasks);
         let (r0, p0) = (rt * TASK_ROWS, pt * TASK_PANELS);
         let rows = r0..(r0 + TASK_ROWS).min(m);
@@ -486,7 +484,7 @@ pub fn linear_bf16(
         run(0..m, 0..panels);
         return;
     }
-    (0..row_tasks * panel_tasks).into_par_iter().for_each(|t| {
+    crate::pool::run(row_tasks * panel_tasks, |t| {
         let (rt, pt) = (t / panel_tasks, t % panel_tasks);
         let (r0, p0) = (rt * TASK_ROWS, pt * TASK_PANELS);
         run(

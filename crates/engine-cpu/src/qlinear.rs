@@ -13,7 +13,6 @@
 //! their lanes in another order, and a process uses one path (`qpath`).
 
 use lmi_checkpoint::quant::{QMatrix, QType, dequantize_block};
-use rayon::prelude::*;
 
 use super::qact::{LANES, QAct, QK};
 use super::qlanes::LMatrix;
@@ -333,7 +332,7 @@ pub fn qlinear_with(
         rows.push((i, mr));
         i += mr;
     }
-    let threads = rayon::current_num_threads().max(1);
+    let threads = crate::pool::threads();
     let per = if m * n * k < 1 << 16 || threads == 1 {
         tiles.len()
     } else {
@@ -375,7 +374,9 @@ pub fn qlinear_with(
     if per >= tiles.len() {
         run(&tiles);
     } else {
-        tiles.par_chunks(per).for_each(run);
+        crate::pool::run(tiles.len().div_ceil(per), |c| {
+            run(&tiles[c * per..((c + 1) * per).min(tiles.len())])
+        });
     }
     add_bias(out, m, n, bias);
 }

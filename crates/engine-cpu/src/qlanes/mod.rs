@@ -33,7 +33,6 @@ mod x86;
 #[cfg(target_arch = "x86_64")]
 use amx::TM;
 use pack::ROWS;
-use rayon::prelude::*;
 
 use super::qlinear::SendPtr;
 
@@ -133,7 +132,7 @@ pub(crate) fn qlinear_lanes(
         }
         col += p.rows;
     }
-    let threads = rayon::current_num_threads().max(1);
+    let threads = crate::pool::threads();
     let per = if m * n * k < 1 << 16 || threads == 1 {
         tasks.len()
     } else {
@@ -205,7 +204,9 @@ pub(crate) fn qlinear_lanes(
     if per >= tasks.len() {
         run(&tasks);
     } else {
-        tasks.par_chunks(per).for_each(run);
+        crate::pool::run(tasks.len().div_ceil(per), |c| {
+            run(&tasks[c * per..((c + 1) * per).min(tasks.len())])
+        });
     }
 }
 
