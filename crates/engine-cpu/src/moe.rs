@@ -12,7 +12,6 @@ use std::cell::Cell;
 use lmi_engine_core::backend::Backend;
 use lmi_engine_core::error::{EngineError, Result};
 use lmi_engine_core::moe::{Expert, ExpertActivation, MoeLayer, SharedExpert, route, sigmoid};
-use rayon::prelude::*;
 
 use super::{CpuBackend, CpuWeight, ops};
 
@@ -64,16 +63,22 @@ pub(super) fn moe(
         parts.push(part);
         rest = tail;
     }
-    layer
+    // The experts with rows, each with its output (a lock per task, uncontended: each is
+    // taken once).
+    let busy: Vec<_> = layer
         .experts
-        .par_iter()
+        .iter()
         .zip(&members)
         .zip(parts)
-        .for_each(|((expert, rows_of), y)| {
-            if !rows_of.is_empty() {
-                run_expert(backend, x, hidden, layer, expert, rows_of, y);
-            }
-        });
+        .filter(|((_, rows_of), _)| !rows_of.is_empty())
+        .map(|((expert, rows_of), y)| (expert, rows_of, std::sync::Mutex::new(y)))
+        .collect();
+    crate::pool::run(busy.len(), |i| {
+        let (expert, rows_of, y) = &busy[i];
+        if let Ok(mut y) = y.lock() {
+            run_expert(backend, x, hidden, layer, expert, rows_of, &mut y);
+        }
+    });
 
     out[..rows * hidden].fill(0.0);
     let mut at = 0;
@@ -180,7 +185,7 @@ fn run_expert(
 /// Buffers kept per thread across layers and steps, so that a step's experts neither
 /// allocate nor zero megabytes (2–3% of a 16-sequence mixture step went to `memset`). A
 /// buffer is taken out of its slot while in use — a thread that runs another expert's task
-/// meanwhile (rayon steals while it waits) finds the slot empty and allocates its own — and
+/// meanwhile finds the slot empty and allocates its own — and
 /// grows when short. Its contents are stale: every element read is written first.
 mod scratch {
     use super::Cell;
