@@ -125,9 +125,9 @@ impl Pool {
         let start = Instant::now();
         let mut spins = 0u32;
         while self.generation.load(Acquire) == seen {
-            std::hint::spin_loop();
+            pause(spins);
             spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(1024) && start.elapsed() > SPIN {
+            if spins.is_multiple_of(64) && start.elapsed() > SPIN {
                 let Ok(mut guard) = self.lock.lock() else {
                     return;
                 };
@@ -159,13 +159,28 @@ impl Pool {
         IN_TASK.with(|t| t.set(true));
         job.work();
         IN_TASK.with(|t| t.set(false));
+        let mut spins = 0u32;
         while job.done.load(Acquire) < job.n {
-            std::hint::spin_loop();
+            pause(spins);
+            spins = spins.wrapping_add(1);
         }
         self.job.store(std::ptr::null_mut(), SeqCst);
         while self.active.load(SeqCst) != 0 {
-            std::hint::spin_loop();
+            pause(spins);
+            spins = spins.wrapping_add(1);
         }
+    }
+}
+
+/// One round of a wait: a few hundred cycles' pause at first, then the rest of the time
+/// slice to others, so that a waiter on a busy machine does not keep the thread it waits
+/// for (descheduled) off the core.
+#[inline]
+fn pause(spins: u32) {
+    if spins < 256 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
     }
 }
 
