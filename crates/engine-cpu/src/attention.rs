@@ -8,7 +8,8 @@ use lmi_engine_core::batch::BatchLayout;
 use lmi_engine_core::kv::BLOCK_SIZE;
 use lmi_engine_core::sampling::fast_exp::exp_nonpositive;
 
-use super::simd::{WElem, accumulate_rows_shared, dots};
+use super::group_scores::group_scores;
+use super::simd::{WElem, accumulate_rows_shared};
 #[cfg(target_arch = "x86_64")]
 use lmi_engine_core::sampling::fast_exp::exp_nonpositive8;
 
@@ -61,15 +62,11 @@ pub fn paged_attention<'a, E: WElem>(
             // The values are read after the softmax: ask for them now, into L2.
             prefetch::<{ HINT_L2 }, E>(block(v_cache, b));
             for g in 0..l.kv_heads {
-                // Keys of one block are contiguous: score them in tiles that share q loads.
+                // Keys of one block are contiguous: the group's heads share each key load.
                 let keys = rows(k_cache, g, b);
-                for h in g * group..(g + 1) * group {
-                    let s = &mut scores[h * span + (b - b0) * BLOCK_SIZE..][..keys.len() / d];
-                    dots(&row[h * d..(h + 1) * d], keys, s);
-                    for v in s.iter_mut() {
-                        *v *= scale;
-                    }
-                }
+                let s = &mut scores[g * group * span + (b - b0) * BLOCK_SIZE..];
+                let q = &row[g * group * d..(g + 1) * group * d];
+                group_scores(q, d, keys, keys.len() / d, scale, s, span);
             }
         }
         for (h, s) in scores.chunks_mut(span).enumerate() {

@@ -12,6 +12,7 @@ mod backend;
 mod delta_net;
 mod encoder;
 mod encoder_attention;
+mod group_scores;
 mod kv_pool;
 mod linear;
 mod lora;
