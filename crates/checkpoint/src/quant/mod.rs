@@ -166,6 +166,36 @@ impl QMatrix {
         self.cols / self.qtype.block() * self.qtype.block_bytes()
     }
 
+    /// Every value times `s`, as stored: each block's f16 scales (and minimum) multiplied by
+    /// `s` and rounded to f16 again (a relative change of at most 2^-11 on each, far inside
+    /// the blocks' own error), `I8`'s row scales exactly in f32. None where that cannot be
+    /// done: MXFP4 (its scale is a power of two) or a scale leaving f16's range.
+    pub fn scaled(&self, s: f32) -> Option<QMatrix> {
+        let mut m = self.clone();
+        // Byte offsets of the f16 scales in a block.
+        let at: &[usize] = match self.qtype {
+            QType::Q8_0 | QType::Q4_0 => &[0],
+            QType::Q4_1 | QType::Q4_K => &[0, 2],
+            QType::Q6_K => &[208],
+            QType::I8 => {
+                m.row_scale.iter_mut().for_each(|x| *x *= s);
+                return m.row_scale.iter().all(|x| x.is_finite()).then_some(m);
+            }
+            QType::MXFP4 => return None,
+        };
+        for b in m.data.chunks_exact_mut(self.qtype.block_bytes()) {
+            for &i in at {
+                let x = half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32() * s;
+                let h = half::f16::from_f32(x);
+                if !h.is_finite() {
+                    return None;
+                }
+                b[i..i + 2].copy_from_slice(&h.to_le_bytes());
+            }
+        }
+        Some(m)
+    }
+
     /// Bytes held (blocks and row scales).
     pub fn bytes(&self) -> usize {
         self.data.len() + self.row_scale.len() * 4

@@ -116,6 +116,34 @@ fn quantize_then_dequantize_stays_within_a_step() {
 }
 
 #[test]
+fn scaling_a_matrix_scales_every_value_as_stored() {
+    let mut seed = 11;
+    let (rows, cols) = (3, 512);
+    let x: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut seed)).collect();
+    for qt in QType::ALL {
+        let m = QMatrix::quantize(qt, rows, cols, &x).unwrap();
+        let Some(scaled) = m.scaled(0.37) else {
+            assert_eq!(qt, QType::MXFP4, "{qt:?} refused a scale");
+            continue;
+        };
+        assert_eq!(scaled.data.len(), m.data.len());
+        let (a, b) = (m.dequantize(), scaled.dequantize());
+        // Within the f16 rounding of each block's scales (2^-11 relative, twice for a
+        // minimum term), in units of the largest value.
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(a, b)| (a * 0.37 - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1.5e-3, "{qt:?}: off by {worst}");
+        assert!(a.iter().zip(&b).any(|(a, b)| *a != *b), "{qt:?} unchanged");
+    }
+    // Out of f16's range: refused, not saturated.
+    let big = QMatrix::quantize(QType::Q8_0, 1, 32, &[1000.0; 32]).unwrap();
+    assert!(big.scaled(1e6).is_none());
+}
+
+#[test]
 fn permuting_rows_moves_whole_rows() {
     let mut seed = 9;
     let x: Vec<f32> = (0..4 * 256).map(|_| lcg(&mut seed)).collect();

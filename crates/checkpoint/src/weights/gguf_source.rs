@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::host::HostTensor;
+use super::host::{HostData, HostTensor};
 use crate::dtype::DType;
 use crate::error::{CheckpointError, Result};
 use crate::gguf::dequant::dequantize;
@@ -146,6 +146,20 @@ impl GgufWeights {
                     )
                     .to_dtype(dtype),
                 },
+            });
+        }
+        // A stack of matrices (Gemma 4's experts, `[experts, rows, cols]`): one matrix of all
+        // their rows, split by whole rows where it is used (`HostTensor::unstack`).
+        if let (Some(qt), [n, rows, cols], [_, _, _], None, None) =
+            (qtype, &stored[..], expected, &l.rows, &l.cols)
+            && l.values == Values::AsStored
+        {
+            let m = QMatrix::new(qt, n * rows, *cols, bytes.to_vec(), Vec::new())
+                .map_err(|e| CheckpointError::Gguf(format!("tensor {:?}: {e}", info.name)))?;
+            self.file.release(bytes);
+            return Ok(HostTensor {
+                shape: expected.to_vec(),
+                data: HostData::Quant(vec![m]),
             });
         }
         let mut x = dequantize(&info.name, info.ggml_type, bytes, stored.iter().product())?;

@@ -90,6 +90,72 @@ impl HostTensor {
         }
     }
 
+    /// A stacked `[n, rows, cols]` tensor as its `n` matrices `[rows, cols]`, each in the
+    /// stack's form (a quantized stack's blocks split by whole rows, so they stay as stored).
+    pub fn unstack(&self) -> Vec<HostTensor> {
+        let (n, shape) = match self.shape.split_first() {
+            Some((&n, rest)) => (n, rest.to_vec()),
+            None => return Vec::new(),
+        };
+        let per: usize = shape.iter().product();
+        let one = |data| HostTensor {
+            shape: shape.clone(),
+            data,
+        };
+        match &self.data {
+            HostData::F32(v) => v
+                .chunks(per.max(1))
+                .take(n)
+                .map(|c| one(HostData::F32(c.to_vec())))
+                .collect(),
+            HostData::BF16(v) => v
+                .chunks(per.max(1))
+                .take(n)
+                .map(|c| one(HostData::BF16(c.to_vec())))
+                .collect(),
+            HostData::Quant(_) => {
+                // Row ranges of the stacked matrix, `rows` matrix rows per slice.
+                let rows = shape.first().copied().unwrap_or(0);
+                (0..n)
+                    .map(|i| {
+                        let picked: Vec<usize> = (i * rows..(i + 1) * rows).collect();
+                        let flat = HostTensor {
+                            shape: vec![n * rows, per / rows.max(1)],
+                            data: self.data.clone(),
+                        };
+                        HostTensor {
+                            shape: shape.clone(),
+                            data: flat.select_rows(&picked).data,
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Every value times `s`, in the tensor's form: floats multiplied (bf16 rounded again),
+    /// quantized blocks through [`QMatrix::scaled`]; None where a block format cannot take it.
+    pub fn scaled(&self, s: f32) -> Option<HostTensor> {
+        let data = match &self.data {
+            HostData::F32(v) => HostData::F32(v.iter().map(|x| x * s).collect()),
+            HostData::BF16(v) => HostData::BF16(
+                v.iter()
+                    .map(|&b| bf16::from_f32(bf16::from_bits(b).to_f32() * s).to_bits())
+                    .collect(),
+            ),
+            HostData::Quant(parts) => HostData::Quant(
+                parts
+                    .iter()
+                    .map(|m| m.scaled(s))
+                    .collect::<Option<Vec<_>>>()?,
+            ),
+        };
+        Some(HostTensor {
+            shape: self.shape.clone(),
+            data,
+        })
+    }
+
     /// The rows (along dim 0) that `rows` names, in that order. Whole rows move, so a
     /// quantized tensor stays in its blocks (Qwen3.5's gated attention splits q_proj's query
     /// rows from its gate rows so).

@@ -41,13 +41,12 @@ pub(crate) struct LayerPle<W> {
     norm: W,
 }
 
-/// The experts beside a layer's dense MLP: the router reads the unweighted RMS norm of the
-/// residual, and so do the experts, whose `pre_feedforward_layernorm_2` weight is folded into
-/// their gate/up columns (as the router's `scale` and `hidden^-0.5` into its rows, and each
-/// expert's `per_expert_scale` into its down projection).
+/// The experts beside a layer's dense MLP ([`load_moe`]): router and experts both read the
+/// residual's RMS norm times `input_norm`.
 pub(crate) struct LayerMoe<W, X> {
     layer: MoeLayer<W>,
     index: X,
+    input_norm: W,
     post_dense: W,
     post_experts: W,
 }
@@ -80,10 +79,9 @@ pub(crate) struct Gemma4Layers<B: Backend> {
     layers: Vec<Gemma4Layer<B>>,
     rope_global: B::Rope,
     ple: Option<Ple<B::Weight>>,
-    /// Weights of ones: V's norm (local and global widths), the experts' input norm.
+    /// Weights of ones: V's norm (local and global widths).
     ones_local: B::Weight,
     ones_global: B::Weight,
-    ones_hidden: B::Weight,
 }
 
 /// The config's Gemma 4 fields (present for every model this file loads).
@@ -140,7 +138,8 @@ impl<B: Backend> Gemma4Layers<B> {
                         (all as f64 / e * hit).round() as usize
                     }
                 };
-                total += w(&x.router) + read + w(&m.post_dense) + w(&m.post_experts);
+                total +=
+                    w(&x.router) + read + w(&m.input_norm) + w(&m.post_dense) + w(&m.post_experts);
             }
         }
         total
@@ -228,7 +227,11 @@ impl<B: Backend> Gemma4Layers<B> {
                 mat(&format!("{m}.up_proj.weight"), &[width, h])?,
             ]);
             let moe = match &c.moe {
-                Some(cfg) => Some(load_moe(backend, cfg, st, &p, h, dtype)?),
+                Some(cfg) => {
+                    let note =
+                        |t: &HostTensor| super::load::note_format(&mut formats.borrow_mut(), t);
+                    Some(load_moe(backend, cfg, st, &p, h, dtype, &mat, &note)?)
+                }
                 None => None,
             };
             let ple = match g.ple_dim {
@@ -296,7 +299,6 @@ impl<B: Backend> Gemma4Layers<B> {
             ple,
             ones_local: ones(c.head_dim)?,
             ones_global: ones(g.global_head_dim)?,
-            ones_hidden: ones(h)?,
         })
     }
 
@@ -435,7 +437,7 @@ impl<B: Backend> Gemma4Layers<B> {
             backend.linear(&act, n, &l.down, None, &mut proj)?;
             if let Some(m) = &l.moe {
                 backend.rms_norm(&proj, n, &m.post_dense, eps, &mut post)?;
-                backend.rms_norm(&residual, n, &self.ones_hidden, eps, &mut normed)?;
+                backend.rms_norm(&residual, n, &m.input_norm, eps, &mut normed)?;
                 backend.moe(&normed, n, h, &m.layer, &m.index, &mut experts_out)?;
                 backend.rms_norm(&experts_out, n, &m.post_experts, eps, &mut experts_post)?;
                 backend.add(&mut post, &experts_post, n * h)?;
@@ -553,8 +555,17 @@ impl<B: Backend> Gemma4Layers<B> {
 }
 
 /// A layer's experts (`{p}.router.*`, `{p}.experts.*`, stacked as transformers writes them)
-/// with their norms folded in ([`LayerMoe`]), and the two norms after the dense MLP and the
-/// experts.
+/// in the file's form (a GGUF's blocks as stored), the norm of their input and of the two
+/// outputs ([`LayerMoe`]).
+///
+/// transformers' router reads `norm(x) · scale · hidden^-0.5` and the experts read
+/// `norm(x) · pre` (`pre_feedforward_layernorm_2`); both are given `norm(x) · pre`, the router
+/// with its rows times `scale · hidden^-0.5 / pre`. Each expert's `per_expert_scale`, a factor
+/// on its routing weight, scales its down projection (a block format's scales, exactly
+/// enough: `HostTensor::scaled`). Where `pre` has a zero (the router could not see that
+/// channel) or the blocks cannot be scaled (MXFP4), the factors are folded into the experts'
+/// values instead, held in the load's dtype (and noted so by `note`).
+#[allow(clippy::too_many_arguments)]
 fn load_moe<B: Backend>(
     backend: &B,
     cfg: &crate::moe::MoeConfig,
@@ -562,6 +573,8 @@ fn load_moe<B: Backend>(
     p: &str,
     h: usize,
     dtype: DType,
+    mat: &dyn Fn(&str, &[usize]) -> Result<HostTensor>,
+    note: &dyn Fn(&HostTensor),
 ) -> Result<LayerMoe<B::Weight, B::Experts>> {
     let (e, w) = (cfg.num_experts, cfg.expert_intermediate_size);
     let f32s = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
@@ -569,33 +582,58 @@ fn load_moe<B: Backend>(
     };
     let scale = f32s(&format!("{p}.router.scale"), &[h])?;
     let root = (h as f64).powf(-0.5) as f32;
-    let mut router = f32s(&format!("{p}.router.proj.weight"), &[e, h])?;
-    for row in router.chunks_exact_mut(h) {
-        for (x, s) in row.iter_mut().zip(&scale) {
-            *x *= s * root;
-        }
-    }
     let per_expert = f32s(&format!("{p}.router.per_expert_scale"), &[e])?;
     let pre = f32s(&format!("{p}.pre_feedforward_layernorm_2.weight"), &[h])?;
-    let gate_up = f32s(&format!("{p}.experts.gate_up_proj"), &[e, 2 * w, h])?;
-    let down = f32s(&format!("{p}.experts.down_proj"), &[e, h, w])?;
-    let experts = (0..e)
-        .map(|x| {
-            let mut gu = gate_up[x * 2 * w * h..(x + 1) * 2 * w * h].to_vec();
-            for row in gu.chunks_exact_mut(h) {
-                row.iter_mut().zip(&pre).for_each(|(v, s)| *v *= s);
-            }
-            let mut d = down[x * h * w..(x + 1) * h * w].to_vec();
-            d.iter_mut().for_each(|v| *v *= per_expert[x]);
+    let gate_up = mat(&format!("{p}.experts.gate_up_proj"), &[e, 2 * w, h])?.unstack();
+    let down = mat(&format!("{p}.experts.down_proj"), &[e, h, w])?.unstack();
+    let scaled: Option<Vec<HostTensor>> = down
+        .iter()
+        .zip(&per_expert)
+        .map(|(d, &s)| d.scaled(s))
+        .collect();
+    let divisible = pre.iter().all(|&v| v != 0.0 && v.is_finite());
+    let (experts, router_cols, input_norm) = match (scaled, divisible) {
+        (Some(down), true) => {
+            let cols: Vec<f32> = scale.iter().zip(&pre).map(|(s, v)| s * root / v).collect();
+            (gate_up.into_iter().zip(down).collect::<Vec<_>>(), cols, pre)
+        }
+        _ => {
+            let folded = gate_up
+                .into_iter()
+                .zip(down)
+                .zip(&per_expert)
+                .map(|((gu, d), &s)| {
+                    let mut gu_v = gu.to_f32_vec();
+                    for row in gu_v.chunks_exact_mut(h) {
+                        row.iter_mut().zip(&pre).for_each(|(v, s)| *v *= s);
+                    }
+                    let d_v = d.to_f32_vec().into_iter().map(|v| v * s).collect();
+                    let gu = HostTensor::f32(vec![2 * w, h], gu_v).to_dtype(dtype);
+                    note(&gu);
+                    (gu, HostTensor::f32(vec![h, w], d_v).to_dtype(dtype))
+                })
+                .collect();
+            let cols = scale.iter().map(|s| s * root).collect();
+            (folded, cols, vec![1.0; h])
+        }
+    };
+    let experts = experts
+        .into_iter()
+        .map(|(gu, d)| {
             Ok(Expert {
-                gate_up: backend
-                    .upload_weight(HostTensor::f32(vec![2 * w, h], gu).to_dtype(dtype))?,
-                down: backend.upload_weight(HostTensor::f32(vec![h, w], d).to_dtype(dtype))?,
+                gate_up: backend.upload_weight(gu)?,
+                down: backend.upload_weight(d)?,
                 gate_up_bias: None,
                 down_bias: None,
             })
         })
         .collect::<Result<Vec<_>>>()?;
+    let mut router = f32s(&format!("{p}.router.proj.weight"), &[e, h])?;
+    for row in router.chunks_exact_mut(h) {
+        for (x, c) in row.iter_mut().zip(&router_cols) {
+            *x *= c;
+        }
+    }
     let layer = MoeLayer {
         router: backend.upload_router(HostTensor::f32(vec![e, h], router))?,
         router_bias: None,
@@ -614,6 +652,7 @@ fn load_moe<B: Backend>(
     Ok(LayerMoe {
         layer,
         index,
+        input_norm: backend.upload_weight(HostTensor::f32(vec![h], input_norm))?,
         post_dense: norm("post_feedforward_layernorm_1")?,
         post_experts: norm("post_feedforward_layernorm_2")?,
     })
