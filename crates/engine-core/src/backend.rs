@@ -739,6 +739,11 @@ pub struct AttnScoring<'a, W: ?Sized> {
     /// A learned logit per q head in each softmax's denominator, `[q_heads]` (gpt-oss's
     /// attention sinks).
     pub sinks: Option<&'a W>,
+    /// Per token of the step, the last position its query sees when that is past its own
+    /// (the window still counted back from its own position): an image's soft tokens
+    /// attending to the whole image in Gemma 4's sliding layers
+    /// ([`Feature::BidirectionalImages`]). None: causal.
+    pub through: Option<&'a [u32]>,
 }
 
 impl<W: ?Sized> Clone for AttnScoring<'_, W> {
@@ -756,6 +761,7 @@ impl<'a, W: ?Sized> AttnScoring<'a, W> {
             scale,
             window: None,
             sinks: None,
+            through: None,
         }
     }
 
@@ -765,6 +771,7 @@ impl<'a, W: ?Sized> AttnScoring<'a, W> {
             scale: self.scale,
             window: self.window,
             sinks: self.sinks.map(f),
+            through: self.through,
         }
     }
 }
@@ -798,6 +805,9 @@ pub enum Feature {
     /// RMSNorm over a span of each row, [`Backend::span_rms_norm`]: q/k norms over the whole
     /// projection (OLMo 2, OLMo 3, MiniMax-M2).
     SpanNorm,
+    /// [`AttnScoring::through`]: queries that see keys after their own position (an image's
+    /// soft tokens in Gemma 4 26B-A4B's and 31B's sliding layers).
+    BidirectionalImages,
 }
 
 impl Feature {
@@ -852,6 +862,9 @@ impl Feature {
                 "multi-head latent attention (DeepSeek-V3, Kimi K2, GLM-4.7-Flash)"
             }
             Feature::SpanNorm => "q/k norms over the whole projection (OLMo 2, OLMo 3, MiniMax-M2)",
+            Feature::BidirectionalImages => {
+                "images on Gemma 4 models whose image tokens attend both ways (26B-A4B, 31B)"
+            }
         }
     }
 }

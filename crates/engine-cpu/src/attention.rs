@@ -29,16 +29,19 @@ pub fn paged_attention<'a, E: WElem>(
         scale,
         window,
         sinks,
+        through,
     } = scoring;
     let d = l.head_dim;
     let group = l.q_heads / l.kv_heads;
     let width = l.q_heads * d;
     let body = |t: usize, o: &mut [f32]| {
         let seq = layout.token_seq[t] as usize;
-        let ctx = layout.positions[t] as usize + 1;
+        let pos = layout.positions[t] as usize;
         // Keys `lo .. ctx` are attended: blocks from `b0` on are read, and the scores of the
-        // `skip` keys of block b0 before `lo` are zero. Without a window: all of them.
-        let lo = window.map_or(0, |w| ctx.saturating_sub(w));
+        // `skip` keys of block b0 before `lo` are zero. Without a window: all of them. The
+        // window counts back from the query's own position, `through` may reach past it.
+        let ctx = through.map_or(pos, |th| pos.max(th[t] as usize)) + 1;
+        let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
         let b0 = lo / BLOCK_SIZE;
         let (span, skip) = (ctx - b0 * BLOCK_SIZE, lo - b0 * BLOCK_SIZE);
         let table = layout.block_table(seq);

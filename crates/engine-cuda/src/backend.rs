@@ -859,6 +859,12 @@ impl<D: Device> Backend for CudaBackend<D> {
         scoring: AttnScoring<'_, CudaWeight<D>>,
         out: &mut CudaBuf,
     ) -> Result<()> {
+        if scoring.through.is_some() {
+            return Err(lmi_engine_core::backend::refused(
+                self.name(),
+                Feature::BidirectionalImages,
+            ));
+        }
         let sinks = match scoring.sinks {
             Some(w) if w.dtype != ElemType::F32 || w.shape != [layout.q_heads] => {
                 return Err(EngineError::Backend(format!(
@@ -969,6 +975,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             | Feature::LatentAttention
             | Feature::Gemma4 => true,
             Feature::SpanNorm => true,
+            Feature::BidirectionalImages => false,
         }
     }
 

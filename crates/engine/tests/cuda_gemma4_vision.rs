@@ -17,7 +17,17 @@ use lmi_engine::vision::{MediaKind, VisionInput};
 use lmi_engine::{ChunkMedia, DType, Engine, LogitsWanted};
 
 fn check<D: Device>(dev: &Arc<D>) {
-    let dir = hf_fixture::fixture("gemma4", "vision");
+    run(dev, "vision");
+}
+
+/// tests/fixtures/gemma4/vision_a4b sets `use_bidirectional_attention: "vision"`: its images
+/// are refused on CUDA (the kernels' keys end at each query's own position), naming the CPU.
+fn refuse_both_ways<D: Device>(dev: &Arc<D>) {
+    run(dev, "vision_a4b");
+}
+
+fn run<D: Device>(dev: &Arc<D>, name: &str) {
+    let dir = hf_fixture::fixture("gemma4", name);
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();
@@ -51,13 +61,23 @@ fn check<D: Device>(dev: &Arc<D>) {
         hash: 7,
         input: Some(input.clone()),
     }];
-    let out = e
-        .forward_logits_media(
-            &[chunk(&ids, 0, &blocks(0, n), LogitsWanted::All)],
-            &media,
-            &[],
-        )
-        .unwrap();
+    let out = e.forward_logits_media(
+        &[chunk(&ids, 0, &blocks(0, n), LogitsWanted::All)],
+        &media,
+        &[],
+    );
+    if name == "vision_a4b" {
+        let err = out.expect_err("refused on CUDA").to_string();
+        assert!(
+            err.contains("use_bidirectional_attention") && err.contains("--device cpu"),
+            "{err}"
+        );
+        let text = [2u32, 17, 250, 3, 99];
+        let t = e.forward_logits(&[chunk(&text, 0, &blocks(0, 5), LogitsWanted::Last)]);
+        assert!(t.is_ok(), "its text is served");
+        return;
+    }
+    let out = out.unwrap();
     let st = std::fs::read(dir.join("reference.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&st).unwrap();
     let want: Vec<f32> = st
@@ -83,4 +103,9 @@ fn check<D: Device>(dev: &Arc<D>) {
 #[test]
 fn an_image_on_cuda_gemma4_matches_transformers() {
     on_every_raw_device!(check);
+}
+
+#[test]
+fn images_that_attend_both_ways_are_refused_on_cuda() {
+    on_every_raw_device!(refuse_both_ways);
 }

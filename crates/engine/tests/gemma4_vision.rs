@@ -6,7 +6,10 @@
 //! - the tower (patch and position embedding, 2-D RoPE, clamped projections, pooling,
 //!   standardization, the multimodal embedder) gives transformers' soft-token features;
 //! - three prompts with images between boi/eoi: every position's logits and 32 greedy tokens
-//!   as transformers', alone, all three in one step, and with the prefill cut inside an image.
+//!   as transformers', alone, all three in one step, and with the prefill cut inside an image;
+//! - the same on tests/fixtures/gemma4/vision_a4b (gemma-4-26B-A4B's layout with
+//!   `use_bidirectional_attention: "vision"`: an image's soft tokens see each other both ways
+//!   in the sliding layers), where a cut inside an image is refused and one before it is not.
 
 mod hf_fixture;
 
@@ -41,23 +44,39 @@ impl Tensors {
     }
 }
 
-fn dir() -> PathBuf {
-    hf_fixture::fixture("gemma4", "vision")
+/// The causal fixture (E2B's layout) and the one whose images attend both ways.
+const CAUSAL: &str = "vision";
+const BIDIRECTIONAL: &str = "vision_a4b";
+
+fn dir_of(name: &str) -> PathBuf {
+    hf_fixture::fixture("gemma4", name)
 }
 
 fn reference() -> (Value, Tensors) {
-    let d = dir();
+    reference_of(CAUSAL)
+}
+
+fn reference_of(name: &str) -> (Value, Tensors) {
+    let d = dir_of(name);
     let r = serde_json::from_str(&std::fs::read_to_string(d.join("reference.json")).unwrap());
     (r.unwrap(), Tensors::open(&d.join("reference.safetensors")))
 }
 
 fn load() -> Engine<lmi_engine::cpu::CpuBackend> {
-    hf_fixture::load(&dir(), DType::F32)
+    load_of(CAUSAL)
+}
+
+fn load_of(name: &str) -> Engine<lmi_engine::cpu::CpuBackend> {
+    hf_fixture::load(&dir_of(name), DType::F32)
 }
 
 /// Image `i` as the server reads it: the PNG decoded, then the model's processor.
 fn image(i: usize) -> VisionInput {
-    let d = dir();
+    image_of(CAUSAL, i)
+}
+
+fn image_of(name: &str, i: usize) -> VisionInput {
+    let d = dir_of(name);
     let cfg = lmi_media::ProcessorConfig::from_dir(&d).unwrap();
     assert!(cfg.gemma4.is_some(), "the processor config names Gemma 4's");
     let bytes = std::fs::read(d.join(format!("image{i}.png"))).unwrap();
@@ -86,8 +105,12 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
-    let (r, t) = reference();
-    let images = [Arc::new(image(0)), Arc::new(image(1))];
+    cases_of(CAUSAL)
+}
+
+fn cases_of(name: &str) -> Vec<Case> {
+    let (r, t) = reference_of(name);
+    let images = [Arc::new(image_of(name, 0)), Arc::new(image_of(name, 1))];
     let token = r["image_token_id"].as_u64().unwrap() as u32;
     let prompts = r["prompts"].as_array().unwrap();
     prompts
@@ -184,8 +207,18 @@ fn the_tower_gives_transformers_features() {
 
 #[test]
 fn prompt_logits_and_greedy_tokens_match_hf() {
-    for (p, case) in cases().iter().enumerate() {
-        let mut e = load();
+    let (r, _) = reference_of(BIDIRECTIONAL);
+    // The both-ways mask moves transformers' logits this much: causal attention must fail.
+    let effect = r["bidirectional_effect"].as_f64().unwrap();
+    assert!(effect > 1.0, "{effect}");
+    for name in [CAUSAL, BIDIRECTIONAL] {
+        prompt_logits_and_greedy_tokens_of(name);
+    }
+}
+
+fn prompt_logits_and_greedy_tokens_of(name: &str) {
+    for (p, case) in cases_of(name).iter().enumerate() {
+        let mut e = load_of(name);
         let n = case.ids.len();
         let table = blocks(0, n + case.greedy.len());
         let out = e
@@ -196,8 +229,8 @@ fn prompt_logits_and_greedy_tokens_match_hf() {
             )
             .unwrap();
         let worst = case.worst(|r| out.row(r).to_vec());
-        eprintln!("prompt {p}: logits differ from transformers' by {worst:.2e} (relative)");
-        assert!(worst < TOL, "prompt {p}: logits differ by {worst}");
+        eprintln!("{name} prompt {p}: logits differ from transformers' by {worst:.2e} (relative)");
+        assert!(worst < TOL, "{name} prompt {p}: logits differ by {worst}");
         let mut got = vec![argmax(out.row(n - 1))];
         while got.len() < case.greedy.len() {
             let pos = n + got.len() - 1;
@@ -205,7 +238,7 @@ fn prompt_logits_and_greedy_tokens_match_hf() {
             let l = e.forward_logits(&[step]).unwrap();
             got.push(argmax(l.row(0)));
         }
-        assert_eq!(got, case.greedy, "prompt {p}: greedy tokens");
+        assert_eq!(got, case.greedy, "{name} prompt {p}: greedy tokens");
     }
 }
 
@@ -274,31 +307,99 @@ fn a_batch_and_a_cut_inside_an_image_give_the_same_logits() {
     }
 }
 
-/// gemma-4-26B-A4B and 31B set `use_bidirectional_attention: "vision"` (an image's tokens
-/// attend to each other both ways in the sliding layers), which lmi's causal attention does
-/// not do: their images are refused, saying why; their text is served.
+/// Where an image's tokens attend both ways, all prompts in one step give each one's bits
+/// alone; the prefill cut just before an image (its tokens whole in the second chunk) too,
+/// and a step from inside an image to the end over K/V already computed (a prefix-cache hit
+/// ending inside the image); a step ending inside an image is refused, saying why (the
+/// scheduler never makes one).
 #[test]
-fn images_are_refused_where_image_tokens_attend_both_ways() {
-    let tmp = hf_fixture::with_config(&dir(), |c| {
-        c["text_config"]["use_bidirectional_attention"] = "vision".into();
-    });
-    let mut e = hf_fixture::load(tmp.path(), DType::F32);
-    let case = cases().into_iter().next().unwrap();
-    let n = case.ids.len();
-    let err = e
-        .forward_logits_media(
-            &[chunk(&case.ids, 0, &blocks(0, n), LogitsWanted::All)],
-            &case.runs(0, 0, n),
+fn both_ways_an_image_is_computed_whole() {
+    let cases = cases_of(BIDIRECTIONAL);
+    let mut alone = Vec::new();
+    for c in &cases {
+        let mut e = load_of(BIDIRECTIONAL);
+        let n = c.ids.len();
+        let out = e
+            .forward_logits_media(
+                &[chunk(&c.ids, 0, &blocks(0, n), LogitsWanted::All)],
+                &c.runs(0, 0, n),
+                &[],
+            )
+            .unwrap();
+        alone.push((0..n).map(|r| out.row(r).to_vec()).collect::<Vec<_>>());
+    }
+    let mut e = load_of(BIDIRECTIONAL);
+    let (mut chunks, mut media, mut first_block) = (Vec::new(), Vec::new(), 0);
+    for (k, c) in cases.iter().enumerate() {
+        let n = c.ids.len();
+        chunks.push(chunk(&c.ids, 0, &blocks(first_block, n), LogitsWanted::All));
+        media.extend(c.runs(k, 0, n));
+        first_block += n.div_ceil(lmi_engine::BLOCK_SIZE) as u32;
+    }
+    let out = e.forward_logits_media(&chunks, &media, &[]).unwrap();
+    let mut row = 0;
+    for (k, rows) in alone.iter().enumerate() {
+        for (p, want) in rows.iter().enumerate() {
+            assert!(
+                out.row(row) == &want[..],
+                "prompt {k} position {p} in a batch"
+            );
+            row += 1;
+        }
+    }
+    for (k, c) in cases.iter().enumerate() {
+        let n = c.ids.len();
+        let table = blocks(0, n);
+        let mut e = load_of(BIDIRECTIONAL);
+        let inside = c.media[0].0 + 7;
+        let err = e
+            .forward_logits_media(
+                &[chunk(&c.ids[..inside], 0, &table, LogitsWanted::All)],
+                &c.runs(0, 0, inside),
+                &[],
+            )
+            .expect_err("a cut inside an image");
+        assert!(err.to_string().contains("one step"), "{err}");
+        // The whole prompt, then its tail from inside the image again over the same blocks.
+        let mut e = load_of(BIDIRECTIONAL);
+        e.forward_logits_media(
+            &[chunk(&c.ids, 0, &table, LogitsWanted::Last)],
+            &c.runs(0, 0, n),
             &[],
         )
-        .expect_err("refused");
-    assert!(
-        err.to_string().contains("use_bidirectional_attention"),
-        "{err}"
-    );
-    let text = [2u32, 17, 250, 3, 99];
-    assert!(
-        e.forward_logits(&[chunk(&text, 0, &blocks(0, 5), LogitsWanted::Last)])
-            .is_ok()
-    );
+        .unwrap();
+        let tail = e
+            .forward_logits_media(
+                &[chunk(&c.ids[inside..], inside, &table, LogitsWanted::All)],
+                &c.runs(0, inside, n),
+                &[],
+            )
+            .unwrap();
+        for (p, want) in alone[k].iter().enumerate().skip(inside) {
+            assert!(
+                tail.row(p - inside) == &want[..],
+                "prompt {k} from {inside} over cached K/V: position {p}"
+            );
+        }
+        let cut = c.media[0].0;
+        let mut e = load_of(BIDIRECTIONAL);
+        let a = e
+            .forward_logits_media(
+                &[chunk(&c.ids[..cut], 0, &table, LogitsWanted::All)],
+                &c.runs(0, 0, cut),
+                &[],
+            )
+            .unwrap();
+        let b = e
+            .forward_logits_media(
+                &[chunk(&c.ids[cut..], cut, &table, LogitsWanted::All)],
+                &c.runs(0, cut, n),
+                &[],
+            )
+            .unwrap();
+        for (p, want) in alone[k].iter().enumerate() {
+            let got = if p < cut { a.row(p) } else { b.row(p - cut) };
+            assert!(got == &want[..], "prompt {k} cut at {cut}: position {p}");
+        }
+    }
 }

@@ -2,7 +2,10 @@
 //! tests/fixtures/gemma4/vision (HF transformers 5.25 recorded its greedy tokens for the chat
 //! case, its `<|image|>` widened to boi, the image's soft tokens, eoi as `Gemma4Processor`
 //! does) through `/v1/chat/completions` with an `image_url` data URL and through TGI's
-//! `/generate` with a markdown image: the prompt length and the 32 greedy tokens.
+//! `/generate` with a markdown image: the prompt length and the 32 greedy tokens. The same for
+//! tests/fixtures/gemma4/vision_a4b (26B-A4B's layout, whose image tokens attend both ways in
+//! the sliding layers), the TGI request after the chat one hitting the prefix cache inside the
+//! image.
 
 mod common;
 
@@ -12,12 +15,12 @@ use base64::Engine as _;
 use common::*;
 use serde_json::{Value, json};
 
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gemma4/vision")
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gemma4").join(name)
 }
 
 fn png_url() -> String {
-    let bytes = std::fs::read(fixture().join("image0.png")).unwrap();
+    let bytes = std::fs::read(fixture("vision").join("image0.png")).unwrap();
     format!(
         "data:image/png;base64,{}",
         base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -26,15 +29,25 @@ fn png_url() -> String {
 
 #[test]
 fn an_image_through_chat_and_tgi_gives_transformers_tokens() {
+    serve("vision");
+}
+
+#[test]
+fn an_image_attending_both_ways_through_chat_and_tgi_gives_transformers_tokens() {
+    serve("vision_a4b");
+}
+
+fn serve(name: &str) {
+    let dir = fixture(name);
     let r: Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture().join("reference.json")).unwrap())
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();
     let chat = &r["chat"];
     let case = chat["prompt"].as_u64().unwrap() as usize;
     let ids = r["prompts"][case].as_array().unwrap();
     let greedy: Vec<u64> = serde_json::from_value(r["greedies"][case].clone()).unwrap();
-    let mut s = start(&fixture(), &["--dtype", "f32"]);
-    wait_ready(&mut s, "vision");
+    let mut s = start(&dir, &["--dtype", "f32"]);
+    wait_ready(&mut s, name);
     let models = get(s.port, "/v1/models").json();
     assert_eq!(
         models["data"][0]["input_modalities"],

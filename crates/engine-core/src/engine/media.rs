@@ -105,6 +105,10 @@ pub fn media_embeds(
             )));
         }
         let first = layout.cu_tokens[m.chunk] as usize + m.offset;
+        e.runs.push(crate::model::MediaRun {
+            rows: e.rows.len()..e.rows.len() + m.len,
+            to_end: to == emb.len(),
+        });
         e.rows.extend((first..first + m.len).map(|r| r as u32));
         for row in emb[from..to].chunks(width) {
             e.data.extend_from_slice(&row[..hidden]);

@@ -322,9 +322,12 @@ impl<B: Backend> Gemma4Layers<B> {
             ));
         }
         let media = embeds.filter(|e| !e.rows.is_empty());
-        if media.is_some() {
-            super::gemma4_media::check(c)?;
-        }
+        // Per token, the last position the sliding layers let it see (an image's soft
+        // tokens see the whole image where the model attends both ways).
+        let through = match media {
+            Some(e) => super::gemma4_media::check(c, backend, e, layout)?,
+            None => None,
+        };
         let n = layout.num_tokens();
         let h = c.hidden_size;
         let eps = c.rms_norm_eps as f32;
@@ -427,6 +430,7 @@ impl<B: Backend> Gemma4Layers<B> {
                 scale: 1.0,
                 window: window.filter(|_| l.local),
                 sinks: None,
+                through: through.as_deref().filter(|_| l.local),
             };
             backend.attention(&qkv, attn_step, ql, k_cache, v_cache, scoring, &mut attn)?;
             backend.linear(&attn, n, &l.o_proj, None, &mut proj)?;

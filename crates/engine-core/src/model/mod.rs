@@ -169,9 +169,22 @@ pub type PooledForward<B> = (Option<<B as Backend>::Buf>, Option<<B as Backend>:
 pub struct InputEmbeds {
     pub rows: Vec<u32>,
     pub data: Vec<f32>,
+    /// Each media run's place in `rows` (one item's consecutive rows), and whether it runs
+    /// to the item's end.
+    pub runs: Vec<MediaRun>,
     /// Qwen3-VL's DeepStack: `deepstack[k]` (`[rows.len(), hidden]`) is added to the same
     /// rows' hidden states after layer `k` (empty for other models).
     pub deepstack: Vec<Vec<f32>>,
+}
+
+/// One media item's rows in a step ([`InputEmbeds::runs`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MediaRun {
+    /// Its range of [`InputEmbeds::rows`].
+    pub rows: std::ops::Range<usize>,
+    /// The item's last token is in this step (its first ones may be in earlier steps or a
+    /// prefix-cache hit).
+    pub to_end: bool,
 }
 
 /// The paged K/V pools of every attention layer, and the linear-attention layers' state
@@ -664,6 +677,7 @@ impl<B: Backend> Model<B> {
                         scale: if layer.local { scale_local } else { scale },
                         window: window.filter(|_| layer.local),
                         sinks: a.sinks.as_ref(),
+                        through: None,
                     };
                     backend.attention(&qkv, attn_step, ql, k_cache, v_cache, scoring, &mut attn)?;
                     if let Some(g) = &a.gate {
