@@ -21,18 +21,10 @@ fn main() {
     let t = if fmt == "bf16" {
         HostTensor::f32(vec![n, k], wf).to_dtype(lmi_checkpoint::DType::BF16)
     } else {
-        let qt = [
-            QType::Q8_0,
-            QType::Q4_0,
-            QType::Q4_1,
-            QType::Q4_K,
-            QType::Q6_K,
-            QType::MXFP4,
-            QType::I8,
-        ]
-        .into_iter()
-        .find(|q| q.name() == fmt)
-        .expect("format");
+        let qt = QType::ALL
+            .into_iter()
+            .find(|q| q.name() == fmt)
+            .expect("format");
         HostTensor::quant(QMatrix::quantize(qt, n, k, &wf).expect("quantize"))
     };
     let be = CpuBackend::new();

@@ -242,93 +242,28 @@ fn prompt_logits_and_greedy_tokens_of(name: &str) {
     }
 }
 
-/// All three prompts in one step, and each cut inside its first image: the logits of each
-/// alone and whole (the same bits on the CPU).
-#[test]
-fn a_batch_and_a_cut_inside_an_image_give_the_same_logits() {
-    let cases = cases();
-    let mut alone = Vec::new();
-    for c in &cases {
-        let mut e = load();
-        let n = c.ids.len();
-        let out = e
-            .forward_logits_media(
-                &[chunk(&c.ids, 0, &blocks(0, n), LogitsWanted::All)],
-                &c.runs(0, 0, n),
-                &[],
-            )
-            .unwrap();
-        alone.push((0..n).map(|r| out.row(r).to_vec()).collect::<Vec<_>>());
-    }
-    let mut e = load();
-    let mut chunks = Vec::new();
-    let mut media = Vec::new();
-    let mut first_block = 0;
-    for (k, c) in cases.iter().enumerate() {
-        let n = c.ids.len();
-        chunks.push(chunk(&c.ids, 0, &blocks(first_block, n), LogitsWanted::All));
-        media.extend(c.runs(k, 0, n));
-        first_block += n.div_ceil(lmi_engine::BLOCK_SIZE) as u32;
-    }
-    let out = e.forward_logits_media(&chunks, &media, &[]).unwrap();
-    let mut row = 0;
-    for (k, rows) in alone.iter().enumerate() {
-        for (p, want) in rows.iter().enumerate() {
-            assert!(
-                out.row(row) == &want[..],
-                "prompt {k} position {p} in a batch"
-            );
-            row += 1;
-        }
-    }
-    for (k, c) in cases.iter().enumerate() {
-        let n = c.ids.len();
-        let cut = c.media[0].0 + 7;
-        let table = blocks(0, n);
-        let mut e = load();
-        let a = e
-            .forward_logits_media(
-                &[chunk(&c.ids[..cut], 0, &table, LogitsWanted::All)],
-                &c.runs(0, 0, cut),
-                &[],
-            )
-            .unwrap();
-        let b = e
-            .forward_logits_media(
-                &[chunk(&c.ids[cut..], cut, &table, LogitsWanted::All)],
-                &c.runs(0, cut, n),
-                &[],
-            )
-            .unwrap();
-        for (p, want) in alone[k].iter().enumerate() {
-            let got = if p < cut { a.row(p) } else { b.row(p - cut) };
-            assert!(got == &want[..], "prompt {k} cut at {cut}: position {p}");
-        }
-    }
+/// Each case's logits at every position, alone in one step.
+fn each_alone(name: &str, cases: &[Case]) -> Vec<Vec<Vec<f32>>> {
+    cases
+        .iter()
+        .map(|c| {
+            let mut e = load_of(name);
+            let n = c.ids.len();
+            let out = e
+                .forward_logits_media(
+                    &[chunk(&c.ids, 0, &blocks(0, n), LogitsWanted::All)],
+                    &c.runs(0, 0, n),
+                    &[],
+                )
+                .unwrap();
+            (0..n).map(|r| out.row(r).to_vec()).collect()
+        })
+        .collect()
 }
 
-/// Where an image's tokens attend both ways, all prompts in one step give each one's bits
-/// alone; the prefill cut just before an image (its tokens whole in the second chunk) too,
-/// and a step from inside an image to the end over K/V already computed (a prefix-cache hit
-/// ending inside the image); a step ending inside an image is refused, saying why (the
-/// scheduler never makes one).
-#[test]
-fn both_ways_an_image_is_computed_whole() {
-    let cases = cases_of(BIDIRECTIONAL);
-    let mut alone = Vec::new();
-    for c in &cases {
-        let mut e = load_of(BIDIRECTIONAL);
-        let n = c.ids.len();
-        let out = e
-            .forward_logits_media(
-                &[chunk(&c.ids, 0, &blocks(0, n), LogitsWanted::All)],
-                &c.runs(0, 0, n),
-                &[],
-            )
-            .unwrap();
-        alone.push((0..n).map(|r| out.row(r).to_vec()).collect::<Vec<_>>());
-    }
-    let mut e = load_of(BIDIRECTIONAL);
+/// All cases in one step give each one's bits alone.
+fn batch_gives_each_alone(name: &str, cases: &[Case], alone: &[Vec<Vec<f32>>]) {
+    let mut e = load_of(name);
     let (mut chunks, mut media, mut first_block) = (Vec::new(), Vec::new(), 0);
     for (k, c) in cases.iter().enumerate() {
         let n = c.ids.len();
@@ -342,16 +277,68 @@ fn both_ways_an_image_is_computed_whole() {
         for (p, want) in rows.iter().enumerate() {
             assert!(
                 out.row(row) == &want[..],
-                "prompt {k} position {p} in a batch"
+                "{name} prompt {k} position {p} in a batch"
             );
             row += 1;
         }
     }
+}
+
+/// Case `k`'s prefill in two steps cut at `cut` gives its bits alone.
+fn cut_gives_alone(name: &str, c: &Case, k: usize, cut: usize, alone: &[Vec<f32>]) {
+    let n = c.ids.len();
+    let table = blocks(0, n);
+    let mut e = load_of(name);
+    let a = e
+        .forward_logits_media(
+            &[chunk(&c.ids[..cut], 0, &table, LogitsWanted::All)],
+            &c.runs(0, 0, cut),
+            &[],
+        )
+        .unwrap();
+    let b = e
+        .forward_logits_media(
+            &[chunk(&c.ids[cut..], cut, &table, LogitsWanted::All)],
+            &c.runs(0, cut, n),
+            &[],
+        )
+        .unwrap();
+    for (p, want) in alone.iter().enumerate() {
+        let got = if p < cut { a.row(p) } else { b.row(p - cut) };
+        assert!(
+            got == &want[..],
+            "{name} prompt {k} cut at {cut}: position {p}"
+        );
+    }
+}
+
+/// All three prompts in one step, and each cut inside its first image: the logits of each
+/// alone and whole (the same bits on the CPU).
+#[test]
+fn a_batch_and_a_cut_inside_an_image_give_the_same_logits() {
+    let cases = cases();
+    let alone = each_alone(CAUSAL, &cases);
+    batch_gives_each_alone(CAUSAL, &cases, &alone);
+    for (k, c) in cases.iter().enumerate() {
+        cut_gives_alone(CAUSAL, c, k, c.media[0].0 + 7, &alone[k]);
+    }
+}
+
+/// Where an image's tokens attend both ways, all prompts in one step give each one's bits
+/// alone; the prefill cut just before an image (its tokens whole in the second chunk) too,
+/// and a step from inside an image to the end over K/V already computed (a prefix-cache hit
+/// ending inside the image); a step ending inside an image is refused, saying why (the
+/// scheduler never makes one).
+#[test]
+fn both_ways_an_image_is_computed_whole() {
+    let cases = cases_of(BIDIRECTIONAL);
+    let alone = each_alone(BIDIRECTIONAL, &cases);
+    batch_gives_each_alone(BIDIRECTIONAL, &cases, &alone);
     for (k, c) in cases.iter().enumerate() {
         let n = c.ids.len();
         let table = blocks(0, n);
-        let mut e = load_of(BIDIRECTIONAL);
         let inside = c.media[0].0 + 7;
+        let mut e = load_of(BIDIRECTIONAL);
         let err = e
             .forward_logits_media(
                 &[chunk(&c.ids[..inside], 0, &table, LogitsWanted::All)],
@@ -381,25 +368,6 @@ fn both_ways_an_image_is_computed_whole() {
                 "prompt {k} from {inside} over cached K/V: position {p}"
             );
         }
-        let cut = c.media[0].0;
-        let mut e = load_of(BIDIRECTIONAL);
-        let a = e
-            .forward_logits_media(
-                &[chunk(&c.ids[..cut], 0, &table, LogitsWanted::All)],
-                &c.runs(0, 0, cut),
-                &[],
-            )
-            .unwrap();
-        let b = e
-            .forward_logits_media(
-                &[chunk(&c.ids[cut..], cut, &table, LogitsWanted::All)],
-                &c.runs(0, cut, n),
-                &[],
-            )
-            .unwrap();
-        for (p, want) in alone[k].iter().enumerate() {
-            let got = if p < cut { a.row(p) } else { b.row(p - cut) };
-            assert!(got == &want[..], "prompt {k} cut at {cut}: position {p}");
-        }
+        cut_gives_alone(BIDIRECTIONAL, c, k, c.media[0].0, &alone[k]);
     }
 }

@@ -16,7 +16,9 @@ use common::*;
 use serde_json::{Value, json};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gemma4").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/gemma4")
+        .join(name)
 }
 
 fn png_url() -> String {
