@@ -157,6 +157,18 @@ fn prompt_logits_match_transformers_in_f32_and_bf16() {
     }
 }
 
+/// `--dtype int8` holds every matrix per-channel int8, the mixture's experts among them
+/// (transformers' stacks of them load as floats, then each expert is quantized).
+#[test]
+fn int8_holds_the_experts_in_int8() {
+    let dir = fixture("a4b");
+    let (f32s, int8) = (load(&dir, DType::F32), load(&dir, DType::I8));
+    assert_eq!(int8.weights_format(), "int8");
+    let held = int8.resident_weight_bytes() as f64 / f32s.resident_weight_bytes() as f64;
+    eprintln!("a4b in int8 holds {held:.3} of f32's bytes");
+    assert!(held < 0.32, "{held}");
+}
+
 /// The six prompts prefilled in one step, then one token each per step: every step's logits
 /// within f32 tolerance of transformers' and the tokens its greedy ones.
 #[test]

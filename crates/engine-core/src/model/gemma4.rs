@@ -230,7 +230,7 @@ impl<B: Backend> Gemma4Layers<B> {
                 Some(cfg) => {
                     let note =
                         |t: &HostTensor| super::load::note_format(&mut formats.borrow_mut(), t);
-                    Some(load_moe(backend, cfg, st, &p, h, dtype, &mat, &note)?)
+                    Some(load_moe(backend, cfg, st, &p, h, dtype, &note)?)
                 }
                 None => None,
             };
@@ -568,8 +568,7 @@ impl<B: Backend> Gemma4Layers<B> {
 /// on its routing weight, scales its down projection (a block format's scales, exactly
 /// enough: `HostTensor::scaled`). Where `pre` has a zero (the router could not see that
 /// channel) or the blocks cannot be scaled (MXFP4), the factors are folded into the experts'
-/// values instead, held in the load's dtype (and noted so by `note`).
-#[allow(clippy::too_many_arguments)]
+/// values instead, held in the load's dtype. `note` hears each expert matrix's held format.
 fn load_moe<B: Backend>(
     backend: &B,
     cfg: &crate::moe::MoeConfig,
@@ -577,7 +576,6 @@ fn load_moe<B: Backend>(
     p: &str,
     h: usize,
     dtype: DType,
-    mat: &dyn Fn(&str, &[usize]) -> Result<HostTensor>,
     note: &dyn Fn(&HostTensor),
 ) -> Result<LayerMoe<B::Weight, B::Experts>> {
     let (e, w) = (cfg.num_experts, cfg.expert_intermediate_size);
@@ -588,8 +586,12 @@ fn load_moe<B: Backend>(
     let root = (h as f64).powf(-0.5) as f32;
     let per_expert = f32s(&format!("{p}.router.per_expert_scale"), &[e])?;
     let pre = f32s(&format!("{p}.pre_feedforward_layernorm_2.weight"), &[h])?;
-    let gate_up = mat(&format!("{p}.experts.gate_up_proj"), &[e, 2 * w, h])?.unstack();
-    let down = mat(&format!("{p}.experts.down_proj"), &[e, h, w])?.unstack();
+    let gate_up = st
+        .load(&format!("{p}.experts.gate_up_proj"), &[e, 2 * w, h], dtype)?
+        .unstack();
+    let down = st
+        .load(&format!("{p}.experts.down_proj"), &[e, h, w], dtype)?
+        .unstack();
     let scaled: Option<Vec<HostTensor>> = down
         .iter()
         .zip(&per_expert)
@@ -599,7 +601,18 @@ fn load_moe<B: Backend>(
     let (experts, router_cols, input_norm) = match (scaled, divisible) {
         (Some(down), true) => {
             let cols: Vec<f32> = scale.iter().zip(&pre).map(|(s, v)| s * root / v).collect();
-            (gate_up.into_iter().zip(down).collect::<Vec<_>>(), cols, pre)
+            // A stack of floats loads unquantized whatever the dtype (only matrices take
+            // int8 at load): each expert takes it here. Blocks stay as they are.
+            let held = |t: HostTensor| match t.data {
+                lmi_checkpoint::weights::HostData::Quant(_) => t,
+                _ => t.to_dtype(dtype),
+            };
+            let experts = gate_up
+                .into_iter()
+                .zip(down)
+                .map(|(gu, d)| (held(gu), held(d)))
+                .collect::<Vec<_>>();
+            (experts, cols, pre)
         }
         _ => {
             let folded = gate_up
@@ -612,9 +625,10 @@ fn load_moe<B: Backend>(
                         row.iter_mut().zip(&pre).for_each(|(v, s)| *v *= s);
                     }
                     let d_v = d.to_f32_vec().into_iter().map(|v| v * s).collect();
-                    let gu = HostTensor::f32(vec![2 * w, h], gu_v).to_dtype(dtype);
-                    note(&gu);
-                    (gu, HostTensor::f32(vec![h, w], d_v).to_dtype(dtype))
+                    (
+                        HostTensor::f32(vec![2 * w, h], gu_v).to_dtype(dtype),
+                        HostTensor::f32(vec![h, w], d_v).to_dtype(dtype),
+                    )
                 })
                 .collect();
             let cols = scale.iter().map(|s| s * root).collect();
@@ -624,6 +638,8 @@ fn load_moe<B: Backend>(
     let experts = experts
         .into_iter()
         .map(|(gu, d)| {
+            note(&gu);
+            note(&d);
             Ok(Expert {
                 gate_up: backend.upload_weight(gu)?,
                 down: backend.upload_weight(d)?,
