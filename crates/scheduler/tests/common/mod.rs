@@ -115,6 +115,27 @@ pub fn wait_pool_whole(h: &Handle, pinned: u64) {
     }
 }
 
+/// Waits until the gauges show nothing running or waiting. The scheduler updates them at the
+/// end of a step, after it has sent that step's results: a test that reads them right after
+/// its last result may see the step before's.
+pub fn wait_idle(h: &Handle) {
+    let t = Instant::now();
+    loop {
+        let m = h.metrics().snapshot();
+        if (m.running, m.waiting, m.pooling_waiting) == (0, 0, 0) {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "still {} running, {} waiting ({} pooling)",
+            m.running,
+            m.waiting,
+            m.pooling_waiting
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 pub fn prompt(len: usize, seed: u32) -> Vec<u32> {
     (0..len as u32)
         .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 7919) >> 7) % 256)
