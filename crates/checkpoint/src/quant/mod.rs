@@ -166,6 +166,21 @@ impl QMatrix {
         self.cols / self.qtype.block() * self.qtype.block_bytes()
     }
 
+    /// Rows `r` as a matrix of their own (their bytes copied).
+    pub fn row_range(&self, r: std::ops::Range<usize>) -> QMatrix {
+        let rb = self.row_bytes();
+        QMatrix {
+            qtype: self.qtype,
+            rows: r.len(),
+            cols: self.cols,
+            data: self.data[r.start * rb..r.end * rb].to_vec(),
+            row_scale: match self.row_scale.is_empty() {
+                true => Vec::new(),
+                false => self.row_scale[r].to_vec(),
+            },
+        }
+    }
+
     /// Every value times `s`, as stored: each block's f16 scales (and minimum) multiplied by
     /// `s` and rounded to f16 again (a relative change of at most 2^-11 on each, far inside
     /// the blocks' own error), `I8`'s row scales exactly in f32. None where that cannot be

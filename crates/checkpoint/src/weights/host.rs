@@ -113,22 +113,25 @@ impl HostTensor {
                 .take(n)
                 .map(|c| one(HostData::BF16(c.to_vec())))
                 .collect(),
-            HostData::Quant(_) => {
-                // Row ranges of the stacked matrix, `rows` matrix rows per slice.
+            HostData::Quant(parts) => {
                 let rows = shape.first().copied().unwrap_or(0);
-                (0..n)
-                    .map(|i| {
-                        let picked: Vec<usize> = (i * rows..(i + 1) * rows).collect();
+                let slice = |i: usize| i * rows..(i + 1) * rows;
+                match &parts[..] {
+                    // A GGUF stack: one matrix of all the rows, each slice's bytes copied out.
+                    [m] => (0..n)
+                        .map(|i| one(HostData::Quant(vec![m.row_range(slice(i))])))
+                        .collect(),
+                    // Rows in several formats: picked row by row from the whole.
+                    _ => {
                         let flat = HostTensor {
                             shape: vec![n * rows, per / rows.max(1)],
                             data: self.data.clone(),
                         };
-                        HostTensor {
-                            shape: shape.clone(),
-                            data: flat.select_rows(&picked).data,
-                        }
-                    })
-                    .collect()
+                        (0..n)
+                            .map(|i| one(flat.select_rows(&slice(i).collect::<Vec<_>>()).data))
+                            .collect()
+                    }
+                }
             }
         }
     }
