@@ -28,6 +28,10 @@
 //   with a sliding window W (> 0: Gemma's local layers), only the last W of them. A pass's
 //   keys start at the block of its first row's window, and a tile's splits count the keys
 //   its window spans. Rows of context 0 (padding of decode batches) write zeros.
+// - `through` (non-null: Gemma 4's images attending both ways in its sliding layers): per
+//   token, the last position its row sees, which may be past its own (an image's soft tokens
+//   see the whole image); the window still counts back from the token's own position. A
+//   pass's and a tile's keys then reach the furthest of their tokens' limits.
 // - Attention sinks (gpt-oss; `sinks` non-null, one logit per q head): an extra logit in
 //   each row's softmax whose value is zero, which is the online softmax started from it
 //   (max = the sink, sum = 1) instead of from nothing. Split 0 alone starts so; the merge of
@@ -73,7 +77,8 @@ struct AttnShape {
     static constexpr int K_BYTES = ATT_CHUNK * K_STRIDE * 2;
     static constexpr int V_BYTES = ATT_CHUNK * D * 2;
     static constexpr int S_BYTES = ROWS * ATT_CHUNK * 4;
-    static constexpr int SHARED_BYTES = Q_BYTES + K_BYTES + V_BYTES + S_BYTES + 4 * ROWS * 4;
+    // Per row: max, sum, rescale factor, window limit, last key seen.
+    static constexpr int SHARED_BYTES = Q_BYTES + K_BYTES + V_BYTES + S_BYTES + 5 * ROWS * 4;
 
     static_assert(VECS * ATT_THREADS * 8 == ATT_CHUNK * D, "a chunk is whole 16-byte loads");
     static_assert(KEY_WARPS * RP == ATT_WARPS && ROWS % RP == 0, "score threads tile the chunk");
@@ -156,11 +161,13 @@ __device__ __forceinline__ void store_chunk(const uint4 (&kr)[S::VECS], const ui
 }
 
 // s_s[r][j] = q_r · k_j (base-2 logits) for the chunk's keys, -inf where row r may not look:
-// keys at or past its limit, or (window > 0) before its last `window` keys.
+// keys at or past its limit hi_s[r], or (window > 0) before the last `window` keys up to its
+// own position (lim_s[r] = position + 1).
 template <typename S>
 __device__ __forceinline__ void chunk_scores(float* s_s, const float* q_s, const bf16* k_s,
-                                             const unsigned* lim_s, unsigned rows, unsigned k0,
-                                             unsigned end, unsigned window) {
+                                             const unsigned* lim_s, const unsigned* hi_s,
+                                             unsigned rows, unsigned k0, unsigned end,
+                                             unsigned window) {
     const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     const unsigned dp = lane / S::KEYS_PER_WARP, rp = warp / S::KEY_WARPS;
     const unsigned j = warp % S::KEY_WARPS * S::KEYS_PER_WARP + lane % S::KEYS_PER_WARP;
@@ -200,7 +207,7 @@ __device__ __forceinline__ void chunk_scores(float* s_s, const float* q_s, const
 #pragma unroll
             for (int o = S::KEYS_PER_WARP; o < 32; o <<= 1) s += __shfl_xor_sync(LMI_FULL_MASK, s, o);
             const unsigned key = k0 + j, lim = lim_s[r];
-            const bool seen = key < min(lim, end) && (window == 0u || key + window >= lim);
+            const bool seen = key < min(hi_s[r], end) && (window == 0u || key + window >= lim);
             if (dp == 0) s_s[r * ATT_CHUNK + j] = seen ? s : LMI_NEG_INF;
         }
     }
@@ -288,7 +295,7 @@ __device__ __forceinline__ void paged_attention(
     const unsigned* __restrict__ positions, const unsigned* __restrict__ context_lens,
     const unsigned* __restrict__ block_tables, unsigned block_stride, unsigned num_tokens,
     unsigned q_heads, unsigned kv_heads, unsigned head_dim, float scale, unsigned window,
-    const float* __restrict__ sinks) {
+    const float* __restrict__ sinks, const unsigned* __restrict__ through) {
     LMI_DYNAMIC_SHARED(unsigned char, smem);
     float* q_s = reinterpret_cast<float*>(smem);
     bf16* k_s = reinterpret_cast<bf16*>(smem + S::Q_BYTES);
@@ -298,6 +305,7 @@ __device__ __forceinline__ void paged_attention(
     float* l_s = m_s + S::ROWS;
     float* a_s = l_s + S::ROWS;
     unsigned* lim_s = reinterpret_cast<unsigned*>(a_s + S::ROWS);
+    unsigned* hi_s = lim_s + S::ROWS;
     // After the last chunk, K, V and S hold the per-key-part accumulators.
     float* red_s = reinterpret_cast<float*>(k_s);
 
@@ -311,9 +319,18 @@ __device__ __forceinline__ void paged_attention(
     // through the passes. A block of a split past it has no rows to do: it ends at once.
     __shared__ unsigned splits_s;
     if (tid == 0) {
-        // A window bounds the keys the tile's tokens see together: its width plus theirs.
-        const unsigned keys = att_tile_keys(tiles, positions, context_lens, blockIdx.x);
-        splits_s = att_tile_splits(window ? min(keys, window + count) : keys, gridDim.z);
+        unsigned span;
+        if (through == nullptr) {
+            // A window bounds the keys the tile's tokens see together: its width plus theirs.
+            const unsigned keys = att_tile_keys(tiles, positions, context_lens, blockIdx.x);
+            span = window ? min(keys, window + count) : keys;
+        } else {
+            // From the first token's window to the furthest limit of the tile's tokens.
+            const unsigned keys = att_seen_keys(positions, through, first, count, ctx);
+            const unsigned lim0 = min(positions[first] + 1u, ctx);
+            span = keys - (window ? lim0 - min(lim0, window) : 0u);
+        }
+        splits_s = att_tile_splits(span, gridDim.z);
     }
     __syncthreads();
     const unsigned tile_rows = split < splits_s ? count * group : 0u;
@@ -342,8 +359,11 @@ __device__ __forceinline__ void paged_attention(
                                        c % S::DPART) = q;
         }
         if (tid < S::ROWS) {
-            lim_s[tid] =
-                tid < rows ? min(positions[first + (base + tid) / group] + 1u, ctx) : 0u;
+            const unsigned t = first + (base + tid) / group;
+            lim_s[tid] = tid < rows ? min(positions[t] + 1u, ctx) : 0u;
+            hi_s[tid] = tid < rows && through != nullptr
+                            ? min(max(positions[t], through[t]) + 1u, ctx)
+                            : lim_s[tid];
             // Base-2 logits, as the scores (q carries log2(e)); the sink is unscaled, as
             // transformers adds it beside the scaled scores.
             const bool sink = sinks != nullptr && split == 0 && tid < rows;
@@ -352,8 +372,12 @@ __device__ __forceinline__ void paged_attention(
         }
 
         // This split's share of the keys the pass's rows see, in KV blocks: up to the last
-        // (furthest) token's, from the block of the first token's window.
-        const unsigned keys = min(positions[first + (base + rows - 1) / group] + 1u, ctx);
+        // (furthest) token's (or the furthest limit of its tokens'), from the block of the
+        // first token's window.
+        const unsigned t0 = first + base / group, t1 = first + (base + rows - 1) / group;
+        const unsigned keys = through == nullptr
+                                  ? min(positions[t1] + 1u, ctx)
+                                  : att_seen_keys(positions, through, t0, t1 - t0 + 1u, ctx);
         const unsigned blocks = (keys + ATT_KV_BLOCK - 1) / ATT_KV_BLOCK;
         const unsigned lim0 = min(positions[first + base / group] + 1u, ctx);
         const unsigned from = window ? (lim0 - min(lim0, window)) / ATT_KV_BLOCK : 0u;
@@ -380,7 +404,7 @@ __device__ __forceinline__ void paged_attention(
             if (S::PREFETCH && k0 + ATT_CHUNK < end)
                 load_chunk<S, EXACT>(kr, vr, k_cache, v_cache, table, k0 + ATT_CHUNK, end, kvh,
                                      kv_heads, hd);
-            chunk_scores<S>(s_s, q_s, k_s, lim_s, rows, k0, end, window);
+            chunk_scores<S>(s_s, q_s, k_s, lim_s, hi_s, rows, k0, end, window);
             __syncthreads();
             chunk_softmax<S>(s_s, m_s, l_s, a_s, rows);
             __syncthreads();
@@ -433,11 +457,12 @@ __device__ __forceinline__ void paged_attention(
              const unsigned* __restrict__ positions, const unsigned* __restrict__ context_lens,  \
              const unsigned* __restrict__ block_tables, unsigned block_stride,                  \
              unsigned num_tokens, unsigned q_heads, unsigned kv_heads, unsigned head_dim,       \
-             float scale, unsigned window, const float* __restrict__ sinks) {                   \
+             float scale, unsigned window, const float* __restrict__ sinks,                     \
+             const unsigned* __restrict__ through) {                                            \
         paged_attention<SHAPE, EXACT>(out, part_o, part_ml, tile_counters, qkv, k_cache, v_cache, tiles,       \
                                       positions, context_lens, block_tables, block_stride,      \
                                       num_tokens, q_heads, kv_heads, head_dim, scale, window,   \
-                                      sinks);                                                   \
+                                      sinks, through);                                          \
     }
 
 ATTENTION(attention_decode_hd64_f32, DecodeHd64, true, float, 2)

@@ -30,6 +30,17 @@ __device__ __forceinline__ unsigned att_tile_keys(const unsigned* __restrict__ t
     return min(positions[first + count - 1] + 1u, context_lens[seq]);
 }
 
+// Keys `count` tokens from `first` see together where each token's row sees through
+// `through[t]` (at least its own position): the furthest min(limit + 1, context length).
+__device__ __forceinline__ unsigned att_seen_keys(const unsigned* __restrict__ positions,
+                                                  const unsigned* __restrict__ through,
+                                                  unsigned first, unsigned count, unsigned ctx) {
+    unsigned keys = 0u;
+    for (unsigned t = first; t < first + count; t++)
+        keys = max(keys, min(max(positions[t], through[t]) + 1u, ctx));
+    return keys;
+}
+
 // The splits a tile of `keys` keys uses out of the launch's `bound` (gridDim.z).
 __device__ __forceinline__ unsigned att_tile_splits(unsigned keys, unsigned bound) {
     return max(1u, min(keys / ATT_MIN_SPLIT_KEYS, bound));

@@ -19,9 +19,11 @@
 //!   one split writes its output itself; otherwise the last of its blocks to finish (counted
 //!   in the step's `tile_counters`) combines exactly its splits, in order, so no merge launch
 //!   follows;
-//! - a sliding window (Gemma's local layers) or attention sinks (gpt-oss) run on
-//!   attention.cu's kernels, which take them (the prefill of head_dim 64 and 128 then uses
-//!   the 256-wide CUDA-core kernels, not the tensor cores);
+//! - a sliding window (Gemma's local layers), attention sinks (gpt-oss) or keys past a query's
+//!   own position (`through`: Gemma 4's images attending both ways) run on attention.cu's
+//!   kernels, which take them (the prefill of head_dim 64 and 128 then uses the 256-wide
+//!   CUDA-core kernels, not the tensor cores); `through` is uploaded per call (image steps
+//!   are never replayed from graphs);
 //! - CUDA graphs: a step with a graph key is launched from the key alone (its block-table
 //!   width bounds the context), never from its context lengths, which the kernels read from
 //!   device memory; a captured graph replays the same launches for later steps, and the
@@ -30,7 +32,7 @@
 
 use std::collections::HashMap;
 
-use lmi_cuda::{DevPtr, Device, ElemType, Function, LaunchConfig};
+use lmi_cuda::{DevPtr, Device, DeviceExt, ElemType, Function, LaunchConfig};
 use lmi_engine_core::backend::QkvLayout;
 use lmi_engine_core::error::{EngineError, Result};
 use lmi_engine_core::kv::BLOCK_SIZE;
@@ -86,7 +88,7 @@ const WMMA_WARPS: usize = 8;
 const WMMA_S_LD: usize = 36;
 
 impl Shape {
-    /// `AttnShape::SHARED_BYTES` (q rows, K and V chunks, scores, per-row stats) or
+    /// `AttnShape::SHARED_BYTES` (q rows, K and V chunks, scores, per-row stats and limits) or
     /// `PrefillShape::SHARED_BYTES` (bf16 q rows, K and V chunks with padded rows, the warps'
     /// score tiles, per-warp and per-row stats, 128 bytes of alignment slack).
     fn shared_bytes(self) -> u32 {
@@ -97,7 +99,7 @@ impl Shape {
                 let k = CHUNK * (d + 8) * 2;
                 let v = CHUNK * d * 2;
                 let s = rows * CHUNK * 4;
-                q + k + v + s + 4 * rows * 4
+                q + k + v + s + 5 * rows * 4
             }
             Shape::Wmma { d } => {
                 let qkv = (WMMA_ROWS + 2 * CHUNK) * (d + 8) * 2;
@@ -246,6 +248,7 @@ pub fn run<D: Device>(
     scale: f32,
     window: Option<usize>,
     sinks: Option<DevPtr>,
+    through: Option<&[u32]>,
     out: &mut CudaBuf,
 ) -> Result<()> {
     let QkvLayout {
@@ -279,9 +282,12 @@ pub fn run<D: Device>(
     // Every tile is one token exactly when there are as many tokens as sequences.
     let decode = tokens == step.num_seqs;
     let (names, shape) = family.kernels(decode);
-    // attention.cu's kernels (CUDA cores) take a window and sinks; the tensor-core ones not.
+    // attention.cu's kernels (CUDA cores) take a window, sinks and `through`; the tensor-core
+    // ones not.
     let (names, shape) = match shape {
-        Shape::Wmma { .. } if window.is_some() || sinks.is_some() => ANY.kernels(decode),
+        Shape::Wmma { .. } if window.is_some() || sinks.is_some() || through.is_some() => {
+            ANY.kernels(decode)
+        }
         _ => (names, shape),
     };
     let most = b.dev.info().max_shared_mem_per_block;
@@ -318,6 +324,10 @@ pub fn run<D: Device>(
     };
     let window = u32::try_from(window.unwrap_or(0))
         .map_err(|_| EngineError::Backend("sliding window too wide".into()))?;
+    let through = match through {
+        Some(th) => upload_through(b, th, tokens)?,
+        None => DevPtr::NULL,
+    };
     let mut args: Vec<lmi_cuda::Arg> = vec![
         out.ptr.into(),
         part_o.into(),
@@ -340,8 +350,27 @@ pub fn run<D: Device>(
     if matches!(shape, Shape::Cores { .. }) {
         args.push(window.into());
         args.push(sinks.unwrap_or(DevPtr::NULL).into());
+        args.push(through.into());
     }
     b.launch(name, cfg, &args)
+}
+
+/// The step's per-token last positions seen, on the device: one per token of the layout,
+/// zeros for the padding rows a padded step adds (context 0: they see nothing).
+fn upload_through<D: Device>(b: &CudaBackend<D>, through: &[u32], tokens: usize) -> Result<DevPtr> {
+    if through.len() > tokens {
+        return Err(EngineError::Backend(format!(
+            "attention limits for {} tokens in a step of {tokens}",
+            through.len()
+        )));
+    }
+    let mut th = through.to_vec();
+    th.resize(tokens, 0);
+    let buf = b.arena_alloc(tokens, ElemType::F32)?;
+    b.dev
+        .htod_slice(&th, buf.ptr)
+        .map_err(super::memory::cuda_err)?;
+    Ok(buf.ptr)
 }
 
 #[cfg(test)]
@@ -461,11 +490,11 @@ mod tests {
     #[test]
     fn shared_memory_matches_the_kernels_layout() {
         // The figures of attention.cu's AttnShape::SHARED_BYTES.
-        assert_eq!(HD128.kernels(true).1.shared_bytes(), 40_576);
+        assert_eq!(HD128.kernels(true).1.shared_bytes(), 40_608);
         assert_eq!(HD128.kernels(false).1.shared_bytes(), 72_576);
         assert_eq!(HD64.kernels(false).1.shared_bytes(), 48_000);
-        assert_eq!(HD64.kernels(true).1.shared_bytes(), 22_144);
-        assert_eq!(ANY.kernels(false).1.shared_bytes(), 108_032);
+        assert_eq!(HD64.kernels(true).1.shared_bytes(), 22_176);
+        assert_eq!(ANY.kernels(false).1.shared_bytes(), 108_160);
         assert!(Family::for_head_dim(96).is_some_and(|f| f.d == 256));
         assert!(Family::for_head_dim(264).is_some_and(|f| f.d == 512));
         assert!(Family::for_head_dim(520).is_none() && Family::for_head_dim(100).is_none());

@@ -859,12 +859,6 @@ impl<D: Device> Backend for CudaBackend<D> {
         scoring: AttnScoring<'_, CudaWeight<D>>,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        if scoring.through.is_some() {
-            return Err(lmi_engine_core::backend::refused(
-                self.name(),
-                Feature::BidirectionalImages,
-            ));
-        }
         let sinks = match scoring.sinks {
             Some(w) if w.dtype != ElemType::F32 || w.shape != [layout.q_heads] => {
                 return Err(EngineError::Backend(format!(
@@ -884,6 +878,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             scoring.scale,
             scoring.window,
             sinks,
+            scoring.through,
             out,
         )
     }
@@ -975,7 +970,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             | Feature::LatentAttention
             | Feature::Gemma4 => true,
             Feature::SpanNorm => true,
-            Feature::BidirectionalImages => false,
+            Feature::BidirectionalImages => true,
         }
     }
 

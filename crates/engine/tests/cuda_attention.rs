@@ -240,10 +240,12 @@ fn cpu_window_attention<D: Device>(
     qkv: &Vec<f32>,
     window: Option<usize>,
 ) -> Vec<f32> {
-    cpu_scored_attention(c, pools, l, ql, qkv, window, None)
+    cpu_scored_attention(c, pools, l, ql, qkv, window, None, None)
 }
 
-/// [`cpu_window_attention`] with per-head attention sinks, when given.
+/// [`cpu_window_attention`] with per-head attention sinks and per-token limits past the
+/// tokens' own positions (`through`), when given.
+#[allow(clippy::too_many_arguments)]
 fn cpu_scored_attention<D: Device>(
     c: &CpuBackend,
     pools: &Pools<D>,
@@ -252,6 +254,7 @@ fn cpu_scored_attention<D: Device>(
     qkv: &Vec<f32>,
     window: Option<usize>,
     sinks: Option<&[f32]>,
+    through: Option<&[u32]>,
 ) -> Vec<f32> {
     let mut want = c.alloc(l.num_tokens() * ql.q_heads * ql.head_dim).unwrap();
     let (ck, cv) = &pools.cpu;
@@ -262,6 +265,7 @@ fn cpu_scored_attention<D: Device>(
     });
     let scoring = AttnScoring {
         sinks: sinks.as_ref(),
+        through,
         ..scoring(ql, window)
     };
     c.attention(qkv, &step, ql, ck, cv, scoring, &mut want)
@@ -318,11 +322,33 @@ fn check_window<D: Device>(
     data: Data,
     window: Option<usize>,
 ) {
-    check_scoring(g, ql, seqs, out, data, window, None)
+    check_scoring(g, ql, seqs, out, data, window, None, &[])
 }
 
-/// [`check_window`] with per-head attention sinks, when given.
+/// A run of a step's new tokens that see each other both ways (an image of Gemma 4 in its
+/// sliding layers): sequence `seq`'s new tokens `tokens` (offsets into its chunk).
+#[derive(Debug, Clone)]
+struct Image {
+    seq: usize,
+    tokens: std::ops::Range<usize>,
+}
+
+/// Per token of `l`, the last position it sees (`AttnScoring::through`): the last of its
+/// image's, else its own.
+fn through(l: &BatchLayout, seqs: &[Seq], images: &[Image]) -> Vec<u32> {
+    let mut th = l.positions.clone();
+    for im in images {
+        let first: usize = seqs[..im.seq].iter().map(|s| s.new).sum();
+        let rows = first + im.tokens.start..first + im.tokens.end;
+        let last = l.positions[rows.end - 1];
+        th[rows].fill(last);
+    }
+    th
+}
+
+/// [`check_window`] with per-head attention sinks and images seen both ways, when given.
 #[track_caller]
+#[allow(clippy::too_many_arguments)]
 fn check_scoring<D: Device>(
     g: &CudaBackend<D>,
     ql: QkvLayout,
@@ -331,9 +357,11 @@ fn check_scoring<D: Device>(
     data: Data,
     window: Option<usize>,
     sinks: Option<&[f32]>,
+    images: &[Image],
 ) {
     let what = format!(
-        "{ql:?}, {seqs:?}, {out:?} out, {data:?} data, window {window:?}, sinks {}",
+        "{ql:?}, {seqs:?}, {out:?} out, {data:?} data, window {window:?}, sinks {}, \
+         images {images:?}",
         sinks.is_some()
     );
     let c = cpu();
@@ -345,7 +373,14 @@ fn check_scoring<D: Device>(
     let step = g.upload_step(&l).unwrap();
     let gqkv = g.upload_f32(&qkv).unwrap();
     pools.write(&c, &l, &qkv, g, &step, &gqkv);
-    let want = cpu_scored_attention(&c, &pools, &l, ql, &qkv, window, sinks);
+    let th = (!images.is_empty()).then(|| through(&l, seqs, images));
+    let want = cpu_scored_attention(&c, &pools, &l, ql, &qkv, window, sinks, th.as_deref());
+    if th.is_some() {
+        // The images change what the CPU computes: a causal kernel cannot pass.
+        let causal = cpu_scored_attention(&c, &pools, &l, ql, &qkv, window, sinks, None);
+        let moved = want.iter().zip(&causal).any(|(a, b)| (a - b).abs() > 0.05);
+        assert!(moved, "{what}: the images do not move the output");
+    }
 
     let mut got = alloc_out(g, want.len(), out);
     let (gk, gv) = &pools.gpu;
@@ -355,13 +390,17 @@ fn check_scoring<D: Device>(
     });
     let scoring = AttnScoring {
         sinks: gsinks.as_ref(),
+        through: th.as_deref(),
         ..scoring(ql, window)
     };
     g.attention(&gqkv, &step, ql, gk, gv, scoring, &mut got)
         .unwrap();
-    // Windowed steps and steps with sinks never take the tensor cores.
-    let bf16_products =
-        data == Data::Random && window.is_none() && sinks.is_none() && on_tensor_cores(ql, seqs);
+    // Windowed steps, steps with sinks and with images never take the tensor cores.
+    let bf16_products = data == Data::Random
+        && window.is_none()
+        && sinks.is_none()
+        && th.is_none()
+        && on_tensor_cores(ql, seqs);
     compare(&what, &to_host(g, &got), &want, out, bf16_products);
 }
 
@@ -459,6 +498,7 @@ fn check_attention_sinks<D: Device>(g: &CudaBackend<D>) {
                 Data::Random,
                 window,
                 Some(&sinks),
+                &[],
             );
         }
     }
@@ -471,7 +511,32 @@ fn check_attention_sinks<D: Device>(g: &CudaBackend<D>) {
         Data::Exact,
         None,
         Some(&sinks),
+        &[],
     );
+}
+
+/// Gemma 4's images in its sliding layers: an image's tokens see the whole image (the
+/// window counted back from each token's own position), the others stay causal. Images
+/// inside one 16-token tile and across tiles, longer than the window and shorter, at the
+/// chunk's end and before text, after a cached prefix whose keys split several ways, beside
+/// decode rows; GQA groups of 1 to 4; padded, tensor-core and 512-wide head sizes.
+fn check_images_both_ways<D: Device>(g: &CudaBackend<D>) {
+    let im = |seq, tokens| Image { seq, tokens };
+    let seqs = [prefill(40, 40), decode(30), prefill(700, 60), decode(300)];
+    let images = [im(0, 3..9), im(0, 12..37), im(2, 5..60)];
+    for window in [None, Some(8), Some(100)] {
+        for (q_heads, kv_heads, hd) in [(4, 2, 16), (8, 2, 64), (4, 4, 128), (4, 1, 512)] {
+            let ql = heads(q_heads, kv_heads, hd);
+            let data = Data::Random;
+            check_scoring(g, ql, &seqs, ElemType::F32, data, window, None, &images);
+        }
+    }
+    // Exact data: one key too many or too few cannot hide; bf16 output.
+    let ql = heads(8, 2, 64);
+    for out in [ElemType::F32, ElemType::BF16] {
+        let data = Data::Exact;
+        check_scoring(g, ql, &seqs, out, data, Some(8), None, &images);
+    }
 }
 
 fn check_ragged_batches<D: Device>(g: &CudaBackend<D>) {
@@ -702,7 +767,7 @@ fn check_split_protocol<D: Device>(g: &CudaBackend<D>) {
         (
             "attention_decode_hd128_f32",
             128,
-            40_576,
+            40_608,
             vec![
                 decode(1),
                 decode(255),
@@ -789,7 +854,9 @@ fn check_split_protocol<D: Device>(g: &CudaBackend<D>) {
             Arg::F32(scale(ql)),
         ];
         if kernel.starts_with("attention_decode") {
-            args.push(Arg::U32(0)); // attention.cu's kernels: no window, no sinks
+            // attention.cu's kernels: no window, no sinks, no limits past the positions
+            args.push(Arg::U32(0));
+            args.push(Arg::Ptr(lmi_cuda::DevPtr::NULL));
             args.push(Arg::Ptr(lmi_cuda::DevPtr::NULL));
         }
         dev.launch(f, &cfg, &args).unwrap();
@@ -987,6 +1054,11 @@ fn sliding_windows() {
 #[test]
 fn attention_sinks() {
     on_every_device!(check_attention_sinks);
+}
+
+#[test]
+fn images_both_ways() {
+    on_every_device!(check_images_both_ways);
 }
 
 #[test]

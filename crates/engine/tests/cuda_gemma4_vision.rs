@@ -1,8 +1,10 @@
 //! Gemma 4 with its vision tower on the CUDA engine (bf16): the tower runs on the host (no
 //! device kernels: `upload_vision` keeps it there), its embeddings replace the image's rows on
 //! the device, and the per-layer inputs take the pad token's row there. Prompt 0 of
-//! tests/fixtures/gemma4/vision (an image between boi/eoi) against transformers' f32 logits, on
-//! the CPU emulator in both thread orders and on the driver's device.
+//! tests/fixtures/gemma4/vision (an image between boi/eoi) and of vision_a4b (26B-A4B's layout,
+//! the image's tokens attending both ways in the sliding layers: `AttnScoring::through` in
+//! the attention kernels) against transformers' f32 logits, on the CPU emulator in both
+//! thread orders and on the driver's device.
 
 mod cuda_common;
 mod hf_fixture;
@@ -20,11 +22,14 @@ fn check<D: Device>(dev: &Arc<D>) {
     run(dev, "vision");
 }
 
-/// tests/fixtures/gemma4/vision_a4b sets `use_bidirectional_attention: "vision"`: its images
-/// are refused on CUDA (the kernels' keys end at each query's own position), naming the CPU.
-fn refuse_both_ways<D: Device>(dev: &Arc<D>) {
+/// tests/fixtures/gemma4/vision_a4b sets `use_bidirectional_attention: "vision"`; its
+/// reference.json says how far a causal mask would move the logits (far past the tolerance).
+fn check_both_ways<D: Device>(dev: &Arc<D>) {
     run(dev, "vision_a4b");
 }
+
+/// The median position's bound where a mixture runs in bf16 (as cuda_gemma4.rs's).
+const BF16_MEDIAN_TOL: f32 = 1e-1;
 
 fn run<D: Device>(dev: &Arc<D>, name: &str) {
     let dir = hf_fixture::fixture("gemma4", name);
@@ -66,17 +71,6 @@ fn run<D: Device>(dev: &Arc<D>, name: &str) {
         &media,
         &[],
     );
-    if name == "vision_a4b" {
-        let err = out.expect_err("refused on CUDA").to_string();
-        assert!(
-            err.contains("use_bidirectional_attention") && err.contains("--device cpu"),
-            "{err}"
-        );
-        let text = [2u32, 17, 250, 3, 99];
-        let t = e.forward_logits(&[chunk(&text, 0, &blocks(0, 5), LogitsWanted::Last)]);
-        assert!(t.is_ok(), "its text is served");
-        return;
-    }
     let out = out.unwrap();
     let st = std::fs::read(dir.join("reference.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&st).unwrap();
@@ -93,11 +87,21 @@ fn run<D: Device>(dev: &Arc<D>, name: &str) {
         .collect();
     diffs.sort_by(f32::total_cmp);
     let (median, worst) = (diffs[n / 2], diffs[n - 1]);
-    eprintln!("CUDA bf16 with an image: within {worst:.2e} of transformers (median {median:.2e})");
-    assert!(
-        median < BF16_TOL && worst < 2.0 * BF16_TOL,
-        "logits differ by {worst} (median {median})"
+    eprintln!(
+        "CUDA bf16 with an image ({name}): within {worst:.2e} of transformers (median \
+         {median:.2e})"
     );
+    if name == "vision_a4b" {
+        // Its mixture in bf16 flips close experts (cuda_gemma4.rs's bound for the text-only
+        // a4b fixture): 3.5e-2 median, 0.21 worst here; attending causally instead gives a
+        // median of 1.05.
+        assert!(median < BF16_MEDIAN_TOL, "median difference {median}");
+    } else {
+        assert!(
+            median < BF16_TOL && worst < 2.0 * BF16_TOL,
+            "logits differ by {worst} (median {median})"
+        );
+    }
 }
 
 #[test]
@@ -106,6 +110,6 @@ fn an_image_on_cuda_gemma4_matches_transformers() {
 }
 
 #[test]
-fn images_that_attend_both_ways_are_refused_on_cuda() {
-    on_every_raw_device!(refuse_both_ways);
+fn an_image_seen_both_ways_on_cuda_gemma4_matches_transformers() {
+    on_every_raw_device!(check_both_ways);
 }
