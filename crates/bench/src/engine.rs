@@ -204,6 +204,7 @@ fn greedy_step(engine: &mut dyn StepEngine, chunks: &[SeqChunk]) -> anyhow::Resu
         rope_deltas: &[],
         states: &states,
         pools: &[],
+        mtp: &[],
     })?;
     Ok(())
 }

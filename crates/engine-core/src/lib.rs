@@ -30,6 +30,6 @@ pub use kv::{BLOCK_SIZE, KvCacheConfig, KvWindow};
 pub use lmi_checkpoint::{Architecture, DType, ModelConfig};
 pub use state::{ChunkState, NO_SLOT, StateConfig};
 pub use step::{
-    PoolRequest, PromptLogprobRequest, SampleRequest, StepBatch, StepOutput, TokenLogprob,
-    TokenMask,
+    MtpChunk, PoolRequest, PromptLogprobRequest, SampleRequest, StepBatch, StepOutput,
+    TokenLogprob, TokenMask,
 };

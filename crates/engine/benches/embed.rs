@@ -227,6 +227,7 @@ fn step(e: &mut dyn StepEngine, batch: &[Vec<u32>]) -> Vec<Vec<f32>> {
         rope_deltas: &[],
         states: &[],
         pools: &pools,
+        mtp: &[],
     })
     .unwrap()
     .pooled

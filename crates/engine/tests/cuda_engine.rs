@@ -83,6 +83,7 @@ fn greedy<E: StepEngine + ?Sized>(e: &mut E, chunks: &[SeqChunk]) -> Vec<u32> {
             rope_deltas: &[],
             states: &[],
             pools: &[],
+            mtp: &[],
         })
         .unwrap();
     out.samples.iter().map(|s| s.token).collect()
@@ -511,6 +512,7 @@ fn generate<E: StepEngine + ?Sized>(
                 rope_deltas: &[],
                 states: &[],
                 pools: &[],
+                mtp: &[],
             })
             .unwrap();
         let t = s.samples[0].token;

@@ -143,6 +143,7 @@ fn encoder_steps_refuse_what_they_cannot_run() {
             rope_deltas: &[],
             states: &[],
             pools,
+            mtp: &[],
         })
         .map(|o| o.pooled)
     };
@@ -169,6 +170,7 @@ fn encoder_steps_refuse_what_they_cannot_run() {
             rope_deltas: &[],
             states: &[],
             pools: &pools,
+            mtp: &[],
         })
         .unwrap_err()
         .to_string();
@@ -231,6 +233,7 @@ fn qwen3_embedding_beside_generation() {
                 chunk: 0,
                 segment_b: None,
             }],
+            mtp: &[],
         })
         .unwrap_err()
         .to_string();

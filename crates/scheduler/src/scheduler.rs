@@ -396,6 +396,7 @@ impl Scheduler {
             rope_deltas: &rope_deltas,
             states: &states,
             pools: &pools,
+            mtp: &[],
         };
         let tf = Instant::now();
         let result = self

@@ -96,6 +96,7 @@ fn direct_pair(engine: &mut dyn StepEngine, tokens: &[u32], segment_b: Option<us
             rope_deltas: &[],
             states: &[],
             pools: &pools,
+            mtp: &[],
         })
         .unwrap();
     assert_eq!(out.pooled.len(), 1);

@@ -118,6 +118,7 @@ impl StepEngine for NullEngine {
             samples,
             prompt_logprobs,
             pooled: Vec::new(),
+            drafts: Vec::new(),
             sample_time: Default::default(),
         })
     }
@@ -237,6 +238,7 @@ mod tests {
                 rope_deltas: &[],
                 states: &[],
                 pools: &[],
+                mtp: &[],
             })
             .unwrap();
         let tokens: Vec<u32> = out.samples.iter().map(|s| s.token).collect();

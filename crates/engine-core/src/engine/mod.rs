@@ -20,6 +20,7 @@ use crate::step::{LogitsWork, StepBatch, StepOutput};
 use crate::vision::EncoderCache;
 
 mod media;
+mod mtp;
 mod pool;
 pub mod warmup;
 
@@ -60,6 +61,9 @@ pub struct EngineOptions {
     /// What the model is served for (LMI's `option.task`), overriding what its files say
     /// ([`lmi_checkpoint::pooling::PoolerInfo::read`]); None: as they say.
     pub task: Option<lmi_checkpoint::pooling::Task>,
+    /// Load the checkpoint's multi-token-prediction layer, where it holds one, as a
+    /// speculative draft ([`StepEngine::mtp`]); its K/V take a share of the cache's budget.
+    pub mtp_draft: bool,
 }
 
 impl Default for EngineOptions {
@@ -75,6 +79,7 @@ impl Default for EngineOptions {
             window_pools: true,
             state_slots: None,
             task: None,
+            mtp_draft: false,
         }
     }
 }
@@ -151,6 +156,11 @@ pub trait StepEngine: Send {
     fn pooler(&self) -> Option<&lmi_checkpoint::pooling::PoolerInfo> {
         None
     }
+    /// The engine drafts with the checkpoint's multi-token-prediction head: its steps then
+    /// carry [`StepBatch::mtp`] and return [`crate::step::StepOutput::drafts`].
+    fn mtp(&self) -> bool {
+        false
+    }
     /// Bytes of weights a decode step streams (the roofline's numerator).
     fn weight_bytes(&self) -> usize;
     /// Bytes of weights a decode step of `tokens` tokens streams: more than
@@ -195,6 +205,8 @@ pub struct Engine<B: Backend> {
     encoder_stats: EncoderStats,
     /// An embedding or scoring model's pooler (its host head is the model's).
     pooler: Option<lmi_checkpoint::pooling::PoolerInfo>,
+    /// The checkpoint's multi-token-prediction head, loaded as a draft.
+    mtp: Option<mtp::MtpDraft<B>>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -208,7 +220,14 @@ impl<B: Backend> Engine<B> {
             pooler: pooler.clone(),
         };
         let model = Model::load(&backend, dir, &load)?;
+        let mtp_model = match opts.mtp_draft {
+            true => Model::load_mtp(&backend, dir, &model.config, &load)?,
+            false => None,
+        };
         let c = &model.config;
+        // The head's K/V pool is one more layer's, from the same budget.
+        let mut sizing = c.clone();
+        sizing.num_layers += usize::from(mtp_model.is_some());
         let kv_dtype = KvCacheConfig::dtype_for_weights(model.dtype);
         // On a device with its own memory, a share of it: sized by a measured warm-up step.
         let device_share = match (opts.kv_blocks, opts.memory_fraction) {
@@ -227,7 +246,9 @@ impl<B: Backend> Engine<B> {
         let num_blocks = match (opts.kv_blocks, device_share) {
             (Some(n), _) => n,
             (None, Some(_)) => warmup::warmup_blocks(opts.max_step),
-            (None, None) => KvCacheConfig::blocks_for_budget(c, kv_dtype.size(), kv_budget).max(1),
+            (None, None) => {
+                KvCacheConfig::blocks_for_budget(&sizing, kv_dtype.size(), kv_budget).max(1)
+            }
         };
         let cfg = KvCacheConfig::new(c, num_blocks, kv_dtype);
         // Pools of several widths (Gemma 4) size their window pools themselves; the uniform
@@ -253,6 +274,22 @@ impl<B: Backend> Engine<B> {
             None => kv,
         };
         let weight_bytes = model.weight_bytes(&backend);
+        let mtp = match mtp_model {
+            Some(m) => {
+                tracing::info!(
+                    "drafting with the checkpoint's multi-token-prediction layer ({})",
+                    m.weights
+                );
+                Some(mtp::MtpDraft::new(
+                    &backend,
+                    m,
+                    kv.cfg.num_blocks,
+                    kv_dtype,
+                )?)
+            }
+            None => None,
+        };
+        let layers = c.num_layers;
         let mut engine = Engine {
             backend,
             model,
@@ -263,9 +300,15 @@ impl<B: Backend> Engine<B> {
             encoder_cache: EncoderCache::new(ENCODER_CACHE_BYTES),
             encoder_stats: EncoderStats::default(),
             pooler,
+            mtp,
         };
         if let Some(fraction) = device_share {
             let blocks = engine.measure_kv_blocks(opts.max_step, fraction)?;
+            // The head's pool takes one layer's share of what the target's would have.
+            let blocks = match engine.mtp {
+                Some(_) => blocks * layers / (layers + 1),
+                None => blocks,
+            };
             engine.replace_kv(blocks)?;
             engine.capture_graphs(opts.max_step)?;
             engine.tokens_computed = 0;
@@ -319,6 +362,9 @@ impl<B: Backend> Engine<B> {
         if let Some(s) = states {
             self.kv = std::mem::replace(&mut self.kv, KvCache::empty(cfg))
                 .with_states(&self.backend, s)?;
+        }
+        if let Some(m) = &mut self.mtp {
+            m.resize(&self.backend, num_blocks)?;
         }
         Ok(())
     }
@@ -391,6 +437,85 @@ impl<B: Backend> Engine<B> {
 
     pub fn model(&self) -> &Model<B> {
         &self.model
+    }
+
+    /// [`StepEngine::step`], and with `mtp_logits` the multi-token-prediction head's logits
+    /// at every row it reads (a test of its arithmetic; the head then drafts nothing).
+    pub fn step_with(
+        &mut self,
+        batch: &StepBatch<'_>,
+        mtp_logits: bool,
+    ) -> Result<(StepOutput, Vec<f32>)> {
+        let (mut layout, embeds) =
+            self.prepare(batch.chunks, batch.media, batch.rope_deltas, batch.states)?;
+        let pool_rows = pool::layout_pools(batch, &mut layout, self.model.head.as_ref())?;
+        let work = LogitsWork::new(batch, &layout)?;
+        // The chunks the head reads return their rows' hidden states, as pooled rows.
+        let mtp_rows = match (&self.mtp, batch.mtp.is_empty()) {
+            (_, true) => 0,
+            (Some(_), false) if pool_rows == 0 => mtp::pool_rows(batch, &mut layout)?,
+            _ => {
+                return Err(crate::error::EngineError::Batch(
+                    "this engine has no multi-token-prediction head (or the step pools)".into(),
+                ));
+            }
+        };
+        let pooled_rows = pool_rows + mtp_rows;
+        let tokens = layout.num_tokens();
+        // A step with pooled sequences runs directly (never padded or replayed from a decode
+        // graph): its pool rows sit past the logits rows a graph would return.
+        let layout = match pooled_rows {
+            0 => self.backend.prepare_layout(layout),
+            _ => layout,
+        };
+        let (model, backend, kv, adapters) =
+            (&self.model, &self.backend, &mut self.kv, &self.adapters);
+        let (vocab, hidden) = (model.config.vocab_size, model.config.hidden_size);
+        let rows = layout.logits_rows.len();
+        let (out, states, sample_time) = backend.run_forward(|| {
+            let step = backend.upload_step(&layout)?;
+            let embeds = embeds.as_ref();
+            let (logits, pooled) = match pooled_rows {
+                0 => {
+                    let logits = backend.run_graph(&step, || {
+                        model.forward(backend, &layout, &step, kv, adapters, embeds)
+                    })?;
+                    (logits, None)
+                }
+                p => model.forward_pooled(backend, &layout, &step, kv, adapters, embeds, p)?,
+            };
+            let t = Instant::now();
+            let out = match logits {
+                Some(buf) => backend.process_logits(buf, rows - pooled_rows, vocab, &work)?,
+                None => Default::default(),
+            };
+            let states = match pooled {
+                Some(buf) => backend.to_host(buf, rows * hidden)?,
+                None => Vec::new(),
+            };
+            Ok::<_, crate::error::EngineError>((out, states, t.elapsed()))
+        })?;
+        self.tokens_computed += tokens as u64;
+        let mut head_logits = Vec::new();
+        let drafts = match &mut self.mtp {
+            Some(m) if mtp_rows > 0 => {
+                let hidden_rows = &states[(rows - mtp_rows) * hidden..];
+                match mtp_logits {
+                    true => {
+                        head_logits = m.logits(&self.backend, batch, &out.samples, hidden_rows)?;
+                        vec![Vec::new(); batch.mtp.len()]
+                    }
+                    false => m.run(&self.backend, batch, &out.samples, hidden_rows)?,
+                }
+            }
+            _ => Vec::new(),
+        };
+        let mut output = LogitsWork::into_step_output(batch, out, sample_time);
+        output.drafts = drafts;
+        if let Some(head) = self.model.head.as_ref().filter(|_| pool_rows > 0) {
+            output.pooled = pool::outputs(head, &states, hidden, pool_rows);
+        }
+        Ok((output, head_logits))
     }
 
     pub fn backend(&self) -> &B {
@@ -500,57 +625,20 @@ impl<B: Backend> StepEngine for Engine<B> {
     }
 
     fn step(&mut self, batch: &StepBatch<'_>) -> Result<StepOutput> {
-        let (mut layout, embeds) =
-            self.prepare(batch.chunks, batch.media, batch.rope_deltas, batch.states)?;
-        let pool_rows = pool::layout_pools(batch, &mut layout, self.model.head.as_ref())?;
-        let work = LogitsWork::new(batch, &layout)?;
-        let tokens = layout.num_tokens();
-        // A step with pooled sequences runs directly (never padded or replayed from a decode
-        // graph): its pool rows sit past the logits rows a graph would return.
-        let layout = match pool_rows {
-            0 => self.backend.prepare_layout(layout),
-            _ => layout,
-        };
-        let (model, backend, kv, adapters) =
-            (&self.model, &self.backend, &mut self.kv, &self.adapters);
-        let (vocab, hidden) = (model.config.vocab_size, model.config.hidden_size);
-        let rows = layout.logits_rows.len();
-        let (out, states, sample_time) = backend.run_forward(|| {
-            let step = backend.upload_step(&layout)?;
-            let embeds = embeds.as_ref();
-            let (logits, pooled) = match pool_rows {
-                0 => {
-                    let logits = backend.run_graph(&step, || {
-                        model.forward(backend, &layout, &step, kv, adapters, embeds)
-                    })?;
-                    (logits, None)
-                }
-                p => model.forward_pooled(backend, &layout, &step, kv, adapters, embeds, p)?,
-            };
-            let t = Instant::now();
-            let out = match logits {
-                Some(buf) => backend.process_logits(buf, rows - pool_rows, vocab, &work)?,
-                None => Default::default(),
-            };
-            let states = match pooled {
-                Some(buf) => backend.to_host(buf, rows * hidden)?,
-                None => Vec::new(),
-            };
-            Ok::<_, crate::error::EngineError>((out, states, t.elapsed()))
-        })?;
-        self.tokens_computed += tokens as u64;
-        let mut output = LogitsWork::into_step_output(batch, out, sample_time);
-        if let Some(head) = self.model.head.as_ref().filter(|_| pool_rows > 0) {
-            output.pooled = pool::outputs(head, &states, hidden, pool_rows);
-        }
-        Ok(output)
+        self.step_with(batch, false).map(|(out, _)| out)
     }
 
+    fn mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
     fn pooler(&self) -> Option<&lmi_checkpoint::pooling::PoolerInfo> {
         self.pooler.as_ref()
     }
 
     fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<()> {
+        if let Some(m) = &mut self.mtp {
+            m.kv.copy_blocks(&self.backend, pairs, false)?;
+        }
         self.kv.copy_blocks(&self.backend, pairs, false)
     }
 

@@ -120,6 +120,7 @@ impl<B: Backend> Engine<B> {
                 rope_deltas: &[],
                 states: &states,
                 pools: &[],
+                mtp: &[],
             })?;
         }
         self.backend().finish_warmup()?;

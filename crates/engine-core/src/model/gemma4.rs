@@ -737,6 +737,7 @@ impl<B: Backend> Model<B> {
             vision_device: None,
             head: None,
             gemma4: Some(gemma4),
+            mtp_front: None,
             config,
         })
     }

@@ -135,84 +135,17 @@ impl<B: Backend> Model<B> {
         let mut layers = Vec::with_capacity(c.num_layers);
         let (mut kv_layers, mut state_layers) = (0, 0);
         for i in 0..c.num_layers {
-            let p = format!("{lm}layers.{i}");
             let linear = c.linear_attn.as_ref().is_some_and(|l| l.layers[i]);
-            let mixer = if linear {
+            let pools = (kv_layers, state_layers);
+            if linear {
                 state_layers += 1;
-                Mixer::Linear(LinearAttn::load(
-                    backend,
-                    c,
-                    st,
-                    &p,
-                    state_layers - 1,
-                    &mat,
-                    dtype,
-                )?)
-            } else if c.mla.is_some() {
-                kv_layers += 1;
-                Mixer::Latent(LatentAttn::load(
-                    backend,
-                    c,
-                    st,
-                    &p,
-                    kv_layers - 1,
-                    &mat,
-                    &norm,
-                )?)
             } else {
                 kv_layers += 1;
-                Mixer::Attention(self_attention(
-                    backend,
-                    c,
-                    st,
-                    &p,
-                    (i, kv_layers - 1),
-                    &mat,
-                    &norm,
-                )?)
-            };
-            let mlp = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
-                Some(moe) => {
-                    let layer = load_experts(backend, c, moe, &p, st, &mat, dtype)?;
-                    let index = backend.index_experts(&layer)?;
-                    Mlp::Moe(layer, index)
-                }
-                None => {
-                    let (gate_up, down) = gated_mlp(
-                        backend,
-                        &mat,
-                        &format!("{p}.mlp"),
-                        QWEN,
-                        h,
-                        c.intermediate_size,
-                    )?;
-                    Mlp::Dense { gate_up, down }
-                }
-            };
-            let olmo = c.architecture.is_olmo();
-            let sandwich = |n: &str| -> Result<Option<B::Weight>> {
-                (gemma || olmo)
-                    .then(|| norm(&format!("{p}.{n}.weight"), h))
-                    .transpose()
-            };
-            let pre_mlp = if gemma {
-                "pre_feedforward_layernorm"
-            } else {
-                "post_attention_layernorm"
-            };
-            layers.push(Layer {
-                input_norm: (!olmo)
-                    .then(|| norm(&format!("{p}.input_layernorm.weight"), h))
-                    .transpose()?,
-                mixer,
-                post_norm: (!olmo)
-                    .then(|| norm(&format!("{p}.{pre_mlp}.weight"), h))
-                    .transpose()?,
-                attn_out_norm: sandwich("post_attention_layernorm")?,
-                mlp_out_norm: sandwich("post_feedforward_layernorm")?,
-                local: c.sliding_window.as_ref().is_some_and(|w| w.local[i]),
-                mlp,
-            });
+            }
+            let p = format!("{lm}layers.{i}");
+            layers.push(load_layer(
+                backend, c, st, &p, i, pools, &mat, &norm, dtype,
+            )?);
         }
         let final_norm = norm(&format!("{lm}norm.weight"), h)?;
         let rope = match c.mrope_components() {
@@ -269,6 +202,7 @@ impl<B: Backend> Model<B> {
             vision_device: None,
             head: None,
             gemma4: None,
+            mtp_front: None,
         })
     }
 }
@@ -734,4 +668,79 @@ pub(super) fn note_format(formats: &mut BTreeSet<&'static str>, t: &HostTensor) 
             formats.insert("f32");
         }
     }
+}
+
+/// Decoder layer `i` from `p` (`{lm}layers.{i}`; a multi-token-prediction layer past the
+/// model's takes the same form): its mixer writes K/V pool `kv` or recurrent state `state`
+/// (`pools`), as the model counts them.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn load_layer<B: Backend>(
+    backend: &B,
+    c: &ModelConfig,
+    st: &WeightSource,
+    p: &str,
+    i: usize,
+    (kv, state): (usize, usize),
+    mat: &dyn Fn(&str, &[usize]) -> Result<HostTensor>,
+    norm: &dyn Fn(&str, usize) -> Result<B::Weight>,
+    dtype: DType,
+) -> Result<Layer<B>> {
+    let h = c.hidden_size;
+    let linear = c
+        .linear_attn
+        .as_ref()
+        .is_some_and(|l| l.layers.get(i) == Some(&true));
+    let mixer = if linear {
+        Mixer::Linear(LinearAttn::load(backend, c, st, p, state, mat, dtype)?)
+    } else if c.mla.is_some() {
+        Mixer::Latent(LatentAttn::load(backend, c, st, p, kv, mat, norm)?)
+    } else {
+        Mixer::Attention(self_attention(backend, c, st, p, (i, kv), mat, norm)?)
+    };
+    let mlp = match c.moe.as_ref().filter(|m| m.is_sparse(i)) {
+        Some(moe) => {
+            let layer = load_experts(backend, c, moe, p, st, mat, dtype)?;
+            let index = backend.index_experts(&layer)?;
+            Mlp::Moe(layer, index)
+        }
+        None => {
+            let (gate_up, down) = gated_mlp(
+                backend,
+                mat,
+                &format!("{p}.mlp"),
+                QWEN,
+                h,
+                c.intermediate_size,
+            )?;
+            Mlp::Dense { gate_up, down }
+        }
+    };
+    let gemma = c.architecture.is_gemma();
+    let olmo = c.architecture.is_olmo();
+    let sandwich = |n: &str| -> Result<Option<B::Weight>> {
+        (gemma || olmo)
+            .then(|| norm(&format!("{p}.{n}.weight"), h))
+            .transpose()
+    };
+    let pre_mlp = if gemma {
+        "pre_feedforward_layernorm"
+    } else {
+        "post_attention_layernorm"
+    };
+    Ok(Layer {
+        input_norm: (!olmo)
+            .then(|| norm(&format!("{p}.input_layernorm.weight"), h))
+            .transpose()?,
+        mixer,
+        post_norm: (!olmo)
+            .then(|| norm(&format!("{p}.{pre_mlp}.weight"), h))
+            .transpose()?,
+        attn_out_norm: sandwich("post_attention_layernorm")?,
+        mlp_out_norm: sandwich("post_feedforward_layernorm")?,
+        local: c
+            .sliding_window
+            .as_ref()
+            .is_some_and(|w| w.local.get(i) == Some(&true)),
+        mlp,
+    })
 }

@@ -6,6 +6,7 @@ mod gemma4_media;
 mod linear_attn;
 mod load;
 mod mla;
+mod mtp;
 mod sigmoe;
 
 use std::collections::HashMap;
@@ -131,6 +132,9 @@ pub struct Model<B: Backend> {
     pub head: Option<crate::pooler::HostHead>,
     /// Gemma 4's layers and what it adds (then `layers` is empty).
     gemma4: Option<gemma4::Gemma4Layers<B>>,
+    /// A multi-token-prediction head's input stage ([`Model::load_mtp`]): this model is then
+    /// the head, its one layer reading the target's hidden states beside the next tokens.
+    mtp_front: Option<mtp::MtpFront<B>>,
 }
 
 impl<W, X> Mlp<W, X> {
@@ -175,6 +179,9 @@ pub struct InputEmbeds {
     /// Qwen3-VL's DeepStack: `deepstack[k]` (`[rows.len(), hidden]`) is added to the same
     /// rows' hidden states after layer `k` (empty for other models).
     pub deepstack: Vec<Vec<f32>>,
+    /// A multi-token-prediction head's other input ([`Model::load_mtp`]): per token of the
+    /// step, `[tokens, hidden]`, the hidden state it continues (empty for other models).
+    pub mtp_hidden: Vec<f32>,
 }
 
 /// One media item's rows in a step ([`InputEmbeds::runs`]).
@@ -597,11 +604,16 @@ impl<B: Backend> Model<B> {
             backend.scale(&mut residual, n * hidden, s)?;
         }
         // Media embeddings replace rows as the encoder made them (never scaled).
+        let embeds_all = embeds;
         let embeds = embeds.filter(|e| !e.rows.is_empty());
         if let Some(e) = embeds {
             backend.write_rows(&mut residual, hidden, &e.rows, &e.data)?;
         }
         let deepstack = embeds.map_or(&[][..], |e| e.deepstack.as_slice());
+        if let Some(f) = &self.mtp_front {
+            let hidden = embeds_all.map_or(&[][..], |e| e.mtp_hidden.as_slice());
+            f.input(backend, &mut residual, hidden, n, (h, eps), &mut normed)?;
+        }
         // Whether `proj` holds the previous layer's MLP output, not yet added to `residual`.
         let mut pending = false;
         for (i, layer) in self.layers.iter().enumerate() {
@@ -768,16 +780,18 @@ impl<B: Backend> Model<B> {
             }
         };
         // Pooled states in f32 (a matmul input may be rounded), every row normed: a norm
-        // reads only its own row, and the pool rows come last.
-        let pooled = match pool_rows {
-            0 => None,
+        // reads only its own row, and the pool rows come last. An MTP head's are its layer's
+        // output as it is (what its next draft continues, [`mtp`]).
+        let (pooled, picked) = match pool_rows {
+            0 => (None, Some(picked)),
+            _ if self.mtp_front.is_some() => (Some(picked), None),
             _ => {
                 let mut normed = backend.alloc(rows * hidden)?;
                 backend.rms_norm(&picked, rows, &self.final_norm, eps, &mut normed)?;
-                Some(normed)
+                (Some(normed), Some(picked))
             }
         };
-        for b in [residual, proj, picked] {
+        for b in [residual, proj].into_iter().chain(picked) {
             backend.recycle(b);
         }
         Ok((logits, pooled))

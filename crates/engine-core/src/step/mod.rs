@@ -88,6 +88,28 @@ pub struct StepBatch<'a> {
     /// pooled output the step returns. Such a chunk holds its sequence's whole input (from
     /// position 0; bidirectional encoders see all of it at once) and wants no logits.
     pub pools: &'a [PoolRequest],
+    /// An engine with a multi-token-prediction head ([`crate::engine::StepEngine::mtp`]):
+    /// what the head needs of each generating chunk beyond its tokens. Every chunk of a
+    /// sequence that may draft should have one, so that the head's cache holds every position.
+    pub mtp: &'a [MtpChunk],
+}
+
+/// A chunk's part in multi-token prediction ([`StepBatch::mtp`]). The head reads each
+/// position's hidden state with the token after it: the chunk's own next token, then for its
+/// last row `next`, or the step's draw there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MtpChunk {
+    /// Index of the chunk in [`StepBatch::chunks`].
+    pub chunk: usize,
+    /// The token after the chunk's last where it is known (a prompt chunk that does not end
+    /// the prompt); None: the step draws it (a [`SampleRequest`] at the chunk's last row).
+    pub next: Option<u32>,
+    /// The chunk's last `draft` tokens are a draft under verification (one draw per row
+    /// from the last token before them): the head reads the rows up to the last draft token
+    /// equal to the draw before it, then that row's draw, as the scheduler keeps them.
+    pub draft: usize,
+    /// Draft tokens wanted back ([`StepOutput::drafts`]); 0 keeps the head's cache current.
+    pub propose: usize,
 }
 
 /// A chunk whose pooled output (an embedding, or a scoring model's scores) the step returns.
@@ -118,6 +140,9 @@ pub struct StepOutput {
     /// One per [`StepBatch::pools`], in order: the model's output vector (an embedding after
     /// its pooling and dense modules, not normalized; or the scoring head's raw scores).
     pub pooled: Vec<Vec<f32>>,
+    /// One per [`StepBatch::mtp`], in order: the head's greedy draft (up to its `propose`
+    /// tokens; fewer where the sequence's blocks end, none where no row was read).
+    pub drafts: Vec<Vec<u32>>,
     /// Time spent turning logits into these results (metrics).
     pub sample_time: Duration,
 }
@@ -264,6 +289,7 @@ impl<'a> LogitsWork<'a> {
             samples: out.samples,
             prompt_logprobs,
             pooled: Vec::new(),
+            drafts: Vec::new(),
             sample_time,
         }
     }

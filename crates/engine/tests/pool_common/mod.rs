@@ -124,6 +124,7 @@ fn pool_step(
             rope_deltas: &[],
             states: &[],
             pools: &pools,
+            mtp: &[],
         })
         .unwrap();
     assert_eq!(out.samples.len(), first);

@@ -126,6 +126,7 @@ impl DraftModel {
                 rope_deltas: &[],
                 states: &[],
                 pools: &[],
+                mtp: &[],
             };
             let out = match self.engine.step(&batch) {
                 Ok(o) => o,

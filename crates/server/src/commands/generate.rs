@@ -122,6 +122,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             rope_deltas: &[],
             states: &states,
             pools: &[],
+            mtp: &[],
         })?;
         let tok = out
             .samples
