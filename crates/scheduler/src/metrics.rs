@@ -45,8 +45,8 @@ pub struct SchedulerMetrics {
     /// Constraint masks computed, their total time, and the most recent durations (µs) for
     /// percentiles.
     /// Speculative decoding, per [`crate::DraftSource`]: draft tokens proposed and kept.
-    pub spec_proposed: [AtomicU64; 3],
-    pub spec_accepted: [AtomicU64; 3],
+    pub spec_proposed: [AtomicU64; 4],
+    pub spec_accepted: [AtomicU64; 4],
     pub masks: AtomicU64,
     pub mask_nanos: AtomicU64,
     /// The engine's CUDA graphs: captured, and keys whose capture failed (all 0 without).
@@ -97,8 +97,8 @@ pub struct MetricsSnapshot {
     pub lora_engine_loads: u64,
     pub lora_engine_evictions: u64,
     pub lora_waiting_requests: u64,
-    pub spec_proposed: [u64; 3],
-    pub spec_accepted: [u64; 3],
+    pub spec_proposed: [u64; 4],
+    pub spec_accepted: [u64; 4],
     pub masks: u64,
     pub mask_nanos: u64,
     pub cuda_graphs_captured: u64,

@@ -388,6 +388,10 @@ impl Scheduler {
         let batch_tokens: usize = chunks.iter().map(|c| c.tokens.len()).sum();
         let (samples, prompt_logprobs, planned) =
             step_plan::requests(&self.running, &self.requests, &scheduled, &chunks, &masks);
+        let mtp = match self.engine.mtp() {
+            true => step_plan::mtp(&self.running, &self.requests, &scheduled, &self.cfg),
+            false => Vec::new(),
+        };
         let batch = StepBatch {
             chunks: &chunks,
             samples: &samples,
@@ -396,7 +400,7 @@ impl Scheduler {
             rope_deltas: &rope_deltas,
             states: &states,
             pools: &pools,
-            mtp: &[],
+            mtp: &mtp,
         };
         let tf = Instant::now();
         let result = self
@@ -434,6 +438,10 @@ impl Scheduler {
                 m.forward_nanos
                     .fetch_sub(sample_ns.min(forward.as_nanos() as u64), Relaxed);
                 let pooled = std::mem::take(&mut out.pooled);
+                // The head's drafts continue each sequence as this step's draws leave it.
+                for (m, d) in mtp.iter().zip(std::mem::take(&mut out.drafts)) {
+                    self.running[scheduled[m.chunk].0].spec.mtp = d;
+                }
                 self.process(&planned, out);
                 self.finish_pooling(pooled);
             }

@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use lmi_engine_core::sampling::derive_seed;
 use lmi_engine_core::step::PoolRequest;
 use lmi_engine_core::{
-    ChunkMedia, ChunkState, LogitsWanted, PromptLogprobRequest, SampleRequest, SeqChunk, TokenMask,
+    ChunkMedia, ChunkState, LogitsWanted, MtpChunk, PromptLogprobRequest, SampleRequest, SeqChunk,
+    TokenMask,
 };
 
 use crate::entry::SeqEntry;
@@ -100,6 +101,44 @@ pub(crate) fn chunks(
         deltas.clear();
     }
     (chunks, media, deltas)
+}
+
+/// Each scheduled chunk's entry for the engine's multi-token-prediction head, in order: the
+/// prompt token after a chunk that does not end its prompt, the draft it carries, and the
+/// draft tokens wanted back where the sequence may draft next step (as `add_draft` allows,
+/// less the step's room, which is only known then).
+pub(crate) fn mtp(
+    running: &[SeqEntry],
+    requests: &HashMap<RequestId, RequestState>,
+    scheduled: &[(usize, usize)],
+    cfg: &crate::SchedulerConfig,
+) -> Vec<MtpChunk> {
+    scheduled
+        .iter()
+        .enumerate()
+        .map(|(k, &(i, n))| {
+            let e = &running[i];
+            let s = &e.seq;
+            let end = s.kv.num_computed + n;
+            let drafts = requests.get(&s.req).is_some_and(|r| {
+                let p = &r.params;
+                e.constraint.is_none()
+                    && p.beam.is_none()
+                    && p.draft.is_empty()
+                    && p.prompt.media().is_empty()
+            });
+            let propose = match drafts && end == s.tokens.len() && cfg.speculative.step_rows > 1 {
+                true => e.spec.spec_k.clamp(1, cfg.speculative.max_draft.max(1)),
+                false => 0,
+            };
+            MtpChunk {
+                chunk: k,
+                next: s.tokens.get(end).copied(),
+                draft: e.spec.draft_len,
+                propose,
+            }
+        })
+        .collect()
 }
 
 /// Each scheduled sequence's recurrent state in the step (empty for a model without

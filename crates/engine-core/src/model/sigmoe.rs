@@ -1,13 +1,13 @@
 //! GLM-4.5's and MiniMax-M2's pieces beside the shared decoder: their multi-token-prediction
-//! weights, which are not read.
+//! weights, which the model's forward does not read.
 
 use lmi_checkpoint::config::ModelConfig;
 use lmi_checkpoint::weights::WeightSource;
 
-/// Logs the multi-token-prediction (MTP) tensors a checkpoint holds and lmi leaves unread:
-/// GLM-4.5's `num_nextn_predict_layers` layers stored after the last decoder layer
-/// (`model.layers.{num_hidden_layers}...`) and MiniMax-M2's `mtp` modules. lmi's speculation
-/// takes a separate draft model; these layers would need the target's hidden states.
+/// Logs the multi-token-prediction (MTP) tensors a checkpoint holds, which the model's
+/// forward leaves unread: GLM-4.5's and DeepSeek-V3's `num_nextn_predict_layers` layers
+/// stored after the last decoder layer (`model.layers.{num_hidden_layers}...`; the engine's
+/// draft head reads the first, `mtp.rs`) and MiniMax-M2's `mtp` modules (not read at all).
 pub(super) fn note_skipped_mtp(c: &ModelConfig, st: &WeightSource, lm: &str) {
     let WeightSource::Safetensors(s) = st else {
         return;
@@ -20,8 +20,9 @@ pub(super) fn note_skipped_mtp(c: &ModelConfig, st: &WeightSource, lm: &str) {
     if n > 0 {
         tracing::info!(
             tensors = n,
-            "skipping the checkpoint's multi-token-prediction (MTP) layers: lmi does not use \
-             them as a speculative draft"
+            "the checkpoint's multi-token-prediction (MTP) layers are not part of the model: \
+             DeepSeek-style ones (layers.N.eh_proj) draft for speculative decoding unless \
+             option.speculative_mtp=false"
         );
     }
 }

@@ -160,6 +160,7 @@ impl Scheduler {
     pub(super) fn preempt(&mut self, i: usize) {
         let mut e = self.running.remove(i);
         e.strip_draft();
+        e.spec.mtp.clear();
         e.beam.pending = None;
         self.release(&mut e);
         self.metrics.preemptions.fetch_add(1, Relaxed);

@@ -8,7 +8,7 @@ use std::time::Instant;
 use lmi_engine_core::sampling::Sampled;
 
 use super::Scheduler;
-use crate::strategy::speculation::propose;
+use crate::strategy::speculation::{DraftSource, propose};
 
 impl Scheduler {
     /// Appends a draft of at most `room` tokens to running sequence `i` when it is decoding
@@ -27,6 +27,7 @@ impl Scheduler {
             || !r.forked
             || (p.draft.is_empty()
                 && e.spec.draft_kv.proposal.is_empty()
+                && e.spec.mtp.is_empty()
                 && self.cfg.speculative.ngram.is_none())
         {
             return 0;
@@ -41,11 +42,15 @@ impl Scheduler {
             )
             .min(p.stopping.max_new_tokens.saturating_sub(generated + 1))
             .min(self.cfg.max_model_len.saturating_sub(s.tokens.len() + 1));
+        let model = match e.spec.mtp.is_empty() {
+            false => (&e.spec.mtp[..], DraftSource::Mtp),
+            true => (&e.spec.draft_kv.proposal[..], DraftSource::Model),
+        };
         let Some((source, draft)) = propose(
             &s.tokens,
             s.prompt_len,
             &p.draft,
-            &e.spec.draft_kv.proposal,
+            model,
             self.cfg.speculative.ngram.as_ref(),
             k,
         ) else {

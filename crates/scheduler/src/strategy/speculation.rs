@@ -27,13 +27,16 @@ pub enum DraftSource {
     PromptLookup = 1,
     /// The draft model (option.speculative_draft_model).
     Model = 2,
+    /// The checkpoint's multi-token-prediction layer (option.speculative_mtp).
+    Mtp = 3,
 }
 
 impl DraftSource {
-    pub const ALL: [DraftSource; 3] = [
+    pub const ALL: [DraftSource; 4] = [
         DraftSource::Client,
         DraftSource::PromptLookup,
         DraftSource::Model,
+        DraftSource::Mtp,
     ];
 
     pub fn name(self) -> &'static str {
@@ -41,6 +44,7 @@ impl DraftSource {
             DraftSource::Client => "client",
             DraftSource::PromptLookup => "prompt_lookup",
             DraftSource::Model => "draft_model",
+            DraftSource::Mtp => "mtp",
         }
     }
 }
@@ -126,6 +130,9 @@ pub(crate) struct SpecState {
     pub rejected: usize,
     /// This sequence in the draft model's cache, and its proposal.
     pub draft_kv: DraftKv,
+    /// The engine's multi-token-prediction head's proposal after the sequence's last step
+    /// (`StepOutput::drafts`).
+    pub mtp: Vec<u32>,
 }
 
 impl Default for SpecState {
@@ -137,6 +144,7 @@ impl Default for SpecState {
             accepted: 0,
             rejected: 0,
             draft_kv: DraftKv::default(),
+            mtp: Vec::new(),
         }
     }
 }
@@ -191,12 +199,14 @@ pub(crate) fn lookup<'a>(
     None
 }
 
-/// A draft of at most `k` tokens for a sequence (`tokens`: prompt then output).
+/// A draft of at most `k` tokens for a sequence (`tokens`: prompt then output): the client's,
+/// else a model's proposal (`model`: the draft model's or the MTP head's, and which), else
+/// prompt lookup's.
 pub(crate) fn propose(
     tokens: &[u32],
     prompt_len: usize,
     client: &[u32],
-    model: &[u32],
+    (model, source): (&[u32], DraftSource),
     ngram: Option<&NgramLookup>,
     k: usize,
 ) -> Option<(DraftSource, Vec<u32>)> {
@@ -217,7 +227,7 @@ pub(crate) fn propose(
         }
     }
     if !model.is_empty() {
-        return Some((DraftSource::Model, model[..k.min(model.len())].to_vec()));
+        return Some((source, model[..k.min(model.len())].to_vec()));
     }
     let g = ngram?;
     lookup(tokens, tokens, g.min, g.max, k.min(g.k))
@@ -228,6 +238,8 @@ pub(crate) fn propose(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const NONE: (&[u32], DraftSource) = (&[], DraftSource::Model);
 
     #[test]
     fn lookup_finds_the_latest_longest_match() {
@@ -251,27 +263,27 @@ mod tests {
         let client = [1, 2, 3, 4, 5, 6];
         let mut toks = prompt.to_vec();
         assert_eq!(
-            propose(&toks, 2, &client, &[], None, 4),
+            propose(&toks, 2, &client, NONE, None, 4),
             Some((DraftSource::Client, vec![1, 2, 3, 4]))
         );
         toks.extend([1, 2]);
         assert_eq!(
-            propose(&toks, 2, &client, &[], None, 8),
+            propose(&toks, 2, &client, NONE, None, 8),
             Some((DraftSource::Client, vec![3, 4, 5, 6]))
         );
         // Diverged ([1, 9]): the output's tail [3, 4] is found in the prediction.
         toks = vec![100, 101, 1, 9, 3, 4];
         assert_eq!(
-            propose(&toks, 2, &client, &[], None, 8),
+            propose(&toks, 2, &client, NONE, None, 8),
             Some((DraftSource::Client, vec![5, 6]))
         );
         // Nothing left to predict and no prompt lookup: no draft.
         toks = vec![100, 101, 1, 2, 3, 4, 5, 6];
-        assert_eq!(propose(&toks, 2, &client, &[], None, 8), None);
+        assert_eq!(propose(&toks, 2, &client, NONE, None, 8), None);
         let g = NgramLookup::default();
         toks = vec![7, 8, 9, 10, 7, 8];
         assert_eq!(
-            propose(&toks, 2, &[], &[], Some(&g), 2),
+            propose(&toks, 2, &[], NONE, Some(&g), 2),
             Some((DraftSource::PromptLookup, vec![9, 10]))
         );
     }

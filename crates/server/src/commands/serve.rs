@@ -332,6 +332,7 @@ pub fn load_model(config: &ServingConfig, metrics: &ServerMetrics) -> anyhow::Re
                 },
                 window_pools: config.window_pools,
                 task: config.pooling.task,
+                mtp_draft: config.speculative_mtp && config.speculative_draft_model.is_none(),
                 ..Default::default()
             };
             let engine = lmi_engine::open(config.device, &dir, &opts)

@@ -319,6 +319,10 @@ pub struct ServingConfig {
     /// A smaller model sharing the tokenizer that drafts for speculative decoding
     /// (option.speculative_draft_model: an HF directory or a GGUF file, a Hub id or an s3:// prefix).
     pub speculative_draft_model: Option<String>,
+    /// Draft with the checkpoint's multi-token-prediction layer where it holds one
+    /// (option.speculative_mtp, default true; DeepSeek-V3, Kimi K2, GLM-4.5–4.7,
+    /// GLM-4.7-Flash): off when a draft model is named.
+    pub speculative_mtp: bool,
     /// option.adapters: (name, path) loaded at start, besides `<model dir>/adapters/<name>/`.
     pub adapters: Vec<(String, PathBuf)>,
     /// Dynamic batching (LMI `batch_size`, alias `max_dynamic_batch_size`) and its delay.
@@ -685,6 +689,7 @@ impl ServingConfig {
             media: media::parse(&raw)?,
             speculative_ngram,
             speculative_draft_model,
+            speculative_mtp: boolean_or(&raw, "option.speculative_mtp", true)?,
             adapters,
             batch_size,
             max_batch_delay_ms: nonneg(&raw, "max_batch_delay", 100)? as u64,
@@ -797,6 +802,7 @@ impl ServingConfig {
             ),
             ("tgi_compat", self.tgi_compat.to_string()),
             ("window_pools", self.window_pools.to_string()),
+            ("speculative_mtp", self.speculative_mtp.to_string()),
             ("enable_lora", self.enable_lora.to_string()),
             (
                 "max_loras / max_cpu_loras",
