@@ -320,8 +320,9 @@ pub struct ServingConfig {
     /// (option.speculative_draft_model: an HF directory or a GGUF file, a Hub id or an s3:// prefix).
     pub speculative_draft_model: Option<String>,
     /// Draft with the checkpoint's multi-token-prediction layer where it holds one
-    /// (option.speculative_mtp, default true; DeepSeek-V3, Kimi K2, GLM-4.5–4.7,
-    /// GLM-4.7-Flash): off when a draft model is named.
+    /// (option.speculative_mtp; DeepSeek-V3, Kimi K2, GLM-4.5–4.7, GLM-4.7-Flash): off when
+    /// a draft model is named. Default: on the CPU; off on CUDA, where its steps would not
+    /// replay from CUDA graphs (the head reads hidden states a graph does not return).
     pub speculative_mtp: bool,
     /// option.adapters: (name, path) loaded at start, besides `<model dir>/adapters/<name>/`.
     pub adapters: Vec<(String, PathBuf)>,
@@ -689,7 +690,7 @@ impl ServingConfig {
             media: media::parse(&raw)?,
             speculative_ngram,
             speculative_draft_model,
-            speculative_mtp: boolean_or(&raw, "option.speculative_mtp", true)?,
+            speculative_mtp: boolean_or(&raw, "option.speculative_mtp", device == Device::Cpu)?,
             adapters,
             batch_size,
             max_batch_delay_ms: nonneg(&raw, "max_batch_delay", 100)? as u64,
