@@ -106,8 +106,33 @@ fn step(e: &mut Cpu, c: &SeqChunk, draws: &[usize], m: MtpChunk) -> (Vec<u32>, V
 fn head_logits_match_the_reference() {
     for (group, name) in FIXTURES {
         let d = dir(group, name);
-        let r = refs(&d);
-        let mut e = load(&d);
+        check_head_logits(name, &refs(&d), &mut load(&d));
+    }
+}
+
+/// llama.cpp's converter keeps GLM's MTP layer (`blk.3.nextn.*` and the layer's tensors,
+/// `convert_gguf.py`): read from the f32 GGUF, the head gives the reference's logits and
+/// drafts, as from the safetensors.
+#[test]
+fn the_head_reads_from_a_gguf_file() {
+    let d = dir("sigmoid_moe", "glm4_moe_mtp");
+    let r = refs(&d);
+    let opts = EngineOptions {
+        dtype: Some(DType::F32),
+        kv_blocks: Some(64),
+        mtp_draft: true,
+        ..Default::default()
+    };
+    let gguf = d.join("model.f32.gguf");
+    let (_tmp, mut e) = hf_fixture::load_gguf_with(&gguf, opts.clone());
+    assert!(e.mtp(), "the GGUF's MTP layer is loaded");
+    check_head_logits("glm4_moe_mtp.gguf", &r, &mut e);
+    let (_tmp, mut e) = hf_fixture::load_gguf_with(&gguf, opts);
+    check_chains("glm4_moe_mtp.gguf", &r, &mut e);
+}
+
+fn check_head_logits(name: &str, r: &Refs, e: &mut Cpu) {
+    {
         let mut worst = 0f32;
         for (i, p) in r.prompts.iter().enumerate() {
             let s: Vec<u32> = p.iter().chain(&r.greedies[i]).copied().collect();
@@ -153,8 +178,12 @@ fn w_len(rows: &[Vec<f32>]) -> usize {
 fn chained_drafts_from_a_prompt_match_the_reference() {
     for (group, name) in FIXTURES {
         let d = dir(group, name);
-        let r = refs(&d);
-        let mut e = load(&d);
+        check_chains(name, &refs(&d), &mut load(&d));
+    }
+}
+
+fn check_chains(name: &str, r: &Refs, e: &mut Cpu) {
+    {
         for (i, p) in r.prompts.iter().enumerate() {
             let l = p.len();
             let table = blocks(4 * i as u32, l + 40);
@@ -163,7 +192,7 @@ fn chained_drafts_from_a_prompt_match_the_reference() {
                 propose: 3,
                 ..Default::default()
             };
-            let (drawn, drafts) = step(&mut e, &c, &[l - 1], m);
+            let (drawn, drafts) = step(e, &c, &[l - 1], m);
             assert_eq!(
                 drawn,
                 [r.greedies[i][0]],

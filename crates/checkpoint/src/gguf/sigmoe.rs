@@ -11,8 +11,11 @@
 //! - `blk.N.exp_probs_b.bias` is the router's `e_score_correction_bias`; GLM's
 //!   `ffn_*_shexp` are `mlp.shared_experts.*` (ungated) and its `post_attention_norm` the norm
 //!   before the MLP. q/k/v biases and q/k norms are read where the file holds them.
-//! - Layers past `block_count - nextn_predict_layers` (GLM's multi-token-prediction layers)
-//!   are skipped.
+//! - GLM's first multi-token-prediction layer (`blk.{num_layers}.*` and its `nextn.*`
+//!   tensors, past `block_count - nextn_predict_layers`) maps to HF's
+//!   `model.layers.{num_layers}.*` (`eh_proj`, `enorm`, `hnorm`, `embed_tokens`,
+//!   `shared_head.{head,norm}`, a decoder layer), which the model does not read and the
+//!   engine's draft head does; later MTP layers and MiniMax-M2's are skipped.
 
 use serde_json::{Value, json};
 
@@ -119,7 +122,10 @@ pub fn map(gguf: &str, h: &Hparams) -> Option<Mapped> {
     let rest = gguf.strip_prefix("blk.")?;
     let (layer, part) = rest.split_once('.')?;
     let layer: u64 = layer.parse().ok()?;
-    if layer >= h.num_layers {
+    let glm = h.arch == GgufArch::Glm4Moe;
+    // GLM's first MTP layer is read (as the engine's draft head reads HF's
+    // `model.layers.{num_hidden_layers}.*`); later ones, and MiniMax-M2's, are not.
+    if layer > h.num_layers || (layer == h.num_layers && !glm) {
         return Some(Mapped::Skip);
     }
     let hf = |n: &str| {
@@ -128,8 +134,14 @@ pub fn map(gguf: &str, h: &Hparams) -> Option<Mapped> {
             qk: None,
         })
     };
-    let glm = h.arch == GgufArch::Glm4Moe;
     match part {
+        "nextn.eh_proj.weight" => hf("eh_proj.weight"),
+        "nextn.embed_tokens.weight" => hf("embed_tokens.weight"),
+        "nextn.enorm.weight" => hf("enorm.weight"),
+        "nextn.hnorm.weight" => hf("hnorm.weight"),
+        "nextn.shared_head_head.weight" => hf("shared_head.head.weight"),
+        "nextn.shared_head_norm.weight" => hf("shared_head.norm.weight"),
+        _ if part.starts_with("nextn.") => Some(Mapped::Skip),
         "exp_probs_b.bias" => hf("mlp.gate.e_score_correction_bias"),
         "ffn_gate_shexp.weight" if glm => hf("mlp.shared_experts.gate_proj.weight"),
         "ffn_up_shexp.weight" if glm => hf("mlp.shared_experts.up_proj.weight"),

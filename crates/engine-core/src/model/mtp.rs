@@ -13,7 +13,7 @@ use std::path::Path;
 
 use lmi_checkpoint::config::ModelConfig;
 use lmi_checkpoint::dtype::DType;
-use lmi_checkpoint::weights::{HostData, HostTensor, SafetensorsDir, WeightSource};
+use lmi_checkpoint::weights::{GgufWeights, HostData, HostTensor, SafetensorsDir, WeightSource};
 
 use super::load::{load_layer, note_format, text_prefix};
 use super::{LoadOptions, Model};
@@ -72,29 +72,43 @@ pub fn mtp_prefix(c: &ModelConfig, st: &WeightSource) -> Option<String> {
 impl<B: Backend> Model<B> {
     /// The checkpoint's first multi-token-prediction layer (the one every draft step uses, as
     /// vLLM does with one layer) as a one-layer model whose config says `num_layers: 1`; None
-    /// where the checkpoint holds none (or is a GGUF file: llama.cpp's converter writes its
-    /// `nextn` tensors, which are not read).
+    /// where the checkpoint holds none. A GGUF file holds it where llama.cpp's converter kept
+    /// it (GLM-4.5's `glm4moe`: `blk.{n}.nextn.*` beside the layer's tensors).
     pub fn load_mtp(
         backend: &B,
         dir: &Path,
         target: &ModelConfig,
         opts: &LoadOptions,
     ) -> Result<Option<Model<B>>> {
-        if opts.gguf.is_some() || target.gemma4.is_some() || target.linear_attn.is_some() {
+        if target.gemma4.is_some() || target.linear_attn.is_some() {
             return Ok(None);
         }
-        let st = WeightSource::Safetensors(SafetensorsDir::open(dir)?);
+        // As the model's own weights are read (`Model::load`): a GGUF's blocks as stored
+        // unless a dtype is asked for.
+        let (st, dtype) = match (&opts.gguf, opts.dtype) {
+            (Some(path), d) => (
+                WeightSource::Gguf(GgufWeights::open(path, d.is_none())?),
+                d.unwrap_or(DType::BF16),
+            ),
+            (None, d) => {
+                let d = match d {
+                    Some(d) => d,
+                    None if target.torch_dtype.as_deref() == Some("bfloat16") => DType::BF16,
+                    None => DType::F32,
+                };
+                (WeightSource::Safetensors(SafetensorsDir::open(dir)?), d)
+            }
+        };
+        let dtype = if dtype == DType::F16 {
+            DType::F32
+        } else {
+            dtype
+        };
         let Some(p) = mtp_prefix(target, &st) else {
             return Ok(None);
         };
         let c = target;
         let h = c.hidden_size;
-        let dtype = match opts.dtype {
-            Some(DType::F16) => DType::F32,
-            Some(d) => d,
-            None if c.torch_dtype.as_deref() == Some("bfloat16") => DType::BF16,
-            None => DType::F32,
-        };
         let formats = std::cell::RefCell::new(std::collections::BTreeSet::new());
         let mat = |name: &str, shape: &[usize]| -> Result<HostTensor> {
             let t = st.load(name, shape, dtype)?;
