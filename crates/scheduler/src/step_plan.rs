@@ -127,7 +127,15 @@ pub(crate) fn mtp(
                     && p.draft.is_empty()
                     && p.prompt.media().is_empty()
             });
-            let propose = match drafts && end == s.tokens.len() && cfg.speculative.step_rows > 1 {
+            // A head that keeps missing stops drafting for the sequence: its drafts' rows
+            // cost more than they bring (a fine-tune may carry a stale MTP layer). After 16
+            // draft tokens, fewer than one in four kept.
+            let missing = e.spec.rejected >= 16 && e.spec.accepted * 3 < e.spec.rejected;
+            let propose = match drafts
+                && !missing
+                && end == s.tokens.len()
+                && cfg.speculative.step_rows > 1
+            {
                 true => e.spec.spec_k.clamp(1, cfg.speculative.max_draft.max(1)),
                 false => 0,
             };
