@@ -148,8 +148,8 @@ mod tests {
             image_std: [1.0; 3],
         };
         let m = value_maps(&v);
-        for x in 0..256 {
-            assert_eq!(m[1][x], x as f32 / 255.0);
+        for (x, v) in m[1].iter().enumerate() {
+            assert_eq!(*v, x as f32 / 255.0);
         }
     }
 }
