@@ -110,11 +110,18 @@ impl VisionSetup {
                             anyhow::anyhow!("Gemma 4's media token {id} is not in the tokenizer")
                         })
                     };
-                    Some(gemma4_video::VideoText {
-                        video: text(v.video_token_id)?,
-                        boi: text(g.boi_token_id)?,
-                        eoi: text(g.eoi_token_id)?,
-                    })
+                    let video = text(v.video_token_id)?;
+                    // transformers' processor adds `<|video|>` as a special token itself; a
+                    // tokenizer that does not read it as one token takes no video here.
+                    let one = tokenizer.encode(&video, false).ok() == Some(vec![v.video_token_id]);
+                    match one {
+                        true => Some(gemma4_video::VideoText {
+                            video,
+                            boi: text(g.boi_token_id)?,
+                            eoi: text(g.eoi_token_id)?,
+                        }),
+                        false => None,
+                    }
                 }
                 _ => None,
             },
@@ -330,6 +337,13 @@ fn load(setup: &VisionSetup, r: &MediaRef) -> Result<LoadedItem, ApiError> {
                 frames: Vec::new(),
                 text: None,
             })
+        }
+        MediaKind::Video if setup.image_wrap.is_some() && setup.gemma4_video.is_none() => {
+            Err(ApiError::validation(
+                "this Gemma 4 model takes no video here: its tokenizer does not read the video \
+                 token as one token; send the video's frames as images",
+            )
+            .with_param("messages"))
         }
         MediaKind::Video => {
             // Frames kept at the processor's rate (2 a second by default), as vLLM does;
