@@ -218,27 +218,123 @@ fn prompt_logits_and_greedy_tokens_match_hf() {
 
 fn prompt_logits_and_greedy_tokens_of(name: &str) {
     for (p, case) in cases_of(name).iter().enumerate() {
-        let mut e = load_of(name);
-        let n = case.ids.len();
-        let table = blocks(0, n + case.greedy.len());
-        let out = e
-            .forward_logits_media(
-                &[chunk(&case.ids, 0, &table, LogitsWanted::All)],
-                &case.runs(0, 0, n),
-                &[],
-            )
-            .unwrap();
-        let worst = case.worst(|r| out.row(r).to_vec());
-        eprintln!("{name} prompt {p}: logits differ from transformers' by {worst:.2e} (relative)");
-        assert!(worst < TOL, "{name} prompt {p}: logits differ by {worst}");
-        let mut got = vec![argmax(out.row(n - 1))];
-        while got.len() < case.greedy.len() {
-            let pos = n + got.len() - 1;
-            let step = chunk(&[*got.last().unwrap()], pos, &table, LogitsWanted::Last);
-            let l = e.forward_logits(&[step]).unwrap();
-            got.push(argmax(l.row(0)));
-        }
-        assert_eq!(got, case.greedy, "{name} prompt {p}: greedy tokens");
+        logits_and_greedy_match(name, &format!("prompt {p}"), case);
+    }
+}
+
+/// One forward over the case's prompt gives transformers' logits at every position, and
+/// greedy decoding after it its tokens.
+fn logits_and_greedy_match(name: &str, p: &str, case: &Case) {
+    let mut e = load_of(name);
+    let n = case.ids.len();
+    let table = blocks(0, n + case.greedy.len());
+    let out = e
+        .forward_logits_media(
+            &[chunk(&case.ids, 0, &table, LogitsWanted::All)],
+            &case.runs(0, 0, n),
+            &[],
+        )
+        .unwrap();
+    let worst = case.worst(|r| out.row(r).to_vec());
+    eprintln!("{name} {p}: logits differ from transformers' by {worst:.2e} (relative)");
+    assert!(worst < TOL, "{name} {p}: logits differ by {worst}");
+    let mut got = vec![argmax(out.row(n - 1))];
+    while got.len() < case.greedy.len() {
+        let pos = n + got.len() - 1;
+        let step = chunk(&[*got.last().unwrap()], pos, &table, LogitsWanted::Last);
+        let l = e.forward_logits(&[step]).unwrap();
+        got.push(argmax(l.row(0)));
+    }
+    assert_eq!(got, case.greedy, "{name} {p}: greedy tokens");
+}
+
+/// The video's sampled frames as the server reads them: the PNG frames decoded, the frames
+/// `Gemma4VideoProcessor` keeps, through the model's video processor; each frame an item of
+/// its own (`grid_thw` `[1, rows, columns]`).
+fn video_frames(name: &str) -> (Vec<usize>, Vec<Arc<VisionInput>>) {
+    let d = dir_of(name);
+    let cfg = lmi_media::ProcessorConfig::from_dir(&d).unwrap();
+    assert!(
+        cfg.gemma4_video.is_some(),
+        "the config names Gemma 4's video processor"
+    );
+    let frames: Vec<_> = (0..8)
+        .map(|i| {
+            let bytes = std::fs::read(d.join(format!("video/frame_{i:03}.png"))).unwrap();
+            lmi_media::decode_image(&bytes, &lmi_media::ImageLimits::default()).unwrap()
+        })
+        .collect();
+    let indices = lmi_media::sample_frame_indices(frames.len(), 2.0, &cfg);
+    let kept: Vec<_> = indices.iter().map(|&i| frames[i].clone()).collect();
+    let p = lmi_media::preprocess_video(&kept, &cfg).unwrap();
+    let [n, rows, cols] = p.grid_thw;
+    let per = p.pixels.len() / n;
+    let items = (0..n)
+        .map(|k| {
+            Arc::new(VisionInput {
+                kind: MediaKind::Video,
+                grid_thw: [1, rows, cols],
+                pixels: p.pixels[k * per..(k + 1) * per].to_vec(),
+                merge_size: cfg.merge_size,
+                t_scale: 1.0,
+            })
+        })
+        .collect();
+    (indices, items)
+}
+
+/// The video prompt of `reference.json`: each frame's run of video tokens one item.
+fn video_case(name: &str) -> Case {
+    let (r, t) = reference_of(name);
+    let v = &r["video"];
+    let ids: Vec<u32> = serde_json::from_value(v["input_ids"].clone()).unwrap();
+    let token = r["video_token_id"].as_u64().unwrap() as u32;
+    let starts: Vec<usize> = (0..ids.len())
+        .filter(|&i| ids[i] == token && (i == 0 || ids[i - 1] != token))
+        .collect();
+    let (_, frames) = video_frames(name);
+    assert_eq!(starts.len(), frames.len());
+    Case {
+        media: starts.into_iter().zip(frames).collect(),
+        greedy: serde_json::from_value(v["greedy"].clone()).unwrap(),
+        logits: t.f32("video_prompt_logits"),
+        ids,
+    }
+}
+
+#[test]
+fn the_video_processor_gives_transformers_frames_and_patches() {
+    let (r, t) = reference();
+    let v = &r["video"];
+    let (indices, frames) = video_frames(CAUSAL);
+    let want: Vec<usize> = serde_json::from_value(v["frame_indices"].clone()).unwrap();
+    assert_eq!(indices, want);
+    let grid: Vec<usize> = serde_json::from_value(v["patches"].clone()).unwrap();
+    let want = t.f32("video.pixels");
+    let per = want.len() / frames.len();
+    for (k, f) in frames.iter().enumerate() {
+        assert_eq!(f.grid_thw, [1, grid[0], grid[1]], "frame {k}");
+        assert_eq!(
+            f.tokens(),
+            v["soft_tokens_per_frame"].as_u64().unwrap() as usize
+        );
+        assert_eq!(f.pixels.len(), per);
+        let worst = f.pixels.iter().zip(&want[k * per..(k + 1) * per]);
+        let worst = worst.fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(worst <= 1e-7, "frame {k}: pixels differ by {worst}");
+    }
+}
+
+/// The video prompt (4 frames, each `MM:SS <boi>` + 63 soft tokens + `<eoi>`): every
+/// position's logits and 32 greedy tokens as transformers', causal and (26B-A4B's layout)
+/// with each frame's tokens attending to each other both ways, as transformers groups them.
+#[test]
+fn video_prompt_logits_and_greedy_tokens_match_hf() {
+    let (r, _) = reference_of(BIDIRECTIONAL);
+    let effect = r["video"]["bidirectional_effect"].as_f64().unwrap();
+    assert!(effect > 1.0, "{effect}");
+    for name in [CAUSAL, BIDIRECTIONAL] {
+        logits_and_greedy_match(name, "video prompt", &video_case(name));
     }
 }
 

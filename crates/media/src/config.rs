@@ -26,6 +26,10 @@ pub enum VideoProcessor {
     /// pixel budget over all frames; each temporal patch its own run of placeholders after a
     /// `<t seconds>` timestamp ([`crate::qwen3_video`]).
     Qwen3Vl,
+    /// `Gemma4VideoProcessor`: `num_frames` frames spread evenly, each sized and cut as an
+    /// image of at most its own `max_soft_tokens`; each frame its own boi/eoi run after an
+    /// `MM:SS` timestamp ([`crate::gemma4_video`], [`ProcessorConfig::gemma4_video`]).
+    Gemma4,
 }
 
 /// How images and videos are turned into vision patches (Qwen2-VL, Qwen2.5-VL, Qwen3-VL).
@@ -71,6 +75,9 @@ pub struct ProcessorConfig {
     /// Gemma 4's image processor (`image_processor_type` `Gemma4ImageProcessor`): its own
     /// resizing and patch order ([`crate::gemma4`]); None for the Qwen processors.
     pub gemma4: Option<crate::gemma4::Gemma4Image>,
+    /// Gemma 4's video processor (`Gemma4VideoProcessor`), whose settings are its own (70
+    /// soft tokens a frame, 32 frames, normalisation on by default); set with `gemma4`.
+    pub gemma4_video: Option<crate::gemma4_video::Gemma4Video>,
 }
 
 /// `Qwen2VLImageProcessor`'s `min_pixels`: 56 * 56.
@@ -109,6 +116,7 @@ impl Default for ProcessorConfig {
             do_sample_frames: false,
             video_processor: VideoProcessor::Qwen2Vl,
             gemma4: None,
+            gemma4_video: None,
         }
     }
 }
@@ -166,6 +174,71 @@ struct RawConfig {
     pooling_kernel_size: Option<usize>,
 }
 
+/// Gemma 4's video settings: `Gemma4VideoProcessor`'s defaults under what `raw` (its own
+/// file, or the image processor's when the model has none) gives; the patch side is the
+/// image processor's (`patch_size`), which the file must not contradict.
+fn gemma4_video(
+    raw: &RawConfig,
+    patch_size: usize,
+    path: Option<&Path>,
+) -> Result<crate::gemma4_video::Gemma4Video> {
+    let bad = |reason: String| MediaError::Config {
+        path: path.map(Path::to_path_buf),
+        reason,
+    };
+    let frame = crate::gemma4::Gemma4Image {
+        max_soft_tokens: raw
+            .max_soft_tokens
+            .unwrap_or(crate::gemma4_video::DEFAULT_MAX_SOFT_TOKENS),
+        pooling_kernel_size: raw.pooling_kernel_size.unwrap_or(3),
+    };
+    if !crate::gemma4::SUPPORTED_SOFT_TOKENS.contains(&frame.max_soft_tokens)
+        || frame.pooling_kernel_size == 0
+    {
+        return Err(bad(format!(
+            "the video processor's max_soft_tokens {} must be one of {:?} and \
+             pooling_kernel_size ({}) positive",
+            frame.max_soft_tokens,
+            crate::gemma4::SUPPORTED_SOFT_TOKENS,
+            frame.pooling_kernel_size
+        )));
+    }
+    if raw.patch_size.is_some_and(|p| p != patch_size) {
+        return Err(bad(format!(
+            "the video processor's patch_size {:?} differs from the image processor's {patch_size}: \
+             the vision tower takes one patch size",
+            raw.patch_size
+        )));
+    }
+    let num_frames = raw
+        .num_frames
+        .unwrap_or(crate::gemma4_video::DEFAULT_NUM_FRAMES);
+    if num_frames == 0 {
+        return Err(bad("the video processor's num_frames is 0".to_string()));
+    }
+    let v = crate::gemma4_video::Gemma4Video {
+        frame,
+        num_frames,
+        do_resize: raw.do_resize.unwrap_or(true),
+        do_rescale: raw.do_rescale.unwrap_or(true),
+        rescale_factor: raw.rescale_factor.unwrap_or(1.0 / 255.0),
+        do_normalize: raw.do_normalize.unwrap_or(true),
+        image_mean: raw.image_mean.as_ref().map_or([0.0; 3], PerChannel::to_f32),
+        image_std: raw.image_std.as_ref().map_or([1.0; 3], PerChannel::to_f32),
+    };
+    if v.image_std.iter().any(|s| *s == 0.0 || !s.is_finite())
+        || v.image_mean.iter().any(|m| !m.is_finite())
+        || !v.rescale_factor.is_finite()
+    {
+        return Err(bad(format!(
+            "the video processor's image_mean {:?}, image_std {:?} and rescale_factor {} must \
+             be finite, the std non-zero",
+            v.image_mean, v.image_std, v.rescale_factor
+        )));
+    }
+    Ok(v)
+}
+
 impl RawConfig {
     fn parse(json: &str, path: Option<&Path>) -> Result<Self> {
         serde_json::from_str(json).map_err(|e| MediaError::Config {
@@ -216,7 +289,9 @@ impl RawConfig {
     /// Whether the file names Gemma 4's image processor (or its `Gemma4Processor`).
     fn names_gemma4(&self) -> bool {
         let gemma4 = |s: &Option<String>| s.as_deref().is_some_and(|s| s.starts_with("Gemma4"));
-        gemma4(&self.image_processor_type) || gemma4(&self.processor_class)
+        gemma4(&self.image_processor_type)
+            || gemma4(&self.processor_class)
+            || gemma4(&self.video_processor_type)
     }
 
     /// The video-only settings over `c`.
@@ -226,7 +301,9 @@ impl RawConfig {
         }
         let (min, max) = self.pixels();
         let (dmin, dmax) = match c.video_processor {
-            VideoProcessor::Qwen2Vl => (VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS),
+            VideoProcessor::Qwen2Vl | VideoProcessor::Gemma4 => {
+                (VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS)
+            }
             VideoProcessor::Qwen3Vl => QWEN3_VIDEO_PIXELS,
         };
         c.video_min_pixels = min.unwrap_or(dmin);
@@ -254,6 +331,11 @@ impl ProcessorConfig {
             gemma4_defaults(&raw, &mut c, path)?;
         }
         raw.apply_shared(&mut c);
+        if c.gemma4.is_some() {
+            // Without a file of its own, transformers builds the video processor from this one.
+            c.gemma4_video = Some(gemma4_video(&raw, c.patch_size, path)?);
+            c.video_processor = VideoProcessor::Gemma4;
+        }
         let (min, max) = raw.pixels();
         c.min_pixels = min.unwrap_or(IMAGE_MIN_PIXELS);
         c.max_pixels = max.unwrap_or(IMAGE_MAX_PIXELS);
@@ -285,6 +367,11 @@ impl ProcessorConfig {
             return Ok(c);
         };
         let raw = RawConfig::parse(&video, Some(&video_at))?;
+        if c.gemma4.is_some() {
+            // Gemma 4's video processor keeps settings of its own (its normalisation too).
+            c.gemma4_video = Some(gemma4_video(&raw, c.patch_size, Some(&video_at))?);
+            return Ok(c);
+        }
         let mut shared = c.clone();
         raw.apply_shared(&mut shared);
         if shared != c {
@@ -490,6 +577,49 @@ mod tests {
         );
         assert_eq!((c.video_min_pixels, c.video_max_pixels), (4096, 25_165_824));
         assert_eq!(c.video_processor, VideoProcessor::Qwen3Vl);
+    }
+
+    /// Gemma 4's published layout: one `processor_config.json` whose video processor keeps
+    /// settings of its own (70 soft tokens a frame, 32 frames, normalisation on) beside the
+    /// image processor's (280, off).
+    #[test]
+    fn gemma4s_video_processor_keeps_its_own_settings() {
+        let dir = std::env::temp_dir().join(format!("lmi-media-g4v-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |video: &str| {
+            std::fs::write(
+                dir.join("processor_config.json"),
+                format!(
+                    r#"{{"processor_class": "Gemma4Processor",
+                    "image_processor": {{"image_processor_type": "Gemma4ImageProcessor",
+                        "do_normalize": false, "max_soft_tokens": 280, "patch_size": 16}},
+                    "video_processor": {video}}}"#
+                ),
+            )
+            .unwrap();
+            ProcessorConfig::from_dir(&dir)
+        };
+        let c = write(r#"{"video_processor_type": "Gemma4VideoProcessor", "patch_size": 16}"#);
+        let bad = write(r#"{"patch_size": 14, "max_soft_tokens": 70}"#);
+        let soft = write(r#"{"max_soft_tokens": 100}"#);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let c = c.unwrap();
+        assert_eq!(c.video_processor, VideoProcessor::Gemma4);
+        assert_eq!(c.gemma4.unwrap().max_soft_tokens, 280);
+        let v = c.gemma4_video.unwrap();
+        assert_eq!((v.frame.max_soft_tokens, v.num_frames), (70, 32));
+        assert!(v.do_normalize && !c.do_normalize);
+        let e = bad.unwrap_err().to_string();
+        assert!(e.contains("patch_size Some(14) differs"), "{e}");
+        let e = soft.unwrap_err().to_string();
+        assert!(e.contains("max_soft_tokens 100 must be one of"), "{e}");
+        // Without a video file, transformers builds the video processor from the image one.
+        let c = ProcessorConfig::from_json(
+            r#"{"image_processor_type": "Gemma4ImageProcessor", "max_soft_tokens": 140}"#,
+        )
+        .unwrap();
+        let v = c.gemma4_video.unwrap();
+        assert_eq!((v.frame.max_soft_tokens, v.num_frames), (140, 32));
     }
 
     #[test]

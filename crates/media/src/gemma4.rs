@@ -58,8 +58,40 @@ pub fn target_size(height: u32, width: u32, patch: usize, g: Gemma4Image) -> Res
 /// patches, `pixels` `[rows · columns, patch · patch · 3]` (the processor's padding rows left
 /// out: they carry nothing).
 pub fn preprocess(img: &RgbImage, cfg: &ProcessorConfig, g: Gemma4Image) -> Result<Patches> {
-    let p = cfg.patch_size;
-    let (height, width) = match cfg.do_resize {
+    // numpy's `image.astype(float64) * rescale_factor`, then float32; mean and std as given.
+    let map: ValueMaps = std::array::from_fn(|c| {
+        std::array::from_fn(|x| {
+            let mut v = match cfg.do_rescale {
+                true => (x as f64 * cfg.rescale_factor) as f32,
+                false => x as f32,
+            };
+            if cfg.do_normalize {
+                v = (v - cfg.image_mean[c]) / cfg.image_std[c];
+            }
+            v
+        })
+    });
+    let (pixels, rows, cols) = patchify(img, cfg.patch_size, g, cfg.do_resize, &map)?;
+    Ok(Patches {
+        pixels,
+        grid_thw: [1, rows, cols],
+    })
+}
+
+/// Per channel, the float each byte value becomes.
+pub(crate) type ValueMaps = [[f32; 256]; 3];
+
+/// One image (or video frame) resized as the processor sizes it (when `do_resize`), each
+/// byte through its channel's `map`, cut into `patch`-pixel patches row by row: the values
+/// and the (rows, columns) of patches.
+pub(crate) fn patchify(
+    img: &RgbImage,
+    p: usize,
+    g: Gemma4Image,
+    do_resize: bool,
+    map: &ValueMaps,
+) -> Result<(Vec<f32>, usize, usize)> {
+    let (height, width) = match do_resize {
         true => target_size(img.height, img.width, p, g)?,
         false => (img.height, img.width),
     };
@@ -78,19 +110,6 @@ pub fn preprocess(img: &RgbImage, cfg: &ProcessorConfig, g: Gemma4Image) -> Resu
             "{width}x{height} pixels do not split into {p}-pixel patches pooled {k} by {k}"
         )));
     }
-    // numpy's `image.astype(float64) * rescale_factor`, then float32; mean and std as given.
-    let map: [[f32; 256]; 3] = std::array::from_fn(|c| {
-        std::array::from_fn(|x| {
-            let mut v = match cfg.do_rescale {
-                true => (x as f64 * cfg.rescale_factor) as f32,
-                false => x as f32,
-            };
-            if cfg.do_normalize {
-                v = (v - cfg.image_mean[c]) / cfg.image_std[c];
-            }
-            v
-        })
-    });
     let dim = p * p * 3;
     let mut pixels = Vec::with_capacity(rows * cols * dim);
     for r in 0..rows {
@@ -103,10 +122,7 @@ pub fn preprocess(img: &RgbImage, cfg: &ProcessorConfig, g: Gemma4Image) -> Resu
             }
         }
     }
-    Ok(Patches {
-        pixels,
-        grid_thw: [1, rows, cols],
-    })
+    Ok((pixels, rows, cols))
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ mod data_url;
 mod decode;
 mod error;
 pub mod gemma4;
+pub mod gemma4_video;
 mod hash;
 mod jpeg;
 mod patches;

@@ -76,6 +76,8 @@ pub fn preprocess_image(img: &RgbImage, cfg: &ProcessorConfig) -> Result<Patches
 /// same size (from the video pixel bounds), rescaled and normalised, the frames padded to a
 /// multiple of `temporal_patch_size` by repeating the last, cut into patches.
 ///
+/// Gemma 4's ([`ProcessorConfig::gemma4_video`]) is [`crate::gemma4_video::preprocess`].
+///
 /// The HF video processor resizes with torchvision on tensors; this uses PIL's filter, so a
 /// resized frame can differ from the HF one by a unit here and there (frames already at a
 /// multiple of 28 in the pixel bounds are not resized and match exactly).
@@ -91,6 +93,9 @@ pub fn preprocess_video(frames: &[RgbImage], cfg: &ProcessorConfig) -> Result<Pa
                 f.width, f.height, first.width, first.height
             )));
         }
+    }
+    if let Some(v) = cfg.gemma4_video {
+        return crate::gemma4_video::preprocess(frames, cfg.patch_size, v);
     }
     let mut resized = Vec::with_capacity(frames.len());
     let mut size = (0, 0);

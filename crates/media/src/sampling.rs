@@ -22,6 +22,9 @@ pub fn sample_frame_indices(
     video_fps: f32,
     cfg: &ProcessorConfig,
 ) -> Vec<usize> {
+    if let Some(v) = cfg.gemma4_video {
+        return crate::gemma4_video::sample_frame_indices(total_frames, v.num_frames);
+    }
     if cfg.video_processor == crate::config::VideoProcessor::Qwen3Vl {
         return crate::qwen3_video::sample_frame_indices(total_frames, video_fps, cfg);
     }

@@ -138,8 +138,10 @@ pub fn prepare_with(
             (text, false)
         }
     };
+    // Gemma 4 writes a video's frames (timestamps, boi/eoi) into the text before tokenizing.
+    let text = crate::media::gemma4_video::rewrite_text(vision, &prompt_text, &items)?;
     let ids = tok
-        .encode(&prompt_text, add_special)
+        .encode(&text, add_special)
         .map_err(|e| ApiError::validation(format!("tokenizing the input: {e}")))?;
     let prompt = crate::media::expand(vision, ids, items)?;
     build(model, prompt_text, prompt, spec, reasoning, check)

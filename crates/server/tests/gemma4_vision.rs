@@ -5,7 +5,7 @@
 //! `/generate` with a markdown image: the prompt length and the 32 greedy tokens. The same for
 //! tests/fixtures/gemma4/vision_a4b (26B-A4B's layout, whose image tokens attend both ways in
 //! the sliding layers), the TGI request after the chat one hitting the prefix cache inside the
-//! image.
+//! image. Then an MP4 video through chat: the prompt as long as transformers' for that clip.
 
 mod common;
 
@@ -94,11 +94,84 @@ fn serve(name: &str) {
         .collect();
     assert_eq!(got, greedy);
 
-    // Video is refused for Gemma 4, saying so.
+    // A video (the Qwen-VL fixtures' MP4: 8 frames at 4 fps, 4 kept, each resized to 108x84)
+    // through chat: its frames written as `Gemma4Processor` writes them, the prompt as long
+    // as transformers' from the same clip.
+    let mp4 = &r["video"]["mp4"];
+    let bytes = std::fs::read(dir.join(mp4["file"].as_str().unwrap())).unwrap();
+    let url = format!(
+        "data:video/mp4;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    );
+    let content: Vec<Value> = r["video"]["messages"][0]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|part| match part["type"].as_str().unwrap() {
+            "video" => json!({"type": "video_url", "video_url": {"url": url}}),
+            _ => part.clone(),
+        })
+        .collect();
+    let body = json!({"messages": [{"role": "user", "content": content}], "max_tokens": 4,
+        "temperature": 0});
+    let reply = post(s.port, "/v1/chat/completions", &body.to_string());
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let want = mp4["input_ids"].as_array().unwrap().len();
+    assert_eq!(reply.json()["usage"]["prompt_tokens"], want);
+
+    // A video that is not an MP4 is refused, saying which formats are taken.
     let body = json!({"messages": [{"role": "user", "content": [
         {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}]}],
         "max_tokens": 1});
     let reply = post(s.port, "/v1/chat/completions", &body.to_string());
     assert_eq!(reply.status, 422, "{}", reply.body);
-    assert!(reply.body.contains("Gemma 4"), "{}", reply.body);
+    assert!(reply.body.contains("MP4"), "{}", reply.body);
+}
+
+/// `lmi infer` with a seed-000 `video` item (a path relative to the working directory): the
+/// frames written into the rendered text before tokenizing, the prompt as long as
+/// transformers' for that clip.
+#[test]
+fn lmi_infer_reads_a_video() {
+    let dir = fixture("vision");
+    let r: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let mp4 = &r["video"]["mp4"];
+    let tmp = tempfile::tempdir().unwrap();
+    let content: Vec<Value> = r["video"]["messages"][0]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|part| match part["type"].as_str().unwrap() {
+            "video" => json!({"type": "video", "video": mp4["file"]}),
+            _ => part.clone(),
+        })
+        .collect();
+    let input = json!({
+        "batch_size": 1, "temperature": 0.0, "top_p": 1.0, "top_k": 1,
+        "max_generate_length": 4,
+        "requests": [{"messages": [{"role": "user", "content": content}]}]
+    });
+    let (in_path, out_path) = (tmp.path().join("input.json"), tmp.path().join("out.json"));
+    std::fs::write(&in_path, input.to_string()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lmi"))
+        .args(["infer", "--dtype", "f32", "--model"])
+        .arg(&dir)
+        .arg("--input")
+        .arg(&in_path)
+        .arg("--output")
+        .arg(&out_path)
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let out: Value = serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
+    let resp = &out["responses"][0];
+    assert_eq!(
+        resp["prompt_tokens"],
+        mp4["input_ids"].as_array().unwrap().len(),
+        "{resp}"
+    );
 }

@@ -213,12 +213,20 @@ fn build_prompts(
 ) -> anyhow::Result<Vec<(Prompt, lmi_scheduler::Prompt)>> {
     let mut prompts = Vec::with_capacity(input.requests.len());
     for (i, r) in input.requests.iter().enumerate() {
-        let mut p = builder.build(tokenizer, &r.messages).with_context(|| {
-            format!("request {i}: field \"messages\": cannot render the prompt")
-        })?;
-        // Each item's placeholder widened to its patches' tokens.
         let items = crate::media::load_all(vision, &crate::media::refs_of_messages(&r.messages))
             .map_err(|e| anyhow::anyhow!("request {i}: {}", e.message))?;
+        // Gemma 4 writes a video's frames into the text before tokenizing.
+        let rewrite = |text: &str| {
+            crate::media::gemma4_video::rewrite_text(vision, text, &items)
+                .map(|t| t.into_owned())
+                .map_err(|e| anyhow::anyhow!("{}", e.message))
+        };
+        let mut p = builder
+            .build_with(tokenizer, &r.messages, rewrite)
+            .with_context(|| {
+                format!("request {i}: field \"messages\": cannot render the prompt")
+            })?;
+        // Each item's placeholder widened to its patches' tokens.
         let spans = crate::media::expand(vision, p.ids.clone(), items)
             .map_err(|e| anyhow::anyhow!("request {i}: {}", e.message))?;
         p.ids = spans.to_vec();

@@ -134,10 +134,22 @@ impl PromptBuilder {
     /// Renders and tokenizes a conversation. Templated text already holds its special tokens
     /// (HF's apply_chat_template tokenizes with add_special_tokens=False); raw text gets the
     /// tokenizer's own (e.g. a BOS).
+    #[cfg(test)]
     pub fn build(&self, tokenizer: &Tokenizer, messages: &[Message]) -> anyhow::Result<Prompt> {
+        self.build_with(tokenizer, messages, |t| Ok(t.to_string()))
+    }
+
+    /// [`Self::build`] with the rendered text rewritten before it is tokenized (Gemma 4's
+    /// videos, written frame by frame).
+    pub fn build_with(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[Message],
+        rewrite: impl Fn(&str) -> anyhow::Result<String>,
+    ) -> anyhow::Result<Prompt> {
         let templated = self.apply_chat_template && self.template.is_some();
         let text = self.render(messages)?;
-        let ids = tokenizer.encode(&text, !templated)?;
+        let ids = tokenizer.encode(&rewrite(&text)?, !templated)?;
         let reasoning = self
             .template
             .as_ref()

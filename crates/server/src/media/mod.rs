@@ -6,6 +6,7 @@
 
 pub mod fetch;
 mod frames;
+pub mod gemma4_video;
 pub mod markdown;
 
 use std::path::{Path, PathBuf};
@@ -43,9 +44,11 @@ pub struct VisionSetup {
     /// timestamp (None: a video is one run of placeholders).
     pub frames: Option<FrameLayout>,
     /// Gemma 4: the (begin, end) tokens an image's soft tokens go between, as its processor
-    /// widens the template's one image token (`Gemma4Processor.replace_image_token`); Gemma 4
-    /// takes no video here.
+    /// widens the template's one image token (`Gemma4Processor.replace_image_token`).
     pub image_wrap: Option<(u32, u32)>,
+    /// Gemma 4: a video is written frame by frame into the prompt text before it is
+    /// tokenized ([`gemma4_video`]).
+    pub gemma4_video: Option<gemma4_video::VideoText>,
 }
 
 impl VisionSetup {
@@ -65,6 +68,7 @@ impl VisionSetup {
             processor.max_pixels = processor.max_pixels.min(cap);
         }
         let video_processor = processor.video_processor;
+        let gemma4_frames = processor.gemma4_video;
         Ok(Some(VisionSetup {
             processor,
             image_token: v.image_token_id,
@@ -72,10 +76,13 @@ impl VisionSetup {
             merge_size: v.spatial_merge_size,
             options: options.clone(),
             image_limits: ImageLimits::default(),
-            // A server's share of video: 50 MiB, 64 M sampled pixels (192 MB of RGB).
+            // A server's share of video: 50 MiB, 64 M sampled pixels (192 MB of RGB); Gemma 4
+            // keeps a fixed number of frames (32), as many 1080p ones as that.
             video_limits: lmi_media::VideoLimits {
                 max_bytes: 50 << 20,
-                max_total_pixels: 64_000_000,
+                max_total_pixels: gemma4_frames.map_or(64_000_000, |v| {
+                    64_000_000u64.max(v.num_frames as u64 * 1920 * 1088)
+                }),
                 ..Default::default()
             },
             video_positions_per_second: (v.variant == lmi_engine::vision::VisionVariant::Qwen25Vl)
@@ -96,6 +103,28 @@ impl VisionSetup {
                 _ => None,
             },
             image_wrap: v.gemma4.as_ref().map(|g| (g.boi_token_id, g.eoi_token_id)),
+            gemma4_video: match (&v.gemma4, gemma4_frames) {
+                (Some(g), Some(_)) => {
+                    let text = |id: u32| {
+                        tokenizer.id_to_token(id).ok_or_else(|| {
+                            anyhow::anyhow!("Gemma 4's media token {id} is not in the tokenizer")
+                        })
+                    };
+                    let video = text(v.video_token_id)?;
+                    // transformers' processor adds `<|video|>` as a special token itself; a
+                    // tokenizer that does not read it as one token takes no video here.
+                    let one = tokenizer.encode(&video, false).ok() == Some(vec![v.video_token_id]);
+                    match one {
+                        true => Some(gemma4_video::VideoText {
+                            video,
+                            boi: text(g.boi_token_id)?,
+                            eoi: text(g.eoi_token_id)?,
+                        }),
+                        false => None,
+                    }
+                }
+                _ => None,
+            },
             image_marker: [
                 v.vision_start_token_id,
                 Some(v.image_token_id),
@@ -145,8 +174,12 @@ pub struct LoadedItem {
     pub input: Arc<VisionInput>,
     pub hash: u128,
     /// A video laid out a temporal patch at a time ([`FrameLayout`]): each patch's timestamp
-    /// tokens and its item (empty otherwise: the item is `input`, one run).
+    /// tokens and its item; a Gemma 4 video's frames (empty otherwise: the item is `input`,
+    /// one run).
     pub frames: Vec<FrameItem>,
+    /// Gemma 4: the video's text in the prompt in place of its placeholder
+    /// ([`gemma4_video::rewrite_text`]), one video token per frame of `frames`.
+    pub text: Option<String>,
 }
 
 /// Checks the items against the model and the limits (before reading any), then reads them.
@@ -302,14 +335,19 @@ fn load(setup: &VisionSetup, r: &MediaRef) -> Result<LoadedItem, ApiError> {
                 }),
                 hash,
                 frames: Vec::new(),
+                text: None,
             })
         }
-        MediaKind::Video if setup.image_wrap.is_some() => Err(ApiError::validation(
-            "videos are not supported for Gemma 4 yet: send its frames as images",
-        )
-        .with_param("messages")),
+        MediaKind::Video if setup.image_wrap.is_some() && setup.gemma4_video.is_none() => {
+            Err(ApiError::validation(
+                "this Gemma 4 model takes no video here: its tokenizer does not read the video \
+                 token as one token; send the video's frames as images",
+            )
+            .with_param("messages"))
+        }
         MediaKind::Video => {
-            // Frames kept at the processor's rate (2 a second by default), as vLLM does.
+            // Frames kept at the processor's rate (2 a second by default), as vLLM does;
+            // Gemma 4's processor keeps `num_frames` (32) spread over the clip.
             let cfg = &setup.processor;
             let v = lmi_media::decode_video_with(&bytes, &setup.video_limits, cfg).map_err(bad)?;
             let patches = lmi_media::preprocess_video(&v.frames, cfg).map_err(bad)?;
@@ -319,7 +357,8 @@ fn load(setup: &VisionSetup, r: &MediaRef) -> Result<LoadedItem, ApiError> {
 }
 
 /// A video's item from its patches, the indices of its sampled frames and its frame rate:
-/// one run of placeholders, or (Qwen3-VL) one item per temporal patch after its timestamp.
+/// one run of placeholders, (Qwen3-VL) one item per temporal patch after its timestamp, or
+/// (Gemma 4) one item per frame after its timestamp.
 pub fn video_item(
     setup: &VisionSetup,
     patches: lmi_media::Patches,
@@ -340,18 +379,23 @@ pub fn video_item(
         merge_size: setup.merge_size,
         t_scale,
     };
-    let frames = match &setup.frames {
-        Some(layout) => {
+    let (frames, text) = match (&setup.frames, &setup.gemma4_video) {
+        (Some(layout), _) => {
             let stamps =
                 lmi_media::qwen3_video::timestamps(frame_indices, fps, cfg.temporal_patch_size);
-            frame_items(layout, &input, &stamps, hash)?
+            (frame_items(layout, &input, &stamps, hash)?, None)
         }
-        None => Vec::new(),
+        (None, Some(t)) => {
+            let (frames, text) = gemma4_video::frames(t, &input, frame_indices, fps, hash)?;
+            (frames, Some(text))
+        }
+        (None, None) => (Vec::new(), None),
     };
     Ok(LoadedItem {
         input: Arc::new(input),
         hash,
         frames,
+        text,
     })
 }
 
@@ -412,7 +456,8 @@ fn describe(url: &str) -> String {
     }
 }
 
-/// The tokenized prompt with each item's single placeholder token widened to its span.
+/// The tokenized prompt with each item's single placeholder token widened to its span (a
+/// Gemma 4 video's text, [`gemma4_video::rewrite_text`], holds one placeholder per frame).
 pub fn expand(
     setup: Option<&VisionSetup>,
     ids: Vec<u32>,
@@ -421,6 +466,7 @@ pub fn expand(
     let Some(setup) = setup.filter(|_| !items.is_empty()) else {
         return Ok(Prompt::text(ids));
     };
+    let items = gemma4_video::split_frames(items);
     let is_pad = |t: u32| t == setup.image_token || t == setup.video_token;
     let pads = ids.iter().filter(|&&t| is_pad(t)).count();
     if pads != items.len() {
