@@ -4,9 +4,11 @@
 //! tests/fixtures/gemma4/vision (an image between boi/eoi) and of vision_a4b (26B-A4B's layout,
 //! the image's tokens attending both ways in the sliding layers: `AttnScoring::through` in
 //! the attention kernels) against transformers' f32 logits, on the CPU emulator in both
-//! thread orders and on the driver's device.
+//! thread orders and on the driver's device; and the fixtures' video prompt (four frames, each
+//! its own run of soft tokens, seen both ways on vision_a4b).
 
 mod cuda_common;
+mod gemma4_video;
 mod hf_fixture;
 
 use std::sync::Arc;
@@ -112,4 +114,71 @@ fn an_image_on_cuda_gemma4_matches_transformers() {
 #[test]
 fn an_image_seen_both_ways_on_cuda_gemma4_matches_transformers() {
     on_every_raw_device!(check_both_ways);
+}
+
+/// The video prompt of `name` (`gemma4_video`) on CUDA in bf16 against transformers' f32
+/// logits, judged as the image prompt is.
+fn check_video<D: Device>(dev: &Arc<D>) {
+    for name in ["vision", "vision_a4b"] {
+        let dir = hf_fixture::fixture("gemma4", name);
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+                .unwrap();
+        let (ids, starts) = gemma4_video::prompt(&r);
+        let (_, frames) = gemma4_video::frames(&dir);
+        let opts = EngineOptions {
+            dtype: Some(DType::BF16),
+            kv_blocks: Some(64),
+            ..Default::default()
+        };
+        let backend = CudaBackend::with_graphs(dev.clone(), true).unwrap();
+        let mut e: Engine<CudaBackend<D>> = Engine::load(backend, &dir, &opts).unwrap();
+        let media: Vec<ChunkMedia> = starts
+            .iter()
+            .zip(&frames)
+            .enumerate()
+            .map(|(k, (&s, f))| ChunkMedia {
+                chunk: 0,
+                offset: s,
+                len: f.tokens(),
+                item_offset: 0,
+                hash: 100 + k as u128,
+                input: Some(f.clone()),
+            })
+            .collect();
+        let n = ids.len();
+        let out = e
+            .forward_logits_media(
+                &[chunk(&ids, 0, &blocks(0, n), LogitsWanted::All)],
+                &media,
+                &[],
+            )
+            .unwrap();
+        let st = std::fs::read(dir.join("reference.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&st).unwrap();
+        let want: Vec<f32> = st
+            .tensor("video_prompt_logits")
+            .unwrap()
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let vocab = want.len() / n;
+        let mut diffs: Vec<f32> = (0..n)
+            .map(|t| rel_diff(out.row(t), &want[t * vocab..(t + 1) * vocab]))
+            .collect();
+        diffs.sort_by(f32::total_cmp);
+        let median = diffs[n / 2];
+        eprintln!("CUDA bf16 with a video ({name}): median {median:.2e} from transformers");
+        let tol = match name {
+            "vision_a4b" => BF16_MEDIAN_TOL,
+            _ => BF16_TOL,
+        };
+        assert!(median < tol, "{name}: median difference {median}");
+    }
+}
+
+#[test]
+fn a_video_on_cuda_gemma4_matches_transformers() {
+    on_every_raw_device!(check_video);
 }

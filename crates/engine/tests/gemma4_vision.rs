@@ -11,6 +11,7 @@
 //!   `use_bidirectional_attention: "vision"`: an image's soft tokens see each other both ways
 //!   in the sliding layers), where a cut inside an image is refused and one before it is not.
 
+mod gemma4_video;
 mod hf_fixture;
 
 use std::path::PathBuf;
@@ -248,50 +249,16 @@ fn logits_and_greedy_match(name: &str, p: &str, case: &Case) {
     assert_eq!(got, case.greedy, "{name} {p}: greedy tokens");
 }
 
-/// The video's sampled frames as the server reads them: the PNG frames decoded, the frames
-/// `Gemma4VideoProcessor` keeps, through the model's video processor; each frame an item of
-/// its own (`grid_thw` `[1, rows, columns]`).
+/// The video's sampled frames as the server reads them (`gemma4_video::frames`).
 fn video_frames(name: &str) -> (Vec<usize>, Vec<Arc<VisionInput>>) {
-    let d = dir_of(name);
-    let cfg = lmi_media::ProcessorConfig::from_dir(&d).unwrap();
-    assert!(
-        cfg.gemma4_video.is_some(),
-        "the config names Gemma 4's video processor"
-    );
-    let frames: Vec<_> = (0..8)
-        .map(|i| {
-            let bytes = std::fs::read(d.join(format!("video/frame_{i:03}.png"))).unwrap();
-            lmi_media::decode_image(&bytes, &lmi_media::ImageLimits::default()).unwrap()
-        })
-        .collect();
-    let indices = lmi_media::sample_frame_indices(frames.len(), 2.0, &cfg);
-    let kept: Vec<_> = indices.iter().map(|&i| frames[i].clone()).collect();
-    let p = lmi_media::preprocess_video(&kept, &cfg).unwrap();
-    let [n, rows, cols] = p.grid_thw;
-    let per = p.pixels.len() / n;
-    let items = (0..n)
-        .map(|k| {
-            Arc::new(VisionInput {
-                kind: MediaKind::Video,
-                grid_thw: [1, rows, cols],
-                pixels: p.pixels[k * per..(k + 1) * per].to_vec(),
-                merge_size: cfg.merge_size,
-                t_scale: 1.0,
-            })
-        })
-        .collect();
-    (indices, items)
+    gemma4_video::frames(&dir_of(name))
 }
 
 /// The video prompt of `reference.json`: each frame's run of video tokens one item.
 fn video_case(name: &str) -> Case {
     let (r, t) = reference_of(name);
     let v = &r["video"];
-    let ids: Vec<u32> = serde_json::from_value(v["input_ids"].clone()).unwrap();
-    let token = r["video_token_id"].as_u64().unwrap() as u32;
-    let starts: Vec<usize> = (0..ids.len())
-        .filter(|&i| ids[i] == token && (i == 0 || ids[i - 1] != token))
-        .collect();
+    let (ids, starts) = gemma4_video::prompt(&r);
     let (_, frames) = video_frames(name);
     assert_eq!(starts.len(), frames.len());
     Case {

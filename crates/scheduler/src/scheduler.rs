@@ -438,7 +438,12 @@ impl Scheduler {
                 m.forward_nanos
                     .fetch_sub(sample_ns.min(forward.as_nanos() as u64), Relaxed);
                 let pooled = std::mem::take(&mut out.pooled);
-                // The head's drafts continue each sequence as this step's draws leave it.
+                // The head's drafts continue each sequence as this step's draws leave it;
+                // a sequence it skipped has none.
+                let head = self.engine.mtp();
+                for &(i, _) in scheduled.iter().filter(|_| head) {
+                    self.running[i].spec.mtp.clear();
+                }
                 for (m, d) in mtp.iter().zip(std::mem::take(&mut out.drafts)) {
                     self.running[scheduled[m.chunk].0].spec.mtp = d;
                 }

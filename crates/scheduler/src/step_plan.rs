@@ -103,10 +103,12 @@ pub(crate) fn chunks(
     (chunks, media, deltas)
 }
 
-/// Each scheduled chunk's entry for the engine's multi-token-prediction head, in order: the
-/// prompt token after a chunk that does not end its prompt, the draft it carries, and the
-/// draft tokens wanted back where the sequence may draft next step (as `add_draft` allows,
-/// less the step's room, which is only known then).
+/// Each scheduled chunk's entry for the engine's multi-token-prediction head, for the
+/// sequences that may draft: the prompt token after a chunk that does not end its prompt, the
+/// draft it carries, and the draft tokens wanted back where the sequence may draft next step
+/// (as `add_draft` allows, less the step's room, which is only known then). The head skips
+/// the others (its K/V there are never read by their own drafts; another sequence's prefix hit
+/// on their blocks drafts from what the head holds, which only its drafts' quality feels).
 pub(crate) fn mtp(
     running: &[SeqEntry],
     requests: &HashMap<RequestId, RequestState>,
@@ -116,7 +118,7 @@ pub(crate) fn mtp(
     scheduled
         .iter()
         .enumerate()
-        .map(|(k, &(i, n))| {
+        .filter_map(|(k, &(i, n))| {
             let e = &running[i];
             let s = &e.seq;
             let end = s.kv.num_computed + n;
@@ -131,20 +133,19 @@ pub(crate) fn mtp(
             // cost more than they bring (a fine-tune may carry a stale MTP layer). After 16
             // draft tokens, fewer than one in four kept.
             let missing = e.spec.rejected >= 16 && e.spec.accepted * 3 < e.spec.rejected;
-            let propose = match drafts
-                && !missing
-                && end == s.tokens.len()
-                && cfg.speculative.step_rows > 1
-            {
+            if !drafts || missing || cfg.speculative.step_rows <= 1 {
+                return None;
+            }
+            let propose = match end == s.tokens.len() {
                 true => e.spec.spec_k.clamp(1, cfg.speculative.max_draft.max(1)),
                 false => 0,
             };
-            MtpChunk {
+            Some(MtpChunk {
                 chunk: k,
                 next: s.tokens.get(end).copied(),
                 draft: e.spec.draft_len,
                 propose,
-            }
+            })
         })
         .collect()
 }
