@@ -16,7 +16,7 @@ use std::sync::Arc;
 use hf_fixture::{BF16_TOL, blocks, chunk, rel_diff};
 use lmi_cuda::Device;
 use lmi_engine::cuda::CudaBackend;
-use lmi_engine::engine::EngineOptions;
+use lmi_engine::engine::{EngineOptions, Logits};
 use lmi_engine::vision::{MediaKind, VisionInput};
 use lmi_engine::{ChunkMedia, DType, Engine, LogitsWanted};
 
@@ -73,22 +73,7 @@ fn run<D: Device>(dev: &Arc<D>, name: &str) {
         &media,
         &[],
     );
-    let out = out.unwrap();
-    let st = std::fs::read(dir.join("reference.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&st).unwrap();
-    let want: Vec<f32> = st
-        .tensor("prompt_logits_0")
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    let vocab = want.len() / n;
-    let mut diffs: Vec<f32> = (0..n)
-        .map(|t| rel_diff(out.row(t), &want[t * vocab..(t + 1) * vocab]))
-        .collect();
-    diffs.sort_by(f32::total_cmp);
-    let (median, worst) = (diffs[n / 2], diffs[n - 1]);
+    let (median, worst) = against_reference(&dir, "prompt_logits_0", &out.unwrap(), n);
     eprintln!(
         "CUDA bf16 with an image ({name}): within {worst:.2e} of transformers (median \
          {median:.2e})"
@@ -154,21 +139,7 @@ fn check_video<D: Device>(dev: &Arc<D>) {
                 &[],
             )
             .unwrap();
-        let st = std::fs::read(dir.join("reference.safetensors")).unwrap();
-        let st = safetensors::SafeTensors::deserialize(&st).unwrap();
-        let want: Vec<f32> = st
-            .tensor("video_prompt_logits")
-            .unwrap()
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        let vocab = want.len() / n;
-        let mut diffs: Vec<f32> = (0..n)
-            .map(|t| rel_diff(out.row(t), &want[t * vocab..(t + 1) * vocab]))
-            .collect();
-        diffs.sort_by(f32::total_cmp);
-        let median = diffs[n / 2];
+        let (median, _) = against_reference(&dir, "video_prompt_logits", &out, n);
         eprintln!("CUDA bf16 with a video ({name}): median {median:.2e} from transformers");
         let tol = match name {
             "vision_a4b" => BF16_MEDIAN_TOL,
@@ -181,4 +152,23 @@ fn check_video<D: Device>(dev: &Arc<D>) {
 #[test]
 fn a_video_on_cuda_gemma4_matches_transformers() {
     on_every_raw_device!(check_video);
+}
+
+/// The median and worst rows' difference of `out`'s `n` rows from reference tensor `key`.
+fn against_reference(dir: &std::path::Path, key: &str, out: &Logits, n: usize) -> (f32, f32) {
+    let st = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&st).unwrap();
+    let want: Vec<f32> = st
+        .tensor(key)
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let vocab = want.len() / n;
+    let mut diffs: Vec<f32> = (0..n)
+        .map(|t| rel_diff(out.row(t), &want[t * vocab..(t + 1) * vocab]))
+        .collect();
+    diffs.sort_by(f32::total_cmp);
+    (diffs[n / 2], diffs[n - 1])
 }

@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 
-use common::{cfg, request};
+use common::{cfg, request, run_to_end};
 use lmi_engine::DType;
 use lmi_engine::engine::{EngineOptions, StepShape};
 use lmi_scheduler::{
@@ -59,31 +59,6 @@ fn scheduler(dir: &Path, blocks: usize, config: SchedulerConfig) -> Scheduler {
     Scheduler::new(Box::new(engine), Tokenizer::from_dir(dir).unwrap(), config)
 }
 
-/// Each request's sequences (by index): their tokens and logprobs.
-type Run = Vec<Vec<(Vec<u32>, Vec<f32>)>>;
-
-fn run(s: &mut Scheduler, reqs: Vec<GenerateRequest>, first_id: u64) -> Run {
-    let rxs: Vec<_> = reqs
-        .into_iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let (tx, rx) = tokio::sync::mpsc::channel(4096);
-            s.add(first_id + i as u64, r, tx).unwrap();
-            rx
-        })
-        .collect();
-    for _ in 0..5000 {
-        if !s.has_work() {
-            break;
-        }
-        s.step();
-    }
-    assert!(!s.has_work(), "requests did not finish");
-    rxs.into_iter()
-        .map(|mut rx| common::drain_tokens(&mut rx))
-        .collect()
-}
-
 fn greedy(prompts: &[Vec<u32>]) -> Vec<GenerateRequest> {
     prompts
         .iter()
@@ -99,13 +74,13 @@ fn greedy_tokens_match_transformers_with_chunked_prefill() {
     for name in ARCHITECTURES {
         let dir = model(name);
         let (prompts, want) = reference(name);
-        let whole = run(
+        let whole = run_to_end(
             &mut scheduler(dir.path(), 96, cfg(6, 512)),
             greedy(&prompts),
             1,
         );
         let mut s = scheduler(dir.path(), 96, cfg(6, 7));
-        let cut = run(&mut s, greedy(&prompts), 1);
+        let cut = run_to_end(&mut s, greedy(&prompts), 1);
         let tokens: Vec<Vec<u32>> = cut.iter().map(|r| r[0].0.clone()).collect();
         assert_eq!(
             tokens, want,
@@ -130,9 +105,9 @@ fn prefix_hits_resume_from_state_snapshots_exactly() {
         let dir = model(name);
         let (prompts, _) = reference(name);
         let mut s = scheduler(dir.path(), 96, cfg(6, 512));
-        let cold = run(&mut s, greedy(&prompts), 1);
+        let cold = run_to_end(&mut s, greedy(&prompts), 1);
         let before = s.metrics().snapshot().prefix_cached_tokens;
-        let again = run(&mut s, greedy(&prompts), 10);
+        let again = run_to_end(&mut s, greedy(&prompts), 10);
         let cached = s.metrics().snapshot().prefix_cached_tokens - before;
         // Prompts of 21, 33 and 40 tokens hit 16, 32 and 32 (at least one token is computed).
         assert_eq!(cached, 16 + 32 + 32, "{name}");
@@ -147,18 +122,18 @@ fn prefix_hits_resume_from_state_snapshots_exactly() {
             p.extend((0..9).map(|i| (tail * 31 + i * 7) % 250 + 3));
             p
         };
-        let fresh = run(
+        let fresh = run_to_end(
             &mut scheduler(dir.path(), 96, cfg(6, 512)),
             greedy(&[branch(3)]),
             1,
         );
         let counted = |s: &Scheduler| s.metrics().snapshot().prefix_cached_tokens;
         let before = counted(&s);
-        run(&mut s, greedy(&[branch(1)]), 20);
+        run_to_end(&mut s, greedy(&[branch(1)]), 20);
         // prompts[5] cached 32 tokens of K/V, its state only at 32 (its last full block).
         assert_eq!(counted(&s) - before, 32, "{name}");
         let before = counted(&s);
-        let hit = run(&mut s, greedy(&[branch(3)]), 21);
+        let hit = run_to_end(&mut s, greedy(&[branch(3)]), 21);
         assert_eq!(counted(&s) - before, 32, "{name}");
         assert_eq!(
             hit, fresh,
@@ -180,7 +155,7 @@ fn forks_copy_the_state() {
         let mut s = scheduler(dir.path(), 96, cfg(6, 512));
         let mut two = request(prompts[4].clone(), 32, None);
         two.n = 2;
-        let out = run(&mut s, vec![two], 1);
+        let out = run_to_end(&mut s, vec![two], 1);
         assert_eq!(out[0].len(), 2);
         for (tokens, _) in &out[0] {
             assert_eq!(tokens, &want[4], "{name}: a fork's tokens differ");
@@ -193,7 +168,7 @@ fn forks_copy_the_state() {
             length_penalty: 1.0,
             early_stopping: EarlyStopping::Never,
         });
-        let out = run(&mut s, vec![beams], 10);
+        let out = run_to_end(&mut s, vec![beams], 10);
         assert_eq!(out[0].len(), 3, "{name}");
         for (k, (tokens, logprobs)) in out[0].iter().enumerate() {
             // Score prompt + beam cold, in a scheduler of its own (no prefix cache).
@@ -251,9 +226,9 @@ fn speculative_decoding_rolls_the_state_back() {
                 })
                 .collect()
         };
-        let plain = run(&mut scheduler(dir.path(), 96, cfg(6, 512)), reqs(false), 1);
+        let plain = run_to_end(&mut scheduler(dir.path(), 96, cfg(6, 512)), reqs(false), 1);
         let mut s = scheduler(dir.path(), 96, cfg(6, 512));
-        let got = run(&mut s, reqs(true), 1);
+        let got = run_to_end(&mut s, reqs(true), 1);
         let m = s.metrics();
         let proposed: u64 = m.spec_proposed.iter().map(|a| a.load(Relaxed)).sum();
         let accepted: u64 = m.spec_accepted.iter().map(|a| a.load(Relaxed)).sum();
@@ -277,7 +252,7 @@ fn preempted_sequences_recompute_their_state() {
     let dir = model(name);
     let (prompts, want) = reference(name);
     let mut s = scheduler(dir.path(), 12, cfg(6, 512));
-    let got = run(&mut s, greedy(&prompts), 1);
+    let got = run_to_end(&mut s, greedy(&prompts), 1);
     let tokens: Vec<Vec<u32>> = got.iter().map(|r| r[0].0.clone()).collect();
     assert_eq!(tokens, want);
     let m = s.metrics().snapshot();

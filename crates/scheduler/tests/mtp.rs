@@ -9,7 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{cfg, request};
+use common::{cfg, request, run_to_end};
 use lmi_engine::DType;
 use lmi_engine::engine::EngineOptions;
 use lmi_scheduler::{DraftSource, GenerateRequest, Scheduler, SchedulerConfig};
@@ -58,30 +58,6 @@ fn scheduler(dir: &Path, mtp: bool, config: SchedulerConfig) -> Scheduler {
     Scheduler::new(Box::new(engine), Tokenizer::from_dir(dir).unwrap(), config)
 }
 
-type Run = Vec<Vec<(Vec<u32>, Vec<f32>)>>;
-
-fn run(s: &mut Scheduler, reqs: Vec<GenerateRequest>, first_id: u64) -> Run {
-    let rxs: Vec<_> = reqs
-        .into_iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let (tx, rx) = tokio::sync::mpsc::channel(4096);
-            s.add(first_id + i as u64, r, tx).unwrap();
-            rx
-        })
-        .collect();
-    for _ in 0..5000 {
-        if !s.has_work() {
-            break;
-        }
-        s.step();
-    }
-    assert!(!s.has_work(), "requests did not finish");
-    rxs.into_iter()
-        .map(|mut rx| common::drain_tokens(&mut rx))
-        .collect()
-}
-
 /// Greedy requests for the even prompts, seeded sampled ones for the odd.
 fn requests(prompts: &[Vec<u32>]) -> Vec<GenerateRequest> {
     prompts
@@ -96,7 +72,7 @@ fn mtp_drafts_never_change_the_output() {
     for (group, name) in FIXTURES {
         let dir = model(group, name);
         let (prompts, greedies) = reference(group, name);
-        let plain = run(
+        let plain = run_to_end(
             &mut scheduler(dir.path(), false, cfg(6, 512)),
             requests(&prompts),
             1,
@@ -110,14 +86,14 @@ fn mtp_drafts_never_change_the_output() {
         }
         for budget in [512, 7] {
             let mut s = scheduler(dir.path(), true, cfg(6, budget));
-            let out = run(&mut s, requests(&prompts), 1);
+            let out = run_to_end(&mut s, requests(&prompts), 1);
             assert_eq!(
                 out, plain,
                 "{name}, budget {budget}: the head changed the output"
             );
             // The prompts again: their blocks (and the head's K/V in them) from the cache.
             let before = s.metrics().snapshot().prefix_cached_tokens;
-            let again = run(&mut s, requests(&prompts), 10);
+            let again = run_to_end(&mut s, requests(&prompts), 10);
             assert_eq!(
                 again, plain,
                 "{name}, budget {budget}: from the prefix cache"

@@ -50,28 +50,7 @@ impl<B: Backend> Model<B> {
         {
             return Err(crate::backend::refused(backend.name(), f));
         }
-        let (st, dtype) = match (&opts.gguf, opts.dtype) {
-            // As stored: block formats stay; float matrices are held in bf16.
-            (Some(path), None) => (
-                WeightSource::Gguf(GgufWeights::open(path, true)?),
-                DType::BF16,
-            ),
-            (Some(path), Some(d)) => (WeightSource::Gguf(GgufWeights::open(path, false)?), d),
-            (None, d) => {
-                let d = match d {
-                    Some(d) => d,
-                    None if config.torch_dtype.as_deref() == Some("bfloat16") => DType::BF16,
-                    None => DType::F32,
-                };
-                (WeightSource::Safetensors(SafetensorsDir::open(dir)?), d)
-            }
-        };
-        // f16 checkpoints are computed in f32 on the CPU.
-        let dtype = if dtype == DType::F16 {
-            DType::F32
-        } else {
-            dtype
-        };
+        let (st, dtype) = open_weights(dir, &config, opts)?;
         let head = match &opts.pooler {
             Some(info) => Some(HostHead::load(
                 info,
@@ -205,6 +184,37 @@ impl<B: Backend> Model<B> {
             mtp_front: None,
         })
     }
+}
+
+/// The checkpoint's weights and the dtype its matrices are held in: a GGUF's blocks as stored
+/// (float matrices in bf16) unless `opts.dtype` asks otherwise; safetensors in `opts.dtype`,
+/// else `torch_dtype` (bf16) or f32. f16 is computed in f32 on the CPU.
+pub(super) fn open_weights(
+    dir: &Path,
+    config: &ModelConfig,
+    opts: &LoadOptions,
+) -> Result<(WeightSource, DType)> {
+    let (st, dtype) = match (&opts.gguf, opts.dtype) {
+        (Some(path), None) => (
+            WeightSource::Gguf(GgufWeights::open(path, true)?),
+            DType::BF16,
+        ),
+        (Some(path), Some(d)) => (WeightSource::Gguf(GgufWeights::open(path, false)?), d),
+        (None, d) => {
+            let d = match d {
+                Some(d) => d,
+                None if config.torch_dtype.as_deref() == Some("bfloat16") => DType::BF16,
+                None => DType::F32,
+            };
+            (WeightSource::Safetensors(SafetensorsDir::open(dir)?), d)
+        }
+    };
+    let dtype = if dtype == DType::F16 {
+        DType::F32
+    } else {
+        dtype
+    };
+    Ok((st, dtype))
 }
 
 /// Where the text model's tensors sit. Newer transformers save a vision-language model's

@@ -13,9 +13,9 @@ use std::path::Path;
 
 use lmi_checkpoint::config::ModelConfig;
 use lmi_checkpoint::dtype::DType;
-use lmi_checkpoint::weights::{GgufWeights, HostData, HostTensor, SafetensorsDir, WeightSource};
+use lmi_checkpoint::weights::{HostData, HostTensor, WeightSource};
 
-use super::load::{load_layer, note_format, text_prefix};
+use super::load::{load_layer, note_format, open_weights, text_prefix};
 use super::{LoadOptions, Model};
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
@@ -83,27 +83,8 @@ impl<B: Backend> Model<B> {
         if target.gemma4.is_some() || target.linear_attn.is_some() {
             return Ok(None);
         }
-        // As the model's own weights are read (`Model::load`): a GGUF's blocks as stored
-        // unless a dtype is asked for.
-        let (st, dtype) = match (&opts.gguf, opts.dtype) {
-            (Some(path), d) => (
-                WeightSource::Gguf(GgufWeights::open(path, d.is_none())?),
-                d.unwrap_or(DType::BF16),
-            ),
-            (None, d) => {
-                let d = match d {
-                    Some(d) => d,
-                    None if target.torch_dtype.as_deref() == Some("bfloat16") => DType::BF16,
-                    None => DType::F32,
-                };
-                (WeightSource::Safetensors(SafetensorsDir::open(dir)?), d)
-            }
-        };
-        let dtype = if dtype == DType::F16 {
-            DType::F32
-        } else {
-            dtype
-        };
+        // As the model's own weights are read (`Model::load`).
+        let (st, dtype) = open_weights(dir, target, opts)?;
         let Some(p) = mtp_prefix(target, &st) else {
             return Ok(None);
         };

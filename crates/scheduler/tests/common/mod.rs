@@ -175,3 +175,33 @@ pub fn drain_tokens(rx: &mut tokio::sync::mpsc::Receiver<Event>) -> Vec<(Vec<u32
     }
     seqs
 }
+
+/// Each request's sequences (by index): their tokens and logprobs.
+pub type Run = Vec<Vec<(Vec<u32>, Vec<f32>)>>;
+
+/// Adds `reqs` (ids from `first_id`) to `s` and steps it until they are done.
+pub fn run_to_end(
+    s: &mut lmi_scheduler::Scheduler,
+    reqs: Vec<GenerateRequest>,
+    first_id: u64,
+) -> Run {
+    let rxs: Vec<_> = reqs
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let (tx, rx) = tokio::sync::mpsc::channel(4096);
+            s.add(first_id + i as u64, r, tx).unwrap();
+            rx
+        })
+        .collect();
+    for _ in 0..5000 {
+        if !s.has_work() {
+            break;
+        }
+        s.step();
+    }
+    assert!(!s.has_work(), "requests did not finish");
+    rxs.into_iter()
+        .map(|mut rx| drain_tokens(&mut rx))
+        .collect()
+}
