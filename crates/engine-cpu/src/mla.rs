@@ -1,7 +1,10 @@
 //! Multi-head latent attention on the CPU ([`Backend::mla_qkv`], [`Backend::mla_attention`]):
 //! each token's latent queries and cache record, then its attention over the cached records
-//! in the latent space, the value up-projection applied per head. One token and head per
-//! task, the same reductions in the same order whatever the batch (batch invariant).
+//! in the latent space, the value up-projection applied per head. The absorbed projections
+//! (`W_UK`, `W_UV`) run one task per head over every token of the step, so each head's
+//! matrix is read once a step, not once a token; attention runs one task per token and head.
+//! Every element keeps one reduction order whatever the batch (batch invariant: the products
+//! are `dots`' canonical order, [`head_products`]).
 //!
 //! [`Backend::mla_qkv`]: lmi_engine_core::backend::Backend::mla_qkv
 //! [`Backend::mla_attention`]: lmi_engine_core::backend::Backend::mla_attention
@@ -20,6 +23,73 @@ fn for_pieces(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Syn
         out.chunks_mut(width).enumerate().for_each(|(i, o)| f(i, o));
     } else {
         crate::pool::chunks_mut(out, width, f);
+    }
+}
+
+/// Shares the output's base pointer with tasks that write disjoint pieces of it.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: each task writes only its own pieces (see the callers).
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// The pointer (a method, so that closures capture the whole `Out`, which is `Sync`).
+    fn at(self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+/// `out[t·ldo + j] = x[t·ldx ..][..k] · w[j·k ..][..k]` for `rows` rows and `w.len() / k`
+/// outputs each: several rows per tile, so each weight row is read once per four rows; each
+/// element in the canonical order (bit-identical to [`dots`] on one row).
+///
+/// # Safety
+/// `x` holds `rows` rows of `k` at stride `ldx`; `out` has room for `rows` rows of
+/// `w.len() / k` at stride `ldo`, which no other thread writes meanwhile.
+unsafe fn head_products(
+    x: *const f32,
+    ldx: usize,
+    rows: usize,
+    w: &[f32],
+    k: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let isa = crate::simd::isa();
+    let m = w.len() / k;
+    let mut t = 0;
+    while t < rows {
+        let mr = if rows - t >= 4 { 4 } else { 1 };
+        let mut j = 0;
+        while j < m {
+            let nr = match (isa, mr, m - j) {
+                (_, 4, r) if r >= 4 && matches!(isa, crate::simd::Isa::Avx512) => 4,
+                (crate::simd::Isa::Avx2, 4, r) if r >= 2 => 2,
+                (_, 4, _) => 1,
+                (crate::simd::Isa::Avx512 | crate::simd::Isa::Avx2, _, r) if r >= 8 => 8,
+                (crate::simd::Isa::Avx512 | crate::simd::Isa::Avx2, _, r) if r >= 4 => 4,
+                _ => 1,
+            };
+            // SAFETY: rows t..t+mr of x, weight rows j..j+nr and their outputs exist (the
+            // caller's extents).
+            unsafe {
+                crate::linear::tile_dispatch::<f32>(
+                    isa,
+                    mr,
+                    nr,
+                    x.add(t * ldx),
+                    ldx,
+                    w.as_ptr().add(j * k),
+                    k,
+                    k,
+                    out.add(t * ldo + j),
+                    ldo,
+                );
+            }
+            j += nr;
+        }
+        t += mr;
     }
 }
 
@@ -51,25 +121,53 @@ pub fn qkv(
     let (cw, lora, half) = (d.cache_width(), d.kv_lora, d.rope / 2);
     let qw = d.nope + d.rope;
     let tokens = positions.len();
-    for_pieces(&mut out[..tokens * d.row_width()], cw, |i, o| {
-        let (t, h) = (i / (d.heads + 1), i % (d.heads + 1));
+    let rw = d.row_width();
+    let out = &mut out[..tokens * rw];
+    let cos_sin = |t: usize| {
         let (mut cos, mut sin) = (vec![0.0f32; half], vec![0.0f32; half]);
         for f in 0..half {
             let (s, c) = (positions[t] as f64 * inv_freq[f]).sin_cos();
             cos[f] = c as f32 * d.rope_factor;
             sin[f] = s as f32 * d.rope_factor;
         }
-        let (lat, rot) = o.split_at_mut(lora);
-        if h < d.heads {
-            let qh = &q[(t * d.heads + h) * qw..][..qw];
-            dots(
-                &qh[..d.nope],
-                &w_uk[h * lora * d.nope..][..lora * d.nope],
-                lat,
-            );
-            turn(&qh[d.nope..], &cos, &sin, rot);
+        (cos, sin)
+    };
+    let base = Out(out.as_mut_ptr());
+    // Tasks 0..heads: a head's latent queries (W_UK over every token) and rotary parts;
+    // then one task per token for its record.
+    crate::pool::run(d.heads + tokens, |i| {
+        if i < d.heads {
+            let h = i;
+            let w = &w_uk[h * lora * d.nope..][..lora * d.nope];
+            // SAFETY: head h's pieces (row t, columns h·cw ..) are this task's alone; q
+            // holds `tokens` rows of `heads · qw`.
+            unsafe {
+                head_products(
+                    q.as_ptr().add(h * qw),
+                    d.heads * qw,
+                    tokens,
+                    w,
+                    d.nope,
+                    base.at(h * cw),
+                    rw,
+                );
+            }
+            for t in 0..tokens {
+                let (cos, sin) = cos_sin(t);
+                let qh = &q[(t * d.heads + h) * qw..][..qw];
+                // SAFETY: as above.
+                let rot = unsafe {
+                    std::slice::from_raw_parts_mut(base.at(t * rw + h * cw + lora), cw - lora)
+                };
+                turn(&qh[d.nope..], &cos, &sin, rot);
+            }
             return;
         }
+        let t = i - d.heads;
+        // SAFETY: token t's record piece is this task's alone.
+        let o = unsafe { std::slice::from_raw_parts_mut(base.at(t * rw + d.heads * cw), cw) };
+        let (cos, sin) = cos_sin(t);
+        let (lat, rot) = o.split_at_mut(lora);
         let kv = &kva[t * cw..(t + 1) * cw];
         let latent = &kv[..lora];
         let ss: f64 = latent.iter().map(|&v| (v as f64) * (v as f64)).sum();
@@ -97,7 +195,9 @@ pub fn attention<E: WElem>(
     let (cw, lora, heads) = (d.cache_width(), d.kv_lora, d.heads);
     let half = cw / 2;
     let n = layout.num_tokens();
-    for_pieces(&mut out[..n * heads * d.v], d.v, |i, o| {
+    // Each token and head's attended latent, then W_UV one head at a time over every token.
+    let mut latents = vec![0.0f32; n * heads * lora];
+    for_pieces(&mut latents, lora, |i, latent| {
         let (t, h) = (i / heads, i % heads);
         let seq = layout.token_seq[t] as usize;
         let ctx = layout.positions[t] as usize + 1;
@@ -150,9 +250,25 @@ pub fn attention<E: WElem>(
         // The latent is the record's first `lora` values (the rest is the key's rotary part,
         // which has no value).
         let split = half.min(lora);
-        let mut latent = vec![0.0f32; lora];
         latent[..split].copy_from_slice(&first[..split]);
         latent[split..].copy_from_slice(&last[..lora - split]);
-        dots(&latent, &w_uv[h * d.v * lora..][..d.v * lora], o);
+    });
+    let out = &mut out[..n * heads * d.v];
+    let base = Out(out.as_mut_ptr());
+    crate::pool::run(heads, |h| {
+        let w = &w_uv[h * d.v * lora..][..d.v * lora];
+        // SAFETY: head h's pieces (row t, columns h·v ..) are this task's alone; `latents`
+        // holds n rows of heads · lora.
+        unsafe {
+            head_products(
+                latents.as_ptr().add(h * lora),
+                heads * lora,
+                n,
+                w,
+                lora,
+                base.at(h * d.v),
+                heads * d.v,
+            );
+        }
     });
 }
