@@ -627,11 +627,19 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<R> {
         forward()
     }
+    /// Whether [`Backend::mla_qkv`] and [`Backend::mla_attention`] take the absorbed
+    /// up-projections as one matrix per head in the model's weight form (`[kv_lora, nope]`
+    /// and `[v, kv_lora]`; a GGUF's quantized blocks as stored), so a decode step reads them
+    /// at the file's size; otherwise each is one flat f32 weight.
+    fn mla_per_head(&self) -> bool {
+        false
+    }
     /// Latent attention's queries and cache records for every token of the step
     /// ([`Feature::LatentAttention`]). `q` is `[tokens, heads · (nope + rope)]` (q_b_proj's or
     /// q_proj's output), `kva` `[tokens, kv_lora + rope]` (kv_a_proj_with_mqa's), their rotary
     /// parts in rotate-half order. Writes `out` `[tokens, dims.row_width()]`: per head the
-    /// latent query `W_UKᵀ · q_nope` (`w_uk` `[heads, kv_lora, nope]`, flat f32) and q's rotary
+    /// latent query `W_UKᵀ · q_nope` (`w_uk` `[heads, kv_lora, nope]` as
+    /// [`Backend::mla_per_head`] says) and q's rotary
     /// part turned; then the token's record, `rms_norm(latent) · kv_norm` and the key's rotary
     /// part turned, which [`Backend::write_kv`] with [`MlaDims::kv_layout`] stores. The rotated
     /// parts are multiplied by `dims.rope_factor` (YaRN's attention factor on cos and sin).
@@ -643,7 +651,7 @@ pub trait Backend: Send + Sync + 'static {
         step: &Self::Step,
         dims: MlaDims,
         kv_norm: &Self::Weight,
-        w_uk: &Self::Weight,
+        w_uk: &[Self::Weight],
         eps: f32,
         rope: &Self::Rope,
         out: &mut Self::Buf,
@@ -654,7 +662,7 @@ pub trait Backend: Send + Sync + 'static {
     /// Causal attention of each token's latent queries (`qkv` as [`Backend::mla_qkv`] wrote
     /// it) over its sequence's cached records `0 ..= position` (each record's first half in
     /// `k_cache`, its second in `v_cache`), scores times `scale`; the weighted sum of the
-    /// latents, per head, times `w_uv` (`[heads, v, kv_lora]`, flat f32): `out` is
+    /// latents, per head, times `w_uv` (`[heads, v, kv_lora]`, in `w_uk`'s form): `out` is
     /// `[tokens, heads · v]`, what o_proj reads.
     #[allow(clippy::too_many_arguments)]
     fn mla_attention(
@@ -664,7 +672,7 @@ pub trait Backend: Send + Sync + 'static {
         dims: MlaDims,
         k_cache: &Self::Kv,
         v_cache: &Self::Kv,
-        w_uv: &Self::Weight,
+        w_uv: &[Self::Weight],
         scale: f32,
         out: &mut Self::Buf,
     ) -> Result<()> {

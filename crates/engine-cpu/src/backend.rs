@@ -164,6 +164,18 @@ impl CpuBackend {
     }
 }
 
+/// Checks that an absorbed projection came as one `shape` matrix per head.
+fn per_head(what: &str, w: &[CpuWeight], heads: usize, shape: [usize; 2]) -> Result<()> {
+    if w.len() != heads || w.iter().any(|m| m.shape() != shape) {
+        return Err(EngineError::Backend(format!(
+            "latent attention: {what} must be {heads} matrices of {shape:?}, got {} ({:?})",
+            w.len(),
+            w.first().map(CpuWeight::shape)
+        )));
+    }
+    Ok(())
+}
+
 /// Paged attention over pools of either element type.
 fn attend(
     qkv: &[f32],
@@ -561,6 +573,10 @@ impl Backend for CpuBackend {
         attend(qkv, step, layout, k_cache, v_cache, s, out)
     }
 
+    fn mla_per_head(&self) -> bool {
+        true
+    }
+
     fn mla_qkv(
         &self,
         q: &Vec<f32>,
@@ -568,7 +584,7 @@ impl Backend for CpuBackend {
         step: &BatchLayout,
         dims: MlaDims,
         kv_norm: &CpuWeight,
-        w_uk: &CpuWeight,
+        w_uk: &[CpuWeight],
         eps: f32,
         rope: &CpuRope,
         out: &mut Vec<f32>,
@@ -580,9 +596,9 @@ impl Backend for CpuBackend {
                 dims.rope
             )));
         }
-        let (norm, uk) = (kv_norm.as_f32(), w_uk.as_f32());
-        let p = &step.positions;
-        mla::qkv(q, kva, p, dims, norm, uk, eps, &rope.inv_freq, out);
+        per_head("W_UK", w_uk, dims.heads, [dims.kv_lora, dims.nope])?;
+        let (norm, p) = (kv_norm.as_f32(), &step.positions);
+        mla::qkv(self, q, kva, p, dims, norm, w_uk, eps, &rope.inv_freq, out);
         Ok(())
     }
 
@@ -593,15 +609,18 @@ impl Backend for CpuBackend {
         dims: MlaDims,
         k_cache: &CpuKv,
         v_cache: &CpuKv,
-        w_uv: &CpuWeight,
+        w_uv: &[CpuWeight],
         scale: f32,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let uv = w_uv.as_f32();
+        per_head("W_UV", w_uv, dims.heads, [dims.v, dims.kv_lora])?;
+        let uv = w_uv;
         match (k_cache, v_cache) {
-            (CpuKv::F32(k), CpuKv::F32(v)) => mla::attention(qkv, step, dims, k, v, uv, scale, out),
+            (CpuKv::F32(k), CpuKv::F32(v)) => {
+                mla::attention(self, qkv, step, dims, k, v, uv, scale, out)
+            }
             (CpuKv::BF16(k), CpuKv::BF16(v)) => {
-                mla::attention(qkv, step, dims, k, v, uv, scale, out)
+                mla::attention(self, qkv, step, dims, k, v, uv, scale, out)
             }
             _ => unreachable!("K and V pools share one dtype"),
         }

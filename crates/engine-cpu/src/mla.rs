@@ -1,10 +1,12 @@
 //! Multi-head latent attention on the CPU ([`Backend::mla_qkv`], [`Backend::mla_attention`]):
 //! each token's latent queries and cache record, then its attention over the cached records
 //! in the latent space, the value up-projection applied per head. The absorbed projections
-//! (`W_UK`, `W_UV`) run one task per head over every token of the step, so each head's
-//! matrix is read once a step, not once a token; attention runs one task per token and head.
-//! Every element keeps one reduction order whatever the batch (batch invariant: the products
-//! are `dots`' canonical order, [`head_products`]).
+//! (`W_UK`, `W_UV`) are one matrix per head in the model's form (a GGUF's `attn_k_b` and
+//! `attn_v_b` blocks as stored: at f32 they were a third of a GLM-4.7-Flash decode step's
+//! reads) and run one task per head over every token of the step, so each head's matrix is
+//! read once a step, not once a token; attention runs one task per token and head. Every
+//! element keeps one reduction order whatever the batch (batch invariant: the products are
+//! the backend's, [`head_products`]; attention's dots are `dots`' canonical order).
 //!
 //! [`Backend::mla_qkv`]: lmi_engine_core::backend::Backend::mla_qkv
 //! [`Backend::mla_attention`]: lmi_engine_core::backend::Backend::mla_attention
@@ -15,6 +17,7 @@ use lmi_engine_core::kv::BLOCK_SIZE;
 
 use crate::attention::softmax;
 use crate::simd::{WElem, accumulate_rows_shared, dots};
+use crate::{CpuBackend, CpuWeight};
 
 /// Runs `f` on each `width`-wide piece of `out` (a token's head), in parallel when there
 /// are several: each piece is computed alone, the same way whatever the batch.
@@ -40,56 +43,33 @@ impl Out {
     }
 }
 
-/// `out[t·ldo + j] = x[t·ldx ..][..k] · w[j·k ..][..k]` for `rows` rows and `w.len() / k`
-/// outputs each: several rows per tile, so each weight row is read once per four rows; each
-/// element in the canonical order (bit-identical to [`dots`] on one row).
+/// `out[t·ldo ..][..n] = x[t·ldx ..][..k] · wᵀ` for `rows` rows, `w` one head's `[n, k]`
+/// matrix in any of the backend's forms (quantized blocks as stored included): the rows are
+/// gathered, run through the backend's product (batch invariant) and scattered.
 ///
 /// # Safety
-/// `x` holds `rows` rows of `k` at stride `ldx`; `out` has room for `rows` rows of
-/// `w.len() / k` at stride `ldo`, which no other thread writes meanwhile.
+/// `x` holds `rows` rows of `k` at stride `ldx`; `out` has room for `rows` rows of `n` at
+/// stride `ldo`, which no other thread writes meanwhile.
 unsafe fn head_products(
+    backend: &CpuBackend,
     x: *const f32,
     ldx: usize,
     rows: usize,
-    w: &[f32],
-    k: usize,
+    w: &CpuWeight,
     out: *mut f32,
     ldo: usize,
 ) {
-    let isa = crate::simd::isa();
-    let m = w.len() / k;
-    let mut t = 0;
-    while t < rows {
-        let mr = if rows - t >= 4 { 4 } else { 1 };
-        let mut j = 0;
-        while j < m {
-            let nr = match (isa, mr, m - j) {
-                (_, 4, r) if r >= 4 && matches!(isa, crate::simd::Isa::Avx512) => 4,
-                (crate::simd::Isa::Avx2, 4, r) if r >= 2 => 2,
-                (_, 4, _) => 1,
-                (crate::simd::Isa::Avx512 | crate::simd::Isa::Avx2, _, r) if r >= 8 => 8,
-                (crate::simd::Isa::Avx512 | crate::simd::Isa::Avx2, _, r) if r >= 4 => 4,
-                _ => 1,
-            };
-            // SAFETY: rows t..t+mr of x, weight rows j..j+nr and their outputs exist (the
-            // caller's extents).
-            unsafe {
-                crate::linear::tile_dispatch::<f32>(
-                    isa,
-                    mr,
-                    nr,
-                    x.add(t * ldx),
-                    ldx,
-                    w.as_ptr().add(j * k),
-                    k,
-                    k,
-                    out.add(t * ldo + j),
-                    ldo,
-                );
-            }
-            j += nr;
-        }
-        t += mr;
+    let (n, k) = (w.shape()[0], w.shape()[1]);
+    let mut xs = vec![0.0f32; rows * k];
+    for (t, dst) in xs.chunks_exact_mut(k).enumerate() {
+        // SAFETY: row t of x exists (the caller's extents).
+        dst.copy_from_slice(unsafe { std::slice::from_raw_parts(x.add(t * ldx), k) });
+    }
+    let mut ys = vec![0.0f32; rows * n];
+    backend.linear_into(&xs, rows, w, None, &mut ys);
+    for (t, src) in ys.chunks_exact(n).enumerate() {
+        // SAFETY: row t's n outputs are this caller's (see above).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), out.add(t * ldo), n) };
     }
 }
 
@@ -108,12 +88,13 @@ fn turn(x: &[f32], cos: &[f32], sin: &[f32], out: &mut [f32]) {
 /// each.
 #[allow(clippy::too_many_arguments)]
 pub fn qkv(
+    backend: &CpuBackend,
     q: &[f32],
     kva: &[f32],
     positions: &[u32],
     d: MlaDims,
     kv_norm: &[f32],
-    w_uk: &[f32],
+    w_uk: &[CpuWeight],
     eps: f32,
     inv_freq: &[f64],
     out: &mut [f32],
@@ -138,16 +119,15 @@ pub fn qkv(
     crate::pool::run(d.heads + tokens, |i| {
         if i < d.heads {
             let h = i;
-            let w = &w_uk[h * lora * d.nope..][..lora * d.nope];
             // SAFETY: head h's pieces (row t, columns h·cw ..) are this task's alone; q
             // holds `tokens` rows of `heads · qw`.
             unsafe {
                 head_products(
+                    backend,
                     q.as_ptr().add(h * qw),
                     d.heads * qw,
                     tokens,
-                    w,
-                    d.nope,
+                    &w_uk[h],
                     base.at(h * cw),
                     rw,
                 );
@@ -183,12 +163,13 @@ pub fn qkv(
 /// record's halves, `[blocks, BLOCK_SIZE, cache_width / 2]`. One task per token and head.
 #[allow(clippy::too_many_arguments)]
 pub fn attention<E: WElem>(
+    backend: &CpuBackend,
     qkv: &[f32],
     layout: &BatchLayout,
     d: MlaDims,
     k_cache: &[E],
     v_cache: &[E],
-    w_uv: &[f32],
+    w_uv: &[CpuWeight],
     scale: f32,
     out: &mut [f32],
 ) {
@@ -256,16 +237,15 @@ pub fn attention<E: WElem>(
     let out = &mut out[..n * heads * d.v];
     let base = Out(out.as_mut_ptr());
     crate::pool::run(heads, |h| {
-        let w = &w_uv[h * d.v * lora..][..d.v * lora];
         // SAFETY: head h's pieces (row t, columns h·v ..) are this task's alone; `latents`
         // holds n rows of heads · lora.
         unsafe {
             head_products(
+                backend,
                 latents.as_ptr().add(h * lora),
                 heads * lora,
                 n,
-                w,
-                lora,
+                &w_uv[h],
                 base.at(h * d.v),
                 heads * d.v,
             );

@@ -1037,11 +1037,12 @@ impl<D: Device> Backend for CudaBackend<D> {
         step: &CudaStep,
         dims: MlaDims,
         kv_norm: &CudaWeight<D>,
-        w_uk: &CudaWeight<D>,
+        w_uk: &[CudaWeight<D>],
         eps: f32,
         rope: &CudaRope<D>,
         out: &mut CudaBuf,
     ) -> Result<()> {
+        let w_uk = mla::one_flat("W_UK", w_uk)?;
         mla::qkv(self, q, kva, step, dims, kv_norm, w_uk, eps, rope, out)
     }
 
@@ -1052,10 +1053,11 @@ impl<D: Device> Backend for CudaBackend<D> {
         dims: MlaDims,
         k_cache: &CudaKv<D>,
         v_cache: &CudaKv<D>,
-        w_uv: &CudaWeight<D>,
+        w_uv: &[CudaWeight<D>],
         scale: f32,
         out: &mut CudaBuf,
     ) -> Result<()> {
+        let w_uv = mla::one_flat("W_UV", w_uv)?;
         mla::attention(self, qkv, step, dims, k_cache, v_cache, w_uv, scale, out)
     }
 

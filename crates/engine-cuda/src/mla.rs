@@ -28,6 +28,21 @@ fn flat<D: Device>(what: &str, w: &CudaWeight<D>, len: usize) -> Result<()> {
     Ok(())
 }
 
+/// The one flat f32 weight this backend takes for an absorbed projection (it does not ask
+/// for one per head: `Backend::mla_per_head`).
+pub(super) fn one_flat<'a, D: Device>(
+    what: &str,
+    w: &'a [CudaWeight<D>],
+) -> Result<&'a CudaWeight<D>> {
+    match w {
+        [one] => Ok(one),
+        _ => Err(EngineError::Backend(format!(
+            "latent attention: {what} in {} pieces, expected one flat weight",
+            w.len()
+        ))),
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(super) fn qkv<D: Device>(
     b: &CudaBackend<D>,

@@ -233,6 +233,9 @@ fn llama_cpp_gguf_files_match_transformers() {
         let kind = |n: &str| file.tensor(n).unwrap().ggml_type.name();
         assert_eq!(kind("blk.0.attn_kv_a_mqa.weight"), "Q8_0", "{name}");
         assert_eq!(kind("blk.0.attn_output.weight"), "Q8_0", "{name}");
+        // The absorbed values' heads, held per head in their blocks (the keys' 24 columns
+        // are no whole block: they stay f32).
+        assert_eq!(kind("blk.0.attn_v_b.weight"), "Q8_0", "{name}");
         let (_dir, mut e) = load_gguf(&q8, Some(DType::F32));
         let q8_in_f32 = sequence_logits(&mut e, &r);
         let (_dir, mut e) = load_gguf(&q8, None);

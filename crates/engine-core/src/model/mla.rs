@@ -27,10 +27,11 @@ pub(crate) struct LatentAttn<B: Backend> {
     /// `kv_a_proj_with_mqa`, `[kv_lora + rope, hidden]`.
     kv_a: B::Weight,
     kv_norm: B::Weight,
-    /// kv_b_proj's key rows per head, transposed: `[heads, kv_lora, nope]`, flat f32.
-    w_uk: B::Weight,
-    /// kv_b_proj's value rows per head: `[heads, v, kv_lora]`, flat f32.
-    w_uv: B::Weight,
+    /// kv_b_proj's key rows per head, transposed: `[heads, kv_lora, nope]`, as
+    /// [`Backend::mla_per_head`] asks (one matrix per head, or one flat f32 weight).
+    w_uk: Vec<B::Weight>,
+    /// kv_b_proj's value rows per head: `[heads, v, kv_lora]`, in the same form.
+    w_uv: Vec<B::Weight>,
     o_proj: B::Weight,
     /// Which of the cache's K/V pools is this layer's.
     kv: usize,
@@ -102,8 +103,7 @@ impl<B: Backend> LatentAttn<B> {
             + w(&self.q_b)
             + w(&self.kv_a)
             + w(&self.kv_norm)
-            + w(&self.w_uk)
-            + w(&self.w_uv)
+            + self.w_uk.iter().chain(&self.w_uv).map(w).sum::<usize>()
             + w(&self.o_proj)
     }
 
@@ -210,35 +210,53 @@ impl<B: Backend> LatentAttn<B> {
         let kv_rows: Vec<usize> = (0..lora).chain(turn(lora)).collect();
         let kv_a = mat(&format!("{a}.kv_a_proj_with_mqa.weight"), &[lora + rope, h])?;
         let kv_b_name = format!("{a}.kv_b_proj.weight");
-        let (w_uk, w_uv) = match st.contains(&kv_b_name) {
-            true => {
-                let kv_b = st.load(&kv_b_name, &[heads * (nope + v), lora], DType::F32)?;
-                split_kv_b(&kv_b.to_f32_vec(), heads, nope, v, lora)
-            }
-            // llama.cpp's GGUF holds them split already (`attn_k_b`, `attn_v_b`).
-            false => (
-                st.load(
-                    &format!("{a}.k_b_proj.weight"),
-                    &[heads, lora, nope],
-                    DType::F32,
-                )?
-                .to_f32_vec(),
-                st.load(
-                    &format!("{a}.v_b_proj.weight"),
-                    &[heads, v, lora],
-                    DType::F32,
-                )?
-                .to_f32_vec(),
-            ),
+        let (uk_name, uv_name) = (
+            format!("{a}.k_b_proj.weight"),
+            format!("{a}.v_b_proj.weight"),
+        );
+        let (uk_shape, uv_shape) = ([heads, lora, nope], [heads, v, lora]);
+        let split = st.contains(&kv_b_name).then(|| -> Result<_> {
+            let kv_b = st.load(&kv_b_name, &[heads * (nope + v), lora], DType::F32)?;
+            Ok(split_kv_b(&kv_b.to_f32_vec(), heads, nope, v, lora))
+        });
+        let (w_uk, w_uv) = if backend.mla_per_head() {
+            // One matrix per head: a GGUF's `attn_k_b` / `attn_v_b` (split and turned by
+            // llama.cpp's converter) in the model's form, quantized blocks as stored; the
+            // split kv_b_proj in f32, as the CUDA engine holds it (a bf16 checkpoint's values
+            // exactly; holding those in bf16 would halve their reads).
+            let f32_heads = |shape: [usize; 3], x: Vec<f32>| HostTensor::f32(shape.to_vec(), x);
+            let (uk, uv) = match split {
+                Some(s) => {
+                    let (uk, uv) = s?;
+                    (f32_heads(uk_shape, uk), f32_heads(uv_shape, uv))
+                }
+                None => (mat(&uk_name, &uk_shape)?, mat(&uv_name, &uv_shape)?),
+            };
+            let each = |t: HostTensor| -> Result<Vec<B::Weight>> {
+                t.unstack()
+                    .into_iter()
+                    .map(|m| backend.upload_weight(m))
+                    .collect()
+            };
+            (each(uk)?, each(uv)?)
+        } else {
+            let (uk, uv) = match split {
+                Some(s) => s?,
+                None => (
+                    st.load(&uk_name, &uk_shape, DType::F32)?.to_f32_vec(),
+                    st.load(&uv_name, &uv_shape, DType::F32)?.to_f32_vec(),
+                ),
+            };
+            let flat = |x: Vec<f32>| backend.upload_weight(HostTensor::f32(vec![x.len()], x));
+            (vec![flat(uk)?], vec![flat(uv)?])
         };
-        let flat = |x: Vec<f32>| backend.upload_weight(HostTensor::f32(vec![x.len()], x));
         Ok(LatentAttn {
             q_a,
             q_b: backend.upload_weight(q_b.select_rows(&q_rows))?,
             kv_a: backend.upload_weight(kv_a.select_rows(&kv_rows))?,
             kv_norm: norm(&format!("{a}.kv_a_layernorm.weight"), lora)?,
-            w_uk: flat(w_uk)?,
-            w_uv: flat(w_uv)?,
+            w_uk,
+            w_uv,
             o_proj: backend.upload_weight(mat(&format!("{a}.o_proj.weight"), &[h, heads * v])?)?,
             kv,
         })
