@@ -1,7 +1,8 @@
 //! Paged causal attention for a ragged batch: each token attends to its sequence's keys
 //! `0 ..= position` (a sliding window: the last `window` of them), read through the block
 //! table. One pass per token (prefill chunk or decode alike), all q heads of a GQA group
-//! sharing each K/V row load.
+//! sharing each K/V row load; a lone token over a long context splits its q heads among the
+//! threads (each head computed as it would be with the others, so the bits do not move).
 
 use lmi_engine_core::backend::{AttnScoring, QkvLayout};
 use lmi_engine_core::batch::BatchLayout;
@@ -34,7 +35,8 @@ pub fn paged_attention<'a, E: WElem>(
     let d = l.head_dim;
     let group = l.q_heads / l.kv_heads;
     let width = l.q_heads * d;
-    let body = |t: usize, o: &mut [f32]| {
+    // Token t's q heads h0 .. h0 + nh into `o` (nh heads wide).
+    let heads = |t: usize, h0: usize, nh: usize, o: &mut [f32]| {
         let seq = layout.token_seq[t] as usize;
         let pos = layout.positions[t] as usize;
         // Keys `lo .. ctx` are attended: blocks from `b0` on are read, and the scores of the
@@ -46,55 +48,100 @@ pub fn paged_attention<'a, E: WElem>(
         let (span, skip) = (ctx - b0 * BLOCK_SIZE, lo - b0 * BLOCK_SIZE);
         let table = layout.block_table(seq);
         let row = &qkv[t * l.row_width()..(t + 1) * l.row_width()];
-        let mut scores = vec![0.0f32; l.q_heads * span];
+        let mut scores = vec![0.0f32; nh * span];
         let blocks = ctx.div_ceil(BLOCK_SIZE);
+        // The kv heads these q heads read, and each one's q heads (first, count) from h0.
+        let kv = h0 / group..(h0 + nh).div_ceil(group);
+        let part = |g: usize| {
+            let a = (g * group).max(h0);
+            (a - h0, ((g + 1) * group).min(h0 + nh) - a)
+        };
         // Rows of kv head `g` in the b-th block of the sequence (all of them, or up to ctx).
         let rows = |cache: &'a [E], g: usize, b: usize| -> &'a [E] {
             let start = ((table[b] as usize * l.kv_heads + g) * BLOCK_SIZE) * d;
             &cache[start..][..(ctx - b * BLOCK_SIZE).min(BLOCK_SIZE) * d]
         };
-        // A whole block, every kv head: one contiguous run, so blocks go outermost.
+        // The block's rows of those kv heads: one contiguous run, so blocks go outermost.
         let block = |cache: &'a [E], b: usize| -> &'a [E] {
-            let run = l.kv_heads * BLOCK_SIZE * d;
-            &cache[table[b] as usize * run..][..run]
+            let start = (table[b] as usize * l.kv_heads + kv.start) * BLOCK_SIZE * d;
+            &cache[start..][..kv.len() * BLOCK_SIZE * d]
         };
+        // The values are read after the softmax: where they fit in L2 they are asked for
+        // during the scores, else (a long context) a block ahead of their sums.
+        let v_bytes = (blocks - b0) * std::mem::size_of_val(block(v_cache, b0));
+        let v_early = v_bytes <= V_EARLY_BYTES;
         for b in b0..blocks {
             if b + 1 < blocks {
                 prefetch::<{ HINT_L1 }, E>(block(k_cache, b + 1));
             }
-            // The values are read after the softmax: ask for them now, into L2.
-            prefetch::<{ HINT_L2 }, E>(block(v_cache, b));
-            for g in 0..l.kv_heads {
+            if v_early {
+                prefetch::<{ HINT_L2 }, E>(block(v_cache, b));
+            }
+            for g in kv.clone() {
                 // Keys of one block are contiguous: the group's heads share each key load.
+                let (a, c) = part(g);
                 let keys = rows(k_cache, g, b);
-                let s = &mut scores[g * group * span + (b - b0) * BLOCK_SIZE..];
-                let q = &row[g * group * d..(g + 1) * group * d];
+                let s = &mut scores[a * span + (b - b0) * BLOCK_SIZE..];
+                let q = &row[(h0 + a) * d..(h0 + a + c) * d];
                 group_scores(q, d, keys, keys.len() / d, scale, s, span);
             }
         }
         for (h, s) in scores.chunks_mut(span).enumerate() {
             s[..skip].fill(0.0);
-            softmax(&mut s[skip..], sinks.map(|k| k[h]));
+            softmax(&mut s[skip..], sinks.map(|k| k[h0 + h]));
         }
         o.fill(0.0);
         for b in b0..blocks {
             if b + 1 < blocks {
                 prefetch::<{ HINT_L1 }, E>(block(v_cache, b + 1));
             }
-            for g in 0..l.kv_heads {
+            for g in kv.clone() {
+                let (a, c) = part(g);
                 let vals = rows(v_cache, g, b);
-                let heads = &mut o[g * group * d..(g + 1) * group * d];
-                let w = &scores[g * group * span + (b - b0) * BLOCK_SIZE..];
-                accumulate_rows_shared(heads, d, w, span, vals.len() / d, vals);
+                let hs = &mut o[a * d..(a + c) * d];
+                let w = &scores[a * span + (b - b0) * BLOCK_SIZE..];
+                accumulate_rows_shared(hs, d, w, span, vals.len() / d, vals);
             }
         }
     };
+    let body = |t: usize, o: &mut [f32]| heads(t, 0, l.q_heads, o);
     let n = layout.num_tokens();
-    if n == 1 {
+    let threads = crate::pool::threads();
+    if n == 1 && threads > 1 && attended(layout, window, through) >= SPLIT_KEYS {
+        // One token over a long context: its q heads split among the threads (each head's
+        // scores, softmax and sums are computed as in `body`, so the bits are the same).
+        let per = heads_per_task(group, l.kv_heads, threads);
+        crate::pool::chunks_mut(&mut out[..width], per * d, |i, o| heads(0, i * per, per, o));
+    } else if n == 1 {
         body(0, &mut out[..width]);
     } else {
         crate::pool::chunks_mut(&mut out[..n * width], width, body);
     }
+}
+
+/// Values up to this size are prefetched into L2 while the scores are computed (half an L2
+/// of 2 MiB): more would be evicted before their sums and read twice from memory.
+const V_EARLY_BYTES: usize = 1 << 20;
+
+/// Keys a lone token attends from its position (its window's, or all before it).
+fn attended(layout: &BatchLayout, window: Option<usize>, through: Option<&[u32]>) -> usize {
+    let pos = layout.positions[0] as usize;
+    let ctx = through.map_or(pos, |th| pos.max(th[0] as usize)) + 1;
+    ctx - window.map_or(0, |w| (pos + 1).saturating_sub(w))
+}
+
+/// A lone token attends at least this many keys before its heads are split among the
+/// threads: below it the fork costs more than the second core gives.
+const SPLIT_KEYS: usize = 1024;
+
+/// q heads per task for a lone token: a divisor of the group (tasks never straddle two kv
+/// heads), enough tasks for the threads where the group allows.
+fn heads_per_task(group: usize, kv_heads: usize, threads: usize) -> usize {
+    let parts = threads.div_ceil(kv_heads).clamp(1, group);
+    (1..=group)
+        .rev()
+        .find(|&per| group.is_multiple_of(per) && group / per >= parts)
+        .unwrap_or(1)
 }
 
 /// In place: `s = exp(s - max) / Σ exp(s - max)`, with a sink's `exp(sink - max)` in the
@@ -256,6 +303,61 @@ impl KvElem for u16 {
 mod tests {
     use super::*;
     use lmi_checkpoint::testing::lcg;
+    use lmi_engine_core::batch::{LogitsWanted, SeqChunk};
+
+    /// A lone token over a long context (its heads split among the threads) gives the bits
+    /// it gets beside another sequence's token (one task for all its heads), with and
+    /// without a window and sinks, GQA groups of 4 and 1, f32 and bf16 K/V.
+    #[test]
+    fn a_lone_token_split_by_heads_keeps_its_bits() {
+        let ctx = SPLIT_KEYS + 300;
+        let blocks = ctx.div_ceil(BLOCK_SIZE);
+        let mut seed = 11;
+        for (q_heads, kv_heads) in [(8, 2), (4, 4)] {
+            let l = QkvLayout {
+                q_heads,
+                kv_heads,
+                head_dim: 64,
+            };
+            let pool = 2 * blocks * kv_heads * BLOCK_SIZE * l.head_dim;
+            let k: Vec<f32> = (0..pool).map(|_| lcg(&mut seed)).collect();
+            let v: Vec<f32> = (0..pool).map(|_| lcg(&mut seed)).collect();
+            let (kb, vb): (Vec<u16>, Vec<u16>) = (
+                k.iter().map(|x| (x.to_bits() >> 16) as u16).collect(),
+                v.iter().map(|x| (x.to_bits() >> 16) as u16).collect(),
+            );
+            let row: Vec<f32> = (0..l.row_width()).map(|_| lcg(&mut seed)).collect();
+            let sinks: Vec<f32> = (0..q_heads).map(|_| lcg(&mut seed)).collect();
+            let seq = |first: u32| SeqChunk {
+                tokens: vec![1],
+                start_pos: ctx - 1,
+                block_table: (first..first + blocks as u32).collect(),
+                window_table: Vec::new(),
+                logits: LogitsWanted::Last,
+                adapter: None,
+            };
+            let alone = BatchLayout::new(&[seq(0)], 2 * blocks).unwrap();
+            let pair = BatchLayout::new(&[seq(0), seq(blocks as u32)], 2 * blocks).unwrap();
+            let both: Vec<f32> = row.iter().chain(&row).copied().collect();
+            let w = q_heads * l.head_dim;
+            for (window, sinks) in [(None, None), (Some(ctx - 100), Some(&sinks[..]))] {
+                let scoring = || Scoring {
+                    scale: 0.125,
+                    window,
+                    sinks,
+                    through: None,
+                };
+                let (mut one, mut two) = (vec![0.0; w], vec![0.0; 2 * w]);
+                paged_attention(&row, &alone, l, &k, &v, scoring(), &mut one);
+                paged_attention(&both, &pair, l, &k, &v, scoring(), &mut two);
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&one), bits(&two[..w]), "f32 {l:?} {window:?}");
+                paged_attention(&row, &alone, l, &kb, &vb, scoring(), &mut one);
+                paged_attention(&both, &pair, l, &kb, &vb, scoring(), &mut two);
+                assert_eq!(bits(&one), bits(&two[..w]), "bf16 {l:?} {window:?}");
+            }
+        }
+    }
 
     /// The detected ISA's softmax gives the portable loop's bits, for lengths around the
     /// eight- and sixteen-wide chunks, with and without a sink.

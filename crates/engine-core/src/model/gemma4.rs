@@ -707,12 +707,8 @@ impl<B: Backend> Model<B> {
         };
         let gemma4 = Gemma4Layers::load(backend, c, st, lm, dtype, &formats)?;
         // The formats the matrices are held in (a GGUF's blocks stay as stored), as the other
-        // models' `weights` label them.
-        let weights = formats
-            .into_inner()
-            .into_iter()
-            .collect::<Vec<_>>()
-            .join("+");
+        // models' `weights` label them, and the dtype that follows.
+        let (weights, dtype) = super::load::held(formats.into_inner(), dtype);
         let final_norm =
             backend.upload_weight(st.load(&format!("{lm}norm.weight"), &[h], DType::F32)?)?;
         let local = c

@@ -151,18 +151,7 @@ impl<B: Backend> Model<B> {
                 ));
             }
         };
-        let weights = formats
-            .into_inner()
-            .into_iter()
-            .collect::<Vec<_>>()
-            .join("+");
-        // Quantized matrices compute in f32 beside bf16 K/V and bf16 LoRA adapters.
-        let quantized = weights.split('+').any(|f| f != "bf16" && f != "f32");
-        let dtype = if quantized && dtype != DType::F32 {
-            DType::I8
-        } else {
-            dtype
-        };
+        let (weights, dtype) = held(formats.into_inner(), dtype);
         Ok(Model {
             config,
             dtype,
@@ -678,6 +667,19 @@ pub(super) fn note_format(formats: &mut BTreeSet<&'static str>, t: &HostTensor) 
             formats.insert("f32");
         }
     }
+}
+
+/// The label of the formats the matrices are held in (`formats` joined by `+`) and the
+/// model's dtype: a load with quantized matrices counts as int8 (they compute in f32 beside
+/// bf16 K/V and bf16 LoRA adapters) unless it asked for f32.
+pub(super) fn held(formats: BTreeSet<&'static str>, dtype: DType) -> (String, DType) {
+    let weights = formats.into_iter().collect::<Vec<_>>().join("+");
+    let quantized = weights.split('+').any(|f| f != "bf16" && f != "f32");
+    let dtype = match quantized && dtype != DType::F32 {
+        true => DType::I8,
+        false => dtype,
+    };
+    (weights, dtype)
 }
 
 /// Decoder layer `i` from `p` (`{lm}layers.{i}`; a multi-token-prediction layer past the

@@ -138,19 +138,10 @@ impl<B: Backend> Model<B> {
         let final_norm = norm(&format!("{p}shared_head.norm.weight"), h)?;
         let mut config = c.clone();
         config.num_layers = 1;
-        let weights = formats
-            .into_inner()
-            .into_iter()
-            .collect::<Vec<_>>()
-            .join("+");
-        let quantized = weights.split('+').any(|f| f != "bf16" && f != "f32");
+        let (weights, dtype) = super::load::held(formats.into_inner(), dtype);
         let rope = backend.rope_table(&c.rope_inv_freq())?;
         Ok(Some(Model {
-            dtype: if quantized && dtype != DType::F32 {
-                DType::I8
-            } else {
-                dtype
-            },
+            dtype,
             config,
             weights,
             embed,
