@@ -38,12 +38,9 @@ pub fn paged_attention<'a, E: WElem>(
     // Token t's q heads h0 .. h0 + nh into `o` (nh heads wide).
     let heads = |t: usize, h0: usize, nh: usize, o: &mut [f32]| {
         let seq = layout.token_seq[t] as usize;
-        let pos = layout.positions[t] as usize;
         // Keys `lo .. ctx` are attended: blocks from `b0` on are read, and the scores of the
-        // `skip` keys of block b0 before `lo` are zero. Without a window: all of them. The
-        // window counts back from the query's own position, `through` may reach past it.
-        let ctx = through.map_or(pos, |th| pos.max(th[t] as usize)) + 1;
-        let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        // `skip` keys of block b0 before `lo` are zero.
+        let (lo, ctx) = keys(layout, t, window, through);
         let b0 = lo / BLOCK_SIZE;
         let (span, skip) = (ctx - b0 * BLOCK_SIZE, lo - b0 * BLOCK_SIZE);
         let table = layout.block_table(seq);
@@ -107,7 +104,10 @@ pub fn paged_attention<'a, E: WElem>(
     let body = |t: usize, o: &mut [f32]| heads(t, 0, l.q_heads, o);
     let n = layout.num_tokens();
     let threads = crate::pool::threads();
-    if n == 1 && threads > 1 && attended(layout, window, through) >= SPLIT_KEYS {
+    if n == 1 && threads > 1 && {
+        let (lo, ctx) = keys(layout, 0, window, through);
+        ctx - lo >= SPLIT_KEYS
+    } {
         // One token over a long context: its q heads split among the threads (each head's
         // scores, softmax and sums are computed as in `body`, so the bits are the same).
         let per = heads_per_task(group, l.kv_heads, threads);
@@ -123,11 +123,17 @@ pub fn paged_attention<'a, E: WElem>(
 /// of 2 MiB): more would be evicted before their sums and read twice from memory.
 const V_EARLY_BYTES: usize = 1 << 20;
 
-/// Keys a lone token attends from its position (its window's, or all before it).
-fn attended(layout: &BatchLayout, window: Option<usize>, through: Option<&[u32]>) -> usize {
-    let pos = layout.positions[0] as usize;
-    let ctx = through.map_or(pos, |th| pos.max(th[0] as usize)) + 1;
-    ctx - window.map_or(0, |w| (pos + 1).saturating_sub(w))
+/// The keys `lo .. ctx` token `t` attends: without a window all of them up to its own
+/// position; the window counts back from that position, `through` may reach past it.
+fn keys(
+    layout: &BatchLayout,
+    t: usize,
+    window: Option<usize>,
+    through: Option<&[u32]>,
+) -> (usize, usize) {
+    let pos = layout.positions[t] as usize;
+    let ctx = through.map_or(pos, |th| pos.max(th[t] as usize)) + 1;
+    (window.map_or(0, |w| (pos + 1).saturating_sub(w)), ctx)
 }
 
 /// A lone token attends at least this many keys before its heads are split among the

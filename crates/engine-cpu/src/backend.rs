@@ -614,13 +614,12 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
     ) -> Result<()> {
         per_head("W_UV", w_uv, dims.heads, [dims.v, dims.kv_lora])?;
-        let uv = w_uv;
         match (k_cache, v_cache) {
             (CpuKv::F32(k), CpuKv::F32(v)) => {
-                mla::attention(self, qkv, step, dims, k, v, uv, scale, out)
+                mla::attention(self, qkv, step, dims, k, v, w_uv, scale, out)
             }
             (CpuKv::BF16(k), CpuKv::BF16(v)) => {
-                mla::attention(self, qkv, step, dims, k, v, uv, scale, out)
+                mla::attention(self, qkv, step, dims, k, v, w_uv, scale, out)
             }
             _ => unreachable!("K and V pools share one dtype"),
         }

@@ -16,6 +16,7 @@ use lmi_engine_core::batch::BatchLayout;
 use lmi_engine_core::kv::BLOCK_SIZE;
 
 use crate::attention::softmax;
+use crate::qlinear::SendPtr;
 use crate::simd::{WElem, accumulate_rows_shared, dots};
 use crate::{CpuBackend, CpuWeight};
 
@@ -26,20 +27,6 @@ fn for_pieces(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Syn
         out.chunks_mut(width).enumerate().for_each(|(i, o)| f(i, o));
     } else {
         crate::pool::chunks_mut(out, width, f);
-    }
-}
-
-/// Shares the output's base pointer with tasks that write disjoint pieces of it.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: each task writes only its own pieces (see the callers).
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// The pointer (a method, so that closures capture the whole `Out`, which is `Sync`).
-    fn at(self, offset: usize) -> *mut f32 {
-        self.0.wrapping_add(offset)
     }
 }
 
@@ -113,7 +100,7 @@ pub fn qkv(
         }
         (cos, sin)
     };
-    let base = Out(out.as_mut_ptr());
+    let base = SendPtr(out.as_mut_ptr());
     // Tasks 0..heads: a head's latent queries (W_UK over every token) and rotary parts;
     // then one task per token for its record.
     crate::pool::run(d.heads + tokens, |i| {
@@ -235,7 +222,7 @@ pub fn attention<E: WElem>(
         latent[split..].copy_from_slice(&last[..lora - split]);
     });
     let out = &mut out[..n * heads * d.v];
-    let base = Out(out.as_mut_ptr());
+    let base = SendPtr(out.as_mut_ptr());
     crate::pool::run(heads, |h| {
         // SAFETY: head h's pieces (row t, columns h·v ..) are this task's alone; `latents`
         // holds n rows of heads · lora.
