@@ -65,7 +65,7 @@ pub(super) fn moe(
     }
     // The experts with rows, each with its output (a lock per task, uncontended: each is
     // taken once).
-    let busy: Vec<_> = layer
+    let mut busy: Vec<_> = layer
         .experts
         .iter()
         .zip(&members)
@@ -73,6 +73,10 @@ pub(super) fn moe(
         .filter(|((_, rows_of), _)| !rows_of.is_empty())
         .map(|((expert, rows_of), y)| (expert, rows_of, std::sync::Mutex::new(y)))
         .collect();
+    // The experts with the most rows first (stable: index order among equals), so that the
+    // step does not end on one thread running a large expert while the others wait: a
+    // Qwen3-MoE-shaped layer at 16 rows (`examples/moeprof.rs`) 1% faster.
+    busy.sort_by_key(|(_, rows_of, _)| std::cmp::Reverse(rows_of.len()));
     crate::pool::run(busy.len(), |i| {
         let (expert, rows_of, y) = &busy[i];
         if let Ok(mut y) = y.lock() {
