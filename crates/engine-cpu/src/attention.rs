@@ -104,10 +104,11 @@ pub fn paged_attention<'a, E: WElem>(
     let body = |t: usize, o: &mut [f32]| heads(t, 0, l.q_heads, o);
     let n = layout.num_tokens();
     let threads = crate::pool::threads();
-    if n == 1 && threads > 1 && {
-        let (lo, ctx) = keys(layout, 0, window, through);
+    let long = |t: usize| {
+        let (lo, ctx) = keys(layout, t, window, through);
         ctx - lo >= SPLIT_KEYS
-    } {
+    };
+    if n == 1 && threads > 1 && long(0) {
         // One token over a long context: its q heads split among the threads (each head's
         // scores, softmax and sums are computed as in `body`, so the bits are the same).
         let per = heads_per_task(group, l.kv_heads, threads);

@@ -177,13 +177,13 @@ pub(super) unsafe fn kernel<F: LFmt, const MR: usize>(t: &Args) {
             *p = t.a.block(t.i0 + i, 0);
         }
         let ab = (t.i0 * t.a.nb) as isize;
+        // Q6_K's two halves of 16 values have scales of their own: each is summed and scaled
+        // on its own (`sw` then `mw`, the second half's scale). Code lines per half:
+        let halves = if F::QTYPE == QType::Q6_K { 2 } else { 1 };
+        let lines = if nibbles { 4 } else { 8 } / halves;
         for b in 0..t.nb {
             let (co, so, ho) = super::pack::offsets(F::QTYPE, b);
             let cp = t.w.add(co);
-            // Q6_K's two halves of 16 values have scales of their own: each is summed and
-            // scaled on its own (`sw` then `mw`, the second half's scale).
-            let halves = if F::QTYPE == QType::Q6_K { 2 } else { 1 };
-            let lines = if nibbles { 4 } else { 8 } / halves;
             if t.prefetch {
                 // The stream `PREFETCH` bytes ahead: here the lines past those the loop below
                 // reads (Q6_K's high bits, the next line of scales); the loop prefetches one
