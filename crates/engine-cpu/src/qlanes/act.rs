@@ -84,6 +84,62 @@ pub(crate) struct TileScales {
 /// Rows of a tile of [`LAct::tiled`].
 pub(crate) const TILE_ROWS: usize = 16;
 
+/// From this many values a product's activations are quantized on the pool's threads, a
+/// tile of rows a task (below, a fork would cost about what it saves).
+const PARALLEL_VALUES: usize = 32 * 1024;
+
+/// One task's part of [`LAct`]'s arrays (a tile of rows).
+struct Part<'a> {
+    q: &'a mut [i8],
+    d: &'a mut [f32],
+    sum: &'a mut [i32],
+    sum16: &'a mut [i32],
+    ms: &'a mut [f32],
+    /// The tile's [`LAct::tsc`] entries (empty unless tiled).
+    tsc: &'a mut [TileScales],
+}
+
+/// The block quantizer this CPU runs (all give the same bits).
+#[derive(Clone, Copy)]
+enum Quantizer {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    Scalar,
+}
+
+impl Quantizer {
+    fn detect() -> Quantizer {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+            {
+                return Quantizer::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                return Quantizer::Avx2;
+            }
+        }
+        Quantizer::Scalar
+    }
+
+    /// One block of 32 values into `q`'s 64 bytes: its scale, its sum and its first 16's.
+    #[inline]
+    fn block(self, x: &[f32], q: &mut [i8], bits: Bits) -> (f32, i32, i32) {
+        match self {
+            // SAFETY: AVX-512F/BW were detected; `x` holds 32 values and `q` 64 bytes.
+            #[cfg(target_arch = "x86_64")]
+            Quantizer::Avx512 => unsafe { x86::block(x, q, bits) },
+            // SAFETY: AVX2 was detected; as above.
+            #[cfg(target_arch = "x86_64")]
+            Quantizer::Avx2 => unsafe { x86::block_avx2(x, q, bits) },
+            Quantizer::Scalar => scalar_block(x, q, bits),
+        }
+    }
+}
+
 impl LAct {
     /// Quantizes `rows` rows of `k` values (`k` a multiple of 32), each row on its own.
     pub fn new(x: &[f32], rows: usize, k: usize, bits: Bits) -> LAct {
@@ -117,50 +173,60 @@ impl LAct {
             lo: bits == Bits::Twelve,
             a16: Vec::new(),
             tiled,
-            tsc: Vec::new(),
+            tsc: if tiled {
+                vec![TileScales::default(); held / TILE_ROWS * nb]
+            } else {
+                Vec::new()
+            },
         };
-        #[cfg(target_arch = "x86_64")]
-        let simd = std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw");
-        #[cfg(target_arch = "x86_64")]
-        let avx2 = std::arch::is_x86_feature_detected!("avx2");
-        #[cfg(not(target_arch = "x86_64"))]
-        let simd = false;
-        let blocks = x[..rows * k]
-            .chunks_exact(QK)
-            .enumerate()
-            .zip(a.d.iter_mut().zip(a.sum.iter_mut()))
-            .zip(a.sum16.iter_mut().zip(a.ms.iter_mut()));
-        for (((at, x), (d, sum)), (sum16, ms)) in blocks {
-            let q0 = offset(nb, tiled, at / nb, at % nb);
-            let q = &mut a.q[q0..q0 + 2 * QK];
-            #[cfg(target_arch = "x86_64")]
-            if simd {
-                // SAFETY: AVX-512F/BW were detected; `x` holds 32 values and `q` 64 bytes.
-                (*d, *sum, *sum16) = unsafe { x86::block(x, q, bits) };
-                *ms = *d * *sum as f32;
-                continue;
+        let quantizer = Quantizer::detect();
+        // Per task a tile's rows: its part of every array is then one slice, in either
+        // layout (a tile's blocks lie together in `q` when tiled, its rows when not).
+        // (`max(1)`: a product with no columns has empty arrays and nothing to split.)
+        let per = (TILE_ROWS * nb).max(1);
+        let mut tsc = a.tsc.chunks_mut(nb.max(1));
+        let parts =
+            a.q.chunks_mut(per * 2 * QK)
+                .zip(a.d.chunks_mut(per))
+                .zip(a.sum.chunks_mut(per).zip(a.sum16.chunks_mut(per)))
+                .zip(a.ms.chunks_mut(per))
+                .take(rows.div_ceil(TILE_ROWS))
+                .map(|(((q, d), (sum, sum16)), ms)| Part {
+                    q,
+                    d,
+                    sum,
+                    sum16,
+                    ms,
+                    tsc: tsc.next().unwrap_or_default(),
+                });
+        let quantize = |c: usize, p: &mut Part| {
+            let r0 = c * TILE_ROWS;
+            for r in r0..rows.min(r0 + TILE_ROWS) {
+                for b in 0..nb {
+                    let xb = &x[r * k + b * QK..][..QK];
+                    let q0 = offset(nb, tiled, r, b) - c * per * 2 * QK;
+                    let i = (r - r0) * nb + b;
+                    let (d, sum, sum16) = quantizer.block(xb, &mut p.q[q0..q0 + 2 * QK], bits);
+                    let ms = d * sum as f32;
+                    (p.d[i], p.sum[i], p.sum16[i], p.ms[i]) = (d, sum, sum16, ms);
+                    if let Some(t) = p.tsc.get_mut(b) {
+                        let j = r - r0;
+                        (t.d[j], t.ms[j], t.sum[j], t.sum16[j]) = (d, ms, sum, sum16);
+                    }
+                }
             }
-            #[cfg(target_arch = "x86_64")]
-            if avx2 {
-                // SAFETY: AVX2 was detected; `x` holds 32 values and `q` 64 bytes.
-                (*d, *sum, *sum16) = unsafe { x86::block_avx2(x, q, bits) };
-                *ms = *d * *sum as f32;
-                continue;
-            }
-            let _ = simd;
-            (*d, *sum, *sum16) = scalar_block(x, q, bits);
-            *ms = *d * *sum as f32;
-        }
-        if tiled {
-            a.tsc = vec![TileScales::default(); held / TILE_ROWS * nb];
-            for (at, ((&d, &ms), (&sum, &sum16))) in
-                (a.d.iter().zip(&a.ms).zip(a.sum.iter().zip(&a.sum16))).enumerate()
-            {
-                let (r, b) = (at / nb, at % nb);
-                let t = &mut a.tsc[r / TILE_ROWS * nb + b];
-                let i = r % TILE_ROWS;
-                (t.d[i], t.ms[i], t.sum[i], t.sum16[i]) = (d, ms, sum, sum16);
+        };
+        if rows > TILE_ROWS && rows * k >= PARALLEL_VALUES {
+            // Rows are quantized each on their own: the same bits on any thread.
+            let parts: Vec<_> = parts.map(std::sync::Mutex::new).collect();
+            crate::pool::run(parts.len(), |c| {
+                if let Some(Ok(mut part)) = parts.get(c).map(|p| p.lock()) {
+                    quantize(c, &mut part);
+                }
+            });
+        } else {
+            for (c, mut part) in parts.enumerate() {
+                quantize(c, &mut part);
             }
         }
         a

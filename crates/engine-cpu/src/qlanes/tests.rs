@@ -308,3 +308,63 @@ fn eight_bit_activations_are_whole_bytes() {
         assert_eq!(a.sum[blk], sum, "block {blk}: sum");
     }
 }
+
+/// Activations quantized on the pool's threads (many rows, a tile of rows a task) are each
+/// row's alone, in both layouts: bytes, scales, sums and the tiles' copies of them; a tiled
+/// layout's padding rows stay zero.
+#[test]
+fn activations_in_parallel_equal_row_by_row() {
+    let mut seed = 19;
+    let (m, k) = (83, 512);
+    let nb = k / QK;
+    let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed) * 4.0).collect();
+    for bits in BITS {
+        for a in [LAct::new(&x, m, k, bits), LAct::tiled(&x, m, k, bits)] {
+            let at = format!("{bits:?} tiled={}", a.tiled);
+            for r in 0..m {
+                let one = LAct::new(&x[r * k..(r + 1) * k], 1, k, bits);
+                for b in 0..nb {
+                    // SAFETY: both blocks exist and hold 64 bytes.
+                    let (got, want) = unsafe {
+                        (
+                            std::slice::from_raw_parts(a.block(r, b), 2 * QK),
+                            std::slice::from_raw_parts(one.block(0, b), 2 * QK),
+                        )
+                    };
+                    assert_eq!(got, want, "{at} row {r} block {b}");
+                    let i = r * nb + b;
+                    let scales = (a.d[i].to_bits(), a.sum[i], a.sum16[i], a.ms[i].to_bits());
+                    let one_scales = (one.d[b].to_bits(), one.sum[b], one.sum16[b]);
+                    assert_eq!(
+                        scales,
+                        (
+                            one_scales.0,
+                            one_scales.1,
+                            one_scales.2,
+                            one.ms[b].to_bits()
+                        ),
+                        "{at} row {r} block {b}"
+                    );
+                    if a.tiled {
+                        let t = &a.tsc[r / act::TILE_ROWS * nb + b];
+                        let j = r % act::TILE_ROWS;
+                        let tile = (t.d[j].to_bits(), t.sum[j], t.sum16[j], t.ms[j].to_bits());
+                        assert_eq!(tile, scales, "{at} row {r} block {b}: tile scales");
+                    }
+                }
+            }
+            if a.tiled {
+                let pad = m..m.next_multiple_of(act::TILE_ROWS);
+                for r in pad {
+                    for b in 0..nb {
+                        // SAFETY: padding rows of the last tile exist in the tiled layout.
+                        let q = unsafe { std::slice::from_raw_parts(a.block(r, b), 2 * QK) };
+                        assert!(q.iter().all(|&v| v == 0), "{at} padding row {r}");
+                        let t = &a.tsc[r / act::TILE_ROWS * nb + b];
+                        assert_eq!(t.d[r % act::TILE_ROWS], 0.0, "{at} padding row {r}");
+                    }
+                }
+            }
+        }
+    }
+}
