@@ -133,10 +133,30 @@ impl<B: Backend> MtpDraft<B> {
         chunks: &[SeqChunk],
         hidden: Vec<f32>,
     ) -> Result<(Vec<u32>, Vec<f32>)> {
+        let (logits, states) = self.forward(backend, chunks, hidden, true)?;
+        let vocab = self.model.config.vocab_size.max(1);
+        Ok((logits.chunks_exact(vocab).map(argmax).collect(), states))
+    }
+
+    /// The head over `chunks` (their rows' hidden states `hidden`): the logits of the rows
+    /// that want them, `[rows, vocab]`, and with `states` the layer's output at those rows
+    /// (before the head's norm), `[rows, hidden]`.
+    fn forward(
+        &mut self,
+        backend: &B,
+        chunks: &[SeqChunk],
+        hidden: Vec<f32>,
+        states: bool,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
         let mut layout = BatchLayout::new(chunks, self.kv.cfg.num_blocks)?;
-        let lm_rows = layout.logits_rows.len();
+        let rows = layout.logits_rows.len();
         // The same rows again as pool rows: the layer's output there, unnormed.
-        layout.logits_rows.extend_from_within(..);
+        let pooled = if states {
+            layout.logits_rows.extend_from_within(..);
+            rows
+        } else {
+            0
+        };
         let embeds = InputEmbeds {
             mtp_hidden: hidden,
             ..Default::default()
@@ -146,28 +166,24 @@ impl<B: Backend> MtpDraft<B> {
         backend.run_forward(|| {
             let step = backend.upload_step(&layout)?;
             let adapters = HashMap::new();
-            let (logits, states) = model.forward_pooled(
+            let (logits, out) = model.forward_pooled(
                 backend,
                 &layout,
                 &step,
                 kv,
                 &adapters,
                 Some(&embeds),
-                lm_rows,
+                pooled,
             )?;
             let logits = match logits {
-                Some(b) => backend.to_host(b, lm_rows * vocab)?,
+                Some(b) => backend.to_host(b, rows * vocab)?,
                 None => Vec::new(),
             };
-            let states = match states {
-                Some(b) => backend.to_host(b, 2 * lm_rows * h)?,
+            let out = match out {
+                Some(b) => backend.to_host(b, (rows + pooled) * h)?,
                 None => Vec::new(),
             };
-            let tokens = logits.chunks_exact(vocab.max(1)).map(argmax).collect();
-            Ok((
-                tokens,
-                states.get(lm_rows * h..).unwrap_or_default().to_vec(),
-            ))
+            Ok((logits, out.get(rows * h..).unwrap_or_default().to_vec()))
         })
     }
 
@@ -192,23 +208,7 @@ impl<B: Backend> MtpDraft<B> {
             .iter()
             .flat_map(|f| f.hidden.iter().copied())
             .collect();
-        let layout = BatchLayout::new(&chunks, self.kv.cfg.num_blocks)?;
-        let rows = layout.logits_rows.len();
-        let embeds = InputEmbeds {
-            mtp_hidden: hidden,
-            ..Default::default()
-        };
-        let (model, kv) = (&self.model, &mut self.kv);
-        let vocab = model.config.vocab_size;
-        backend.run_forward(|| {
-            let step = backend.upload_step(&layout)?;
-            let logits =
-                model.forward(backend, &layout, &step, kv, &HashMap::new(), Some(&embeds))?;
-            match logits {
-                Some(b) => backend.to_host(b, rows * vocab),
-                None => Ok(Vec::new()),
-            }
-        })
+        Ok(self.forward(backend, &chunks, hidden, false)?.0)
     }
 }
 
