@@ -40,9 +40,11 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 pub fn add_rms_norm(residual: &mut [f32], delta: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let h = w.len();
     let rows = out.len() / h;
-    for (r, d) in residual[..rows * h].iter_mut().zip(&delta[..rows * h]) {
-        *r += d;
-    }
+    for_rows(&mut residual[..rows * h], h, |r, res| {
+        for (x, d) in res.iter_mut().zip(&delta[r * h..(r + 1) * h]) {
+            *x += d;
+        }
+    });
     rms_norm(residual, w, eps, out);
 }
 
