@@ -84,8 +84,9 @@ pub(crate) struct TileScales {
 /// Rows of a tile of [`LAct::tiled`].
 pub(crate) const TILE_ROWS: usize = 16;
 
-/// From this many values a product's activations are quantized on the pool's threads, a
-/// tile of rows a task (below, a fork would cost about what it saves).
+/// From this many values (64 rows of 512, say) and more than one tile of rows, a product's
+/// activations are quantized on the pool's threads, a tile of rows a task; smaller ones stay
+/// on the calling thread, whose few microseconds of work a fork would not shorten by much.
 const PARALLEL_VALUES: usize = 32 * 1024;
 
 /// One task's part of [`LAct`]'s arrays (a tile of rows).
