@@ -334,17 +334,13 @@ fn activations_in_parallel_equal_row_by_row() {
                     assert_eq!(got, want, "{at} row {r} block {b}");
                     let i = r * nb + b;
                     let scales = (a.d[i].to_bits(), a.sum[i], a.sum16[i], a.ms[i].to_bits());
-                    let one_scales = (one.d[b].to_bits(), one.sum[b], one.sum16[b]);
-                    assert_eq!(
-                        scales,
-                        (
-                            one_scales.0,
-                            one_scales.1,
-                            one_scales.2,
-                            one.ms[b].to_bits()
-                        ),
-                        "{at} row {r} block {b}"
+                    let want = (
+                        one.d[b].to_bits(),
+                        one.sum[b],
+                        one.sum16[b],
+                        one.ms[b].to_bits(),
                     );
+                    assert_eq!(scales, want, "{at} row {r} block {b}");
                     if a.tiled {
                         let t = &a.tsc[r / act::TILE_ROWS * nb + b];
                         let j = r % act::TILE_ROWS;
